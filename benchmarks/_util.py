@@ -1,0 +1,31 @@
+"""Shared helpers for the benchmarks: best-of-N timing and peak-RSS measurement (Linux)."""
+
+from __future__ import annotations
+
+import time
+
+
+def best_time(fn, repeat: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_extra_rss(fn) -> int:
+    """Bytes by which the process's peak RSS rises above its RSS while ``fn`` runs."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    before = _status_kib("VmRSS")
+    fn()
+    return (_status_kib("VmHWM") - before) * 1024

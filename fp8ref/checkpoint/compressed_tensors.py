@@ -1,0 +1,228 @@
+"""compressed-tensors ``float-quantized`` checkpoints (llm-compressor, auto-round's
+``llm_compressor`` export): config parsing, layer resolution, and the config fp8ref writes.
+
+Layout (reference §5.2): ``weight`` F8_E4M3 [out, in]; ``weight_scale`` in the model dtype D,
+shaped [1] (tensor), [out, 1] (channel) or [ceil(out/r), ceil(in/c)] (block); ``input_scale``
+D [1] for static inputs; KV-cache ``self_attn.{k,v}_scale`` [1] when ``kv_cache_scheme`` is set.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import CheckpointError
+from .layout import D_DTYPES, LayerEntry, LayerQuant
+
+NAME = "compressed-tensors"
+FORMATS = ("float-quantized", "naive-quantized", "mixed-precision")
+_ARGS_KEYS = {"num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
+              "actorder", "observer", "observer_kwargs", "scale_dtype", "zp_dtype"}
+
+
+def _args(args: object, where: str) -> dict:
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{where}: expected an object of quantization args, got {args!r:.100}")
+    unknown = sorted(set(args) - _ARGS_KEYS)
+    if unknown:
+        raise CheckpointError(f"{where}: unknown keys {unknown} (compressed-tensors forbids extra keys)")
+    if args.get("type", "int") != "float" or args.get("num_bits", 8) != 8:
+        raise CheckpointError(f"{where}: type {args.get('type')!r} num_bits {args.get('num_bits')!r}; "
+                              f"fp8ref loads FP8 only (type 'float', num_bits 8)")
+    if args.get("symmetric", True) is not True:
+        raise CheckpointError(f"{where}: symmetric {args.get('symmetric')!r}; FP8 checkpoints are symmetric")
+    return args
+
+
+def _strategy(args: dict) -> str:
+    strategy = args.get("strategy")
+    if strategy is None:  # inferred from group_size as compressed-tensors does
+        gs = args.get("group_size")
+        strategy = "tensor" if gs is None else "channel" if gs == -1 else "group"
+    return strategy
+
+
+def weight_quant(weights: dict, inputs: dict | None, where: str) -> LayerQuant:
+    w = _args(weights, f"{where}.weights")
+    strategy = _strategy(w)
+    if w.get("dynamic", False) is not False:
+        raise CheckpointError(f"{where}.weights.dynamic: {w.get('dynamic')!r}; stored weights are static")
+    if strategy not in ("tensor", "channel", "block"):
+        raise CheckpointError(f"{where}.weights.strategy: {strategy!r}; expected tensor, channel or block")
+    block = None
+    if strategy == "block":
+        bs = w.get("block_structure")
+        if not (isinstance(bs, list) and len(bs) == 2 and all(type(b) is int and b > 0 for b in bs)):
+            raise CheckpointError(f"{where}.weights.block_structure: expected [rows, cols], got {bs!r}")
+        block = (bs[0], bs[1])
+    if inputs is None:
+        return LayerQuant(strategy, block, None)
+    a = _args(inputs, f"{where}.input_activations")
+    a_strategy, dynamic = _strategy(a), a.get("dynamic", False)
+    if dynamic is False:
+        if a_strategy != "tensor":
+            raise CheckpointError(f"{where}.input_activations: static strategy {a_strategy!r}; "
+                                  f"a stored input_scale is per tensor")
+        return LayerQuant(strategy, block, "static")
+    if dynamic is not True:
+        raise CheckpointError(f"{where}.input_activations.dynamic: {dynamic!r}; expected true or false")
+    if a_strategy == "group":
+        gs = a.get("group_size")
+        if type(gs) is not int or gs <= 0:
+            raise CheckpointError(f"{where}.input_activations.group_size: expected a positive int, got {gs!r}")
+        return LayerQuant(strategy, block, "dynamic-group", gs)
+    if a_strategy not in ("token", "tensor"):
+        raise CheckpointError(f"{where}.input_activations.strategy: {a_strategy!r}; expected token, tensor "
+                              f"or group for dynamic inputs")
+    return LayerQuant(strategy, block, f"dynamic-{a_strategy}")
+
+
+def _matches(target: str, name: str) -> str | None:
+    """How ``target`` matches layer ``name``: 'name', 'regex', 'class' or None. Class names
+    (``Linear``) cannot be checked against a checkpoint and match every quantized layer."""
+    if target.startswith("re:"):
+        return "regex" if re.match(target[3:], name) else None
+    if target == name:
+        return "name"
+    if "." not in target and target[:1].isupper():
+        return "class"
+    return None
+
+
+class Config:
+    """A parsed ``quantization_config`` of ``quant_method: compressed-tensors``."""
+
+    def __init__(self, qc: dict, where: str):
+        self.where = where
+        fmt = qc.get("format")
+        self.groups: dict[str, tuple[list[str], LayerQuant]] = {}
+        groups = qc.get("config_groups")
+        if not isinstance(groups, dict) or not groups:
+            raise CheckpointError(f"{where}.config_groups: expected a non-empty object, got {groups!r:.100}")
+        for gname, g in groups.items():
+            at = f"{where}.config_groups.{gname}"
+            if not isinstance(g, dict):
+                raise CheckpointError(f"{at}: expected an object, got {g!r:.100}")
+            unknown = sorted(set(g) - {"targets", "weights", "input_activations", "output_activations", "format"})
+            if unknown:
+                raise CheckpointError(f"{at}: unknown keys {unknown}")
+            targets = g.get("targets")
+            if not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)):
+                raise CheckpointError(f"{at}.targets: expected a non-empty list of strings, got {targets!r:.100}")
+            if g.get("weights") is None:
+                raise CheckpointError(f"{at}.weights: missing; fp8ref loads weight-quantized FP8 layers")
+            if g.get("output_activations") is not None:
+                raise CheckpointError(f"{at}.output_activations: output quantization is not supported")
+            gfmt = g.get("format") or fmt
+            if gfmt not in FORMATS:
+                raise CheckpointError(f"{at}.format: {gfmt!r}; expected one of {FORMATS} for FP8")
+            for t in targets:
+                if t.startswith("re:"):
+                    try:
+                        re.compile(t[3:])
+                    except re.error as exc:
+                        raise CheckpointError(f"{at}.targets: invalid regex {t!r}: {exc}") from None
+            self.groups[gname] = (targets, weight_quant(g["weights"], g.get("input_activations"), at))
+        ignore = qc.get("ignore", [])
+        if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+            raise CheckpointError(f"{where}.ignore: expected a list of strings, got {ignore!r:.100}")
+        self.ignore = ignore
+        status = qc.get("quantization_status", "compressed")
+        if status != "compressed":
+            raise CheckpointError(f"{where}.quantization_status: {status!r}; only 'compressed' checkpoints "
+                                  f"store FP8 codes")
+        self.kv = qc.get("kv_cache_scheme")
+        if self.kv is not None:
+            kv = _args(self.kv, f"{where}.kv_cache_scheme")
+            if _strategy(kv) != "tensor" or kv.get("dynamic", False) is not False:
+                raise CheckpointError(f"{where}.kv_cache_scheme: expected static per-tensor, got {self.kv!r:.200}")
+
+    def ignored(self, name: str) -> bool:
+        return any((i[3:] and re.match(i[3:], name)) if i.startswith("re:") else i == name for i in self.ignore)
+
+    def resolve(self, name: str) -> tuple[str, LayerQuant, str] | None:
+        """The group whose targets match ``name`` best (exact name > regex > class name), its
+        quantization, and how it matched."""
+        best: dict[str, list[str]] = {}
+        for gname, (targets, _) in self.groups.items():
+            for t in targets:
+                how = _matches(t, name)
+                if how:
+                    best.setdefault(how, []).append(gname)
+        for how in ("name", "regex", "class"):
+            names = sorted(set(best.get(how, [])))
+            if names:
+                quants = {self.groups[g][1] for g in names}
+                if len(quants) > 1:
+                    raise CheckpointError(f"{self.where}.config_groups: layer {name!r} is matched by "
+                                          f"{how} in groups {names} with different schemes")
+                return names[0], self.groups[names[0]][1], how
+        return None
+
+
+def layer_entry(name: str, quant: LayerQuant, group: str) -> LayerEntry:
+    return LayerEntry(name, quant, {"weight": f"{name}.weight", "weight_scale": f"{name}.weight_scale",
+                                    "input_scale": f"{name}.input_scale", "bias": f"{name}.bias"}, NAME, group=group)
+
+
+def scale_shapes(quant: LayerQuant, out: int, inp: int) -> tuple[tuple[int, ...], ...]:
+    """Shapes compressed-tensors reads correctly: [out, 1] broadcasts over rows, [out] would not."""
+    if quant.weight_strategy == "tensor":
+        return ((1,), ())
+    return (quant.scale_shape(out, inp),)
+
+
+KV_NAMES = ("k_scale", "v_scale")
+
+
+# --- export ----------------------------------------------------------------------------------
+
+def cannot_express(quant: LayerQuant) -> str | None:
+    if quant.weight_fmt != "float8_e4m3fn":
+        return f"compressed-tensors FP8 is float8_e4m3fn only, got {quant.weight_fmt}"
+    return None
+
+
+def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) -> list[tuple[str, str, str, tuple]]:
+    d = D_DTYPES[dtype]
+    plan = [("weight", f"{name}.weight", "F8_E4M3", (out, inp)),
+            ("weight_scale", f"{name}.weight_scale", d, quant.scale_shape(out, inp))]
+    if quant.input == "static":
+        plan.append(("input_scale", f"{name}.input_scale", d, (1,)))
+    return plan
+
+
+def _args_out(q: LayerQuant) -> tuple[dict, dict | None]:
+    w = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": q.weight_strategy,
+         "group_size": None, "block_structure": list(q.block) if q.block else None}
+    if q.input is None:
+        return w, None
+    a = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None}
+    if q.input == "static":
+        a.update(dynamic=False, strategy="tensor")
+    else:
+        a.update(dynamic=True, strategy=q.input.removeprefix("dynamic-"), group_size=q.input_group)
+    return w, a
+
+
+def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool = False) -> dict:
+    """``quantization_config`` with one group per distinct scheme, targeting layers by name."""
+    by_quant: dict[LayerQuant, list[str]] = {}
+    for name, q in layers.items():
+        by_quant.setdefault(q, []).append(name)
+    groups = {}
+    for i, (q, names) in enumerate(by_quant.items()):
+        w, a = _args_out(q)
+        groups[f"group_{i}"] = {"targets": sorted(names), "weights": w, "input_activations": a,
+                                "output_activations": None,
+                                "format": "float-quantized" if q.input else "naive-quantized"}
+    all_inputs = all(q.input is not None for q in by_quant)
+    return {
+        "config_groups": groups,
+        "format": "float-quantized" if all_inputs else "naive-quantized" if not any(
+            q.input for q in by_quant) else "mixed-precision",
+        "ignore": sorted(ignore),
+        "kv_cache_scheme": ({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                             "symmetric": True} if kv else None),
+        "quant_method": NAME,
+        "quantization_status": "compressed",
+    }

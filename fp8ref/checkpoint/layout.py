@@ -1,0 +1,216 @@
+"""What a quantized layer looks like on disk, independent of the producer.
+
+``LayerQuant`` is the storage-level description every format module maps its config onto:
+weight format and granularity, and how the layer's input is quantized. ``LayerEntry`` ties one
+layer to the tensor names that hold it. ``check_layer`` validates a layer against the
+safetensors headers (names, dtypes, shapes) and, when asked, the scale values; every message
+names the file and the tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import ceil
+
+import numpy as np
+
+from ..errors import CheckpointError
+from .safetensors_io import DTYPES, TensorStore
+
+FLOAT_SCALE_DTYPES = ("F32", "BF16", "F16")
+WEIGHT_STRATEGIES = ("tensor", "channel", "block")
+INPUT_MODES = ("static", "dynamic-tensor", "dynamic-token", "dynamic-group")
+D_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
+@dataclass(frozen=True)
+class LayerQuant:
+    """Storage-level quantization of one linear layer.
+
+    ``input`` is None for weight-only layers, ``static`` for a stored per-tensor input scale, or a
+    dynamic mode (per tensor, per token, per group of ``input_group`` elements of the last dim).
+    """
+
+    weight_strategy: str
+    block: tuple[int, int] | None = None
+    input: str | None = "static"
+    input_group: int | None = None
+    weight_fmt: str = "float8_e4m3fn"
+
+    def __post_init__(self) -> None:
+        if self.weight_strategy not in WEIGHT_STRATEGIES:
+            raise CheckpointError(f"weight strategy {self.weight_strategy!r}: expected one of {WEIGHT_STRATEGIES}")
+        if (self.weight_strategy == "block") != (self.block is not None):
+            raise CheckpointError(f"block {self.block!r} must be given exactly for the 'block' strategy")
+        if self.block is not None and not (len(self.block) == 2 and all(type(b) is int and b > 0
+                                                                        for b in self.block)):
+            raise CheckpointError(f"block must be two positive ints, got {self.block!r}")
+        if self.input is not None and self.input not in INPUT_MODES:
+            raise CheckpointError(f"input mode {self.input!r}: expected None or one of {INPUT_MODES}")
+        if (self.input == "dynamic-group") != (self.input_group is not None):
+            raise CheckpointError("input_group must be given exactly for input mode 'dynamic-group'")
+
+    def scale_shape(self, out: int, inp: int) -> tuple[int, ...]:
+        """The canonical (compressed-tensors) weight-scale shape for a [out, in] weight."""
+        if self.weight_strategy == "tensor":
+            return (1,)
+        if self.weight_strategy == "channel":
+            return (out, 1)
+        return (ceil(out / self.block[0]), ceil(inp / self.block[1]))
+
+    def describe(self) -> str:
+        w = self.weight_strategy if self.block is None else f"block{list(self.block)}"
+        a = "none" if self.input is None else self.input + (f"{self.input_group}" if self.input_group else "")
+        return f"W {self.weight_fmt} {w}, input {a}"
+
+
+@dataclass
+class LayerEntry:
+    """One quantized layer: its module name, quantization, and tensor names by role
+    (``weight``, ``weight_scale``, ``input_scale``, ``bias``)."""
+
+    name: str
+    quant: LayerQuant
+    tensors: dict[str, str]
+    producer: str
+    accepted_scale_shapes: tuple[tuple[int, ...], ...] = ()
+    group: str | None = None  # the config group / source that gave this layer its scheme
+    extra: dict = field(default_factory=dict)
+
+
+def model_dtype(config: dict | None, store: TensorStore) -> str:
+    """The model dtype D: config ``dtype``/``torch_dtype``, else the dtype of the unquantized
+    floating tensors (the most common one), else bfloat16."""
+    if isinstance(config, dict):
+        for key in ("dtype", "torch_dtype"):
+            value = config.get(key)
+            if isinstance(value, str) and value.removeprefix("torch.") in D_DTYPES:
+                return value.removeprefix("torch.")
+    counts: dict[str, int] = {}
+    for name in store:
+        dt = store.info(name).dtype
+        if dt in FLOAT_SCALE_DTYPES:
+            counts[dt] = counts.get(dt, 0) + 1
+    if counts:
+        best = max(counts, key=counts.get)
+        return {v: k for k, v in D_DTYPES.items()}[best]
+    return "bfloat16"
+
+
+def accepted_scale_shapes(q: LayerQuant, out: int, inp: int) -> tuple[tuple[int, ...], ...]:
+    """Every shape some producer writes for this granularity (§3.2 of the reference)."""
+    if q.weight_strategy == "tensor":
+        return ((), (1,))
+    if q.weight_strategy == "channel":
+        return ((out,), (out, 1))
+    return (q.scale_shape(out, inp),)
+
+
+def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool) -> None:
+    """Validate one layer's tensors: presence, dtypes, shapes, and (optionally) scale values."""
+    t = entry.tensors
+    for role in ("weight", "weight_scale") + (("input_scale",) if entry.quant.input == "static" else ()):
+        if role not in t or t[role] not in store:
+            name = t.get(role, f"{entry.name}.{role}")
+            raise CheckpointError(f"{store.root}: layer {entry.name!r}: missing tensor {name!r} "
+                                  f"({entry.quant.describe()} needs it)")
+    w = store.info(t["weight"])
+    fmt_dtype = next(k for k, v in DTYPES.items() if v.fmt == entry.quant.weight_fmt)
+    if w.dtype != fmt_dtype:
+        raise CheckpointError(f"{store.where(t['weight'])}: dtype {w.dtype}, expected {fmt_dtype} "
+                              f"for a quantized weight")
+    if len(w.shape) != 2:
+        raise CheckpointError(f"{store.where(t['weight'])}: shape {list(w.shape)}, expected [out, in]")
+    out, inp = w.shape
+    s = store.info(t["weight_scale"])
+    if s.dtype not in FLOAT_SCALE_DTYPES:
+        raise CheckpointError(f"{store.where(t['weight_scale'])}: dtype {s.dtype}, expected one of "
+                              f"{FLOAT_SCALE_DTYPES}")
+    shapes = entry.accepted_scale_shapes or accepted_scale_shapes(entry.quant, out, inp)
+    if s.shape not in shapes:
+        raise CheckpointError(f"{store.where(t['weight_scale'])}: shape {list(s.shape)} does not fit "
+                              f"{entry.quant.describe()} of a [{out}, {inp}] weight; expected "
+                              f"{' or '.join(str(list(x)) for x in shapes)}")
+    if "input_scale" in t and t["input_scale"] in store:
+        if entry.quant.input != "static":
+            raise CheckpointError(f"{store.where(t['input_scale'])}: present, but the config says the "
+                                  f"input is {entry.quant.input or 'not quantized'}")
+        i = store.info(t["input_scale"])
+        if i.dtype not in FLOAT_SCALE_DTYPES or i.shape not in ((), (1,)):
+            raise CheckpointError(f"{store.where(t['input_scale'])}: {i.dtype} {list(i.shape)}, expected "
+                                  f"a per-tensor scale: one of {FLOAT_SCALE_DTYPES}, shape [] or [1]")
+    if "bias" in t and t["bias"] in store:
+        b = store.info(t["bias"])
+        if b.dtype not in FLOAT_SCALE_DTYPES or b.shape != (out,):
+            raise CheckpointError(f"{store.where(t['bias'])}: {b.dtype} {list(b.shape)}, expected a "
+                                  f"float [{out}] bias")
+    if check_values:
+        for role in ("weight_scale", "input_scale"):
+            if role in t and t[role] in store:
+                check_scale_values(store, t[role])
+
+
+def read_scale(store: TensorStore, name: str) -> np.ndarray:
+    """A scale tensor as float64 (exact for every float dtype), after checking its values."""
+    return check_scale_values(store, name)
+
+
+def check_scale_values(store: TensorStore, name: str) -> np.ndarray:
+    values = np.asarray(store.get(name)).astype(np.float64)
+    bad = ~np.isfinite(values) | (values <= 0)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0]) if values.ndim else ()
+        v = values[idx] if values.ndim else values[()]
+        what = "NaN" if np.isnan(v) else "infinite" if np.isinf(v) else "zero" if v == 0 else "negative"
+        raise CheckpointError(f"{store.where(name)}: {int(bad.sum())} of {values.size} scale values are not "
+                              f"positive finite numbers; first at index {list(idx)}: {v!r} ({what}); "
+                              f"a dequantization scale must be > 0 and finite")
+    return values
+
+
+# --- QuantizationScheme <-> LayerQuant ---------------------------------------------------------
+
+def to_scheme(quant: LayerQuant, recipe: str, scale_dtype: str = "model"):
+    """The ``QuantizationScheme`` of a stored layer (the dict-like object users see)."""
+    from ..scheme import QuantizationScheme
+
+    fields = {"bits": 8, "data_type": "fp", "weight_format": quant.weight_fmt, "recipe": recipe,
+              "weight_granularity": quant.weight_strategy, "scale_dtype": scale_dtype}
+    if quant.block is not None:
+        fields["block_shape"] = quant.block
+    if quant.input is None:
+        fields["act_bits"] = 16
+    else:
+        gran = "tensor" if quant.input in ("static", "dynamic-tensor") else quant.input.removeprefix("dynamic-")
+        fields.update(act_bits=8, act_data_type="fp", act_format="float8_e4m3fn", act_granularity=gran,
+                      act_dynamic=quant.input != "static")
+        if quant.input_group is not None:
+            fields["act_group_size"] = quant.input_group
+    return QuantizationScheme(**fields)
+
+
+def from_scheme(scheme, where: str) -> LayerQuant:
+    """The storage layout a ``QuantizationScheme`` asks for; CheckpointError if no FP8 checkpoint
+    layout can hold it."""
+    s = scheme
+    if s.data_type != "fp" or s.bits != 8:
+        raise CheckpointError(f"{where}: data_type {s.data_type!r} bits {s.bits}; checkpoints hold FP8 "
+                              f"('fp', 8 bits) layers")
+    if s.weight_granularity not in WEIGHT_STRATEGIES:
+        raise CheckpointError(f"{where}: weight granularity {s.weight_granularity!r}; FP8 checkpoints store "
+                              f"tensor, channel or block scales")
+    if not s.quantizes_activations:
+        return LayerQuant(s.weight_granularity, s.block_shape, None, None, s.weight_format)
+    if s.act_format != "float8_e4m3fn":
+        raise CheckpointError(f"{where}: activation format {s.act_format}; checkpoints declare float8_e4m3fn inputs")
+    if not s.act_dynamic:
+        if s.act_granularity != "tensor":
+            raise CheckpointError(f"{where}: static {s.act_granularity} activation scales cannot be stored; "
+                                  f"a checkpoint holds one static input_scale per layer (act_group_size 0)")
+        mode, group = "static", None
+    else:
+        mode = f"dynamic-{s.act_granularity}"
+        group = s.act_group_size if s.act_granularity == "group" else None
+        if mode not in INPUT_MODES:
+            raise CheckpointError(f"{where}: dynamic {s.act_granularity} activations have no checkpoint form")
+    return LayerQuant(s.weight_granularity, s.block_shape, mode, group, s.weight_format)

@@ -1,0 +1,412 @@
+"""``load_checkpoint``: detect the format, validate every quantized layer, return a lazy
+``Checkpoint``.
+
+Validation reads headers for structure (names, dtypes, shapes, config/tensor agreement) and,
+with ``check_values=True`` (the default), the scale tensors, which are tiny. Weights are read
+only when asked for, and their codes are then checked for NaN. Every tensor in the checkpoint
+must be accounted for: a layer's weight/scales/bias, a KV-cache scale the config declares, or
+a plain unquantized tensor; anything else that looks like quantization data is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..formats import FORMATS
+from . import autoround, compressed_tensors, hf_fp8
+from .detect import UNQUANTIZED, detect_format, fp8_weights, is_float
+from .layout import LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, to_scheme
+from .safetensors_io import TensorStore, open_store, read_json
+
+# Tensor-name endings that only quantized checkpoints use; unclaimed ones are errors.
+QUANT_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "activation_scale", "weight_zero_point",
+                  "input_zero_point", "weight_global_scale", "input_global_scale", "output_scale", "k_scale",
+                  "v_scale", "q_scale", "weight_g_idx")
+_SCALE_DTYPE = {compressed_tensors.NAME: "model", autoround.NAME: "model", hf_fp8.NAME: "float32"}
+
+
+class QuantizedLayer:
+    """One quantized linear layer of a checkpoint; tensors are read on first use."""
+
+    def __init__(self, checkpoint: Checkpoint, entry: LayerEntry):
+        self._ckpt = checkpoint
+        self.entry = entry
+        self.name = entry.name
+        self.quant: LayerQuant = entry.quant
+        self.producer = entry.producer
+        store = checkpoint.store
+        self.scheme = to_scheme(entry.quant, entry.producer, _SCALE_DTYPE[entry.producer])
+        self.tensors = {role: n for role, n in entry.tensors.items() if n in store}
+        self.shape = store.info(self.tensors["weight"]).shape
+
+    def __repr__(self) -> str:
+        return f"QuantizedLayer({self.name!r}, {self.quant.describe()}, shape={list(self.shape)})"
+
+    @property
+    def weight_codes(self) -> np.ndarray:
+        """uint8 codes [out, in]; NaN codes are rejected (no producer writes them)."""
+        name = self.tensors["weight"]
+        codes = self._ckpt.store.get(name)
+        fmt = FORMATS[self.quant.weight_fmt]
+        nan = np.isin(codes, np.fromiter(fmt.nan_codes, dtype=np.uint8))
+        if nan.any():
+            idx = [int(i) for i in np.argwhere(nan)[0]]
+            raise CheckpointError(f"{self._ckpt.store.where(name)}: {int(nan.sum())} NaN codes "
+                                  f"(first at {idx}: {int(codes[tuple(idx)]):#04x}); a quantized weight "
+                                  f"must be finite")
+        return codes
+
+    def _tensor(self, role: str) -> np.ndarray | None:
+        name = self.tensors.get(role)
+        if name is None:
+            return None
+        if role in ("weight_scale", "input_scale"):
+            check_scale_values(self._ckpt.store, name)
+        return self._ckpt.store.get(name)
+
+    @property
+    def weight_scale(self) -> np.ndarray:
+        """The stored weight scale (dequantization multiplier), in its stored dtype and shape."""
+        return self._tensor("weight_scale")
+
+    @property
+    def input_scale(self) -> np.ndarray | None:
+        return self._tensor("input_scale")
+
+    @property
+    def bias(self) -> np.ndarray | None:
+        return self._tensor("bias")
+
+    def expanded_scale(self) -> np.ndarray:
+        """The weight scale as float64, broadcast to [out, in] (blocks cropped at the edges)."""
+        out, inp = self.shape
+        s = np.asarray(self.weight_scale).astype(np.float64)
+        q = self.quant
+        if q.weight_strategy == "tensor":
+            return np.full((out, inp), s.reshape(-1)[0])
+        if q.weight_strategy == "channel":
+            return np.broadcast_to(s.reshape(out, 1), (out, inp))
+        r, c = q.block
+        return np.repeat(np.repeat(s, r, axis=0), c, axis=1)[:out, :inp]
+
+    def dequantize(self, dtype: str = "float32") -> np.ndarray:
+        """decode(q) * s, computed exactly (float64 holds every product) and rounded once to
+        ``dtype`` (float64, float32, bfloat16 or float16)."""
+        from ..codec import decode
+
+        exact = decode(self.weight_codes, self.quant.weight_fmt).astype(np.float64) * self.expanded_scale()
+        return _cast(exact, dtype, f"{self.name}.dequantize")
+
+    def forward(self, x, **kwargs):
+        """What a correct W8A8 backend computes for this layer (see ``fp8ref.checkpoint.forward``)."""
+        from .forward import layer_forward
+
+        return layer_forward(self, x, **kwargs)
+
+
+def _cast(values: np.ndarray, dtype: str, where: str) -> np.ndarray:
+    import ml_dtypes
+
+    table = {"float64": np.float64, "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+    if dtype not in table:
+        raise CheckpointError(f"{where}: dtype {dtype!r}; expected one of {', '.join(table)}")
+    return values.astype(table[dtype])
+
+
+class Checkpoint(Mapping):
+    """A loaded checkpoint: a read-only mapping of layer name -> ``QuantizedLayer``.
+
+    Attributes: ``path``, ``format`` (compressed-tensors, auto-round, hf-fp8 or unquantized),
+    ``config`` (config.json, {} when absent), ``quantization_config``, ``dtype`` (the model
+    dtype), ``warnings`` (producer quirks, each with its fix), ``kv_scales`` (name -> tensor
+    name), ``unquantized`` (names of the other tensors) and ``store`` (the lazy tensor store).
+    """
+
+    def __init__(self, path: Path, fmt: str, config: dict, qc: dict | None, store: TensorStore,
+                 entries: list[LayerEntry], kv_scales: dict[str, str], warnings: list[str]):
+        self.path = path
+        self.format = fmt
+        self.config = config
+        self.quantization_config = qc
+        self.store = store
+        self.dtype = model_dtype(config, store)
+        self.warnings = warnings
+        self.kv_scales = kv_scales
+        self._layers = {e.name: QuantizedLayer(self, e) for e in entries}
+        claimed = {n for layer in self._layers.values() for n in layer.tensors.values()} | set(kv_scales.values())
+        self.unquantized = sorted(n for n in store if n not in claimed)
+
+    def __getitem__(self, name: str) -> QuantizedLayer:
+        try:
+            return self._layers[name]
+        except KeyError:
+            raise CheckpointError(f"{self.path}: no quantized layer {name!r} "
+                                  f"({len(self._layers)} layers, e.g. {list(self._layers)[:3]})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._layers
+
+    def get(self, name: str, default=None):
+        return self._layers.get(name, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._layers)
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.path)!r}, format={self.format!r}, layers={len(self)})"
+
+    def scheme(self, name: str):
+        return self[name].scheme
+
+    def dequantize(self, name: str, dtype: str = "float32") -> np.ndarray:
+        return self[name].dequantize(dtype)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Any tensor by its full name, as stored (float8 as uint8 codes)."""
+        return self.store.get(name)
+
+    def validate_values(self) -> None:
+        """Read every scale and every weight and check them (NaN codes, bad scales)."""
+        for layer in self._layers.values():
+            layer.weight_codes, layer.weight_scale, layer.input_scale  # noqa: B018 (reads and checks)
+        for name in self.kv_scales.values():
+            check_scale_values(self.store, name)
+
+
+def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True) -> Checkpoint:
+    """Load an FP8 checkpoint (folder, sharded or not, or a single ``.safetensors`` file).
+
+    ``check_values``: also read and check every scale tensor (finite, > 0). With False only
+    headers and JSON files are read; values are checked when first used.
+    """
+    path = Path(path)
+    store = open_store(path)
+    folder = path if path.is_dir() else path.parent
+    warnings: list[str] = []
+    config: dict = {}
+    config_path = folder / "config.json"
+    where = str(config_path)
+    if config_path.is_file():
+        loaded = read_json(config_path, "config")
+        if not isinstance(loaded, dict):
+            raise CheckpointError(f"{config_path}: expected a JSON object, got {type(loaded).__name__}")
+        config = loaded
+    qc = config.get("quantization_config")
+    qc_path = folder / "quantization_config.json"
+    if qc is None and qc_path.is_file():
+        qc = read_json(qc_path, "quantization config")
+        where = str(qc_path)
+        warnings.append(f"{config_path}: no quantization_config; using {qc_path.name}. Fix: copy it into "
+                        f"config.json as \"quantization_config\" (transformers and vLLM read only config.json)")
+    fmt = detect_format(qc, store, f"{where}: quantization_config")
+    if qc is None and fmt != UNQUANTIZED:
+        warnings.append(f"{folder}: float8 weights but no quantization_config; layout inferred from tensor "
+                        f"names and shapes as {fmt}. Fix: add the producer's quantization_config to config.json")
+    where = f"{where}: quantization_config"
+    builder = {compressed_tensors.NAME: _ct_layers, autoround.NAME: _ar_layers, hf_fp8.NAME: _hf_layers,
+               UNQUANTIZED: _no_layers}[fmt]
+    entries, kv = builder(qc, store, where, warnings)
+    for entry in entries:
+        check_layer(store, entry, check_values=check_values)
+    for name in kv.values():
+        info = store.info(name)
+        if info.dtype not in ("F32", "BF16", "F16") or len(info.shape) > 1:
+            raise CheckpointError(f"{store.where(name)}: {info.dtype} {list(info.shape)}; a KV-cache scale is "
+                                  f"a float scalar, [1] or [heads]")
+        if check_values:
+            check_scale_values(store, name)
+    _check_leftovers(store, entries, kv)
+    if check_values and fmt == autoround.NAME:
+        for e in entries:
+            if e.tensors["input_scale"] in store and np.all(store.get(e.tensors["input_scale"]).astype(np.float64) == 1.0):
+                warnings.append(f"{store.where(e.tensors['input_scale'])}: exactly 1.0, the value auto-round "
+                                f"writes for a layer that saw no calibration data (intel/auto-round #1390). "
+                                f"Fix: calibrate this layer or re-export with its activation amax")
+    return Checkpoint(folder if path.is_dir() else path, fmt, config, qc, store, entries, kv, warnings)
+
+
+def _check_leftovers(store: TensorStore, entries: list[LayerEntry], kv: dict[str, str]) -> None:
+    claimed = {n for e in entries for n in e.tensors.values()} | set(kv.values())
+    for name in store:
+        if name in claimed:
+            continue
+        info = store.info(name)
+        if info.dtype.startswith("F8_") or info.dtype.startswith(("F4", "F6")):
+            raise CheckpointError(f"{store.where(name)}: {info.dtype} tensor that is not the weight of a "
+                                  f"quantized layer the config describes")
+        suffix = name.rsplit(".", 1)[-1]
+        if suffix in QUANT_SUFFIXES:
+            layer = name.rsplit(".", 1)[0]
+            raise CheckpointError(f"{store.where(name)}: unexpected tensor: no quantized layer or config entry "
+                                  f"uses a {suffix!r} for {layer!r}")
+
+
+def _unquantized_linears(store: TensorStore, quantized: set[str]) -> list[str]:
+    """2-D float ``.weight`` tensors (linear-like) of modules that are not quantized, embeddings excluded."""
+    out = []
+    for n in store:
+        if n.endswith(".weight") and is_float(store, n) and len(store.info(n).shape) == 2:
+            module = n[: -len(".weight")]
+            if module not in quantized and not re.search(r"embed|(^|\.)(wte|wpe)$", module):
+                out.append(module)
+    return sorted(out)
+
+
+def _scale_on_float_weight(store: TensorStore, modules: list[str], names: tuple[str, ...]) -> None:
+    for m in modules:
+        for suffix in names:
+            if f"{m}.{suffix}" in store:
+                raise CheckpointError(f"{store.where(m + '.weight')}: dtype {store.info(m + '.weight').dtype} "
+                                      f"but {m}.{suffix} exists; a quantized weight must be float8")
+
+
+def _no_layers(qc, store, where, warnings):
+    return [], {}
+
+
+def _ct_layers(qc, store, where, warnings):
+    if qc is None:
+        qc = _infer_ct_config(store)
+    cfg = compressed_tensors.Config(qc, where)
+    entries = []
+    for name in fp8_weights(store):
+        if cfg.ignored(name):
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}.ignore lists "
+                                  f"{name!r}: config and tensors disagree")
+        match = cfg.resolve(name)
+        if match is None:
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but no config group in "
+                                  f"{where}.config_groups targets {name!r}")
+        group, quant, _ = match
+        entry = compressed_tensors.layer_entry(name, quant, group)
+        out, inp = store.info(name + ".weight").shape if len(store.info(name + ".weight").shape) == 2 else (0, 0)
+        entry.accepted_scale_shapes = compressed_tensors.scale_shapes(quant, out, inp)
+        entries.append(entry)
+    quantized = {e.name for e in entries}
+    plain = _unquantized_linears(store, quantized)
+    _scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
+    for module in plain:
+        if cfg.ignored(module):
+            continue
+        match = cfg.resolve(module)
+        if match is None:
+            continue
+        if match[2] != "class":
+            raise CheckpointError(f"{store.where(module + '.weight')}: stored unquantized "
+                                  f"({store.info(module + '.weight').dtype}), but config group {match[0]!r} "
+                                  f"targets {module!r} by name or regex")
+        warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where}.ignore does not "
+                        f"list {module!r}, so compressed-tensors loaders treat it as quantized (transformers "
+                        f"initialises missing scales: NaN or huge outputs). Fix: add {module!r} to ignore")
+    kv = {}
+    if cfg.kv is not None:
+        for n in store:
+            if n.endswith((".k_scale", ".v_scale", ".k_proj.output_scale", ".v_proj.output_scale")):
+                kv[n] = n
+        attn = sorted({e.name.rsplit(".", 1)[0] for e in entries if e.name.endswith((".k_proj", ".v_proj"))})
+        for a in attn:
+            for which in ("k", "v"):
+                if f"{a}.{which}_scale" not in kv and f"{a}.{which}_proj.output_scale" not in kv:
+                    warnings.append(f"{store.root}: kv_cache_scheme is set but {a}.{which}_scale is missing; "
+                                    f"vLLM then uses 1.0 (vllm-project/llm-compressor #2176). Fix: calibrate "
+                                    f"the KV cache or drop kv_cache_scheme")
+    return entries, kv
+
+
+def _infer_ct_config(store: TensorStore) -> dict:
+    layers = {}
+    for name in fp8_weights(store):
+        w = store.info(name + ".weight")
+        s = store.info(name + ".weight_scale") if name + ".weight_scale" in store else None
+        if s is None or len(w.shape) != 2:
+            layers[name] = LayerQuant("tensor", None, "static")  # check_layer reports what is missing
+            continue
+        out, inp = w.shape
+        if s.shape in ((), (1,)):
+            quant = LayerQuant("tensor")
+        elif s.shape == (out, 1):
+            quant = LayerQuant("channel")
+        else:
+            quant = LayerQuant("block", (128, 128))
+        has_input = name + ".input_scale" in store
+        mode = "static" if has_input else "dynamic-group" if quant.block else "dynamic-token"
+        layers[name] = LayerQuant(quant.weight_strategy, quant.block, mode, 128 if mode == "dynamic-group" else None)
+    return compressed_tensors.quantization_config(layers, [])
+
+
+def _ar_layers(qc, store, where, warnings):
+    if qc is None:
+        qc = {"quant_method": autoround.NAME, "packing_format": autoround.PACKING, **autoround.FP8_STATIC}
+    cfg = autoround.Config(qc, where, warnings)
+    entries = []
+    for name in fp8_weights(store):
+        quant = cfg.layer_quant(name, where)
+        if quant is None:
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where} leaves "
+                                  f"{name!r} unquantized ({cfg.resolve(name)[1]})")
+        scheme, source = cfg.resolve(name)
+        entry = autoround.layer_entry(name, quant, source)
+        out, inp = store.info(name + ".weight").shape if len(store.info(name + ".weight").shape) == 2 else (0, 0)
+        entry.accepted_scale_shapes = autoround.scale_shapes(quant, out, inp)
+        entries.append(entry)
+    plain = _unquantized_linears(store, {e.name for e in entries})
+    _scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
+    for module in plain:
+        scheme, source = cfg.resolve(module)
+        if not autoround._unquantized(scheme):
+            warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where} quantizes "
+                            f"{module!r} ({source}); auto-round's loader would build an FP8 layer without "
+                            f"scales. Fix: add extra_config[{module!r}] = {{\"bits\": 16, \"act_bits\": 16}}")
+    kv = {}
+    if qc.get("static_kv_dtype") or qc.get("static_attention_dtype"):
+        kv = {n: n for n in store if n.rsplit(".", 1)[-1] in autoround.KV_NAMES}
+    return entries, kv
+
+
+def _hf_layers(qc, store, where, warnings):
+    if qc is None:
+        qc = _infer_hf_config(store)
+    cfg = hf_fp8.Config(qc, where, warnings)
+    entries = []
+    for name in fp8_weights(store):
+        if cfg.skipped(name):
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}."
+                                  f"modules_to_not_convert lists {name!r}: config and tensors disagree")
+        legacy = f"{name}.weight_scale_inv" not in store and f"{name}.weight_scale" in store
+        quant = cfg.quant()
+        if legacy and quant.weight_strategy == "block":
+            raise CheckpointError(f"{store.where(name + '.weight_scale')}: AutoFP8-style per-tensor "
+                                  f"weight_scale, but {where}.weight_block_size is {list(cfg.block)}; "
+                                  f"block scales are named weight_scale_inv")
+        entry = hf_fp8.layer_entry(name, quant, legacy)
+        out, inp = store.info(name + ".weight").shape if len(store.info(name + ".weight").shape) == 2 else (0, 0)
+        entry.accepted_scale_shapes = hf_fp8.scale_shapes(quant, out, inp)
+        entries.append(entry)
+    plain = _unquantized_linears(store, {e.name for e in entries})
+    _scale_on_float_weight(store, plain, ("weight_scale_inv", "weight_scale"))
+    for module in plain:
+        if not cfg.skipped(module) and not module.endswith("lm_head"):
+            warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where}."
+                            f"modules_to_not_convert does not list {module!r}; transformers would replace it "
+                            f"with an FP8 layer. Fix: add {module!r} to modules_to_not_convert")
+    return entries, {}
+
+
+def _infer_hf_config(store: TensorStore) -> dict:
+    block = None
+    for name in fp8_weights(store):
+        s = f"{name}.weight_scale_inv"
+        if s in store and store.info(s).shape not in ((), (1,)):
+            block = [128, 128]
+    static = any(n.endswith((".activation_scale", ".input_scale")) for n in store)
+    return {"quant_method": "fp8", "activation_scheme": "static" if static else "dynamic", "fmt": "e4m3",
+            "weight_block_size": block}

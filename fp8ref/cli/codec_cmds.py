@@ -1,0 +1,117 @@
+"""``fp8ref formats``, ``fp8ref encode`` and ``fp8ref decode``: the codec from the shell."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..codec import ROUNDING_MODES, decode, encode
+from ..errors import InputTypeError
+from ..formats import FORMATS, get_format
+
+
+def register(sub) -> None:
+    p = sub.add_parser("formats", help="table of the registered formats and their constants")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_formats)
+
+    p = sub.add_parser("encode", help="encode decimal or hex-float values, e.g. 464 0x1.cp8 -nan")
+    p.add_argument("values", nargs="+", help="values parsed as float64 (Python float() or float.fromhex)")
+    _common(p)
+    p.add_argument("--rounding", default="rne", choices=[m for m in ROUNDING_MODES if m != "stochastic"])
+    p.add_argument("--no-saturate", dest="saturate", action="store_false", help="OCP non-saturating overflow")
+    p.set_defaults(handler=cmd_encode)
+
+    p = sub.add_parser("decode", help="decode codes given in hex (0x7e) or decimal")
+    p.add_argument("codes", nargs="+")
+    _common(p)
+    p.set_defaults(handler=cmd_decode)
+
+
+def _common(p) -> None:
+    p.add_argument("--format", "-f", default="float8_e4m3fn", help="format name (default float8_e4m3fn)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _parse_value(text: str) -> float:
+    try:
+        return float.fromhex(text) if "0x" in text.lower() and "p" in text.lower() else float(text)
+    except ValueError:
+        raise InputTypeError(f"value {text!r}: expected a decimal or hex float such as 464, 1e-3, 0x1.cp8") from None
+
+
+def _parse_code(text: str) -> int:
+    try:
+        code = int(text, 0)
+    except ValueError:
+        raise InputTypeError(f"code {text!r}: expected an integer such as 0x7e or 126") from None
+    if not 0 <= code <= 255:
+        raise InputTypeError(f"code {text!r}: expected 0..255")
+    return code
+
+
+def _fields(code: int, fmt) -> str:
+    m = fmt.mantissa_bits
+    e = (code & fmt.magnitude_mask) >> m
+    sign = f"{code >> (fmt.exponent_bits + m)}." if fmt.signed else ""
+    return f"{sign}{e:0{fmt.exponent_bits}b}.{code & ((1 << m) - 1):0{m}b}" if m else f"{sign}{e:0{fmt.exponent_bits}b}"
+
+
+def _rows(codes: np.ndarray, fmt) -> list[dict]:
+    values = decode(codes, fmt)
+    return [{"code": f"{int(c):#04x}", "fields": _fields(int(c), fmt), "value": float(v)}
+            for c, v in zip(codes, values)]
+
+
+def cmd_formats(args) -> int:
+    rows = [fmt.describe() for fmt in FORMATS.values()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    cols = ["name", "E", "M", "bias", "specials", "max", "max_code", "min_normal", "min_subnormal", "nan_code",
+            "inf_code", "safetensors"]
+    table = [[str(r[c]) if r[c] is not None else "-" for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    return 0
+
+
+def cmd_encode(args) -> int:
+    fmt = get_format(args.format)
+    values = np.array([_parse_value(v) for v in args.values], dtype=np.float64)
+    rows = _rows(encode(values, fmt, saturate=args.saturate, rounding=args.rounding), fmt)
+    for text, row in zip(args.values, rows):
+        row["input"] = text
+    _print(rows, args.json, ["input", "code", "fields", "value"])
+    return 0
+
+
+def cmd_decode(args) -> int:
+    fmt = get_format(args.format)
+    codes = np.array([_parse_code(c) for c in args.codes], dtype=np.uint8)
+    _print(_rows(codes, fmt), args.json, ["code", "fields", "value"])
+    return 0
+
+
+def _print(rows: list[dict], as_json: bool, cols: list[str]) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        print("  ".join(f"{c}={row[c]!r}" if c == "value" else f"{c}={row[c]}" for c in cols))
+
+
+def run_demo() -> int:
+    """Placeholder main job: the format table and an encode/decode round trip."""
+    cmd_formats(type("A", (), {"json": False})())
+    print()
+    fmt = FORMATS["float8_e4m3fn"]
+    values = np.array([0.1, -3.3, 464.0, 464.0001, 1e6, float("nan")])
+    for sat in (True, False):
+        codes = encode(values, fmt, saturate=sat)
+        print(f"e4m3fn saturate={sat}: " + ", ".join(
+            f"{v:g}->{int(c):#04x}({float(d):g})" for v, c, d in zip(values, codes, decode(codes, fmt))))
+    return 0

@@ -1,0 +1,125 @@
+"""``fp8ref spec validate`` and ``fp8ref spec show``: check specs and print resolved schemes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from ..errors import CheckpointError, SpecError
+from ..scheme import preset_name
+from ..spec import LayerConfig, SpecWarning, load_spec
+
+_COLUMNS = ("layer", "preset", "weight", "w_gran", "act", "a_gran", "dynamic", "scale", "rounding", "recipe")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("spec", help="validate YAML layer specs and show resolved schemes")
+    cmds = p.add_subparsers(dest="spec_command", metavar="SUBCOMMAND", required=True)
+
+    v = cmds.add_parser("validate", help="check spec files; one line per error, exit 1 on any error")
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("--strict", action="store_true", default=None, help="force strict mode")
+    v.add_argument("--json", action="store_true", help="print JSON")
+    v.set_defaults(handler=cmd_validate)
+
+    s = cmds.add_parser("show", help="print the scheme each layer resolves to")
+    s.add_argument("file", metavar="FILE")
+    src = s.add_mutually_exclusive_group()
+    src.add_argument("--layers", metavar="NAMES_FILE", help="file with one layer name per line (# comments)")
+    src.add_argument("--checkpoint", metavar="DIR", help="take the layer names from DIR/*.safetensors")
+    s.add_argument("--strict", action="store_true", default=None, help="force strict mode")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(handler=cmd_show)
+
+
+def cmd_validate(args) -> int:
+    results = []
+    for file in args.files:
+        try:
+            load_spec(file, strict=args.strict)
+            results.append({"file": file, "ok": True, "errors": []})
+        except SpecError as exc:
+            results.append({"file": file, "ok": False, "errors": getattr(exc, "errors", [str(exc)])})
+    if args.json:
+        print(json.dumps({"files": results}, indent=2))
+    else:
+        for r in results:
+            if r["ok"]:
+                print(f"{r['file']}: ok")
+            for line in r["errors"]:
+                print(line, file=sys.stderr)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def cmd_show(args) -> int:
+    config = load_spec(args.file, strict=args.strict)
+    if args.layers is None and args.checkpoint is None:
+        rows = _rule_rows(config)
+    else:
+        names = _read_names(args.layers) if args.layers else checkpoint_layer_names(args.checkpoint)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SpecWarning)
+            resolved = config.resolve_all(names)
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        rows = list(resolved.items())
+    if args.json:
+        print(json.dumps({layer: None if s is None else s.to_dict() for layer, s in rows}, indent=2))
+        return 0
+    table = [_COLUMNS] + [_row(layer, s) for layer, s in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def _rule_rows(config: LayerConfig) -> list[tuple]:
+    rows = [("(default)", config.default)]
+    rows += [(r.selector.text, r.scheme) for r in config.rules]
+    return rows + [(f"ignore: {s.text}", None) for s in config.ignore]
+
+
+def _row(layer: str, s) -> tuple:
+    if s is None:
+        return (layer, "BF16", "-", "-", "-", "-", "-", "-", "-", "-")
+    w_gran = s.weight_granularity + (f" {s.group_size}" if s.weight_granularity in ("group", "tensor_group") else "")
+    w_gran += f" {s.block_shape[0]}x{s.block_shape[1]}" if s.block_shape else ""
+    if s.quantizes_activations:
+        act = s.act_format
+        a_gran = s.act_granularity + (f" {s.act_group_size}" if s.act_group_size and s.act_group_size > 0 else "")
+        dynamic = "dynamic" if s.act_dynamic else "static"
+    else:
+        act, a_gran, dynamic = "-", "-", "-"
+    return (layer, preset_name(s) or "custom", s.weight_format, w_gran, act, a_gran, dynamic, s.scale_dtype,
+            s.rounding + ("" if s.saturate else " nosat"), s.recipe)
+
+
+def _read_names(path: str) -> list[str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read layer names: {exc}") from None
+    names = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    return [n for n in names if n]
+
+
+def checkpoint_layer_names(directory: str) -> list[str]:
+    """Names of the 2-D ``*.weight`` tensors in DIR/*.safetensors, minus the ``.weight`` suffix
+    (headers only; stand-in until fp8ref.checkpoint provides a loader)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.safetensors files")
+    names = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for key in f.keys():
+                    if key.endswith(".weight") and len(f.get_slice(key).get_shape()) == 2:
+                        names.append(key[: -len(".weight")])
+        except Exception as exc:  # safetensors raises its own SafetensorError/OSError types
+            raise CheckpointError(f"{file}: cannot read safetensors header: {exc}") from None
+    return sorted(names)

@@ -1,0 +1,129 @@
+"""The Backend protocol and how backends are found by name.
+
+A backend is an object with a ``name``, a ``capabilities`` declaration and one method per
+operation it implements. Methods take and return numpy arrays (adapters convert to and
+from their library). Anything not declared is reported as "not implemented", never run
+and never counted as a pass.
+
+```python
+class MyCast(Backend):
+    name = "mycast"
+    capabilities = {"encode": {"format": ["float8_e4m3fn"], "rounding": ["rne"],
+                               "saturate": [True], "dtype": ["float32"]}}
+    def encode(self, x, fmt, *, rounding, saturate, random_bits=None): ...  # -> uint8 codes
+```
+
+Operation signatures (numpy in, numpy out; ``fmt`` is a format name):
+
+- ``encode(x, fmt, *, rounding, saturate, random_bits=None) -> uint8 codes``
+- ``decode(codes, fmt) -> float32 values``
+- ``quantize(x, *, scheme, recipe, dtype) -> dict`` and ``dequantize(...)``, ``scaled_mm(...)``,
+  ``linear(...)``: see ``fp8ref.golden.ops``.
+
+Backends are found by built-in name, by the ``fp8ref.backends`` entry point group (the entry
+point loads a Backend subclass, a factory or an instance), or as ``module:object``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Collection, Mapping
+from importlib import metadata
+from typing import Protocol, runtime_checkable
+
+from ..errors import BackendError
+
+ENTRY_POINT_GROUP = "fp8ref.backends"
+BUILTIN = {
+    "torch": "fp8ref.conformance.adapters.torch_backend:TorchBackend",
+    "ml_dtypes": "fp8ref.conformance.adapters.ml_dtypes_backend:MlDtypesBackend",
+    "gfloat": "fp8ref.conformance.adapters.gfloat_backend:GfloatBackend",
+    "compressed_tensors": "fp8ref.conformance.adapters.compressed_tensors_backend:CompressedTensorsBackend",
+    "auto_round": "fp8ref.conformance.adapters.auto_round_backend:AutoRoundBackend",
+}
+
+
+class BackendUnavailable(BackendError):
+    """A known backend whose peer library is not installed or not usable here."""
+
+
+@runtime_checkable
+class BackendProtocol(Protocol):
+    name: str
+
+    def implements(self, op: str, params: Mapping) -> str | None: ...
+
+
+class Backend:
+    """Convenience base: declarative capabilities and availability."""
+
+    name: str = ""
+    # op -> {param name -> allowed values}; a case runs only if every listed param matches.
+    capabilities: Mapping[str, Mapping[str, Collection]] = {}
+
+    def version(self) -> str:
+        return ""
+
+    def implements(self, op: str, params: Mapping) -> str | None:
+        """None when this backend implements ``op`` with ``params``; else the reason it does not."""
+        caps = self.capabilities.get(op)
+        if caps is None:
+            return f"{self.name} does not implement {op}"
+        for key, allowed in caps.items():
+            if params.get(key) not in allowed:
+                return f"{self.name} {op} does not implement {key}={params.get(key)!r}"
+        return None
+
+
+def known_backends() -> dict[str, str]:
+    """Name -> 'module:object' for the built-ins and every installed entry point."""
+    names = dict(BUILTIN)
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        names.setdefault(ep.name, ep.value)
+    return names
+
+
+def _normalise(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def load_backend(name: str):
+    """The backend called ``name`` (built-in, entry point, or ``module:object``), ready to use.
+
+    Raises BackendError for unknown names (listing the known ones) and BackendUnavailable
+    when the backend's peer library is missing (with the reason)."""
+    if not isinstance(name, str) or not name:
+        raise BackendError(f"backend: expected a name or 'module:object', got {name!r}")
+    known = known_backends()
+    target = known.get(_normalise(name))
+    if target is None and ":" not in name:
+        close = difflib.get_close_matches(_normalise(name), known, n=2)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise BackendError(f"unknown backend {name!r}{hint} (known: {', '.join(sorted(known))}; "
+                           f"or give 'module:object', or register an entry point in {ENTRY_POINT_GROUP!r})")
+    backend = _instantiate(target or name, name)
+    if not isinstance(backend, BackendProtocol):
+        raise BackendError(f"backend {name!r}: {type(backend).__name__} has no 'name' and 'implements' "
+                           "(subclass fp8ref.conformance.Backend)")
+    reason = getattr(backend, "unavailable", lambda: None)()
+    if reason:
+        raise BackendUnavailable(f"backend {name!r} is unavailable: {reason}")
+    return backend
+
+
+def _instantiate(spec: str, name: str):
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendError(f"backend {name!r}: cannot import module {module_name!r} ({exc})") from None
+    obj = module
+    for part in attr.split(".") if attr else []:
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise BackendError(f"backend {name!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, type) or (callable(obj) and not isinstance(obj, BackendProtocol)):
+        return obj()  # a class or a factory
+    return obj

@@ -1,0 +1,57 @@
+"""Every error fp8ref raises on bad input is an ``Fp8RefError``.
+
+Subclasses also derive from the builtin a caller would naturally catch (``ValueError``,
+``KeyError``, ``TypeError``), so generic code keeps working. Messages say where, what was
+given and what was expected.
+"""
+
+
+class Fp8RefError(Exception):
+    """Base class of every error fp8ref raises on purpose."""
+
+
+class FormatError(Fp8RefError, ValueError):
+    """Unknown format name, impossible format parameters, codes outside a format."""
+
+
+class UnknownFormatError(FormatError, KeyError):
+    """A format name that is not in the registry."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EncodeError(Fp8RefError, ValueError):
+    """A value the requested conversion cannot represent (e.g. NaN into fp4)."""
+
+
+class InputTypeError(Fp8RefError, TypeError):
+    """An array of the wrong dtype, library or shape."""
+
+
+class SpecError(Fp8RefError, ValueError):
+    """A malformed scheme, YAML spec, preset, recipe or suite file."""
+
+
+class RecipeError(SpecError):
+    """Unknown recipe or a recipe that cannot apply to the given scheme."""
+
+
+class ShapeError(Fp8RefError, ValueError):
+    """Shapes, granularities or scales that do not fit together."""
+
+
+class ScaleError(Fp8RefError, ValueError):
+    """A NaN, infinite, zero or negative scale where a positive finite one is required."""
+
+
+class CheckpointError(Fp8RefError, ValueError):
+    """A checkpoint that is missing, malformed, inconsistent or unsafe to read."""
+
+
+class GoldenError(Fp8RefError, ValueError):
+    """A golden folder with missing, extra or modified files, or a bad suite."""
+
+
+class BackendError(Fp8RefError, LookupError):
+    """An unknown or unusable conformance backend."""

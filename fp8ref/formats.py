@@ -1,0 +1,270 @@
+"""Small floating-point formats, described by their parameters.
+
+A ``FloatFormat`` is pure data: exponent bits, mantissa bits, bias, sign, whether code 0 is
+zero, and how the format spends codes on Inf/NaN. Every other constant (max, min normal,
+the NaN code, ...) is derived from those, so a user-defined ExMy format works everywhere.
+
+Special-value styles (``specials``), following the naming of LLVM/ml_dtypes:
+
+``ieee``  exponent all ones is Inf (mantissa 0) or NaN (mantissa != 0): float8_e5m2.
+``fn``    no Inf; only the all-ones magnitude code is NaN (0x7F/0xFF): float8_e4m3fn,
+          and the unsigned float8_e8m0fnu (0xFF).
+``fnuz``  no Inf, no negative zero; the single NaN is the negative-zero code (0x80).
+``none``  no Inf and no NaN at all: the MX element formats fp4/fp6.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
+
+from .errors import FormatError, UnknownFormatError
+
+SPECIALS = ("ieee", "fn", "fnuz", "none")
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """An ExMy floating-point format with at most 8 bits (codes are uint8)."""
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    specials: str = "fn"
+    signed: bool = True
+    has_zero: bool = True
+    safetensors_dtype: str | None = None
+    torch_dtype_name: str | None = None
+
+    def __post_init__(self) -> None:
+        e, m = self.exponent_bits, self.mantissa_bits
+        where = f"FloatFormat {self.name!r}"
+        for field in ("exponent_bits", "mantissa_bits", "bias"):
+            if type(getattr(self, field)) is not int:
+                raise FormatError(f"{where}: {field} must be an int, got {getattr(self, field)!r}")
+        if e < 1:
+            raise FormatError(f"{where}: exponent_bits must be >= 1, got {e}")
+        if m < 0:
+            raise FormatError(f"{where}: mantissa_bits must be >= 0, got {m}")
+        if self.bits > 8:
+            raise FormatError(f"{where}: at most 8 bits fit a uint8 code, got {self.bits} "
+                              f"(sign {int(self.signed)} + E{e} + M{m})")
+        if self.specials not in SPECIALS:
+            raise FormatError(f"{where}: specials must be one of {SPECIALS}, got {self.specials!r}")
+        if self.specials == "ieee" and (e < 2 or m < 1):
+            raise FormatError(f"{where}: 'ieee' specials need exponent_bits >= 2 and "
+                              f"mantissa_bits >= 1 to hold both Inf and NaN, got E{e}M{m}")
+        if self.specials == "fnuz" and not self.signed:
+            raise FormatError(f"{where}: 'fnuz' puts NaN at the negative-zero code, so it needs a sign bit")
+        if not self.has_zero and self.specials == "fnuz":
+            raise FormatError(f"{where}: a format without zero cannot use 'fnuz' specials")
+        if self.max_code_magnitude < 1:
+            raise FormatError(f"{where}: no finite nonzero value is left after the special codes")
+        if abs(self.bias) > 900 or abs(self.emax) > 900:
+            raise FormatError(f"{where}: exponent range must stay inside float64, got bias {self.bias}")
+
+    # --- layout -------------------------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        return int(self.signed) + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def n_codes(self) -> int:
+        return 1 << self.bits
+
+    @property
+    def sign_mask(self) -> int:
+        """The sign bit of a code, 0 for unsigned formats."""
+        return (1 << (self.exponent_bits + self.mantissa_bits)) if self.signed else 0
+
+    @property
+    def magnitude_mask(self) -> int:
+        return (1 << (self.exponent_bits + self.mantissa_bits)) - 1
+
+    @property
+    def has_subnormals(self) -> bool:
+        """Exponent field 0 holds zero and subnormals unless the format has no zero."""
+        return self.has_zero
+
+    @property
+    def has_inf(self) -> bool:
+        return self.specials == "ieee"
+
+    @property
+    def has_nan(self) -> bool:
+        return self.specials != "none"
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.signed and self.has_zero and self.specials != "fnuz"
+
+    # --- special codes ------------------------------------------------------------------
+    @property
+    def max_code_magnitude(self) -> int:
+        """Code (without sign) of the largest finite value."""
+        top = self.magnitude_mask
+        if self.specials == "ieee":
+            return top - (1 << self.mantissa_bits)  # exponent all ones is reserved
+        if self.specials == "fn":
+            return top - 1  # only the all-ones code is NaN
+        return top
+
+    @property
+    def max_code(self) -> int:
+        return self.max_code_magnitude
+
+    @property
+    def inf_code(self) -> int | None:
+        """Code of +Inf (OR ``sign_mask`` for -Inf), or None."""
+        return (self.magnitude_mask >> self.mantissa_bits) << self.mantissa_bits if self.has_inf else None
+
+    @property
+    def nan_code(self) -> int | None:
+        """The canonical NaN code fp8ref writes for a positive NaN (see ``nan_codes``)."""
+        if self.specials == "ieee":  # quiet NaN: exponent all ones, mantissa MSB set
+            return self.inf_code | (1 << (self.mantissa_bits - 1))
+        if self.specials == "fn":
+            return self.magnitude_mask
+        if self.specials == "fnuz":
+            return self.sign_mask
+        return None
+
+    @cached_property
+    def nan_codes(self) -> frozenset[int]:
+        """Every code that decodes to NaN."""
+        codes = [c for c in range(self.n_codes) if self._is_nan_code(c)]
+        return frozenset(codes)
+
+    def _is_nan_code(self, code: int) -> bool:
+        mag = code & self.magnitude_mask
+        if self.specials == "ieee":
+            return mag > self.inf_code
+        if self.specials == "fn":
+            return mag == self.magnitude_mask
+        if self.specials == "fnuz":
+            return code == self.sign_mask
+        return False
+
+    # --- values -------------------------------------------------------------------------
+    @property
+    def emin(self) -> int:
+        """Unbiased exponent of the smallest normal value."""
+        return (1 if self.has_subnormals else 0) - self.bias
+
+    @property
+    def emax(self) -> int:
+        return (self.max_code_magnitude >> self.mantissa_bits) - self.bias
+
+    def exact_value(self, code: int) -> Fraction | None:
+        """Exact value of a finite code from the definition; None for NaN/Inf codes."""
+        if not 0 <= code < self.n_codes:
+            raise FormatError(f"{self.name}: code {code:#x} is outside 0..{self.n_codes - 1:#x}")
+        if self._is_nan_code(code) or (self.has_inf and code & self.magnitude_mask == self.inf_code):
+            return None
+        m = self.mantissa_bits
+        field_e = (code & self.magnitude_mask) >> m
+        frac = code & ((1 << m) - 1)
+        if field_e == 0 and self.has_subnormals:
+            mag = Fraction(frac, 1 << m) * Fraction(2) ** (1 - self.bias)
+        else:
+            mag = (1 + Fraction(frac, 1 << m)) * Fraction(2) ** (field_e - self.bias)
+        return -mag if code & self.sign_mask else mag
+
+    @property
+    def max(self) -> float:
+        return float(self.exact_value(self.max_code_magnitude))
+
+    @property
+    def min_normal(self) -> float:
+        return float(Fraction(2) ** self.emin)
+
+    @property
+    def min_subnormal(self) -> float | None:
+        """Smallest positive value, if the format has subnormals."""
+        if not self.has_subnormals or self.mantissa_bits == 0:
+            return None
+        return float(Fraction(2) ** (self.emin - self.mantissa_bits))
+
+    @property
+    def min_positive(self) -> float:
+        return self.min_subnormal if self.min_subnormal is not None else self.min_normal
+
+    @property
+    def eps(self) -> float:
+        """Distance from 1.0 to the next larger value: 2**-mantissa_bits."""
+        return 2.0 ** -self.mantissa_bits
+
+    @property
+    def decode_dtype(self) -> str:
+        """``float32`` when every value is exact in float32, else ``float64``."""
+        fits = self.emax <= 127 and self.emin - self.mantissa_bits >= -149 and self.mantissa_bits <= 23
+        return "float32" if fits else "float64"
+
+    def describe(self) -> dict:
+        """The format's parameters and derived constants, for tables and JSON."""
+        hexcode = lambda c: None if c is None else f"{c:#04x}"  # noqa: E731
+        return {
+            "name": self.name, "bits": self.bits, "E": self.exponent_bits, "M": self.mantissa_bits,
+            "bias": self.bias, "specials": self.specials, "signed": self.signed,
+            "max": self.max, "max_code": hexcode(self.max_code), "min_normal": self.min_normal,
+            "min_subnormal": self.min_subnormal, "eps": self.eps, "inf_code": hexcode(self.inf_code),
+            "nan_code": hexcode(self.nan_code), "negative_zero": self.has_negative_zero,
+            "safetensors": self.safetensors_dtype,
+        }
+
+
+def _registry() -> dict[str, FloatFormat]:
+    f = FloatFormat
+    formats = [
+        f("float8_e4m3fn", 4, 3, 7, "fn", safetensors_dtype="F8_E4M3", torch_dtype_name="float8_e4m3fn"),
+        f("float8_e5m2", 5, 2, 15, "ieee", safetensors_dtype="F8_E5M2", torch_dtype_name="float8_e5m2"),
+        f("float8_e4m3fnuz", 4, 3, 8, "fnuz", safetensors_dtype="F8_E4M3FNUZ",
+          torch_dtype_name="float8_e4m3fnuz"),
+        f("float8_e5m2fnuz", 5, 2, 16, "fnuz", safetensors_dtype="F8_E5M2FNUZ",
+          torch_dtype_name="float8_e5m2fnuz"),
+        f("float8_e4m3b11fnuz", 4, 3, 11, "fnuz"),
+        f("float8_e8m0fnu", 8, 0, 127, "fn", signed=False, has_zero=False, safetensors_dtype="F8_E8M0",
+          torch_dtype_name="float8_e8m0fnu"),
+        f("float4_e2m1fn", 2, 1, 1, "none", safetensors_dtype="F4"),
+        f("float6_e2m3fn", 2, 3, 1, "none", safetensors_dtype="F6_E2M3"),
+        f("float6_e3m2fn", 3, 2, 3, "none", safetensors_dtype="F6_E3M2"),
+    ]
+    return {fmt.name: fmt for fmt in formats}
+
+
+class _Registry(Mapping):
+    """Read-only name -> FloatFormat mapping whose misses suggest close names."""
+
+    def __init__(self, formats: dict[str, FloatFormat]):
+        self._formats = formats
+
+    def __getitem__(self, name: str) -> FloatFormat:
+        try:
+            return self._formats[name]
+        except (KeyError, TypeError):
+            close = difflib.get_close_matches(str(name), self._formats, n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise UnknownFormatError(
+                f"unknown format {name!r}{hint} (known: {', '.join(self._formats)})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._formats)
+
+    def __len__(self) -> int:
+        return len(self._formats)
+
+
+FORMATS: Mapping[str, FloatFormat] = _Registry(_registry())
+
+
+def get_format(fmt: FloatFormat | str) -> FloatFormat:
+    """Accept a FloatFormat or a registered name."""
+    if isinstance(fmt, FloatFormat):
+        return fmt
+    if not isinstance(fmt, str):
+        raise UnknownFormatError(f"fmt must be a FloatFormat or a format name, got {type(fmt).__name__}")
+    return FORMATS[fmt]

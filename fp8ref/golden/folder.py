@@ -1,0 +1,230 @@
+"""Golden folders: write them (generate), check their integrity and re-derive their expected
+outputs (verify), and compare a backend's outputs file against them (check).
+
+A folder holds, for each operation OP of the suite, ``OP.inputs.safetensors`` and
+``OP.expected.safetensors`` (tensors named ``<case>/<input>`` and ``<case>/<output>``), the
+suite as ``suite.yaml``, and ``MANIFEST.json`` (fp8ref version, suite hash, seed, level,
+sha256 of every file, and every case's operation, parameters and tensor names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import GoldenError
+from . import stio
+from .compare import Mismatch, OutputError, check_output, mismatches
+from .ops import OPERATIONS, Case, build, cases
+from .suite import Suite, parse_suite
+
+MANIFEST = "MANIFEST.json"
+SUITE_FILE = "suite.yaml"
+LAYOUT = "fp8ref-golden/1"
+_META = {"producer": "fp8ref golden"}
+
+Progress = Callable[[int, int, str], None]  # (done, total, case name)
+
+
+def dump_json(obj) -> bytes:
+    return (json.dumps(obj, sort_keys=True, indent=1, separators=(",", ": "), ensure_ascii=True) + "\n").encode()
+
+
+def _spec(a: np.ndarray) -> dict:
+    return {"dtype": stio.dtype_name(a), "shape": list(a.shape)}
+
+
+def count_cases(suite: Suite, level: int) -> int:
+    return sum(1 for _ in cases(suite, level))
+
+
+def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
+             progress: Progress | None = None) -> dict:
+    """Write the golden folder of ``suite`` at ``level`` (default: the suite's); returns the manifest."""
+    level = suite.level if level is None else level
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise GoldenError(f"{out}: output folder exists and is not empty; choose a new folder")
+    total = count_cases(suite, level)
+    per_op: dict[str, tuple[dict, dict]] = {}
+    entries = []
+    for done, case in enumerate(build(suite, level), 1):
+        expected = OPERATIONS[case.op].reference(case.params, case.inputs)
+        ins, exps = per_op.setdefault(case.op, ({}, {}))
+        ins.update({f"{case.name}/{k}": v for k, v in case.inputs.items()})
+        exps.update({f"{case.name}/{k}": v for k, v in expected.items()})
+        entries.append({"name": case.name, "op": case.op, "params": dict(case.params),
+                        "n_special": case.n_special,
+                        "inputs": {k: _spec(v) for k, v in case.inputs.items()},
+                        "outputs": {k: _spec(v) for k, v in expected.items()}})
+        if progress:
+            progress(done, total, case.name)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {SUITE_FILE: suite.text.encode()}
+    for op, (ins, exps) in sorted(per_op.items()):
+        files[f"{op}.inputs.safetensors"] = stio.dumps(ins, _META)
+        files[f"{op}.expected.safetensors"] = stio.dumps(exps, _META)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    manifest = {
+        "layout": LAYOUT, "fp8ref_version": __version__, "suite": suite.name,
+        "suite_file": SUITE_FILE, "suite_sha256": suite.sha256, "seed": suite.seed, "level": level,
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+        "cases": entries,
+    }
+    (out / MANIFEST).write_bytes(dump_json(manifest))
+    return manifest
+
+
+# --- reading a folder --------------------------------------------------------------------------
+@dataclass
+class Golden:
+    """A golden folder whose files were all present, listed and unmodified."""
+
+    path: Path
+    manifest: dict
+    suite: Suite
+    _tensors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def tensors(self, op: str, kind: str) -> dict[str, np.ndarray]:
+        name = f"{op}.{kind}.safetensors"
+        if name not in self._tensors:
+            self._tensors[name] = stio.load(self.path / name)
+        return self._tensors[name]
+
+    def iter_cases(self):
+        """(Case, expected outputs) for every case of the manifest."""
+        for entry in self.manifest["cases"]:
+            ins = self.tensors(entry["op"], "inputs")
+            exps = self.tensors(entry["op"], "expected")
+            try:
+                inputs = {k: ins[f"{entry['name']}/{k}"] for k in entry["inputs"]}
+                expected = {k: exps[f"{entry['name']}/{k}"] for k in entry["outputs"]}
+            except KeyError as exc:
+                raise GoldenError(f"{self.path}: case {entry['name']!r}: tensor {exc.args[0]} is listed "
+                                  "in MANIFEST.json but missing from the safetensors file") from None
+            yield Case(entry["name"], entry["op"], entry["params"], inputs, entry["n_special"]), expected
+
+
+def open_golden(path: str | Path) -> Golden:
+    """Read the manifest and check the folder: no missing, extra or modified file."""
+    path = Path(path)
+    if not path.is_dir():
+        raise GoldenError(f"{path}: not a folder (expected a golden folder written by 'fp8ref golden generate')")
+    mpath = path / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_bytes())
+    except FileNotFoundError:
+        raise GoldenError(f"{mpath}: missing (every golden folder has a {MANIFEST})") from None
+    except (OSError, ValueError) as exc:
+        raise GoldenError(f"{mpath}: unreadable or not JSON ({exc})") from None
+    _check_manifest(mpath, manifest)
+    listed = set(manifest["files"])
+    present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+    problems = [f"missing file {n!r}" for n in sorted(listed - present)]
+    problems += [f"extra file {n!r} (not listed in {MANIFEST})" for n in sorted(present - listed)]
+    for name in sorted(listed & present):
+        if hashlib.sha256((path / name).read_bytes()).hexdigest() != manifest["files"][name]:
+            problems.append(f"modified file {name!r} (sha256 differs from {MANIFEST})")
+    if problems:
+        raise GoldenError(f"{path}: " + "; ".join(problems))
+    text = (path / manifest["suite_file"]).read_text(encoding="utf-8")
+    suite = parse_suite(text, source=str(path / manifest["suite_file"]))
+    if suite.sha256 != manifest["suite_sha256"] or suite.seed != manifest["seed"]:
+        raise GoldenError(f"{mpath}: suite_sha256/seed do not match {manifest['suite_file']}")
+    return Golden(path, manifest, suite)
+
+
+_MANIFEST_KEYS = {"layout": str, "fp8ref_version": str, "suite": str, "suite_file": str, "suite_sha256": str,
+                  "seed": int, "level": int, "files": dict, "cases": list}
+
+
+def _check_manifest(where: Path, manifest) -> None:
+    if not isinstance(manifest, dict):
+        raise GoldenError(f"{where}: expected a JSON object")
+    for key, kind in _MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), kind):
+            raise GoldenError(f"{where}: {key}: expected a {kind.__name__}, got {manifest.get(key)!r}")
+    if manifest["layout"] != LAYOUT:
+        raise GoldenError(f"{where}: layout: expected {LAYOUT!r}, got {manifest['layout']!r}")
+    for i, entry in enumerate(manifest["cases"]):
+        if not isinstance(entry, dict) or entry.get("op") not in OPERATIONS or not {
+                "name", "params", "inputs", "outputs", "n_special"} <= set(entry):
+            raise GoldenError(f"{where}: cases[{i}]: expected name, op (one of {sorted(OPERATIONS)}), "
+                              f"params, inputs, outputs, n_special; got {entry!r:.200}")
+
+
+# --- verify and check -----------------------------------------------------------------------------
+@dataclass
+class CaseResult:
+    """The outcome of one case against one implementation."""
+
+    case: str
+    op: str
+    params: dict
+    elements: int = 0
+    mismatches: list[Mismatch] = field(default_factory=list)
+    status: str = "compared"  # compared | not-implemented | error | missing
+    reason: str = ""
+
+
+def verify(path: str | Path, *, progress: Progress | None = None) -> tuple[list[str], list[str]]:
+    """Integrity check (GoldenError naming a missing, extra or modified file) plus
+    re-derivation of every expected output. Returns (problems, notes): no problems means
+    the folder is intact and this fp8ref derives the same bytes."""
+    golden = open_golden(path)
+    problems, notes = [], []
+    if golden.manifest["fp8ref_version"] != __version__:
+        notes.append(f"written by fp8ref {golden.manifest['fp8ref_version']}, verified with {__version__}")
+    total = len(golden.manifest["cases"])
+    for done, (case, expected) in enumerate(golden.iter_cases(), 1):
+        derived = OPERATIONS[case.op].reference(case.params, case.inputs)
+        for name, exp in expected.items():
+            got = derived[name]
+            if got.dtype != exp.dtype or got.shape != exp.shape or got.tobytes() != exp.tobytes():
+                n = int(np.count_nonzero(got.view(np.uint8) != exp.view(np.uint8))) if got.shape == exp.shape \
+                    and got.dtype == exp.dtype else "all"
+                problems.append(f"case {case.name!r} output {name!r}: re-derived output differs ({n} bytes)")
+        if progress:
+            progress(done, total, case.name)
+    return problems, notes
+
+
+def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
+          allow_missing: bool = False) -> tuple[list[CaseResult], list[str]]:
+    """Compare a backend's outputs file (tensors named like the expected ones) with the golden
+    folder. Returns per-case results and file-level problems (unknown tensor names)."""
+    golden = open_golden(path)
+    outputs = stio.load(outputs_file)
+    known, results = set(), []
+    for case, expected in golden.iter_cases():
+        result = CaseResult(case.name, case.op, dict(case.params))
+        op = OPERATIONS[case.op]
+        for name, exp in expected.items():
+            key = f"{case.name}/{name}"
+            known.add(key)
+            if key not in outputs:
+                result.status, result.reason = "missing", f"no tensor {key!r} in {outputs_file}"
+                continue
+            try:
+                got = check_output(key, exp, outputs[key], op.output_format(case.params, name))
+            except OutputError as exc:
+                result.status, result.reason = "error", str(exc)
+                continue
+            result.elements += exp.size
+            result.mismatches += mismatches(op, case.name, case.params, case.inputs, name, exp, got, nan_rule)
+        results.append(result)
+    problems = [f"unknown tensor {n!r} in {outputs_file} (no such case output)" for n in sorted(set(outputs) - known)]
+    if not allow_missing:
+        missing = [r.case for r in results if r.status == "missing"]
+        if missing:
+            problems.append(f"{len(missing)} case(s) have no outputs in {outputs_file}, e.g. {missing[0]!r} "
+                            "(pass --allow-missing to compare only the cases present)")
+    return results, problems
+

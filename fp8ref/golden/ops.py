@@ -1,0 +1,217 @@
+"""Operations a suite can declare: how each expands into cases, generates inputs, computes
+its expected outputs with fp8ref's core, and calls a backend.
+
+A case is the unit of golden files and conformance runs: one operation with fixed
+parameters (format, mode, ...) applied to a batch of inputs. Its name is stable and names
+its tensors (``<case>/<input or output>``) in the golden safetensors files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from .. import codec
+from ..formats import FORMATS, get_format
+from . import values
+from .suite import OpEntry, Suite, at_level, choices, count, per_level
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    op: str
+    params: Mapping[str, object]  # JSON-able; with the inputs, all the reference needs
+    inputs: Mapping[str, np.ndarray] = field(repr=False)
+    n_special: int = 0  # leading elements from the special-value table (the rest are random)
+
+
+class Operation:
+    """Base of the operations; subclasses fill in the class attributes and methods."""
+
+    name: str
+    fields: dict  # YAML field -> (checker, default); default None means required
+    outputs: tuple[str, ...]
+
+    def expand(self, entry: OpEntry) -> list[tuple[str, dict]]:
+        """(case name, params) for every combination the entry declares, in a fixed order."""
+        raise NotImplementedError
+
+    def make_case(self, name: str, params: dict, entry: OpEntry, suite: Suite, level: int) -> Case:
+        raise NotImplementedError
+
+    def reference(self, params: Mapping, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def call(self, backend, params: Mapping, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def output_format(self, params: Mapping, output: str) -> str | None:
+        """Name of the format whose codes ``output`` holds, or None for float outputs."""
+        return None
+
+    def element_inputs(self, params: Mapping, inputs: Mapping[str, np.ndarray], index: tuple) -> dict:
+        """The inputs that produced output element ``index`` (for mismatch lines and repros)."""
+        return {}
+
+
+def cases(suite: Suite, level: int) -> Iterator[tuple[Operation, OpEntry, str, dict]]:
+    """Every (operation, entry, case name, params) of a suite at a level, without inputs."""
+    seen = set()
+    for entry in suite.entries:
+        op = OPERATIONS[entry.op]
+        for name, params in op.expand(entry):
+            if name in seen:  # two entries may overlap; the first one wins
+                continue
+            seen.add(name)
+            yield op, entry, name, params
+
+
+def build(suite: Suite, level: int) -> Iterator[Case]:
+    for op, entry, name, params in cases(suite, level):
+        yield op.make_case(name, params, entry, suite, level)
+
+
+# --- encode / decode ------------------------------------------------------------------------
+_BITS_DTYPES = {"uint8": 8, "uint16": 16, "uint32": 32}
+
+
+class Encode(Operation):
+    name = "encode"
+    outputs = ("codes",)
+    fields = {
+        "formats": (choices(tuple(FORMATS)), tuple(FORMATS)),
+        "rounding": (choices(codec.ROUNDING_MODES), codec.ROUNDING_MODES),
+        "saturate": (choices((True, False), allow_all=False, kind=bool), (True, False)),
+        "input_dtypes": (choices(values.INPUT_DTYPES), ("float32",)),
+        "random": (per_level(count(1 << 20)), {1: 256, 2: 4096}),
+        "exhaustive": (per_level(choices(("float16", "bfloat16"), allow_all=False, allow_empty=True)), {1: ()}),
+        "random_bits": (choices(tuple(_BITS_DTYPES), allow_all=False), ("uint8",)),
+    }
+
+    def expand(self, entry: OpEntry) -> list[tuple[str, dict]]:
+        f = entry.fields
+        out = []
+        for fmt in f["formats"]:
+            for rounding in f["rounding"]:
+                for sat in f["saturate"]:
+                    for dtype in f["input_dtypes"]:
+                        params = {"format": fmt, "rounding": rounding, "saturate": sat, "dtype": dtype}
+                        if rounding == "stochastic":
+                            params["random_bits"] = f["random_bits"][0]
+                        out.append((f"encode.{fmt}.{rounding}.{'sat' if sat else 'nosat'}.{dtype}", params))
+        return out
+
+    def make_case(self, name, params, entry, suite, level) -> Case:
+        fmt, dtype = get_format(params["format"]), params["dtype"]
+        stream = values.Stream(suite.seed, name)
+        special = values.special_values(fmt, dtype)
+        parts = [special, values.random_values(stream, fmt, dtype, at_level(entry.fields["random"], level))]
+        if dtype in at_level(entry.fields["exhaustive"], level):
+            parts.append(np.arange(1 << 16, dtype=np.uint16))
+        bits = self._encodable(np.concatenate(parts), fmt, dtype, params["saturate"])
+        n_special = len(self._encodable(special, fmt, dtype, params["saturate"]))
+        inputs = {"x": values.from_bits(bits, dtype)}
+        if params["rounding"] == "stochastic":
+            inputs["random_bits"] = stream.bits(len(bits), _BITS_DTYPES[params["random_bits"]])
+        return Case(name, self.name, params, inputs, n_special)
+
+    @staticmethod
+    def _encodable(bits: np.ndarray, fmt, dtype: str, saturate: bool) -> np.ndarray:
+        """Drop the inputs the contract rejects: NaN (and Inf when not saturating) for
+        formats without NaN (fp4/fp6 raise EncodeError by design)."""
+        if fmt.has_nan:
+            return bits
+        with np.errstate(invalid="ignore"):
+            x = values.from_bits(bits, dtype).astype(np.float64)
+        keep = ~np.isnan(x) & (np.isfinite(x) | saturate)
+        return bits[keep]
+
+    def reference(self, params, inputs):
+        codes = codec.encode(inputs["x"], params["format"], saturate=params["saturate"],
+                             rounding=params["rounding"], random_bits=inputs.get("random_bits"))
+        return {"codes": codes}
+
+    def call(self, backend, params, inputs):
+        return {"codes": backend.encode(inputs["x"], params["format"], rounding=params["rounding"],
+                                        saturate=params["saturate"], random_bits=inputs.get("random_bits"))}
+
+    def output_format(self, params, output):
+        return params["format"]
+
+    def tags(self, params, inputs, index, got) -> list[tuple[str, ...]]:
+        """Why each listed encode mismatch may have happened (xfail entries select on these).
+
+        ``index`` selects the mismatching elements, ``got`` holds the backend's codes there."""
+        fmt = get_format(params["format"])
+        x = inputs["x"][index].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            a = np.abs(x)
+            finite = np.isfinite(x)
+            flags = {
+                "nan-input": np.isnan(x), "inf-input": np.isinf(x), "overflow": finite & (a > fmt.max),
+                "subnormal": (a > 0) & (a < fmt.min_normal), "tie": self._ties(fmt, x),
+            }
+            if params["dtype"] == "float64":
+                x32 = x.astype(np.float32)
+                bits = inputs.get("random_bits")
+                via32 = codec.encode(x32, fmt, saturate=params["saturate"], rounding=params["rounding"],
+                                     random_bits=None if bits is None else bits[index])
+                flags["double-rounding"] = finite & (x32.astype(np.float64) != x) & (via32 == got)
+        names = list(flags)
+        table = np.stack([flags[n] for n in names], axis=1)
+        return [tuple(n for n, f in zip(names, row) if f) for row in table]
+
+    @staticmethod
+    def _ties(fmt, x: np.ndarray) -> np.ndarray:
+        """x lies exactly halfway between its two neighbours on the format's grid."""
+        ok = np.isfinite(x) & (x != 0) & (np.abs(x) < fmt.max) & ((x > 0) | fmt.signed)
+        y = np.where(ok, x, 1.0)
+        lo = codec.decode(codec.encode(y, fmt, rounding="rtz"), fmt).astype(np.float64)
+        up = codec.decode(codec.encode(y, fmt, rounding="rup"), fmt).astype(np.float64)
+        down = codec.decode(codec.encode(y, fmt, rounding="rdown"), fmt).astype(np.float64)
+        hi = np.where(y > 0, up, down)
+        return ok & (lo != y) & (2 * y == lo + hi)
+
+    @staticmethod
+    def simplicity(params, element) -> tuple:
+        """Sort key for counterexamples: specials, then fewest significant bits, then smallest |x|."""
+        x = float(element["x"])
+        if not np.isfinite(x):
+            return (0, 0, 0.0)
+        num = Fraction(abs(x)).numerator
+        return (1, (num >> ((num & -num).bit_length() - 1)).bit_length() if num else 0, abs(x))
+
+    def element_inputs(self, params, inputs, index):
+        out = {"x": inputs["x"][index]}
+        if "random_bits" in inputs:
+            out["random_bits"] = inputs["random_bits"][index]
+        return out
+
+
+class Decode(Operation):
+    name = "decode"
+    outputs = ("values",)
+    fields = {"formats": (choices(tuple(FORMATS)), tuple(FORMATS))}
+
+    def expand(self, entry):
+        return [(f"decode.{fmt}", {"format": fmt}) for fmt in entry.fields["formats"]]
+
+    def make_case(self, name, params, entry, suite, level) -> Case:
+        n = get_format(params["format"]).n_codes  # exhaustive: every code, every level
+        return Case(name, self.name, params, {"codes": np.arange(n, dtype=np.uint8)}, n)
+
+    def reference(self, params, inputs):
+        return {"values": codec.decode(inputs["codes"], params["format"])}
+
+    def call(self, backend, params, inputs):
+        return {"values": backend.decode(inputs["codes"], params["format"])}
+
+    def element_inputs(self, params, inputs, index):
+        return {"codes": inputs["codes"][index]}
+
+
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (Encode(), Decode())}

@@ -1,0 +1,610 @@
+"""scaled_mm / linear: FP8 matrix products with declared scale and accumulation models.
+
+``scaled_mm(a, b, scale_a, scale_b)`` computes ``out[m, n] = sum_k a[m, k] * b[k, n] * s(m, k, n)
++ bias[n]`` where a (M x K) and b (K x N) are FP8 codes and the scales are dequantization
+multipliers (``torch._scaled_mm`` semantics). The accumulation model is an argument:
+
+``exact``         the exact sum, rounded once (RNE) to ``out_dtype``. Integer matmuls in float64
+                  whose exactness is proved per call, then an error-free summation (Rump, Ogita
+                  and Oishi's extraction) and a correctly rounded final step. docs/matmul.md has
+                  the proof.
+``fp32``          fp32 accumulation in a declared order (sequential over k, optional K-blocks).
+``fp32-limited``  an accumulator that keeps ``mantissa_bits`` fraction bits (truncation after
+                  every addition) promoted to fp32 every ``promote_every`` elements.
+
+Operands are decoded with ``fp8ref.codec.decode``; no FP8 cast of another library is used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codec import decode, encode
+from .errors import FormatError, InputTypeError, ScaleError, ShapeError
+from .formats import FloatFormat, get_format
+
+ACCUMULATIONS = ("exact", "fp32", "fp32-limited")
+SCALE_ORDERS = ("epilogue", "operands")
+DEFAULT_FORMAT = "float8_e4m3fn"
+_CHUNK = 1 << 16  # output elements per vectorized step of the exact rounding (cache sized)
+
+
+@dataclass(frozen=True)
+class OutFormat:
+    """A binary floating-point output type: ``precision`` significand bits (with the implicit
+    one), normal exponents ``emin``..``emax``, IEEE subnormals, Inf and NaN."""
+
+    name: str
+    precision: int
+    emin: int
+    emax: int
+
+    @property
+    def max(self) -> float:
+        return math.ldexp(2.0 - math.ldexp(1.0, 1 - self.precision), self.emax)
+
+
+OUT_FORMATS = {
+    "float32": OutFormat("float32", 24, -126, 127),
+    "bfloat16": OutFormat("bfloat16", 8, -126, 127),
+    "float16": OutFormat("float16", 11, -14, 15),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Input plumbing
+# --------------------------------------------------------------------------------------------
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "device")
+
+
+def _shape_text(shape) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def _operand(x, fmt, what: str) -> tuple[np.ndarray, FloatFormat]:
+    """Decoded float32 values (numpy, 2-D) of FP8 codes or a torch float8 tensor."""
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
+        if x.dtype != torch.uint8 and x.element_size() == 1 and x.dtype.is_floating_point:
+            named = str(x.dtype).removeprefix("torch.")
+            if fmt is not None and get_format(fmt).name != named:
+                raise FormatError(f"{what}: tensor dtype is {named} but fmt says {get_format(fmt).name}")
+            fmt, x = named, x.view(torch.uint8)
+        elif x.dtype != torch.uint8:
+            raise InputTypeError(f"{what}: expected uint8 codes or a torch float8 tensor, got torch {x.dtype}")
+        x = x.detach().contiguous().numpy()
+    elif isinstance(x, np.ndarray):
+        if x.dtype != np.uint8:
+            raise InputTypeError(f"{what}: expected uint8 codes, got numpy {x.dtype}")
+    else:
+        raise InputTypeError(f"{what}: expected a numpy uint8 array or a torch tensor, got {type(x).__name__}")
+    fmt = get_format(DEFAULT_FORMAT if fmt is None else fmt)
+    if fmt.decode_dtype != "float32":
+        raise FormatError(f"{what}: format {fmt.name} has values outside float32; scaled_mm needs a format "
+                          "whose values float32 holds exactly")
+    if x.ndim != 2:
+        raise ShapeError(f"{what}: expected a 2-D matrix, got shape {_shape_text(x.shape)}")
+    return decode(x, fmt), fmt
+
+
+def _float_array(x, what: str, dtypes: tuple[str, ...]) -> np.ndarray:
+    """numpy copy of a numpy/torch float array whose dtype is one of ``dtypes`` (float64 values)."""
+    if _is_torch(x):
+        name = str(x.dtype).removeprefix("torch.")
+        if name not in dtypes:
+            raise InputTypeError(f"{what}: expected dtype {' or '.join(dtypes)}, got torch {name}")
+        return x.detach().cpu().to(dtype=__import__("torch").float64).numpy()
+    if isinstance(x, (float, int)) and not isinstance(x, bool) and "float32" in dtypes:
+        if float(np.float32(x)) != float(x):
+            raise InputTypeError(f"{what}: the Python number {x!r} is not a float32 value; pass a float32 array")
+        return np.asarray(float(x), dtype=np.float64)
+    if isinstance(x, (np.ndarray, np.generic)):
+        if x.dtype.name not in dtypes:
+            raise InputTypeError(f"{what}: expected dtype {' or '.join(dtypes)}, got numpy {x.dtype.name}")
+        return np.asarray(x, dtype=np.float64)
+    raise InputTypeError(f"{what}: expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def _scale(x, what: str) -> np.ndarray:
+    s = _float_array(x, what, ("float32",))
+    bad = ~(np.isfinite(s) & (s > 0))
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ScaleError(f"{what}: dequantization scales must be finite and > 0, got {s[idx]!r} at index "
+                         f"{idx or '()'}")
+    return s
+
+
+def _canonical_scales(sa: np.ndarray, sb: np.ndarray, M: int, K: int, N: int, block_k: int,
+                      block_n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Scales as (M, KB) and (KB, N) arrays plus the K-block length (K when KB == 1).
+
+    scale_a: (), (1,), (1, 1) per tensor; (M, 1) per row; (M, ceil(K/block_k)) per 1 x block_k group.
+    scale_b: (), (1,), (1, 1) per tensor; (1, N) per column; (ceil(K/block_k), ceil(N/block_n)) blocks.
+    """
+    kb = -(-K // block_k) if K else 1
+    nb = -(-N // block_n) if N else 1
+    exp_a = {(): "per tensor", (1,): "per tensor", (1, 1): "per tensor", (M, 1): "per row",
+             (M, kb): f"1x{block_k} groups"}
+    exp_b = {(): "per tensor", (1,): "per tensor", (1, 1): "per tensor", (1, N): "per column",
+             (kb, nb): f"{block_k}x{block_n} blocks"}
+    for s, exp, what in ((sa, exp_a, "scale_a"), (sb, exp_b, "scale_b")):
+        if tuple(s.shape) not in exp:
+            listing = ", ".join(f"{_shape_text(k)} ({v})" for k, v in exp.items())
+            raise ShapeError(f"{what}: got shape {_shape_text(s.shape)}, expected one of {listing} "
+                             f"for a {M}x{K} @ {K}x{N} product")
+    a_groups = kb > 1 and sa.shape == (M, kb)
+    b_blocks = sb.shape == (kb, nb) and sb.size > 1 and sb.shape != (1, N)
+    kb_used = kb if (a_groups or (b_blocks and kb > 1)) else 1
+    full_a = np.broadcast_to(sa if a_groups else sa.reshape(-1, 1), (M, kb_used))
+    if b_blocks:
+        full_b = np.broadcast_to(np.repeat(sb, block_n, axis=1)[:, :N], (kb_used, N))
+    else:
+        full_b = np.broadcast_to(sb.reshape(1, -1), (kb_used, N))
+    return full_a, full_b, (block_k if kb_used > 1 else max(K, 1))
+
+
+def _out_format(out_dtype) -> OutFormat:
+    name = str(out_dtype).removeprefix("torch.") if out_dtype is not None else "float32"
+    name = np.dtype(out_dtype).name if isinstance(out_dtype, type) and issubclass(out_dtype, np.generic) else name
+    if name not in OUT_FORMATS:
+        raise InputTypeError(f"out_dtype: expected one of {', '.join(OUT_FORMATS)}, got {out_dtype!r}")
+    return OUT_FORMATS[name]
+
+
+def _deliver(values: np.ndarray, out: OutFormat, as_torch: bool):
+    """float64 values that ``out`` holds exactly -> an array of that dtype (the cast is exact)."""
+    if as_torch:
+        import torch
+        return torch.from_numpy(values).to(getattr(torch, out.name))
+    if out.name == "bfloat16":
+        import ml_dtypes
+        return values.astype(ml_dtypes.bfloat16)
+    return values.astype(out.name)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact float64 building blocks (all vectorized; no overflow or underflow for the ranges used here)
+# --------------------------------------------------------------------------------------------
+def _two_sum(a, b):
+    """s + e == a + b exactly, s = fl(a + b) (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _split(a):
+    """a == hi + lo with both halves of at most 26 significant bits (Veltkamp)."""
+    c = 134217729.0 * a  # 2**27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _two_product(a, b):
+    """p + e == a * b exactly, p = fl(a * b) (Dekker)."""
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    return p, al * bl - (((p - ah * bh) - al * bh) - ah * bl)
+
+
+def _grow(expansion: list, b) -> list:
+    """Shewchuk's Grow-Expansion: a nonoverlapping expansion (increasing magnitude) plus b."""
+    out = []
+    q = b
+    for c in expansion:
+        q, h = _two_sum(q, c)
+        out.append(h)
+    out.append(q)
+    return out
+
+
+def _sign(expansion: list) -> np.ndarray:
+    """Exact sign of a nonoverlapping expansion: the sign of its largest nonzero component."""
+    s = np.zeros(np.shape(expansion[0]))
+    for c in expansion:
+        s = np.where(c != 0, np.sign(c), s)
+    return s
+
+
+def _extract(terms: np.ndarray) -> list:
+    """Doubles tau_j with sum(tau) == terms.sum(axis=0) exactly (Rump-Ogita-Oishi ExtractVector,
+    repeated until nothing is left). Each tau is a sum computed without any rounding error."""
+    m = math.ceil(math.log2(terms.shape[0] + 2))
+    taus = []
+    p = terms
+    while True:
+        mu = np.abs(p).max(axis=0)
+        if not mu.any():
+            return taus or [np.zeros(terms.shape[1:])]
+        f, e = np.frexp(mu)
+        sigma = np.ldexp(1.0, e - (f == 0.5) + m)  # 2**m * 2**ceil(log2 mu) >= (n + 2) * mu
+        q = (sigma + p) - sigma  # p rounded to the grid ulp(sigma)/2: exact
+        p = p - q                # exact remainder, |p| <= 2**-53 * sigma
+        taus.append(q.sum(axis=0))  # every partial sum is a multiple of 2**-53 sigma below sigma: exact
+
+
+def _exponent(a: np.ndarray) -> np.ndarray:
+    """floor(log2 |a|) for a != 0."""
+    return np.frexp(a)[1] - 1
+
+
+def _ulp_exponent(a: np.ndarray, out: OutFormat) -> np.ndarray:
+    """Exponent of the spacing of ``out``'s grid (unbounded above) at magnitude ``a``."""
+    e = np.where(a == 0, out.emin, _exponent(a))
+    return np.maximum(e, out.emin) - (out.precision - 1)
+
+
+def round_to(values: np.ndarray, out: OutFormat) -> np.ndarray:
+    """RNE of float64 ``values`` to ``out`` (float64 result), IEEE overflow to +-Inf."""
+    u = _ulp_exponent(np.abs(values), out)
+    r = np.ldexp(np.rint(np.ldexp(values, -u)), u)
+    return np.where(np.abs(r) > out.max, np.copysign(np.inf, r), r)
+
+
+def _round_exact(taus: list, out: OutFormat) -> np.ndarray:
+    """RNE of the exact sum of ``taus`` to ``out``: an approximation, then exact comparisons with
+    the midpoints to its neighbours decide (and repair) each element."""
+    exp = [taus[0]]
+    for t in taus[1:]:
+        exp = _grow(exp, t)
+    y = exp[0]
+    for c in exp[1:]:
+        y = y + c
+    u = _ulp_exponent(np.abs(y), out)
+    c = np.ldexp(np.rint(np.ldexp(y, -u)), u)  # grid with unbounded exponent
+    while True:
+        a = np.abs(c)
+        u = _ulp_exponent(a, out)
+        ulp = np.ldexp(1.0, u)
+        e = _exponent(np.where(a == 0, 1.0, a))
+        binade_edge = (a != 0) & (a == np.ldexp(1.0, e)) & (e > out.emin)
+        below = np.where(binade_edge, ulp / 2, ulp)  # spacing toward zero: half below a normal 2**e
+        d_hi = np.where(c < 0, below, ulp)
+        d_lo = np.where(c > 0, below, ulp)
+        odd = np.fmod(np.ldexp(a, -u), 2.0) == 1.0
+        s_hi = _sign(_grow(exp, -(c + d_hi / 2)))
+        s_lo = _sign(_grow(exp, -(c - d_lo / 2)))
+        up = (s_hi > 0) | ((s_hi == 0) & odd)
+        down = (s_lo < 0) | ((s_lo == 0) & odd)
+        if not (up.any() or down.any()):
+            break
+        c = np.where(up, c + d_hi, np.where(down, c - d_lo, c))
+    c = np.where(c == 0, np.where(_sign(exp) < 0, -0.0, 0.0), c)  # underflow keeps the sign; exact 0 is +0
+    return np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+
+
+# --------------------------------------------------------------------------------------------
+# exact
+# --------------------------------------------------------------------------------------------
+def _int_pieces(v: np.ndarray, fmt: FloatFormat, n: int) -> list[tuple[np.ndarray, int]]:
+    """Split finite FP8 values into n pieces by binade: v == sum(ints_i * 2**g_i), every
+    ints_i integer-valued with |ints_i| < 2**width (see _piece_count)."""
+    nz = v != 0
+    if not nz.any():
+        return [(np.zeros_like(v), 0)]
+    e = np.maximum(_exponent(np.where(nz, v, 1.0)), fmt.emin)
+    lo, hi = int(e[nz].min()), int(e[nz].max())
+    step = -(-(hi - lo + 1) // n)
+    pieces = []
+    for i in range(n):
+        first = lo + i * step
+        g = first - fmt.mantissa_bits
+        sel = nz & (e >= first) & (e < first + step)
+        pieces.append((np.ldexp(np.where(sel, v, 0.0), -g), g))
+    return pieces
+
+
+def _span(v: np.ndarray, fmt: FloatFormat) -> int:
+    """Number of binades (subnormals count as emin) among the nonzero values."""
+    nz = v != 0
+    if not nz.any():
+        return 1
+    e = np.maximum(_exponent(v[nz]), fmt.emin)
+    return int(e.max() - e.min() + 1)
+
+
+def _piece_count(span_a: int, span_b: int, m_a: int, m_b: int, k: int) -> tuple[int, int]:
+    """Fewest pieces nA * nB such that every partial sum of a k-long dot product of integer pieces
+    stays below 2**53: width(a) + width(b) + ceil(log2 k) <= 53, width = ceil(span/n) + M."""
+    budget = 53 - math.ceil(math.log2(max(k, 1)))
+    best = None
+    for na in range(1, span_a + 1):
+        for nb in range(1, span_b + 1):
+            if -(-span_a // na) + m_a + -(-span_b // nb) + m_b <= budget:
+                if best is None or na * nb < best[0] * best[1]:
+                    best = (na, nb)
+                break
+    if best is None:
+        raise ShapeError(f"K = {k} is too long for an exact float64 integer product (k < 2**45 needed)")
+    return best
+
+
+def _specials(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """IEEE value of sum_k a*b where it is NaN or +-Inf (NaN operand, Inf*0, Inf - Inf), 0 elsewhere.
+    Counts are products of 0/1 matrices: exact in float64."""
+    f = np.float64
+    nan_a, nan_b = np.isnan(A), np.isnan(B)
+    pos_a, neg_a = (A > 0).astype(f), (A < 0).astype(f)
+    pos_b, neg_b = (B > 0).astype(f), (B < 0).astype(f)
+    inf_a, inf_b = np.isinf(A), np.isinf(B)
+    zero_a, zero_b = (A == 0).astype(f), (B == 0).astype(f)
+    nan = (nan_a.any(axis=1)[:, None] | nan_b.any(axis=0)[None, :]
+           | ((inf_a.astype(f) @ zero_b + zero_a @ inf_b.astype(f)) > 0))
+    ipa, ina = (inf_a & (A > 0)).astype(f), (inf_a & (A < 0)).astype(f)
+    ipb, inb = (inf_b & (B > 0)).astype(f), (inf_b & (B < 0)).astype(f)
+    plus = (ipa @ pos_b + ina @ neg_b + pos_a @ ipb + neg_a @ inb) > 0
+    minus = (ipa @ neg_b + ina @ pos_b + pos_a @ inb + neg_a @ ipb) > 0
+    return np.where(nan | (plus & minus), np.nan, np.where(plus, np.inf, np.where(minus, -np.inf, 0.0)))
+
+
+def _exact(A, B, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
+    M, K = A.shape
+    N = B.shape[1]
+    kb = sa.shape[1]
+    finite_a, finite_b = np.isfinite(A), np.isfinite(B)
+    special = None
+    if not (finite_a.all() and finite_b.all()):
+        special = _specials(A, B)
+        A, B = np.where(finite_a, A, 0.0), np.where(finite_b, B, 0.0)
+    A = A.astype(np.float64)
+    B = B.astype(np.float64)
+    na, nb = _piece_count(_span(A, fa), _span(B, fb), fa.mantissa_bits, fb.mantissa_bits, min(bk, K))
+    pa, pb = _int_pieces(A, fa, na), _int_pieces(B, fb, nb)
+    n_terms = 2 * kb * na * nb + 1
+    cols = max(1, min(N, (1 << 24) // max(1, n_terms * M)))  # bound the term stack to ~128 MiB
+    result = np.empty((M, N))
+    for c0 in range(0, N, cols):
+        cs = slice(c0, min(N, c0 + cols))
+        terms = np.empty((n_terms, M, cs.stop - c0))
+        t = 0
+        for blk in range(kb):
+            ks = slice(blk * bk, min(K, (blk + 1) * bk))
+            scale = sa[:, blk:blk + 1] * sb[blk:blk + 1, cs]  # two float32 values: exact in float64
+            for ia, ga in pa:
+                for ib, gb in pb:
+                    terms[t], terms[t + 1] = _two_product(scale, np.ldexp(ia[:, ks] @ ib[ks, cs], ga + gb))
+                    t += 2
+        terms[t] = 0.0 if bias is None else np.where(np.isfinite(bias[cs]), bias[cs], 0.0)
+        flat = terms.reshape(n_terms, -1)
+        res = np.empty(flat.shape[1])
+        for r0 in range(0, flat.shape[1], _CHUNK):
+            rs = slice(r0, r0 + _CHUNK)
+            res[rs] = _round_exact(_extract(flat[:, rs]), out)
+        result[:, cs] = res.reshape(M, -1)
+    # NaN/Inf: the finite sum plus a non-finite bias is that bias; specials follow IEEE addition
+    bias_bad = np.zeros(N, bool) if bias is None else ~np.isfinite(bias)
+    if special is not None or bias_bad.any():
+        sp = np.zeros((M, N)) if special is None else special
+        set_ = (sp != 0) | np.isnan(sp)
+        result = np.where(set_ | bias_bad, sp + (0.0 if bias is None else bias), result)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# fp32 and fp32-limited
+# --------------------------------------------------------------------------------------------
+def _blocks(K: int, size: int):
+    return [slice(k, min(K, k + size)) for k in range(0, K, size)] or [slice(0, 0)]
+
+
+def _fp32(A, B, sa, sb, bk, acc_block, scale_order) -> np.ndarray:
+    """total = +0; per K-block b: part = +0, part = fp32(part + fp32(a_k * b_k)) for k in order;
+    total = fp32(total + fp32(fp32(sa * sb) * part)). 'operands' scales the operands first."""
+    M, K = A.shape
+    N = B.shape[1]
+    f32 = np.float32
+    if scale_order == "operands":
+        col = np.minimum(np.arange(K) // bk, sa.shape[1] - 1)
+        A = (A.astype(f32) * sa.astype(f32)[:, col]).astype(f32)
+        B = (B.astype(f32) * sb.astype(f32)[col, :]).astype(f32)
+    else:
+        A, B = A.astype(f32), B.astype(f32)
+    rows = max(1, min(M, (1 << 16) // max(N, 1)))  # keep the accumulator in cache
+    total = np.zeros((M, N), f32)
+    for r0 in range(0, M, rows):
+        r = slice(r0, min(M, r0 + rows))
+        tot = total[r]
+        part = np.empty((r.stop - r0, N), f32)
+        tmp = np.empty_like(part)
+        for ks in _blocks(K, acc_block):
+            part.fill(0)
+            for k in range(ks.start, ks.stop):
+                np.multiply(A[r, k:k + 1], B[k:k + 1, :], out=tmp)
+                np.add(part, tmp, out=part)
+            if scale_order == "epilogue":
+                blk = min(ks.start // bk, sa.shape[1] - 1)
+                s = (sa[r, blk:blk + 1].astype(f32) * sb[blk:blk + 1, :].astype(f32)).astype(f32)
+                np.multiply(part, s, out=part)
+            np.add(tot, part, out=tot)
+    return total
+
+
+def _truncate(s: np.ndarray, err: np.ndarray, bits: int) -> np.ndarray:
+    """Round the exact value s + err (s = fl(s + err)) toward zero to ``bits`` fraction bits with
+    float32's exponent range (subnormal spacing 2**(-126-bits)); beyond float32's range -> +-Inf."""
+    a = np.abs(s)
+    e = np.where(a == 0, -126, _exponent(np.where(a == 0, 1.0, a)))
+    u = np.maximum(e, -126) - bits
+    t = np.ldexp(np.floor(np.ldexp(a, -u)), u)
+    # s on the grid but the exact value is smaller in magnitude: step one grid point toward zero
+    below = np.where((a == np.ldexp(1.0, e)) & (e > -126), np.ldexp(1.0, u - 1), np.ldexp(1.0, u))
+    t = np.where((t == a) & (a != 0) & (np.sign(err) == -np.sign(s)), t - below, t)
+    t = np.copysign(t, s)
+    return np.where(np.abs(t) > float(np.finfo(np.float32).max), np.copysign(np.inf, s), t)
+
+
+def _fp32_limited(A, B, sa, sb, bk, promote_every, mantissa_bits) -> np.ndarray:
+    """Per chunk of promote_every k: acc = +0, acc = trunc(acc + a_k * b_k) (exact sum, then
+    truncation); total = fp32(total + fp32(fp32(sa * sb) * acc))."""
+    M, K = A.shape
+    N = B.shape[1]
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    total = np.zeros((M, N), np.float32)
+    for ks in _blocks(K, promote_every):
+        acc = np.zeros((M, N))
+        for k in range(ks.start, ks.stop):
+            prod = A64[:, k:k + 1] * B64[k:k + 1, :]  # exact: two FP8 values
+            with np.errstate(invalid="ignore"):
+                s, err = _two_sum(acc, prod)
+                finite = np.isfinite(s)
+                acc = np.where(finite, _truncate(np.where(finite, s, 0.0), np.where(finite, err, 0.0),
+                                                 mantissa_bits), s)
+        blk = min(ks.start // bk, sa.shape[1] - 1)
+        s32 = (sa[:, blk:blk + 1].astype(np.float32) * sb[blk:blk + 1, :].astype(np.float32)).astype(np.float32)
+        total = (total + (s32 * acc.astype(np.float32)).astype(np.float32)).astype(np.float32)
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumulate: str = "exact",
+              fmt_a=None, fmt_b=None, block_k: int | None = None, block_n: int = 128,
+              scale_order: str = "epilogue", promote_every: int = 128, mantissa_bits: int = 13):
+    """``out = round(sum_k a[m,k] * b[k,n] * scale + bias[n])`` with ``torch._scaled_mm``'s operands.
+
+    a: (M, K), b: (K, N): uint8 codes in ``fmt_a``/``fmt_b`` (default float8_e4m3fn) or torch float8
+    tensors (format from the dtype). scale_a / scale_b: float32 dequantization multipliers per tensor,
+    per row (M, 1) / per column (1, N), or per block: (M, ceil(K/block_k)) and
+    (ceil(K/block_k), ceil(N/block_n)) (block_k defaults to 128). bias: (N,) float32/bfloat16/float16.
+    out_dtype: float32, bfloat16 or float16. Output is torch when ``a`` is a torch tensor, else numpy.
+
+    accumulate: "exact" (exact sum, one rounding), "fp32" (declared sequential order; ``block_k``
+    also sets the K-blocks whose scaled sums are added to the fp32 total; ``scale_order`` "epilogue"
+    scales each block sum, "operands" scales a and b first as torch's CPU path does), or
+    "fp32-limited" (``mantissa_bits`` fraction bits, truncated after each addition, promoted to
+    fp32 every ``promote_every`` elements). docs/matmul.md defines each order exactly.
+    """
+    if accumulate not in ACCUMULATIONS:
+        raise InputTypeError(f"accumulate: expected one of {', '.join(ACCUMULATIONS)}, got {accumulate!r}")
+    if scale_order not in SCALE_ORDERS:
+        raise InputTypeError(f"scale_order: expected one of {', '.join(SCALE_ORDERS)}, got {scale_order!r}")
+    for name, v, lo in (("block_k", block_k, 1), ("block_n", block_n, 1), ("promote_every", promote_every, 1),
+                        ("mantissa_bits", mantissa_bits, 0)):
+        if v is not None and (type(v) is not int or v < lo):
+            raise InputTypeError(f"{name}: expected an int >= {lo}, got {v!r}")
+    if mantissa_bits > 23:
+        raise InputTypeError(f"mantissa_bits: at most 23 (fp32), got {mantissa_bits}")
+    out = _out_format(out_dtype)
+    A, fa = _operand(a, fmt_a, "a")
+    B, fb = _operand(b, fmt_b, "b")
+    (M, K), (K2, N) = A.shape, B.shape
+    if K != K2:
+        raise ShapeError(f"b: got shape {_shape_text(B.shape)}, expected ({K}, N) to match a of shape "
+                         f"{_shape_text(A.shape)}")
+    sa, sb, bk = _canonical_scales(_scale(scale_a, "scale_a"), _scale(scale_b, "scale_b"), M, K, N,
+                                   128 if block_k is None else block_k, block_n)
+    if bias is not None:
+        bias = _float_array(bias, "bias", ("float32", "bfloat16", "float16"))
+        if bias.shape != (N,):
+            raise ShapeError(f"bias: got shape {_shape_text(bias.shape)}, expected ({N},)")
+    if accumulate == "exact":
+        values = _exact(A, B, fa, fb, sa, sb, bk, bias, out)
+    else:
+        if accumulate == "fp32":
+            acc = _fp32(A, B, sa, sb, bk, block_k if block_k is not None else bk, scale_order)
+        else:
+            if bk % promote_every and sa.shape[1] > 1:
+                raise ShapeError(f"promote_every: {promote_every} must divide the scale block length {bk}")
+            acc = _fp32_limited(A, B, sa, sb, bk, promote_every, mantissa_bits)
+        if bias is not None:
+            acc = (acc + bias.astype(np.float32)).astype(np.float32)
+        values = round_to(acc.astype(np.float64), out)
+    return _deliver(values, out, _is_torch(a))
+
+
+def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = None, bias=None,
+           fmt="float8_e4m3fn", input_fmt="float8_e4m3fn", out_dtype=None, block_k: int = 128,
+           block_n: int = 128, **mm_options):
+    """A W8A8 linear layer: ``y = x @ W.T`` with W (N, K) FP8 codes and activations quantized to FP8.
+
+    weight_scale: per tensor (numel 1), per channel (N,) / (N, 1), or per block
+    (ceil(N/block_n), ceil(K/block_k)), the layout checkpoints store. Activations: static with
+    ``input_scale`` (numel 1), or ``dynamic`` = "tensor", "token" (one scale per row of x) or
+    "group" (1 x block_k groups). Dynamic scale = fp32(amax / fmt.max), 1.0 where amax == 0 (q is
+    all zero then, so any scale gives the same product). Quantization: q = encode(fp32(x / s),
+    input_fmt) (RNE, saturating). Everything else as ``scaled_mm`` (``mm_options``).
+    """
+    xv = _float_array(x, "x", ("float32", "bfloat16", "float16"))
+    if xv.ndim < 1:
+        raise ShapeError(f"x: expected shape (..., K), got {_shape_text(xv.shape)}")
+    lead, K = xv.shape[:-1], xv.shape[-1]
+    x2 = xv.reshape(-1, K).astype(np.float32)
+    if _is_torch(weight):
+        import torch
+        w_codes = weight.view(torch.uint8) if weight.dtype != torch.uint8 else weight
+        w_fmt = str(weight.dtype).removeprefix("torch.") if weight.dtype != torch.uint8 else fmt
+        w_codes = w_codes.detach().contiguous().numpy()
+    else:
+        w_codes, w_fmt = weight, fmt
+    if not isinstance(w_codes, np.ndarray) or w_codes.ndim != 2 or w_codes.shape[1] != K:
+        raise ShapeError(f"weight: got shape {_shape_text(getattr(w_codes, 'shape', ()))}, expected (N, {K}) "
+                         f"to match x of shape {_shape_text(xv.shape)}")
+    N = w_codes.shape[0]
+    ws = _scale(weight_scale, "weight_scale")
+    nb, kb = -(-N // block_n), -(-K // block_k)
+    if ws.size == 1:
+        scale_b = ws.reshape(())
+    elif ws.shape in ((N,), (N, 1)):
+        scale_b = ws.reshape(1, N)
+    elif ws.shape == (nb, kb):
+        scale_b = ws.T
+    else:
+        raise ShapeError(f"weight_scale: got shape {_shape_text(ws.shape)}, expected (), (1,), ({N},), ({N}, 1) "
+                         f"or ({nb}, {kb}) ({block_n}x{block_k} blocks)")
+    ifmt = get_format(input_fmt)
+    if input_scale is not None:
+        if dynamic is not None:
+            raise InputTypeError(f"dynamic: give either input_scale (static) or dynamic, got both ({dynamic!r})")
+        s_x = _scale(input_scale, "input_scale")
+        if s_x.size != 1:
+            raise ShapeError(f"input_scale: static activation scales are per tensor, got shape "
+                             f"{_shape_text(s_x.shape)}, expected () or (1,)")
+        s_x = s_x.reshape(())
+        s_cols = s_x.reshape(1, 1)
+    else:
+        groups = {"tensor": (x2.size or 1, None), "token": (K or 1, 1), "group": (block_k, kb)}
+        if dynamic not in groups:
+            raise InputTypeError(f"dynamic: expected 'tensor', 'token' or 'group' when input_scale is None, "
+                                 f"got {dynamic!r}")
+        amax = _group_amax(np.abs(x2), dynamic, block_k)
+        s_x = (amax.astype(np.float32) / np.float32(ifmt.max)).astype(np.float64)
+        s_x = np.where(amax == 0, 1.0, s_x)
+        if dynamic == "tensor":
+            s_x, s_cols = s_x.reshape(()), s_x.reshape(1, 1)
+        elif dynamic == "token":
+            s_cols = s_x
+        else:
+            s_cols = np.repeat(s_x, block_k, axis=1)[:, :K]
+    q = encode((x2 / s_cols.astype(np.float32)).astype(np.float32), ifmt)
+    if _is_torch(x):  # scaled_mm returns the library of its first operand
+        import torch
+        q = torch.from_numpy(q)
+    y = scaled_mm(q, np.ascontiguousarray(w_codes.T), s_x.astype(np.float32), scale_b.astype(np.float32),
+                  bias=bias, out_dtype=out_dtype or _default_out(x), fmt_a=ifmt, fmt_b=w_fmt,
+                  block_k=block_k, block_n=block_n, **mm_options)
+    return y.reshape(*lead, N)
+
+
+def _default_out(x) -> str:
+    name = str(x.dtype).removeprefix("torch.")
+    return name if name in OUT_FORMATS else "float32"
+
+
+def _group_amax(absx: np.ndarray, dynamic: str, block_k: int) -> np.ndarray:
+    """amax per tensor (1, 1), per row (M, 1) or per 1 x block_k group (M, ceil(K/block_k))."""
+    if dynamic == "tensor":
+        return np.asarray(absx.max() if absx.size else 0.0).reshape(1, 1)
+    if dynamic == "token":
+        return absx.max(axis=1, keepdims=True) if absx.size else np.zeros((absx.shape[0], 1))
+    M, K = absx.shape
+    pad = -K % block_k
+    padded = np.concatenate([absx, np.zeros((M, pad), absx.dtype)], axis=1)
+    return padded.reshape(M, -1, block_k).max(axis=2)

@@ -1,0 +1,364 @@
+"""Producer recipes: the declared arithmetic that reproduces a producer's bytes.
+
+A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
+
+1. ``input_cast``   optional dtype change of x before anything (auto-round: fp16 -> bf16).
+2. ``amax``         max|x| over the granularity's reduction set (exact), optionally clamped.
+3. ``scale``        ``amax/max`` or ``1/(max/amax)``, rounded in ``scale.dtype``; a minimum,
+                    a replacement for amax == 0; rounded again to ``store_dtype``; a stored 0
+                    replaced by eps(store dtype) where the producer does that.
+4. ``apply``        x divided by the scale, multiplied by its reciprocal or by max/amax, in
+                    ``apply.dtype``; the stored or the unrounded scale; ``+ 0`` (turns -0.0
+                    into +0.0); clamp to +-max.
+5. ``encode``       the codec's rounding/overflow mode; negative zero kept or made +0.
+6. ``dequantize``   q*s exact (rounded once to the output dtype) or in the model dtype.
+
+dtypes: ``exact`` (no rounding: the fp8ref ideal), ``float32``, ``model`` (x's dtype, D).
+A D op on float32 data is modelled as torch computes it on CPU: in float32, then rounded to D.
+
+This module is pure; ``load_recipes`` (the only file reader) parses specs/recipes/*.yaml once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import dataclass, fields
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from .errors import RecipeError, ScaleError
+from .formats import FloatFormat
+from .scaling import GRANULARITIES, amax_over_max
+
+DTYPES = ("exact", "float32", "model")
+MODEL_DTYPES = ("bfloat16", "float16", "float32", "float64")
+_SPEC_DIR = Path(__file__).resolve().parent.parent / "specs" / "recipes"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One producer's quantization arithmetic; every field is a declared step (see module doc)."""
+
+    name: str
+    summary: str
+    source: str
+    verified: str
+    granularities: tuple[str, ...]
+    formats: tuple[str, ...]
+    require_divisible: bool
+    nonfinite: str                 # error | propagate
+    input_cast_float16_to: str | None
+    amax_min: float | None
+    amax_max: float | None
+    scale_form: str                # amax/max | 1/(max/amax)
+    scale_dtype: str               # exact | float32
+    scale_min: float | None
+    zero_amax_scale: float | None
+    scale_store_dtype: str         # float32 | model
+    zero_stored_scale: str | None  # None | eps
+    apply_op: str                  # divide | multiply_reciprocal | multiply_multiplier
+    apply_scale: str               # stored | computed
+    apply_dtype: str               # exact | float32 | model
+    add_zero: bool
+    clamp: bool
+    rounding: str                  # from_args | a codec mode
+    saturate: str | bool           # from_args | True | False
+    negative_zero: str             # keep | positive
+    dequantize_dtype: str          # exact | model
+
+
+# --- dtype rounding ----------------------------------------------------------------------
+def round_to(v: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float32/float64 values once (RNE) to ``dtype``; float32 result (float64 for
+    float64), holding values exactly representable in ``dtype``."""
+    v = np.asarray(v)
+    if dtype == "float64":
+        return v.astype(np.float64)
+    if dtype == "float32":
+        return v.astype(np.float32)
+    if dtype == "float16":
+        return v.astype(np.float16).astype(np.float32)  # numpy's cast rounds once, from either width
+    if dtype != "bfloat16":
+        raise RecipeError(f"dtype: expected one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
+    if v.dtype == np.float32:
+        u = v.view(np.uint32)
+        lsb = (u >> np.uint32(16)) & np.uint32(1)
+        r = ((u + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000)).view(np.float32)
+        return np.where(np.isnan(v), v, r)  # NaN payloads must not carry into the exponent
+    # float64 -> bfloat16 in one rounding: rint on a grid of 2**(e-7), e = max(exponent, -126)
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(v) & (v != 0)
+        _, e = np.frexp(np.where(finite, v, 1.0))
+        q = np.maximum(e.astype(np.int64) - 1, -126) - 7
+        r = np.ldexp(np.rint(np.ldexp(np.where(finite, v, 0.0), -q)), q)
+        r = np.where(np.abs(r) >= 2.0 ** 128, np.copysign(np.inf, v), r)
+        return np.where(finite, r, v).astype(np.float32)
+
+
+def eps_of(dtype: str) -> float:
+    return {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}[dtype]
+
+
+# --- scale step ---------------------------------------------------------------------------
+def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtype: str
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(stored scale, operand of the apply step), float32 arrays of amax's shape.
+
+    The stored scale is a dequantization multiplier (x ~ decode(q) * s) in every recipe. The
+    operand is the scale the producer divides by (or takes the reciprocal of), or for
+    ``multiply_multiplier`` the producer's own multiplier m = fp32(max/amax).
+    """
+    a = np.asarray(amax, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if recipe.amax_min is not None:
+            a = np.where(a < recipe.amax_min, recipe.amax_min, a)  # NaN stays NaN (torch clamp)
+        if recipe.amax_max is not None:
+            a = np.where(a > recipe.amax_max, recipe.amax_max, a)
+        if recipe.scale_dtype == "exact":
+            s = amax_over_max(a, fmt)
+        else:
+            a32 = a.astype(np.float32)  # amax is exact in float32 for <= 32-bit inputs
+            if recipe.scale_form == "amax/max":
+                s = a32 / np.float32(fmt.max)
+            else:
+                m = np.float32(fmt.max) / a32
+                if recipe.zero_amax_scale is not None:
+                    m = np.where(a32 > 0, m, np.float32(1.0 / recipe.zero_amax_scale))
+                m = np.asarray(m, np.float32)
+                s = np.float32(1.0) / m
+        s = np.asarray(s, np.float32)
+        if recipe.scale_min is not None:
+            s = np.where(s < np.float32(recipe.scale_min), np.float32(recipe.scale_min), s)
+        if recipe.zero_amax_scale is not None:  # `amax > 0` is False for 0 and NaN (HF's test)
+            s = np.where(a > 0, s, np.float32(recipe.zero_amax_scale))
+    store = model_dtype if recipe.scale_store_dtype == "model" else "float32"
+    stored = round_to(s, store).astype(np.float32)
+    if recipe.zero_stored_scale == "eps":
+        stored = np.where(stored == 0, np.float32(eps_of(store)), stored)
+    if recipe.apply_op == "multiply_multiplier" and recipe.scale_form == "1/(max/amax)":
+        return stored, m
+    used = stored if recipe.apply_scale == "stored" else s
+    return stored, np.asarray(used, np.float32)
+
+
+def check_scale(scale: np.ndarray, what: str = "scale") -> None:
+    """A given (e.g. calibrated) scale must be positive and finite."""
+    bad = ~(np.isfinite(scale) & (scale > 0))
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ScaleError(f"{what}: expected positive finite scales, got {scale[idx]!r} at index {idx} "
+                         f"({int(bad.sum())} bad of {scale.size})")
+
+
+# --- apply step ---------------------------------------------------------------------------
+def apply_scaled(x32: np.ndarray, s32: np.ndarray, recipe: Recipe, fmt: FloatFormat,
+                 model_dtype: str) -> np.ndarray:
+    """The value the producer hands to its fp8 cast, as float32 (exact in its dtype).
+
+    ``s32`` is compute_scale's operand: divide -> x/s; multiply_reciprocal -> x*fp32(1/s);
+    multiply_multiplier -> x*m. Not for ``apply_dtype == "exact"`` (exact_quotient_codes).
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if recipe.apply_op == "divide":
+            y = x32 / s32
+        elif recipe.apply_op == "multiply_reciprocal":
+            y = x32 * (np.float32(1.0) / s32)
+        else:
+            y = x32 * s32
+        if recipe.apply_dtype == "model":
+            y = round_to(y, model_dtype)
+        if recipe.add_zero:
+            y = y + np.float32(0.0)  # -0.0 + +0.0 = +0.0 (IEEE, round to nearest)
+        if recipe.clamp:
+            np.clip(y, -fmt.max, fmt.max, out=y)
+    return y
+
+
+def exact_quotient_codes(x: np.ndarray, s: np.ndarray, fmt: FloatFormat, *, encode, rounding: str,
+                         saturate: bool, out: np.ndarray) -> None:
+    """codes = round(x / s) with the EXACT quotient rounded once (proof: docs/quantize.md).
+
+    x: float32 or float64 values, s: float32 scales broadcastable to x; writes uint8 ``out``.
+    Bulk: q = fl(x/s) in x's width and the codec. fl(x/s) can round differently from x/s
+    only where q lands exactly on a decision point of the target format (a value with
+    <= M+2 significant bits: grid points and midpoints, incl. the grid continued above
+    max) while x/s does not. Such q have >= 23-(M+1) (float32) trailing zero mantissa
+    bits, which is cheap to test; for those few elements the quotient is recomputed in
+    float64, its exact residual sign x - q*s found with Dekker's product, and an inexact q
+    moved one float64 ulp toward x/s: strictly between q and the next decision point, so
+    it rounds like x/s in every mode.
+    """
+    wide = x.dtype == np.float64
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = x / s.astype(x.dtype)
+    encode(q, fmt, rounding=rounding, saturate=saturate, out=out)
+    tail = (52 if wide else 23) - (fmt.mantissa_bits + 1)
+    ubits = q.view(np.uint64 if wide else np.uint32)
+    low = (ubits & ubits.dtype.type((1 << tail) - 1)) == 0
+    idx = np.flatnonzero(low)
+    if idx.size == 0:
+        return
+    xf = x.reshape(-1)[idx].astype(np.float64)
+    sf = np.broadcast_to(s, x.shape).reshape(-1)[idx].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        qf = xf / sf
+        sign = _residual_sign(xf, qf, sf)
+    move = np.isfinite(xf) & np.isfinite(qf) & (sign != 0)
+    qf = np.where(move, np.nextafter(qf, np.where(sign > 0, np.inf, -np.inf)), qf)
+    out.reshape(-1)[idx] = encode(qf, fmt, rounding=rounding, saturate=saturate)
+
+
+def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    c = a * 134217729.0  # Veltkamp: 2**27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _residual_sign(x: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """sign(x - q*s) exactly: q*s = p + err (Dekker), x - p exact (Sterbenz: p ~ x)."""
+    p = q * s
+    qh, ql = _split(q)
+    sh, sl = _split(s)
+    err = ((qh * sh - p) + qh * sl + ql * sh) + ql * sl
+    d = (x - p) - err
+    return np.sign(np.where(np.isnan(d), 0.0, d))
+
+
+# --- loading (edge) -----------------------------------------------------------------------
+_STEPS = {
+    "input_cast": {"float16_to": "input_cast_float16_to"},
+    "amax": {"min": "amax_min", "max": "amax_max"},
+    "scale": {"form": "scale_form", "dtype": "scale_dtype", "min": "scale_min",
+              "zero_amax": "zero_amax_scale", "store_dtype": "scale_store_dtype",
+              "zero_stored": "zero_stored_scale"},
+    "apply": {"op": "apply_op", "scale": "apply_scale", "dtype": "apply_dtype",
+              "add_zero": "add_zero", "clamp": "clamp"},
+    "encode": {"rounding": "rounding", "saturate": "saturate", "negative_zero": "negative_zero"},
+    "dequantize": {"dtype": "dequantize_dtype"},
+}
+_TOP = ("name", "summary", "source", "verified", "granularities", "formats", "require_divisible",
+        "nonfinite", "steps")
+_CHOICES = {
+    "nonfinite": ("error", "propagate"), "input_cast_float16_to": (None, "bfloat16"),
+    "scale_form": ("amax/max", "1/(max/amax)"), "scale_dtype": ("exact", "float32"),
+    "scale_store_dtype": ("float32", "model"), "zero_stored_scale": (None, "eps"),
+    "apply_op": ("divide", "multiply_reciprocal", "multiply_multiplier"),
+    "apply_scale": ("stored", "computed"), "apply_dtype": DTYPES,
+    "rounding": ("from_args", "rne", "rna", "rtz", "rup", "rdown", "rto"),
+    "saturate": ("from_args", True, False), "negative_zero": ("keep", "positive"),
+    "dequantize_dtype": ("exact", "model"),
+}
+_NUMBERS = ("amax_min", "amax_max", "scale_min", "zero_amax_scale")
+_BOOLS = ("add_zero", "clamp", "require_divisible")
+
+
+def _number(doc, path, value):
+    """A float, int or an exact fraction string like '1/229376' -> nearest float64."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise doc.error(path, f"expected a number or null, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(Fraction(str(value)))
+    except (ValueError, ZeroDivisionError):
+        raise doc.error(path, f"expected a number, a fraction like '1/229376' or null, got {value!r}") from None
+
+
+def _exact_keys(doc, path, mapping, keys):
+    if not isinstance(mapping, dict):
+        raise doc.error(path, f"expected a mapping, got {type(mapping).__name__}")
+    unknown = [k for k in mapping if k not in keys]
+    if unknown:
+        hint = difflib.get_close_matches(str(unknown[0]), keys, n=1)
+        raise doc.error(tuple(path) + (unknown[0],), "unknown key" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                        + f" (expected {', '.join(keys)})")
+    missing = [k for k in keys if k not in mapping]
+    if missing:
+        raise doc.error(path, f"missing key(s) {', '.join(missing)}")
+
+
+def recipe_from_document(doc) -> Recipe:
+    """Validate a loaded recipe YAML document (fp8ref.yamlio.YamlDocument) strictly."""
+    data = doc.data
+    _exact_keys(doc, (), data, _TOP)
+    values: dict = {}
+    for key in ("name", "summary", "source", "verified", "nonfinite"):
+        if not isinstance(data[key], str) or not data[key]:
+            raise doc.error((key,), f"expected a non-empty string, got {data[key]!r}")
+        values[key] = data[key]
+    for key, allowed in (("granularities", GRANULARITIES), ("formats", None)):
+        seq = data[key]
+        if not isinstance(seq, list) or not seq or not all(isinstance(v, str) for v in seq):
+            raise doc.error((key,), f"expected a non-empty list of strings, got {seq!r}")
+        for i, v in enumerate(seq):
+            if allowed is not None and v not in allowed:
+                raise doc.error((key, i), f"expected one of {', '.join(allowed)}, got {v!r}")
+        values[key] = tuple(seq)
+    values["require_divisible"] = data["require_divisible"]
+    _exact_keys(doc, ("steps",), data["steps"], tuple(_STEPS))
+    for step, keys in _STEPS.items():
+        body = data["steps"][step]
+        _exact_keys(doc, ("steps", step), body, tuple(keys))
+        for key, field_name in keys.items():
+            path = ("steps", step, key)
+            value = body[key]
+            if field_name in _NUMBERS:
+                value = _number(doc, path, value)
+            values[field_name] = value
+    for name in _BOOLS:
+        if not isinstance(values[name], bool):
+            raise doc.error(_path_of(name), f"expected true or false, got {values[name]!r}")
+    for name, allowed in _CHOICES.items():
+        if not any(values[name] == a and type(values[name]) is type(a) for a in allowed):
+            shown = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else a for a in allowed)
+            raise doc.error(_path_of(name), f"expected one of {shown}, got {values[name]!r}")
+    if values["scale_dtype"] == "exact" and values["scale_store_dtype"] != "float32":
+        raise doc.error(("steps", "scale", "store_dtype"), "an exact scale is stored in float32")
+    from .formats import FORMATS
+    for i, f in enumerate(values["formats"]):
+        if f not in FORMATS:
+            raise doc.error(("formats", i), f"unknown format {f!r}")
+    return Recipe(**{f.name: values[f.name] for f in fields(Recipe)})
+
+
+def _path_of(field_name: str) -> tuple:
+    if field_name in _TOP:
+        return (field_name,)
+    for step, keys in _STEPS.items():
+        for key, name in keys.items():
+            if name == field_name:
+                return ("steps", step, key)
+    return ()
+
+
+@functools.lru_cache(maxsize=None)
+def load_recipes(directory: str | None = None) -> dict[str, Recipe]:
+    """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once."""
+    from .yamlio import load_yaml
+    folder = Path(directory) if directory is not None else _SPEC_DIR
+    recipes: dict[str, Recipe] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        doc = load_yaml(path)
+        recipe = recipe_from_document(doc)
+        if recipe.name != path.stem:
+            raise doc.error(("name",), f"expected the file name {path.stem!r}, got {recipe.name!r}")
+        recipes[recipe.name] = recipe
+    return recipes
+
+
+def get_recipe(recipe: Recipe | str | None) -> Recipe:
+    """A Recipe, or a built-in recipe's name (None -> 'fp8ref')."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    name = "fp8ref" if recipe is None else recipe
+    known = load_recipes()
+    if not isinstance(name, str) or name not in known:
+        close = difflib.get_close_matches(str(name), known, n=2)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise RecipeError(f"recipe: unknown recipe {name!r}{hint} (known: {', '.join(known)})")
+    return known[name]

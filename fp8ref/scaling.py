@@ -1,0 +1,199 @@
+"""amax reductions and scale formulas for every granularity (pure: arrays in, arrays out).
+
+Layout of a quantized tensor ``x`` of shape (..., K) (a weight is W[out, in], so K = in):
+
+============  =========================  ==============================================
+granularity   reduction set              scale shape
+============  =========================  ==============================================
+tensor        all elements               (1,)
+channel       one output row (last axis)  (..., 1)
+token         one token (last axis)       (..., 1)
+group G       G consecutive along K       (..., ceil(K/G)); the last group may be partial
+block bh,bw   bh x bw tiles of (.., R, K) (..., ceil(R/bh), ceil(K/bw)); edge tiles partial
+mx            32 along K, E8M0 scale      (..., ceil(K/32))
+nvfp4         16 along K, E4M3 scale      (..., ceil(K/16)), plus one fp32 global scale
+============  =========================  ==============================================
+
+Partial groups/blocks take the max over the elements that exist, which is what zero-padding
+producers (compressed-tensors, DeepSeek) compute: |0| never raises a max.
+
+amax is reduced on the magnitude bit patterns (sign bit cleared): for IEEE binary formats
+unsigned integer order equals magnitude order, every NaN pattern sorts above Inf (so NaN
+propagates), and the result is exact in the input dtype.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from .errors import ShapeError
+from .formats import FloatFormat
+
+GRANULARITIES = ("tensor", "channel", "token", "group", "block", "mx", "nvfp4")
+MX_BLOCK = 32
+NVFP4_BLOCK = 16
+MX_SCALE_RULES = ("floor", "rceil")
+
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def layout(shape: tuple, granularity: str, *, group_size: int | None = None,
+           block_shape: tuple[int, int] | None = None) -> tuple:
+    """Scale shape for ``x.shape``; raises ShapeError naming what does not fit."""
+    shape = tuple(int(n) for n in shape)
+    if granularity not in GRANULARITIES:
+        raise ShapeError(f"granularity: expected one of {', '.join(GRANULARITIES)}, got {granularity!r}")
+    if granularity == "tensor":
+        return (1,)
+    if len(shape) < 1:
+        raise ShapeError(f"x: granularity {granularity!r} needs at least 1 dimension, got shape {shape}")
+    if granularity in ("channel", "token"):
+        return shape[:-1] + (1,)
+    if granularity == "block":
+        bh, bw = _block(block_shape)
+        if len(shape) < 2:
+            raise ShapeError(f"x: granularity 'block' needs at least 2 dimensions, got shape {shape}")
+        return shape[:-2] + (-(-shape[-2] // bh), -(-shape[-1] // bw))
+    g = group_of(granularity, group_size)
+    return shape[:-1] + (-(-shape[-1] // g),)
+
+
+def group_of(granularity: str, group_size: int | None) -> int:
+    if granularity == "mx":
+        return MX_BLOCK
+    if granularity == "nvfp4":
+        return NVFP4_BLOCK
+    if type(group_size) is not int or group_size < 1:
+        raise ShapeError(f"group_size: granularity 'group' needs a positive int, got {group_size!r}")
+    return group_size
+
+
+def _block(block_shape) -> tuple[int, int]:
+    ok = (isinstance(block_shape, (tuple, list)) and len(block_shape) == 2
+          and all(type(b) is int and b > 0 for b in block_shape))
+    if not ok:
+        raise ShapeError(f"block_shape: expected two positive ints (rows, cols), got {block_shape!r}")
+    return int(block_shape[0]), int(block_shape[1])
+
+
+def _magnitude_bits(x: np.ndarray) -> np.ndarray:
+    """|x| as unsigned ints (same width), order-preserving; NaN patterns sort above Inf."""
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        raise ShapeError(f"x: expected a floating-point array, got {x.dtype.name}")
+    u = x.view(_UINT[x.dtype.itemsize])
+    return u & u.dtype.type((1 << (8 * x.dtype.itemsize - 1)) - 1)
+
+
+def _pad_last(a: np.ndarray, multiple: int, axis: int = -1) -> np.ndarray:
+    n = a.shape[axis]
+    extra = -n % multiple
+    if not extra:
+        return a
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, extra)
+    return np.pad(a, pad)  # zero bits = +0.0, neutral for a max of magnitudes
+
+
+def reduce_amax(x: np.ndarray, granularity: str, *, group_size: int | None = None,
+                block_shape: tuple[int, int] | None = None) -> np.ndarray:
+    """max|x| over each reduction set, as float64 (exact), shaped like ``layout``."""
+    out_shape = layout(x.shape, granularity, group_size=group_size, block_shape=block_shape)
+    m = _magnitude_bits(np.asarray(x))
+    if granularity == "tensor":
+        r = m.max(initial=0).reshape(1)
+    elif granularity in ("channel", "token"):
+        r = m.max(axis=-1, keepdims=True, initial=0)
+    elif granularity == "block":
+        bh, bw = _block(block_shape)
+        p = _pad_last(_pad_last(m, bh, axis=-2), bw, axis=-1)
+        r = p.reshape(p.shape[:-2] + (p.shape[-2] // bh, bh, p.shape[-1] // bw, bw)).max(axis=(-3, -1))
+    else:
+        g = group_of(granularity, group_size)
+        p = _pad_last(m, g)
+        r = p.reshape(p.shape[:-1] + (p.shape[-1] // g, g)).max(axis=-1)
+    return r.view(x.dtype).astype(np.float64).reshape(out_shape)
+
+
+def expand(scale: np.ndarray, shape: tuple, granularity: str, *, group_size: int | None = None,
+           block_shape: tuple[int, int] | None = None) -> np.ndarray:
+    """``scale`` repeated so that it broadcasts elementwise against an array of ``shape``."""
+    shape = tuple(shape)
+    if granularity in ("tensor", "channel", "token"):
+        return scale.reshape((1,) * len(shape)) if granularity == "tensor" else scale
+    if granularity == "block":
+        bh, bw = _block(block_shape)
+        s = np.repeat(np.repeat(scale, bh, axis=-2), bw, axis=-1)
+        return s[..., :shape[-2], :shape[-1]]
+    g = group_of(granularity, group_size)
+    return np.repeat(scale, g, axis=-1)[..., :shape[-1]]
+
+
+# --- scale formulas -----------------------------------------------------------------------
+def amax_over_max(amax: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    """fp32(amax / fmt.max), rounded once.
+
+    The float64 quotient is correctly rounded; rounding it again to float32 can go wrong
+    only if it lands exactly on a float32 midpoint (25 significant bits) while the exact
+    quotient does not. For amax with <= 24 bits that cannot happen (fmt.max has <= 8
+    significant bits, so a non-midpoint quotient is >= 2**-33 relative away from every
+    midpoint, far above float64's 2**-53); float64 amax can, and those few elements are
+    settled with exact rationals.
+    """
+    a = np.asarray(amax, np.float64)
+    q = a / fmt.max
+    s = q.astype(np.float32)
+    on_mid = (q.view(np.uint64) & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)
+    for i in zip(*np.nonzero(on_mid & np.isfinite(q))):
+        exact = Fraction(float(a[i])) / Fraction(fmt.max)
+        if exact != Fraction(float(q[i])):  # nudge off the midpoint toward the exact value
+            s[i] = np.float32(np.nextafter(q[i], np.inf if exact > Fraction(float(q[i])) else -np.inf))
+    return s
+
+
+def _frexp_exponent(v: np.ndarray) -> np.ndarray:
+    """floor(log2 v) for positive finite v, exactly (frexp, never log2)."""
+    _, e = np.frexp(v)
+    return e.astype(np.int64) - 1
+
+
+def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndarray:
+    """Unbiased E8M0 exponent per block, clipped to [-127, 127]; NaN/Inf amax -> 128 (NaN code).
+
+    floor (OCP MX v1.0): floor(log2 amax) - emax_elem; large elements then clip to +-max_elem.
+    rceil (NVIDIA/cuBLAS, torchao RCEIL): ceil(log2(amax / max_elem)), so nothing clips.
+    amax == 0 -> -127 (code 0x00, the smallest scale; gfloat, TE).
+    """
+    if rule not in MX_SCALE_RULES:
+        raise ShapeError(f"mx_rule: expected one of {', '.join(MX_SCALE_RULES)}, got {rule!r}")
+    a = np.asarray(amax, np.float64)
+    finite_pos = np.isfinite(a) & (a > 0)
+    safe = np.where(finite_pos, a, 1.0)
+    if rule == "floor":
+        e = _frexp_exponent(safe) - elem.emax
+    else:
+        # amax/max_elem in float64 is a power of two only when the exact ratio is one
+        # (same gap argument as amax_over_max), so frexp's mantissa == 0.5 tests it exactly.
+        t = safe / elem.max
+        m, e2 = np.frexp(t)
+        e = np.where(m == 0.5, e2 - 1, e2).astype(np.int64)
+    e = np.clip(e, -127, 127)
+    e = np.where(finite_pos, e, -127)
+    return np.where(np.isfinite(a), e, 128)
+
+
+def e8m0_value(exponent: np.ndarray) -> np.ndarray:
+    """2**e as float32 (exact for -127..127; 128 -> NaN)."""
+    e = np.asarray(exponent, np.int64)
+    v = np.ldexp(1.0, np.clip(e, -127, 127)).astype(np.float32)
+    return np.where(e == 128, np.float32(np.nan), v)
+
+
+def nvfp4_global_scale(amax_tensor: float, elem: FloatFormat, scale_fmt: FloatFormat) -> np.float32:
+    """Dequant global scale fp32(amax / (max_elem * max_scale)) (2688 for e2m1 x e4m3); 0 -> 1."""
+    if not amax_tensor > 0:
+        return np.float32(1.0)
+    # elem.max * scale_fmt.max = 6 * 448 has <= 8 significant bits: the amax_over_max argument holds.
+    return np.float32(np.float64(amax_tensor) / (elem.max * scale_fmt.max))
+

@@ -1,0 +1,412 @@
+"""YAML layer specs -> LayerConfig: which layers are quantized, and how.
+
+A spec (see docs/schemes.md and specs/examples/)::
+
+    name: llama-w8a8            # optional metadata
+    description: ...
+    strict: false               # optional; see below
+    scheme: FP8_STATIC          # default scheme: preset name or mapping (required)
+    layer_config:               # selector -> preset name | mapping of overrides
+      model.layers.0.mlp.down_proj: BF16
+      "re:.*k_proj": {scheme: FP8_DYNAMIC, rounding: rtz}
+    ignore: [lm_head]           # selectors left unquantized
+
+Resolution of a layer name (deterministic, independent of the order names are asked in):
+
+1. a matching ``ignore`` selector -> None (not quantized);
+2. an exact ``layer_config`` key -> its scheme;
+3. the matching ``re:`` keys: the **last declared** one wins (strict mode: matches that
+   resolve to different schemes are an error);
+4. the default ``scheme``.
+
+``re:PATTERN`` matches with ``re.match`` (anchored at the start only), as compressed-tensors
+does, so selectors translate to its ``targets`` unchanged. A mapping value overrides the default
+scheme (or the preset named by its ``scheme`` key; or the field defaults when the default is
+unquantized); fields derived from an overridden field are re-derived (``QuantizationScheme.replace``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecError
+from .scheme import (FIELDS, PRESETS, QuantizationScheme, SchemeFieldError, from_ct_args, preset_name,
+                     to_ct_args)
+from .yamlio import YamlDocument, load_yaml, load_yaml_string
+
+SPEC_KEYS = ("name", "description", "strict", "scheme", "layer_config", "ignore")
+
+
+class SpecWarning(UserWarning):
+    """A selector that matches no layer of the model (an error in strict mode)."""
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A layer name, or ``re:PATTERN`` matched with ``re.match``."""
+
+    text: str
+    line: int | None = None
+
+    @property
+    def is_regex(self) -> bool:
+        return self.text.startswith("re:")
+
+    def matches(self, layer: str) -> bool:
+        if self.is_regex:
+            return re.match(self.text[3:], layer) is not None
+        return layer == self.text
+
+    def __str__(self) -> str:
+        return self.text if self.line is None else f"{self.text!r} (line {self.line})"
+
+
+@dataclass(frozen=True)
+class Rule:
+    selector: Selector
+    scheme: QuantizationScheme | None
+
+
+class LayerConfig:
+    """A validated spec: default scheme, ordered ``layer_config`` rules and ``ignore`` selectors."""
+
+    def __init__(self, default: QuantizationScheme | None, rules: Iterable[Rule] = (),
+                 ignore: Iterable[Selector] = (), *, strict: bool = False, name: str | None = None,
+                 description: str | None = None, source: str = "<dict>"):
+        self.default, self.rules, self.ignore = default, tuple(rules), tuple(ignore)
+        self.strict, self.name, self.description, self.source = strict, name, description, source
+        self._exact = {r.selector.text: r for r in self.rules if not r.selector.is_regex}
+        self._regex = tuple(r for r in self.rules if r.selector.is_regex)
+
+    def resolve(self, layer: str) -> QuantizationScheme | None:
+        """The scheme of ``layer``, or None when it stays unquantized."""
+        if any(sel.matches(layer) for sel in self.ignore):
+            return None
+        if layer in self._exact:
+            return self._exact[layer].scheme
+        matched = [r for r in self._regex if r.selector.matches(layer)]
+        if not matched:
+            return self.default
+        if self.strict and len({r.scheme for r in matched}) > 1:
+            names = ", ".join(str(r.selector) for r in matched)
+            raise SpecError(f"{self.source}: layer {layer!r} is matched by regexes that disagree: {names} "
+                            "(strict mode)")
+        return matched[-1].scheme
+
+    def resolve_all(self, layers: Iterable[str]) -> dict[str, QuantizationScheme | None]:
+        """{layer: scheme or None}; selectors matching none of ``layers`` warn (strict: raise)."""
+        layers = list(layers)
+        out = {layer: self.resolve(layer) for layer in layers}
+        unmatched = self.unmatched_selectors(layers)
+        if unmatched:
+            message = (f"{self.source}: selectors match no layer of the model: "
+                       + ", ".join(str(s) for s in unmatched))
+            if self.strict:
+                raise SpecError(message + " (strict mode)")
+            warnings.warn(message, SpecWarning, stacklevel=2)
+        return out
+
+    def unmatched_selectors(self, layers: Iterable[str]) -> list[Selector]:
+        layers = list(layers)
+        selectors = [r.selector for r in self.rules] + list(self.ignore)
+        return [s for s in selectors if not any(s.matches(layer) for layer in layers)]
+
+    def to_dict(self) -> dict:
+        """A spec mapping that ``load_spec_dict`` turns back into an equal LayerConfig."""
+        out = {k: v for k, v in (("name", self.name), ("description", self.description)) if v is not None}
+        out["strict"] = self.strict
+        out["scheme"] = _dump_scheme(self.default)
+        out["layer_config"] = {r.selector.text: _dump_scheme(r.scheme) for r in self.rules}
+        out["ignore"] = [s.text for s in self.ignore]
+        return out
+
+    def _key(self):
+        return (self.default, tuple((r.selector.text, r.scheme) for r in self.rules),
+                tuple(s.text for s in self.ignore), self.strict, self.name, self.description)
+
+    def __eq__(self, other):
+        return self._key() == other._key() if isinstance(other, LayerConfig) else NotImplemented
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return (f"LayerConfig(source={self.source!r}, default={preset_name(self.default) or self.default!r}, "
+                f"rules={len(self.rules)}, ignore={[s.text for s in self.ignore]})")
+
+
+def _dump_scheme(scheme: QuantizationScheme | None):
+    name = preset_name(scheme)
+    if name is not None:
+        return name
+    return {"scheme": "BF16"} if scheme is None else {k: v for k, v in scheme.to_dict().items() if v is not None}
+
+
+# --- loading --------------------------------------------------------------------------------
+def load_spec(path: str | Path, *, strict: bool | None = None) -> LayerConfig:
+    """Load and validate a YAML spec file; ``strict`` overrides the file's ``strict`` key."""
+    return _build(load_yaml(path), strict)
+
+
+def load_spec_string(text: str, *, source: str = "<string>", strict: bool | None = None) -> LayerConfig:
+    return _build(load_yaml_string(text, source=source), strict)
+
+
+def load_spec_dict(data, *, source: str = "<dict>", strict: bool | None = None) -> LayerConfig:
+    """Validate a spec given as a Python dict (values may also be QuantizationScheme objects)."""
+    return _build(YamlDocument(data, source), strict)
+
+
+class _Errors:
+    def __init__(self, doc: YamlDocument):
+        self.doc, self.messages = doc, []
+
+    def add(self, path, message: str) -> None:
+        self.messages.append(f"{self.doc.where(path)}: {message}")
+
+    def raise_if_any(self) -> None:
+        if self.messages:
+            exc = SpecError("\n".join(self.messages))
+            exc.errors = list(self.messages)
+            raise exc
+
+
+def _build(doc: YamlDocument, strict: bool | None) -> LayerConfig:
+    errors = _Errors(doc)
+    data = doc.data
+    if not isinstance(data, Mapping):
+        got = "an empty document" if data is None else type(data).__name__
+        errors.add((), f"expected a mapping with keys {', '.join(SPEC_KEYS)}, got {got}")
+        errors.raise_if_any()
+    for key in data:
+        if key not in SPEC_KEYS:
+            errors.add((key,), f"unknown key{_hint(key, SPEC_KEYS)}; expected one of {', '.join(SPEC_KEYS)}")
+    meta = {}
+    for key in ("name", "description"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            errors.add((key,), f"expected a string, got {data[key]!r}")
+        meta[key] = data.get(key)
+    file_strict = data.get("strict", False)
+    if type(file_strict) is not bool:
+        errors.add(("strict",), f"expected true or false, got {file_strict!r}")
+    strict = bool(file_strict) if strict is None else strict
+
+    default, default_ok = None, False
+    if "scheme" not in data:
+        errors.add((), "scheme: required (a preset name such as FP8_STATIC, or a mapping of fields)")
+    else:
+        default, default_ok = _scheme_value(data["scheme"], ("scheme",), None, errors)
+
+    rules = []
+    layer_config = data.get("layer_config", {})
+    if layer_config is None or not isinstance(layer_config, Mapping):
+        errors.add(("layer_config",), f"expected a mapping of selector -> preset or overrides, "
+                                      f"got {type(layer_config).__name__}")
+        layer_config = {}
+    for key, value in layer_config.items():
+        path = ("layer_config", key)
+        selector = _selector(key, path, errors)
+        if selector is None:
+            continue
+        if isinstance(value, Mapping) and "scheme" not in value and not default_ok:
+            continue  # the default is broken; its error is already reported
+        scheme, ok = _scheme_value(value, path, default, errors)
+        if ok:
+            rules.append(Rule(selector, scheme))
+
+    ignore = []
+    ignore_list = data.get("ignore", [])
+    if not isinstance(ignore_list, list):
+        errors.add(("ignore",), f"expected a list of layer names or 're:' patterns, got {type(ignore_list).__name__}")
+        ignore_list = []
+    configured = {r.selector.text: r.selector for r in rules if not r.selector.is_regex}
+    seen = {}
+    for i, item in enumerate(ignore_list):
+        selector = _selector(item, ("ignore", i), errors)
+        if selector is None:
+            continue
+        if selector.text in seen:
+            errors.add(("ignore", i), f"duplicate selector {selector.text!r} (first at ignore[{seen[selector.text]}])")
+        elif selector.text in configured:
+            errors.add(("ignore", i), f"{selector.text!r} is also configured in layer_config"
+                                      + (f" (line {configured[selector.text].line})"
+                                         if configured[selector.text].line else ""))
+        seen.setdefault(selector.text, i)
+        ignore.append(selector)
+    errors.raise_if_any()
+    return LayerConfig(default, rules, ignore, strict=strict, source=doc.source, **meta)
+
+
+def _hint(value, choices) -> str:
+    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _selector(key, path: tuple, errors: _Errors) -> Selector | None:
+    if not isinstance(key, str) or not key:
+        errors.add(path, f"expected a layer name or 're:PATTERN', got {key!r}")
+        return None
+    if key.startswith("re:"):
+        try:
+            re.compile(key[3:])
+        except re.error as exc:
+            errors.add(path, f"invalid regular expression {key[3:]!r}: {exc}")
+            return None
+        if not key[3:]:
+            errors.add(path, "empty regular expression")
+            return None
+    return Selector(key, errors.doc.line_of(path) if path in errors.doc.lines else None)
+
+
+def _scheme_value(value, path: tuple, base: QuantizationScheme | None, errors: _Errors):
+    """A preset name or mapping -> (scheme or None, ok)."""
+    if isinstance(value, QuantizationScheme):
+        return value, True
+    try:
+        if isinstance(value, str):
+            return PRESETS[value], True
+        if not isinstance(value, Mapping):
+            got = "null" if value is None else f"{type(value).__name__} {value!r}"
+            errors.add(path, f"expected a preset name or a mapping of scheme fields, got {got}")
+            return None, False
+        overrides = dict(value)
+        if "scheme" in overrides:
+            preset = overrides.pop("scheme")
+            if not isinstance(preset, str):
+                errors.add(path + ("scheme",), f"expected a preset name, got {preset!r}")
+                return None, False
+            base = PRESETS[preset]
+            if base is None and overrides:
+                errors.add(path + ("scheme",), f"preset {preset!r} leaves the layer unquantized and takes no "
+                                               f"overrides, got {', '.join(map(str, overrides))}")
+                return None, False
+            if not overrides:
+                return base, True
+        for key in overrides:
+            if key not in FIELDS:
+                errors.add(path + (key,), f"unknown field{_hint(key, FIELDS + ('scheme',))}; "
+                                          f"valid fields: scheme, {', '.join(FIELDS)}")
+                return None, False
+        if base is None:
+            return QuantizationScheme(**overrides), True
+        return base.replace(**overrides), True
+    except SchemeFieldError as exc:
+        field_path = path + (exc.field,) if exc.field != "scheme" or isinstance(value, Mapping) else path
+        errors.add(field_path, exc.rule)
+        return None, False
+
+
+# --- compressed-tensors config_groups -------------------------------------------------------
+def to_ct_config(config: LayerConfig, layer_names: Iterable[str] | None = None) -> dict:
+    """compressed-tensors ``quantization_config`` (0.19.0 key set, without ``version``).
+
+    Without ``layer_names`` only a spec without ``layer_config`` rules can be written (one group
+    targeting ``Linear``; ``ignore`` selectors copied, ``re:`` has the same meaning in CT). With
+    ``layer_names`` the layers are resolved first: a single scheme becomes one ``Linear`` group
+    plus an ``ignore`` list, several schemes become groups of exact layer names, so the result
+    does not depend on how compressed-tensors orders overlapping targets.
+    """
+    if layer_names is None:
+        if config.rules:
+            raise SpecError("layer_names: needed to write layer_config rules as exact compressed-tensors targets")
+        if config.default is None:
+            raise SpecError("scheme: the default scheme leaves every layer unquantized; nothing to write")
+        groups = [(config.default, ["Linear"])]
+        ignore = [s.text for s in config.ignore]
+    else:
+        resolved = config.resolve_all(layer_names)
+        ignore = [name for name, s in resolved.items() if s is None]
+        by_scheme: dict = {}
+        for name, s in resolved.items():
+            if s is not None:
+                by_scheme.setdefault(s, []).append(name)
+        if not by_scheme:
+            raise SpecError("layer_names: no layer is quantized; nothing to write")
+        if len(by_scheme) == 1:
+            groups = [(next(iter(by_scheme)), ["Linear"])]
+        else:
+            groups = list(by_scheme.items())
+    config_groups = {}
+    for i, (s, targets) in enumerate(groups):
+        config_groups[f"group_{i}"] = {
+            "format": _ct_format(s), "input_activations": to_ct_args(s, "input_activations"),
+            "output_activations": None, "targets": targets, "weights": to_ct_args(s, "weights")}
+    formats = {g["format"] for g in config_groups.values()}
+    return {"config_groups": config_groups, "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+            "global_compression_ratio": None, "ignore": ignore, "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors", "quantization_status": "compressed",
+            "sparsity_config": {}, "transform_config": {}}
+
+
+def _ct_format(s: QuantizationScheme) -> str:
+    # REFERENCE §7.3: float-quantized iff float weights and input activations; CT's packed 4-bit
+    # and MXFP8 formats carry their own names (CompressionFormat enum).
+    if s.data_type == "nv_fp":
+        return "nvfp4-pack-quantized"
+    if s.data_type == "mx_fp":
+        return "mxfp4-pack-quantized" if s.bits == 4 else "mxfp8-quantized"
+    return "float-quantized" if s.quantizes_activations else "naive-quantized"
+
+
+def from_ct_config(config: Mapping, *, recipe: str = "compressed-tensors",
+                   source: str = "quantization_config") -> LayerConfig:
+    """compressed-tensors ``quantization_config`` -> LayerConfig. A group targeting ``Linear``
+    becomes the default scheme; other targets (names, ``re:``) become rules in group order."""
+    if not isinstance(config, Mapping):
+        raise SpecError(f"{source}: expected a mapping, got {type(config).__name__}")
+    if config.get("quant_method", "compressed-tensors") != "compressed-tensors":
+        raise SpecError(f"{source}: quant_method: expected 'compressed-tensors', got {config['quant_method']!r}")
+    if config.get("kv_cache_scheme") is not None:
+        raise SpecError(f"{source}: kv_cache_scheme: KV-cache quantization is not part of a LayerConfig")
+    groups = config.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise SpecError(f"{source}: config_groups: expected a non-empty mapping")
+    default, rules = None, []
+    for gname, group in groups.items():
+        where = f"{source}: config_groups.{gname}"
+        scheme, targets = _ct_group(gname, group, where, recipe)
+        for target in targets:
+            if target == "Linear":
+                if default is not None:
+                    raise SpecError(f"{where}.targets: a second group targets 'Linear'")
+                default = scheme
+            elif target.startswith("re:") or not (target[:1].isupper() and target.isidentifier()):
+                rules.append(Rule(Selector(target), scheme))
+            else:  # CT matches CamelCase identifiers against module classes
+                raise SpecError(f"{where}.targets: class name {target!r} is not expressible; only 'Linear', "
+                                "layer names and 're:' patterns are")
+    ignore = config.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+        raise SpecError(f"{source}: ignore: expected a list of strings, got {ignore!r}")
+    return LayerConfig(default, rules, [Selector(i) for i in ignore], source=source)
+
+
+def _ct_group(gname, group, where: str, recipe: str):
+    if isinstance(group, list):  # {"FP8_DYNAMIC": ["Linear"]}: a preset name as the key expands
+        scheme = PRESETS[gname] if gname in PRESETS else None
+        if scheme is None:
+            raise SpecError(f"{where}: {gname!r} is not a quantizing preset fp8ref knows")
+        return scheme.replace(recipe=recipe), group
+    if not isinstance(group, Mapping):
+        raise SpecError(f"{where}: expected a mapping or a list of targets, got {type(group).__name__}")
+    allowed = ("targets", "weights", "input_activations", "output_activations", "format")
+    for key in group:
+        if key not in allowed:
+            raise SpecError(f"{where}.{key}: not a QuantizationScheme key; expected one of {', '.join(allowed)}")
+    if group.get("output_activations") is not None:
+        raise SpecError(f"{where}.output_activations: output quantization is not modelled")
+    targets = group.get("targets")
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise SpecError(f"{where}.targets: expected a non-empty list of strings, got {targets!r}")
+    if group.get("weights") is None:
+        raise SpecError(f"{where}.weights: activation-only quantization is not modelled")
+    try:
+        scheme = from_ct_args(group["weights"], group.get("input_activations"), recipe=recipe)
+    except SchemeFieldError as exc:
+        raise SpecError(f"{where}.{exc}") from None
+    return scheme, targets

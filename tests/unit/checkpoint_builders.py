@@ -1,0 +1,117 @@
+"""Tiny valid FP8 checkpoints built in code, in each producer's layout, for the checkpoint tests.
+
+Codes and scales are random but valid (finite codes, positive scales): the loader checks
+structure and values, not how the values were produced. ``build`` returns the tensors and
+config as plain dicts so a test can break one thing before ``write`` puts them on disk.
+"""
+
+from __future__ import annotations
+
+import json
+from math import ceil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from fp8ref.checkpoint.safetensors_io import write_safetensors
+
+BF16 = ml_dtypes.bfloat16
+LAYERS = {"model.layers.0.self_attn.q_proj": (48, 32), "model.layers.0.mlp.down_proj": (32, 48)}
+CT_PRESETS = {
+    "FP8": ({"strategy": "tensor"}, {"strategy": "tensor", "dynamic": False}),
+    "FP8_DYNAMIC": ({"strategy": "channel"}, {"strategy": "token", "dynamic": True}),
+    "FP8_BLOCK": ({"strategy": "block", "block_structure": [16, 16]},
+                  {"strategy": "group", "group_size": 16, "dynamic": True}),
+}
+
+
+def codes(rng: np.random.Generator, shape) -> np.ndarray:
+    """Random e4m3fn codes without NaN (0x7F/0xFF)."""
+    c = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    return np.where((c & 0x7F) == 0x7F, c ^ 0x01, c).astype(np.uint8)
+
+
+def scales(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    return (rng.uniform(0.5, 2.0, size=shape) * 2.0 ** -8).astype(dtype)
+
+
+def _plain(rng, tensors) -> None:
+    tensors["model.embed_tokens.weight"] = ("BF16", rng.standard_normal((16, 32)).astype(BF16))
+    tensors["model.norm.weight"] = ("BF16", np.ones(32, dtype=BF16))
+    tensors["lm_head.weight"] = ("BF16", rng.standard_normal((16, 32)).astype(BF16))
+
+
+def build_ct(preset: str = "FP8", seed: int = 0) -> tuple[dict, dict]:
+    rng = np.random.default_rng(seed)
+    w_args, a_args = CT_PRESETS[preset]
+    tensors: dict = {}
+    for name, (out, inp) in LAYERS.items():
+        tensors[f"{name}.weight"] = ("F8_E4M3", codes(rng, (out, inp)))
+        shape = {"tensor": (1,), "channel": (out, 1), "block": (ceil(out / 16), ceil(inp / 16))}[w_args["strategy"]]
+        tensors[f"{name}.weight_scale"] = ("BF16", scales(rng, shape, BF16))
+        if not a_args["dynamic"]:
+            tensors[f"{name}.input_scale"] = ("BF16", scales(rng, (1,), BF16))
+    _plain(rng, tensors)
+    base = {"num_bits": 8, "type": "float", "symmetric": True}
+    qc = {"config_groups": {"group_0": {"targets": ["Linear"], "weights": {**base, "dynamic": False, **w_args},
+                                        "input_activations": {**base, **a_args}, "output_activations": None,
+                                        "format": "float-quantized"}},
+          "format": "float-quantized", "ignore": ["lm_head"], "kv_cache_scheme": None,
+          "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+    return tensors, {"model_type": "llama", "dtype": "bfloat16", "quantization_config": qc}
+
+
+def build_autoround(seed: int = 0) -> tuple[dict, dict]:
+    rng = np.random.default_rng(seed)
+    tensors: dict = {}
+    for name, (out, inp) in LAYERS.items():
+        tensors[f"{name}.weight"] = ("F8_E4M3", codes(rng, (out, inp)))
+        tensors[f"{name}.weight_scale"] = ("BF16", scales(rng, (out,), BF16))
+        tensors[f"{name}.input_scale"] = ("BF16", scales(rng, (1,), BF16))
+    _plain(rng, tensors)
+    qc = {"act_bits": 8, "act_data_type": "fp", "act_dynamic": False, "act_group_size": 0, "act_sym": True,
+          "activation_scheme": "static", "bits": 8, "block_name_to_quantize": "model.layers", "data_type": "fp",
+          "fmt": "e4m3", "group_size": -1, "packing_format": "auto_round:fp8_static",
+          "quant_method": "auto-round", "sym": True}
+    return tensors, {"model_type": "llama", "dtype": "bfloat16", "quantization_config": qc}
+
+
+def build_hf(seed: int = 0) -> tuple[dict, dict]:
+    rng = np.random.default_rng(seed)
+    tensors: dict = {}
+    for name, (out, inp) in LAYERS.items():
+        tensors[f"{name}.weight"] = ("F8_E4M3", codes(rng, (out, inp)))
+        tensors[f"{name}.weight_scale_inv"] = ("F32", scales(rng, (ceil(out / 16), ceil(inp / 16)), np.float32))
+    _plain(rng, tensors)
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [16, 16],
+          "modules_to_not_convert": ["lm_head"]}
+    return tensors, {"model_type": "llama", "dtype": "bfloat16", "quantization_config": qc}
+
+
+BUILDERS = {"compressed-tensors": build_ct, "auto-round": build_autoround, "hf-fp8": build_hf}
+
+
+def write(folder: Path, tensors: dict, config: dict | None, *, shards: int = 1) -> Path:
+    """Write a checkpoint folder: config.json (unless None) and one file or ``shards`` shards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config, indent=1))
+    if shards == 1:
+        write_safetensors(folder / "model.safetensors", tensors, {"format": "pt"})
+        return folder
+    names = sorted(tensors)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i::shards]
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(folder / fname, {n: tensors[n] for n in part}, {"format": "pt"})
+        weight_map.update(dict.fromkeys(part, fname))
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    return folder
+
+
+def snapshot(root: Path) -> dict:
+    """Every path under ``root`` with its size and mtime, to prove nothing was written."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
