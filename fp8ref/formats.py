@@ -60,8 +60,9 @@ class FloatFormat:
                               f"mantissa_bits >= 1 to hold both Inf and NaN, got E{e}M{m}")
         if self.specials == "fnuz" and not self.signed:
             raise FormatError(f"{where}: 'fnuz' puts NaN at the negative-zero code, so it needs a sign bit")
-        if not self.has_zero and self.specials == "fnuz":
-            raise FormatError(f"{where}: a format without zero cannot use 'fnuz' specials")
+        if not self.has_zero and (self.signed or self.specials == "fnuz"):
+            raise FormatError(f"{where}: a format without zero must be unsigned with 'fn' or 'ieee' specials "
+                              f"(like float8_e8m0fnu); got signed={self.signed}, specials={self.specials!r}")
         if self.max_code_magnitude < 1:
             raise FormatError(f"{where}: no finite nonzero value is left after the special codes")
         if abs(self.bias) > 900 or abs(self.emax) > 900:

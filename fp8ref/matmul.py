@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def _shape_text(shape) -> str:
 
 
 def _operand(x, fmt, what: str) -> tuple[np.ndarray, FloatFormat]:
-    """Decoded float32 values (numpy, 2-D) of FP8 codes or a torch float8 tensor."""
+    """2-D numpy uint8 codes and their format, from codes or a torch float8 tensor."""
     if _is_torch(x):
         import torch
         if x.device.type != "cpu":
@@ -90,7 +91,15 @@ def _operand(x, fmt, what: str) -> tuple[np.ndarray, FloatFormat]:
                           "whose values float32 holds exactly")
     if x.ndim != 2:
         raise ShapeError(f"{what}: expected a 2-D matrix, got shape {_shape_text(x.shape)}")
-    return decode(x, fmt), fmt
+    return x, fmt
+
+
+@lru_cache(maxsize=32)
+def _code_values(fmt: FloatFormat) -> np.ndarray:
+    """float64 value of each code of ``fmt`` (read-only)."""
+    values = decode(np.arange(fmt.n_codes, dtype=np.uint8), fmt).astype(np.float64)
+    values.setflags(write=False)
+    return values
 
 
 def _float_array(x, what: str, dtypes: tuple[str, ...]) -> np.ndarray:
@@ -248,66 +257,108 @@ def round_to(values: np.ndarray, out: OutFormat) -> np.ndarray:
     return np.where(np.abs(r) > out.max, np.copysign(np.inf, r), r)
 
 
+def _gaps(c: np.ndarray, out: OutFormat):
+    """Distances from grid points c (unbounded exponent) to their neighbours below and above, and
+    whether c's integer significand is odd."""
+    a = np.abs(c)
+    u = _ulp_exponent(a, out)
+    ulp = np.ldexp(1.0, u)
+    e = _exponent(np.where(a == 0, 1.0, a))
+    below = np.where((a != 0) & (a == np.ldexp(1.0, e)) & (e > out.emin), ulp / 2, ulp)  # toward zero
+    odd = np.fmod(np.ldexp(a, -u), 2.0) == 1.0
+    return np.where(c > 0, below, ulp), np.where(c < 0, below, ulp), odd
+
+
 def _round_exact(taus: list, out: OutFormat) -> np.ndarray:
-    """RNE of the exact sum of ``taus`` to ``out``: an approximation, then exact comparisons with
-    the midpoints to its neighbours decide (and repair) each element."""
+    """RNE of the exact sum of ``taus`` to ``out``. y = fl(sum) is within (n+1) 2**-52 sum|tau| of
+    the exact sum (recursive summation bound); where y is farther than that from every rounding
+    boundary its rounding is the answer, elsewhere ``_repair`` decides exactly."""
+    y, mag = taus[0], np.abs(taus[0])
+    for t in taus[1:]:
+        y, mag = y + t, mag + np.abs(t)
+    bound = 2.0 * mag * ((len(taus) + 1) * 2.0 ** -52)  # twice the bound: covers rounding of the test
+    u = _ulp_exponent(np.abs(y), out)
+    z = np.ldexp(y, -u)  # y in units of its own binade's spacing: rounding boundaries are at k + 1/2
+    r = np.rint(z)
+    c = np.ldexp(r, u)  # grid with unbounded exponent
+    # that interval lies inside c's rounding interval, also where c is a power of two
+    sure = 0.5 - np.abs(z - r) > np.ldexp(bound, -u)
+    sure &= (c != 0) | (np.abs(y) > bound) | (mag == 0)  # the sign of a zero result is known too
+    c = np.where(c == 0, np.where(y < 0, -0.0, 0.0), c)
+    if not sure.all():
+        unsure = ~sure
+        c[unsure] = _repair([t[unsure] for t in taus], c[unsure], out)
+    return np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+
+
+def _repair(taus: list, c: np.ndarray, out: OutFormat) -> np.ndarray:
+    """Exact comparisons of sum(taus) with the midpoints around c, moving c until it is the RNE
+    result. Signs come from nonoverlapping expansions (Shewchuk), so every test is exact."""
     exp = [taus[0]]
     for t in taus[1:]:
         exp = _grow(exp, t)
-    y = exp[0]
-    for c in exp[1:]:
-        y = y + c
-    u = _ulp_exponent(np.abs(y), out)
-    c = np.ldexp(np.rint(np.ldexp(y, -u)), u)  # grid with unbounded exponent
     while True:
-        a = np.abs(c)
-        u = _ulp_exponent(a, out)
-        ulp = np.ldexp(1.0, u)
-        e = _exponent(np.where(a == 0, 1.0, a))
-        binade_edge = (a != 0) & (a == np.ldexp(1.0, e)) & (e > out.emin)
-        below = np.where(binade_edge, ulp / 2, ulp)  # spacing toward zero: half below a normal 2**e
-        d_hi = np.where(c < 0, below, ulp)
-        d_lo = np.where(c > 0, below, ulp)
-        odd = np.fmod(np.ldexp(a, -u), 2.0) == 1.0
+        d_lo, d_hi, odd = _gaps(c, out)
         s_hi = _sign(_grow(exp, -(c + d_hi / 2)))
         s_lo = _sign(_grow(exp, -(c - d_lo / 2)))
-        up = (s_hi > 0) | ((s_hi == 0) & odd)
+        up = (s_hi > 0) | ((s_hi == 0) & odd)  # ties go to the even neighbour
         down = (s_lo < 0) | ((s_lo == 0) & odd)
         if not (up.any() or down.any()):
             break
         c = np.where(up, c + d_hi, np.where(down, c - d_lo, c))
-    c = np.where(c == 0, np.where(_sign(exp) < 0, -0.0, 0.0), c)  # underflow keeps the sign; exact 0 is +0
-    return np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+    return np.where(c == 0, np.where(_sign(exp) < 0, -0.0, 0.0), c)  # underflow keeps the sign; 0 is +0
 
 
 # --------------------------------------------------------------------------------------------
 # exact
 # --------------------------------------------------------------------------------------------
-def _int_pieces(v: np.ndarray, fmt: FloatFormat, n: int) -> list[tuple[np.ndarray, int]]:
-    """Split finite FP8 values into n pieces by binade: v == sum(ints_i * 2**g_i), every
-    ints_i integer-valued with |ints_i| < 2**width (see _piece_count)."""
-    nz = v != 0
-    if not nz.any():
-        return [(np.zeros_like(v), 0)]
-    e = np.maximum(_exponent(np.where(nz, v, 1.0)), fmt.emin)
-    lo, hi = int(e[nz].min()), int(e[nz].max())
+def _int_pieces(codes: np.ndarray, fmt: FloatFormat, present: np.ndarray, n: int):
+    """Split the finite values of ``codes`` into n pieces by binade: value == sum(ints_i * 2**g_i)
+    with every ints_i integer-valued and |ints_i| < 2**(ceil(span/n) + M) (see _piece_count).
+    Built by table lookup: one gather per piece."""
+    values = _code_values(fmt)
+    e = np.full(values.shape, np.iinfo(np.int64).min)
+    nz = np.isfinite(values) & (values != 0)
+    e[nz] = np.maximum(_exponent(values[nz]), fmt.emin)
+    used = e[nz & present]
+    if not used.size:
+        return [(np.zeros(codes.shape), 0)]
+    lo, hi = int(used.min()), int(used.max())
     step = -(-(hi - lo + 1) // n)
     pieces = []
     for i in range(n):
         first = lo + i * step
         g = first - fmt.mantissa_bits
-        sel = nz & (e >= first) & (e < first + step)
-        pieces.append((np.ldexp(np.where(sel, v, 0.0), -g), g))
+        table = np.where((e >= first) & (e < first + step), np.ldexp(np.where(nz, values, 0.0), -g), 0.0)
+        pieces.append((np.take(table, codes), g))
     return pieces
 
 
-def _span(v: np.ndarray, fmt: FloatFormat) -> int:
-    """Number of binades (subnormals count as emin) among the nonzero values."""
-    nz = v != 0
+def _span(fmt: FloatFormat, present: np.ndarray) -> int:
+    """Number of binades (subnormals count as emin) among the finite nonzero values present."""
+    values = _code_values(fmt)
+    nz = np.isfinite(values) & (values != 0) & present
     if not nz.any():
         return 1
-    e = np.maximum(_exponent(v[nz]), fmt.emin)
+    e = np.maximum(_exponent(values[nz]), fmt.emin)
     return int(e.max() - e.min() + 1)
+
+
+def _present(codes: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    """Which of the format's codes occur (bool per code)."""
+    return np.bincount(codes.reshape(-1), minlength=256)[:fmt.n_codes] > 0
+
+
+def _check_codes(codes: np.ndarray, fmt: FloatFormat, what: str) -> bool:
+    """Reject codes past 2**bits (FormatError); True when a NaN or Inf code occurs."""
+    if fmt.bits < 8 and codes.size and int(codes.max()) >= fmt.n_codes:
+        bad = int(codes[codes >= fmt.n_codes].reshape(-1)[0])
+        raise FormatError(f"{what}: {fmt.name} has {fmt.bits}-bit codes (< {fmt.n_codes:#x}), got {bad:#04x}")
+    if fmt.specials == "fnuz":  # the one NaN sits at the negative-zero code
+        return bool((codes == fmt.sign_mask).any())
+    if fmt.specials in ("ieee", "fn"):  # Inf/NaN are the magnitudes above the largest finite one
+        return bool(((codes & fmt.magnitude_mask) > fmt.max_code_magnitude).any())
+    return False
 
 
 def _piece_count(span_a: int, span_b: int, m_a: int, m_b: int, k: int) -> tuple[int, int]:
@@ -322,7 +373,7 @@ def _piece_count(span_a: int, span_b: int, m_a: int, m_b: int, k: int) -> tuple[
                     best = (na, nb)
                 break
     if best is None:
-        raise ShapeError(f"K = {k} is too long for an exact float64 integer product (k < 2**45 needed)")
+        raise ShapeError(f"K = {k} is too long for an exact float64 integer product")
     return best
 
 
@@ -344,19 +395,28 @@ def _specials(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.where(nan | (plus & minus), np.nan, np.where(plus, np.inf, np.where(minus, -np.inf, 0.0)))
 
 
-def _exact(A, B, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
-    M, K = A.shape
-    N = B.shape[1]
+def _narrow(s: np.ndarray) -> np.ndarray:
+    """A (n, 1) or (1, n) scale slice whose entries are all equal as a (1, 1) array (cheaper products)."""
+    return s[:1, :1] if s.size and (s == s.flat[0]).all() else s
+
+
+def _exact(ca, cb, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
+    M, K = ca.shape
+    N = cb.shape[1]
     kb = sa.shape[1]
-    finite_a, finite_b = np.isfinite(A), np.isfinite(B)
     special = None
-    if not (finite_a.all() and finite_b.all()):
-        special = _specials(A, B)
-        A, B = np.where(finite_a, A, 0.0), np.where(finite_b, B, 0.0)
-    A = A.astype(np.float64)
-    B = B.astype(np.float64)
-    na, nb = _piece_count(_span(A, fa), _span(B, fb), fa.mantissa_bits, fb.mantissa_bits, min(bk, K))
-    pa, pb = _int_pieces(A, fa, na), _int_pieces(B, fb, nb)
+    if _check_codes(ca, fa, "a") | _check_codes(cb, fb, "b"):
+        special = _specials(decode(ca, fa), decode(cb, fb))
+    # spans of the whole formats first; the data's own spans only when those need several pieces
+    everything_a, everything_b = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
+    present_a, present_b = everything_a, everything_b
+    na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
+                          min(bk, K))
+    if na * nb > 1:
+        present_a, present_b = _present(ca, fa), _present(cb, fb)
+        na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
+                              min(bk, K))
+    pa, pb = _int_pieces(ca, fa, present_a, na), _int_pieces(cb, fb, present_b, nb)
     n_terms = 2 * kb * na * nb + 1
     cols = max(1, min(N, (1 << 24) // max(1, n_terms * M)))  # bound the term stack to ~128 MiB
     result = np.empty((M, N))
@@ -366,7 +426,7 @@ def _exact(A, B, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
         t = 0
         for blk in range(kb):
             ks = slice(blk * bk, min(K, (blk + 1) * bk))
-            scale = sa[:, blk:blk + 1] * sb[blk:blk + 1, cs]  # two float32 values: exact in float64
+            scale = _narrow(sa[:, blk:blk + 1]) * _narrow(sb[blk:blk + 1, cs])  # exact: two float32 values
             for ia, ga in pa:
                 for ib, gb in pb:
                     terms[t], terms[t + 1] = _two_product(scale, np.ldexp(ia[:, ks] @ ib[ks, cs], ga + gb))
@@ -493,12 +553,12 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
     if mantissa_bits > 23:
         raise InputTypeError(f"mantissa_bits: at most 23 (fp32), got {mantissa_bits}")
     out = _out_format(out_dtype)
-    A, fa = _operand(a, fmt_a, "a")
-    B, fb = _operand(b, fmt_b, "b")
-    (M, K), (K2, N) = A.shape, B.shape
+    ca, fa = _operand(a, fmt_a, "a")
+    cb, fb = _operand(b, fmt_b, "b")
+    (M, K), (K2, N) = ca.shape, cb.shape
     if K != K2:
-        raise ShapeError(f"b: got shape {_shape_text(B.shape)}, expected ({K}, N) to match a of shape "
-                         f"{_shape_text(A.shape)}")
+        raise ShapeError(f"b: got shape {_shape_text(cb.shape)}, expected ({K}, N) to match a of shape "
+                         f"{_shape_text(ca.shape)}")
     sa, sb, bk = _canonical_scales(_scale(scale_a, "scale_a"), _scale(scale_b, "scale_b"), M, K, N,
                                    128 if block_k is None else block_k, block_n)
     if bias is not None:
@@ -506,8 +566,9 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
         if bias.shape != (N,):
             raise ShapeError(f"bias: got shape {_shape_text(bias.shape)}, expected ({N},)")
     if accumulate == "exact":
-        values = _exact(A, B, fa, fb, sa, sb, bk, bias, out)
+        values = _exact(ca, cb, fa, fb, sa, sb, bk, bias, out)
     else:
+        A, B = decode(ca, fa), decode(cb, fb)
         if accumulate == "fp32":
             acc = _fp32(A, B, sa, sb, bk, block_k if block_k is not None else bk, scale_order)
         else:

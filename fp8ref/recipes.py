@@ -2,16 +2,16 @@
 
 A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
 
-1. ``input_cast``   optional dtype change of x before anything (auto-round: fp16 -> bf16).
-2. ``amax``         max|x| over the granularity's reduction set (exact), optionally clamped.
-3. ``scale``        ``amax/max`` or ``1/(max/amax)``, rounded in ``scale.dtype``; a minimum,
+1. ``amax``         max|x| over the granularity's reduction set (exact), optionally clamped;
+                    ``token_2d`` says whether 'token' on a 2-D input is per token or per tensor.
+2. ``scale``        ``amax/max`` or ``1/(max/amax)``, rounded in ``scale.dtype``; a minimum,
                     a replacement for amax == 0; rounded again to ``store_dtype``; a stored 0
                     replaced by eps(store dtype) where the producer does that.
-4. ``apply``        x divided by the scale, multiplied by its reciprocal or by max/amax, in
+3. ``apply``        x (fp16 x first cast to ``float16_to`` where the producer does: auto-round) divided by the scale, multiplied by its reciprocal or by max/amax, in
                     ``apply.dtype``; the stored or the unrounded scale; ``+ 0`` (turns -0.0
                     into +0.0); clamp to +-max.
-5. ``encode``       the codec's rounding/overflow mode; negative zero kept or made +0.
-6. ``dequantize``   q*s exact (rounded once to the output dtype) or in the model dtype.
+4. ``encode``       the codec's rounding/overflow mode; negative zero kept or made +0.
+5. ``dequantize``   q*s exact (rounded once to the output dtype) or in the model dtype.
 
 dtypes: ``exact`` (no rounding: the fp8ref ideal), ``float32``, ``model`` (x's dtype, D).
 A D op on float32 data is modelled as torch computes it on CPU: in float32, then rounded to D.
@@ -50,15 +50,16 @@ class Recipe:
     formats: tuple[str, ...]
     require_divisible: bool
     nonfinite: str                 # error | propagate
-    input_cast_float16_to: str | None
     amax_min: float | None
     amax_max: float | None
+    token_2d: str                  # token | tensor (what 'token' means for a 2-D input)
     scale_form: str                # amax/max | 1/(max/amax)
     scale_dtype: str               # exact | float32
     scale_min: float | None
     zero_amax_scale: float | None
     scale_store_dtype: str         # float32 | model
     zero_stored_scale: str | None  # None | eps
+    apply_float16_to: str | None   # None | bfloat16: dtype fp16 x is cast to before the apply step
     apply_op: str                  # divide | multiply_reciprocal | multiply_multiplier
     apply_scale: str               # stored | computed
     apply_dtype: str               # exact | float32 | model
@@ -229,12 +230,11 @@ def _residual_sign(x: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 # --- loading (edge) -----------------------------------------------------------------------
 _STEPS = {
-    "input_cast": {"float16_to": "input_cast_float16_to"},
-    "amax": {"min": "amax_min", "max": "amax_max"},
+    "amax": {"min": "amax_min", "max": "amax_max", "token_2d": "token_2d"},
     "scale": {"form": "scale_form", "dtype": "scale_dtype", "min": "scale_min",
               "zero_amax": "zero_amax_scale", "store_dtype": "scale_store_dtype",
               "zero_stored": "zero_stored_scale"},
-    "apply": {"op": "apply_op", "scale": "apply_scale", "dtype": "apply_dtype",
+    "apply": {"float16_to": "apply_float16_to", "op": "apply_op", "scale": "apply_scale", "dtype": "apply_dtype",
               "add_zero": "add_zero", "clamp": "clamp"},
     "encode": {"rounding": "rounding", "saturate": "saturate", "negative_zero": "negative_zero"},
     "dequantize": {"dtype": "dequantize_dtype"},
@@ -242,7 +242,8 @@ _STEPS = {
 _TOP = ("name", "summary", "source", "verified", "granularities", "formats", "require_divisible",
         "nonfinite", "steps")
 _CHOICES = {
-    "nonfinite": ("error", "propagate"), "input_cast_float16_to": (None, "bfloat16"),
+    "nonfinite": ("error", "propagate"), "token_2d": ("token", "tensor"),
+    "apply_float16_to": (None, "bfloat16"),
     "scale_form": ("amax/max", "1/(max/amax)"), "scale_dtype": ("exact", "float32"),
     "scale_store_dtype": ("float32", "model"), "zero_stored_scale": (None, "eps"),
     "apply_op": ("divide", "multiply_reciprocal", "multiply_multiplier"),

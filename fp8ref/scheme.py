@@ -199,7 +199,8 @@ def _grouping(field: str, gran_field: str, size, gran, family: str, tensor_like:
     elif implied is not None and implied != gran:
         need = {v: f"{field} {k}" for k, v in tensor_like.items()}
         need.update(group=f"a positive {field}", tensor_group=f"a positive {field}", block="[rows, cols]")
-        raise SchemeFieldError(field, f"{gran_field} {gran!r} needs {need[gran]}, got {list(size) if isinstance(size, tuple) else size!r}")
+        shown = list(size) if isinstance(size, tuple) else size
+        raise SchemeFieldError(field, f"{gran_field} {gran!r} needs {need[gran]}, got {shown!r}")
     if size is None:
         by_gran = {v: k for k, v in tensor_like.items()}
         if gran in by_gran:
@@ -661,7 +662,8 @@ def _ct_family(a: dict, part: str) -> str:
         return "mx_fp" if a["scale_dtype"] in ("torch.uint8", "uint8") else "fp"
     if a["num_bits"] == 4:
         return "nv_fp" if a["strategy"] == "tensor_group" else "mx_fp"
-    raise SchemeFieldError(f"{part}.num_bits", f"compressed-tensors float types have 8 or 4 bits, got {a['num_bits']!r}")
+    raise SchemeFieldError(f"{part}.num_bits",
+                           f"compressed-tensors float types have 8 or 4 bits, got {a['num_bits']!r}")
 
 
 def _ct_scale(a: dict, part: str, family: str) -> str:

@@ -221,8 +221,8 @@ def decide(case: tuple, fmt, saturate: bool, rounding: str) -> int:
         if not fmt.has_zero:
             return 0 if saturate else g.nan_code
         return sign if g.has_negative_zero else 0
-    if kind == "below_min":
-        return 0
+    if kind == "below_min":  # nothing smaller exists: the minimum, keeping a sign where signed
+        return g.sign_mask if neg else 0
     if kind == "beyond":
         return _finish(neg, g.max_code + 1, fmt, saturate, rounding)
     i = case[2]

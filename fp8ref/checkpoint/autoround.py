@@ -88,8 +88,10 @@ class Config:
         if _unquantized(scheme):
             return None
         if not _is_fp8_static(scheme):
-            raise CheckpointError(f"{where}: layer {name!r} ({source}) has scheme {scheme}; the "
-                                  f"{PACKING} format holds FP8_STATIC only ({FP8_STATIC})")
+            diff = {k: scheme[k] for k in FIELDS if scheme.get(k) != FP8_STATIC[k]}
+            want = {k: FP8_STATIC[k] for k in diff}
+            raise CheckpointError(f"{where}: layer {name!r} ({source}) has {diff}; the {PACKING} format "
+                                  f"holds FP8_STATIC only, which needs {want}")
         return LayerQuant("channel", None, "static")
 
 

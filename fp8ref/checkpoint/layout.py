@@ -112,8 +112,8 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool) ->
     for role in ("weight", "weight_scale") + (("input_scale",) if entry.quant.input == "static" else ()):
         if role not in t or t[role] not in store:
             name = t.get(role, f"{entry.name}.{role}")
-            raise CheckpointError(f"{store.root}: layer {entry.name!r}: missing tensor {name!r} "
-                                  f"({entry.quant.describe()} needs it)")
+            where = store.where(t["weight"]) if t.get("weight") in store else f"{store.root}: layer {entry.name!r}"
+            raise CheckpointError(f"{where}: missing tensor {name!r} ({entry.quant.describe()} needs it)")
     w = store.info(t["weight"])
     fmt_dtype = next(k for k, v in DTYPES.items() if v.fmt == entry.quant.weight_fmt)
     if w.dtype != fmt_dtype:
@@ -160,7 +160,7 @@ def check_scale_values(store: TensorStore, name: str) -> np.ndarray:
     bad = ~np.isfinite(values) | (values <= 0)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0]) if values.ndim else ()
-        v = values[idx] if values.ndim else values[()]
+        v = float(values[idx] if values.ndim else values[()])
         what = "NaN" if np.isnan(v) else "infinite" if np.isinf(v) else "zero" if v == 0 else "negative"
         raise CheckpointError(f"{store.where(name)}: {int(bad.sum())} of {values.size} scale values are not "
                               f"positive finite numbers; first at index {list(idx)}: {v!r} ({what}); "

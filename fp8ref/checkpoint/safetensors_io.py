@@ -7,7 +7,7 @@ the data section exactly. Tensors are then read one at a time, on request, with 
 read of exactly their bytes, so opening a 100 GB checkpoint reads headers only and a large
 tensor is freed as soon as the caller drops it.
 
-Writing mirrors safetensors 0.8 byte for byte (tensors ordered by dtype width then name,
+Writing mirrors safetensors 0.8 byte for byte (tensors ordered by dtype rank then name,
 header padded with spaces to a multiple of 8), but streams: the header is laid out from the
 declared names, dtypes and shapes, then each tensor is written at its offset as it becomes
 available. Everything is written under a temporary name and renamed into place.
@@ -389,15 +389,21 @@ class TensorSpec:
         return prod(self.shape) * DTYPES[self.dtype].bits // 8
 
 
+# safetensors' Dtype enum order; it writes tensors by this rank descending, then by name.
+DTYPE_RANK = {name: i for i, name in enumerate(
+    "BOOL F4 F6_E2M3 F6_E3M2 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 F8_E4M3FNUZ F8_E5M2FNUZ I16 U16 F16 BF16 I32 U32 "
+    "F32 C64 F64 I64 U64".split())}
+
+
 def layout(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None) -> tuple[bytes, dict[str, int]]:
     """Header bytes (length prefix included) and each tensor's absolute file offset, ordered as
-    safetensors orders them: widest dtype first, then by name."""
+    safetensors 0.8 orders them: by its dtype enum rank descending, then by name."""
     specs = list(specs)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise CheckpointError(f"duplicate tensor names {dup}")
-    ordered = sorted(specs, key=lambda s: (-DTYPES[s.dtype].bits, s.name))
+    ordered = sorted(specs, key=lambda s: (-DTYPE_RANK[s.dtype], s.name))
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)

@@ -8,8 +8,9 @@ import sys
 
 from ..errors import Fp8RefError
 from . import codec_cmds
+from . import spec as spec_cmds
 
-COMMAND_MODULES = (codec_cmds,)
+COMMAND_MODULES = (codec_cmds, spec_cmds)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -71,7 +71,7 @@ def cmd_show(args) -> int:
     table = [_COLUMNS] + [_row(layer, s) for layer, s in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0
 
 

@@ -153,7 +153,8 @@ class Encode(Operation):
             finite = np.isfinite(x)
             flags = {
                 "nan-input": np.isnan(x), "inf-input": np.isinf(x), "overflow": finite & (a > fmt.max),
-                "subnormal": (a > 0) & (a < fmt.min_normal), "tie": self._ties(fmt, x),
+                "subnormal": (a > 0) & (a < fmt.min_normal), "tie": self._ties(fmt, x), "zero": x == 0,
+                "negative": (x < 0) & (not fmt.signed), "input-subnormal": (a > 0) & (a < self._tiny(params)),
             }
             if params["dtype"] == "float64":
                 x32 = x.astype(np.float32)
@@ -164,6 +165,12 @@ class Encode(Operation):
         names = list(flags)
         table = np.stack([flags[n] for n in names], axis=1)
         return [tuple(n for n, f in zip(names, row) if f) for row in table]
+
+    @staticmethod
+    def _tiny(params) -> float:
+        """Smallest normal value of the input dtype."""
+        return {"float64": 2.0 ** -1022, "float32": 2.0 ** -126, "float16": 2.0 ** -14,
+                "bfloat16": 2.0 ** -126}[params["dtype"]]
 
     @staticmethod
     def _ties(fmt, x: np.ndarray) -> np.ndarray:

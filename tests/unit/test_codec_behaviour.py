@@ -271,7 +271,7 @@ USER_FORMATS = [
     FloatFormat("user_e5m3_unsigned", 5, 3, 15, "fn", signed=False),
     FloatFormat("user_e3m3_fnuz", 3, 3, 4, "fnuz"),
     FloatFormat("user_e2m2_none", 2, 2, 1, "none"),
-    FloatFormat("user_e4m4_nozero", 4, 3, 7, "fn", has_zero=False),
+    FloatFormat("user_e4m4_nozero", 4, 4, 7, "fn", signed=False, has_zero=False),
 ]
 PROBES = np.concatenate([
     np.arange(1 << 16, dtype=np.uint16)[::3].view(np.float16).astype(np.float64),
@@ -374,6 +374,7 @@ def test_unknown_rounding_mode():
     (dict(exponent_bits=4, mantissa_bits=3, bias=7, specials="fnuz", signed=False), "sign bit"),
     (dict(exponent_bits=1, mantissa_bits=0, bias=0, specials="fn"), "no finite nonzero"),
     (dict(exponent_bits=4, mantissa_bits=3, bias=5000), "bias 5000"),
+    (dict(exponent_bits=4, mantissa_bits=3, bias=7, has_zero=False), "without zero.*signed=True"),
 ])
 def test_impossible_format_parameters(kwargs, match):
     with pytest.raises(FormatError, match=rf"'bad'.*{match}"):
@@ -408,7 +409,8 @@ def test_non_contiguous_torch_input():
     for view in (base.t(), base[:, ::2], base[::2, 1::3].t()):
         assert not view.is_contiguous()
         got = encode(view, "float8_e4m3fn", rounding="rtz")
-        want = [oracle.encode(v, FORMATS["float8_e4m3fn"], True, "rtz") for v in view.to(torch.float64).ravel().tolist()]
+        exact = view.to(torch.float64).ravel().tolist()
+        want = [oracle.encode(v, FORMATS["float8_e4m3fn"], True, "rtz") for v in exact]
         assert tuple(got.shape) == tuple(view.shape) and got.ravel().tolist() == want
         codes = got.t()  # non-contiguous codes decode too
         assert decode(codes, "float8_e4m3fn").tolist() == decode(codes.contiguous(), "float8_e4m3fn").tolist()

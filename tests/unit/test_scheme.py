@@ -1,12 +1,23 @@
 """QuantizationScheme: mapping API, validation, presets pinned to REFERENCE.md §7, translations."""
+# ruff: noqa: E501  (tables of exact expected messages)
 
 import copy
 
 import pytest
 
 from fp8ref.errors import SpecError
-from fp8ref.scheme import (AUTOROUND_FIELDS, FIELDS, PRESETS, QuantizationScheme, SchemeFieldError,
-                           UnknownFieldError, from_autoround, from_ct_args, to_autoround, to_ct_args)
+from fp8ref.scheme import (
+    AUTOROUND_FIELDS,
+    FIELDS,
+    PRESETS,
+    QuantizationScheme,
+    SchemeFieldError,
+    UnknownFieldError,
+    from_autoround,
+    from_ct_args,
+    to_autoround,
+    to_ct_args,
+)
 
 # --- presets: numbers typed from REFERENCE.md, not read from specs/presets.yaml -------------------
 # REFERENCE.md §7.1 auto-round presets table:
@@ -85,7 +96,7 @@ def test_unknown_key_lists_valid_fields():
     with pytest.raises(UnknownFieldError):
         s.replace(nope=1)
     with pytest.raises(AttributeError):
-        s.nope
+        _ = s.nope
 
 
 def test_frozen_hashable_value_semantics():

@@ -50,7 +50,13 @@ class GfloatBackend(Backend):
             kwargs = {"srbits": random_bits.astype(np.int64), "srnumbits": _BITS[random_bits.dtype.name]}
         fi = self._fi(fmt)
         rounded = gfloat.round_ndarray(fi, v, getattr(gfloat.RoundMode, _MODES[rounding]), saturate, **kwargs)
-        return gfloat.encode_ndarray(fi, rounded).astype(np.uint8)
+        codes = gfloat.encode_ndarray(fi, rounded).astype(np.int64)
+        bad = (codes < 0) | (codes >= 1 << fi.bits)
+        if bad.any():  # would wrap silently in uint8: report it as the case's failure instead
+            i = int(np.argmax(bad))
+            raise ValueError(f"gfloat.encode_ndarray returned code {codes[i]} (outside 0..{(1 << fi.bits) - 1}) "
+                             f"for x={v[i]!r} rounded to {rounded[i]!r}; {int(bad.sum())} such elements")
+        return codes.astype(np.uint8)
 
     def decode(self, codes, fmt):
         import gfloat

@@ -1,0 +1,280 @@
+"""``export_checkpoint``: quantize an original safetensors checkpoint into a producer's format.
+
+One pass, one tensor at a time: for every output file the header is laid out first from the
+plan (names, dtypes and shapes follow from the source headers and the schemes), then each
+tensor is read, quantized or copied byte for byte, written at its offset and dropped. Peak
+memory is therefore a few times the largest tensor. Everything goes into a temporary folder
+that is renamed over the destination only when complete; the source is never written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError, Fp8RefError
+from . import autoround, compressed_tensors, hf_fp8
+from .layout import D_DTYPES, LayerQuant, from_scheme
+from .safetensors_io import (INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, atomic_folder,
+                             atomic_write_text, open_store, read_json)
+
+FORMATS = {compressed_tensors.NAME: compressed_tensors, autoround.NAME: autoround, hf_fp8.NAME: hf_fp8}
+_EMBEDDING = ("embed", "wte", "wpe")
+_STORE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+@dataclass
+class LayerPlan:
+    name: str
+    scheme: object  # QuantizationScheme
+    quant: LayerQuant
+    recipe: str
+    dtype: str  # the source weight's dtype (the model dtype D of this layer)
+    tensors: list[tuple[str, str, str, tuple]]  # (role, name, safetensors dtype, shape)
+    amax: float | None = None
+
+
+def _layer_config(spec):
+    from ..spec import LayerConfig, load_spec, load_spec_dict
+
+    if isinstance(spec, LayerConfig):
+        return spec
+    if isinstance(spec, Mapping):
+        return load_spec_dict(dict(spec))
+    if isinstance(spec, (str, os.PathLike)):
+        return load_spec(spec)
+    raise CheckpointError(f"spec: expected a YAML path, a mapping or a LayerConfig, got {type(spec).__name__}")
+
+
+def load_calibration(path: str | os.PathLike) -> dict[str, float]:
+    """Per-layer activation amax from JSON (``{layer: amax}``, optionally under ``"input_amax"``)
+    or safetensors (one-element tensors named ``layer`` or ``layer.input_amax``)."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        store = open_store(path)
+        raw = {}
+        for name in store:
+            values = np.asarray(store.get(name)).astype(np.float64).reshape(-1)
+            if values.size != 1:
+                raise CheckpointError(f"{store.where(name)}: an activation amax is one number, got shape "
+                                      f"{list(store.info(name).shape)}")
+            raw[name.removesuffix(".input_amax")] = values[0]
+    else:
+        data = read_json(path, "calibration file")
+        if isinstance(data, dict) and isinstance(data.get("input_amax"), dict):
+            data = data["input_amax"]
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path}: expected a JSON object of layer name -> activation amax")
+        raw = {}
+        for name, value in data.items():
+            if isinstance(value, list) and len(value) == 1:
+                value = value[0]
+            if type(value) not in (int, float):
+                raise CheckpointError(f"{path}: {name!r}: expected a number (activation amax), got {value!r:.80}")
+            raw[name.removesuffix(".input_amax")] = float(value)
+    for name, value in raw.items():
+        if not np.isfinite(value) or value < 0:
+            raise CheckpointError(f"{path}: {name!r}: activation amax must be finite and >= 0, got {value!r}")
+    return raw
+
+
+def _candidates(store: TensorStore) -> list[str]:
+    """Modules with a 2-D float ``.weight``: the linear layers a spec can quantize."""
+    out = []
+    for n in store:
+        info = store.info(n)
+        if n.endswith(".weight") and len(info.shape) == 2 and info.dtype in ("BF16", "F16", "F32"):
+            module = n[: -len(".weight")]
+            if not any(e in module.rsplit(".", 1)[-1] for e in _EMBEDDING):
+                out.append(module)
+    return sorted(out)
+
+
+def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None,
+                calibration: Mapping[str, float] | None = None) -> dict[str, LayerPlan]:
+    """Resolve the spec over the source's linear layers and check the format can hold each."""
+    from ..recipes import get_recipe
+
+    module = FORMATS[fmt]
+    config = _layer_config(spec)
+    f8 = [n for n in store if store.info(n).dtype.startswith(("F8_", "F4", "F6"))]
+    if f8:
+        raise CheckpointError(f"{store.where(f8[0])}: the source is already quantized "
+                              f"({store.info(f8[0]).dtype}); export needs the original weights")
+    plans = {}
+    for name, scheme in config.resolve_all(_candidates(store)).items():
+        if scheme is None:
+            continue
+        where = f"{config.source}: layer {name!r}"
+        quant = from_scheme(scheme, where)
+        reason = module.cannot_express(quant)
+        if scheme.rounding != "rne" or scheme.saturate is not True:
+            reason = reason or (f"checkpoint consumers quantize with rne and saturation; rounding "
+                                f"{scheme.rounding!r}, saturate {scheme.saturate!r} cannot be declared")
+        if reason:
+            raise CheckpointError(f"{where}: the {fmt} format cannot express this scheme: {reason}")
+        rec = get_recipe(recipe or scheme.recipe)
+        info = store.info(name + ".weight")
+        dtype = {v: k for k, v in D_DTYPES.items()}[info.dtype]
+        scale_dtype = D_DTYPES[dtype] if rec.scale_store_dtype == "model" else "F32"
+        tensors = []
+        for role, tname, tdtype, shape in module.tensor_plan(name, quant, *info.shape, dtype):
+            if role in ("weight_scale", "input_scale") and fmt != hf_fp8.NAME:
+                tdtype = scale_dtype
+            tensors.append((role, tname, tdtype, shape))
+        amax = None
+        if quant.input == "static":
+            if calibration is None or name not in calibration:
+                raise CheckpointError(f"{where}: static input quantization needs this layer's activation "
+                                      f"amax; the calibration statistics have none")
+            amax = calibration[name]
+        plans[name] = LayerPlan(name, scheme, quant, rec.name, dtype, tensors, amax)
+    if not plans:
+        raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(_candidates(store))} "
+                              f"linear layers of {store.root}")
+    clash = [t for p in plans.values() for _, t, _, _ in p.tensors[1:] if t in store]
+    if clash:
+        raise CheckpointError(f"{store.where(clash[0])}: the source already has a tensor the {fmt} export "
+                              f"would write")
+    return plans
+
+
+def _quantize_layer(store: TensorStore, plan: LayerPlan) -> dict[str, np.ndarray]:
+    """Bytes of the layer's output tensors, by tensor name."""
+    from ..formats import FORMATS as FLOAT_FORMATS
+    from ..quant import quantize
+    from ..recipes import compute_scale, get_recipe
+
+    roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
+    w = store.get(f"{plan.name}.weight")
+    try:
+        q = quantize(w, plan.scheme, recipe=plan.recipe, role="weight")
+    except Fp8RefError as exc:
+        raise CheckpointError(f"{store.where(plan.name + '.weight')}: cannot quantize: {exc}") from None
+    out = {roles["weight"][0]: q.codes}
+    name, sdtype, shape = roles["weight_scale"]
+    out[name] = _as_stored(np.asarray(q.scale).astype(np.float32), sdtype).reshape(shape)
+    if "input_scale" in roles:
+        name, sdtype, shape = roles["input_scale"]
+        rec = get_recipe(plan.recipe)
+        stored, _ = compute_scale(np.array([plan.amax]), rec, FLOAT_FORMATS[plan.quant.weight_fmt], plan.dtype)
+        out[name] = _as_stored(np.asarray(stored, np.float32), sdtype).reshape(shape)
+    return out
+
+
+def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values that are exact in ``dtype`` -> an array of that dtype, bit-exact."""
+    import ml_dtypes
+
+    if dtype == "F32":
+        return values32
+    if dtype == "F16":
+        return values32.astype(np.float16)
+    bits = (np.ascontiguousarray(values32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return bits.view(ml_dtypes.bfloat16)
+
+
+def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec, *,
+                      format: str = compressed_tensors.NAME, calibration=None, recipe: str | None = None,
+                      force: bool = False, progress: bool = False) -> Path:
+    """Quantize ``source`` (a safetensors file or folder, sharded or not) per ``spec`` (YAML path,
+    mapping or LayerConfig) into a complete ``format`` checkpoint at ``output``.
+
+    calibration: per-layer activation amax (a mapping, or a JSON/safetensors path), required for
+    layers with static inputs. recipe: overrides each scheme's recipe. Every non-quantized tensor
+    and every other file of the source folder is copied unchanged; config.json gets the format's
+    ``quantization_config``. Refuses an existing ``output`` unless ``force``.
+    """
+    if format not in FORMATS:
+        raise CheckpointError(f"format: {format!r}; expected one of {', '.join(FORMATS)}")
+    source = Path(source)
+    store = open_store(source)
+    folder = source if source.is_dir() else source.parent
+    if calibration is not None and not isinstance(calibration, Mapping):
+        calibration = load_calibration(calibration)
+    plans = plan_layers(store, spec, format, recipe=recipe, calibration=calibration)
+    module = FORMATS[format]
+    config = {}
+    if (folder / "config.json").is_file():
+        config = read_json(folder / "config.json", "config")
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{folder / 'config.json'}: expected a JSON object")
+        if config.get("quantization_config") is not None:
+            raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
+    layers = {n: p.quant for n, p in plans.items()}
+    unquantized = [m for m in _candidates(store) if m not in plans]
+    qc = module.quantization_config(layers, unquantized)
+    bar = _progress(len(store), progress)
+    with atomic_folder(output, force=force, protect=[folder if source.is_dir() else source]) as tmp:
+        weight_map, total_size = {}, 0
+        for fname, f in store.files.items():
+            by_source = {}
+            specs = []
+            for tname, info in f.tensors.items():
+                layer = tname[: -len(".weight")] if tname.endswith(".weight") else None
+                if layer in plans:
+                    entries = plans[layer].tensors
+                    by_source[tname] = layer
+                    specs += [TensorSpec(n, d, tuple(s)) for _, n, d, s in entries]
+                else:
+                    specs.append(TensorSpec(tname, info.dtype, info.shape))
+            writer = SafetensorsWriter(tmp / fname, specs, f.metadata or {"format": "pt"})
+            try:
+                for tname in f.tensors:
+                    if tname in by_source:
+                        for out_name, data in _quantize_layer(store, plans[by_source[tname]]).items():
+                            writer.write(out_name, data)
+                    else:
+                        writer.write(tname, f.read_bytes(tname))
+                    bar.update(1)
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+            weight_map.update({s.name: fname for s in specs})
+            total_size += sum(s.nbytes for s in specs)
+        if store.index is not None:
+            index = {"metadata": {**(store.index.get("metadata") or {}), "total_size": total_size},
+                     "weight_map": dict(sorted(weight_map.items()))}
+            atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+        config["quantization_config"] = qc
+        atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if format == autoround.NAME:
+            atomic_write_text(tmp / "quantization_config.json", json.dumps(qc, indent=2, sort_keys=True) + "\n")
+        if source.is_dir():
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
+    bar.close()
+    return Path(output)
+
+
+def _copy_others(src: Path, dst: Path, skip: set[str]) -> None:
+    """Copy every other file and folder of the source (tokenizer, generation config, ...)."""
+    for entry in sorted(src.iterdir()):
+        if entry.name in skip or entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, dst / entry.name)
+        else:
+            shutil.copy2(entry, dst / entry.name)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="tensor", desc="export", leave=False)

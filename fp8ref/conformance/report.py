@@ -1,0 +1,129 @@
+"""Human and JSON reports of conformance runs and golden checks.
+
+A mismatch line, TestFloat style, then a one-line Python repro::
+
+    encode float8_e4m3fn rne nosat float32  x=f32:0x43e80001 (464.00003)  expected 0x7f (+.1111.111 nan)  got 0x7e (+.1111.110 448)  ulp -  [overflow]
+      repro: python -c "..."
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..formats import get_format
+from ..golden.compare import Mismatch
+
+_HEX_WIDTH = {"float64": 16, "float32": 8, "float16": 4, "bfloat16": 4, "uint8": 2, "uint16": 4, "uint32": 8}
+_DTYPE_TAG = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_UINT = {8: "uint64", 4: "uint32", 2: "uint16", 1: "uint8"}
+
+
+def hex_bits(v) -> str:
+    a = np.asarray(v)
+    width = a.dtype.itemsize
+    bits = int(a.view(_UINT[width]))
+    return f"0x{bits:0{_HEX_WIDTH.get(a.dtype.name, 2 * width)}x}"
+
+
+def value_text(v) -> str:
+    """``f32:0x43e80000 (464.0)``: the dtype, the bit pattern and the decimal value."""
+    a = np.asarray(v)
+    if a.dtype.kind in "ui":
+        return f"{int(a)} (0x{int(a):x})"
+    return f"{_DTYPE_TAG.get(a.dtype.name, a.dtype.name)}:{hex_bits(a)} ({_decimal(a)})"
+
+
+def _decimal(a: np.ndarray) -> str:
+    f = float(a)
+    if math.isnan(f):
+        return "nan" if not np.signbit(a.astype(np.float64)) else "-nan"
+    return repr(a.item()) if a.dtype.name in ("float64", "float32", "float16") else repr(f)
+
+
+def code_text(code: int, fmt_name: str) -> str:
+    """``0x7e (+.1111.110 448)``: the code, its sign/exponent/mantissa fields and its value."""
+    fmt = get_format(fmt_name)
+    code = int(code)
+    e = (code & fmt.magnitude_mask) >> fmt.mantissa_bits
+    m = code & ((1 << fmt.mantissa_bits) - 1)
+    fields = ("-" if code & fmt.sign_mask else "+") if fmt.signed else ""
+    fields += f".{e:0{fmt.exponent_bits}b}" + (f".{m:0{fmt.mantissa_bits}b}" if fmt.mantissa_bits else "")
+    value = fmt.exact_value(code)
+    if value is None:
+        text = "nan" if code in fmt.nan_codes else ("-inf" if code & fmt.sign_mask else "inf")
+    else:
+        text = "-0" if value == 0 and code & fmt.sign_mask else f"{float(value):.10g}"
+    return f"0x{code:0{max(2, (fmt.bits + 3) // 4)}x} ({fields} {text})"
+
+
+def output_text(v, fmt_name: str | None) -> str:
+    return code_text(int(v), fmt_name) if fmt_name else value_text(v)
+
+
+def _param_text(params) -> str:
+    parts = []
+    for k, v in params.items():
+        if k == "saturate":
+            parts.append("sat" if v else "nosat")
+        elif k != "random_bits":
+            parts.append(str(v))
+    return " ".join(parts)
+
+
+def mismatch_line(m: Mismatch, fmt_name: str | None) -> str:
+    inputs = "  ".join(f"{k}={value_text(v)}" for k, v in m.inputs.items())
+    where = f"[{','.join(map(str, m.index))}] " if len(m.index) > 1 else ""
+    ulp = "-" if m.ulp is None else str(m.ulp)
+    tags = f"  [{' '.join(m.tags)}]" if m.tags else ""
+    out = f"  {m.output}" if m.output not in ("codes", "values") else ""
+    return (f"{m.op} {_param_text(m.params)}{out}  {where}{inputs}  expected {output_text(m.expected, fmt_name)}"
+            f"  got {output_text(m.got, fmt_name)}  ulp {ulp}{tags}")
+
+
+def _array_literal(v) -> str:
+    a = np.asarray(v)
+    if a.dtype.name == "bfloat16":
+        return f"np.array([{hex_bits(a)}], np.uint16).view(ml_dtypes.bfloat16)"
+    if a.dtype.kind == "f":
+        return f"np.array([{hex_bits(a)}], np.{_UINT[a.dtype.itemsize]}).view(np.{a.dtype.name})"
+    return f"np.array([{int(a)}], np.{a.dtype.name})"
+
+
+def repro_line(m: Mismatch, backend: str, suite: str, level: int) -> str:
+    """A one-line Python command that prints the expected and the backend's result."""
+    p = m.params
+    if m.op == "encode":
+        rb = m.inputs.get("random_bits")
+        kw = (f"rounding={p['rounding']!r}, saturate={p['saturate']}, "
+              f"random_bits={_array_literal(rb) if rb is not None else None}")
+        imports = "import numpy as np; " + ("import ml_dtypes; " if p["dtype"] == "bfloat16" else "")
+        return (f'python -c "{imports}import fp8ref; from fp8ref.conformance import load_backend; '
+                f"x = {_array_literal(m.inputs['x'])}; "
+                f"print(hex(fp8ref.encode(x, {p['format']!r}, {kw})[0]), "
+                f"hex(load_backend({backend!r}).encode(x, {p['format']!r}, {kw})[0]))\"")
+    if m.op == "decode":
+        return (f'python -c "import numpy as np, fp8ref; from fp8ref.conformance import load_backend; '
+                f"c = {_array_literal(m.inputs['codes'])}; "
+                f"print(fp8ref.decode(c, {p['format']!r})[0], load_backend({backend!r}).decode(c, {p['format']!r})[0])\"")
+    return (f'python -c "from fp8ref.conformance.runner import repro; '
+            f'repro({backend!r}, {suite!r}, {m.case!r}, level={level}, index={tuple(m.index)!r})"')
+
+
+def table(rows: dict[str, dict], columns: Iterable[tuple[str, str]]) -> str:
+    """A plain-text table; ``columns`` are (key, header)."""
+    columns = list(columns)
+    body = [[op] + ["-" if r[k] is None else str(r[k]) for k, _ in columns] for op, r in rows.items()]
+    head = ["operation"] + [h for _, h in columns]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+              for row in body]
+    return "\n".join(lines)
+
+
+SUMMARY_COLUMNS = (("cases", "cases"), ("not_implemented", "not impl."), ("errors", "errors"),
+                   ("elements", "elements"), ("exact", "match"), ("mismatches", "mismatches"),
+                   ("xfailed", "xfailed"), ("max_ulp", "max ulp"))

@@ -1,0 +1,141 @@
+"""Run a golden suite live against a backend, TestFloat style.
+
+Each case of the suite is generated in memory, its expected outputs derived with fp8ref's
+core, and the backend called on the same inputs. A case the backend does not declare is
+"not implemented" (never run, never a pass); a backend that raises fails that case and the
+run goes on. Mismatches are then matched against the backend's xfails file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..golden.compare import NAN_RULES, OutputError, check_output, mismatches
+from ..golden.folder import CaseResult
+from ..golden.ops import OPERATIONS, cases
+from ..golden.suite import Suite, load_suite
+from .backend import load_backend
+from .xfails import Xfails
+
+
+@dataclass
+class RunResult:
+    backend: str
+    backend_version: str
+    suite: str
+    level: int
+    nan_rule: str
+    results: list[CaseResult] = field(default_factory=list)
+    xfails: Xfails | None = None
+
+    @property
+    def unexpected(self) -> int:
+        """Mismatches and errors not covered by an xfail entry."""
+        n = 0
+        for r in self.results:
+            if r.status == "error" and not self._xfailed_error(r):
+                n += 1
+            n += sum(1 for m in r.mismatches if not self.is_xfailed(m))
+        return n
+
+    def compared(self) -> int:
+        return sum(1 for r in self.results if r.status == "compared")
+
+    def is_xfailed(self, mismatch) -> bool:
+        return self.xfails is not None and self.xfails.match(mismatch.case, mismatch.tags)
+
+    def _xfailed_error(self, result: CaseResult) -> bool:
+        return self.xfails is not None and self.xfails.match(result.case, ("error",))
+
+    @property
+    def exit_code(self) -> int:
+        """0 only when something was compared and nothing unexpected differed."""
+        return 0 if self.unexpected == 0 and self.compared() > 0 else 1
+
+
+def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str = "any",
+        xfails: Xfails | None = None, select: Callable[[str], bool] | None = None,
+        progress: Callable[[int, int, str], None] | None = None) -> RunResult:
+    """Run ``suite`` (a Suite, a path or a shipped suite name) against ``backend`` (an object
+    or a name for ``load_backend``)."""
+    if isinstance(backend, str):
+        backend = load_backend(backend)
+    if isinstance(suite, str):
+        suite = load_suite(suite)
+    if nan_rule not in NAN_RULES:
+        raise ValueError(f"nan_rule: expected one of {NAN_RULES}, got {nan_rule!r}")
+    level = suite.level if level is None else level
+    todo = [c for c in cases(suite, level) if select is None or select(c[2])]
+    version = backend.version() if hasattr(backend, "version") else ""
+    out = RunResult(backend.name, version, suite.name, level, nan_rule, xfails=xfails)
+    for done, (op, entry, name, params) in enumerate(todo, 1):
+        out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule))
+        if progress:
+            progress(done, len(todo), name)
+    if xfails is not None:
+        xfails.record(out.results)
+    return out
+
+
+def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseResult:
+    result = CaseResult(name, op.name, dict(params))
+    reason = backend.implements(op.name, params)
+    if reason:
+        result.status, result.reason = "not-implemented", reason
+        return result
+    case = op.make_case(name, params, entry, suite, level)
+    expected = op.reference(case.params, case.inputs)
+    try:
+        got = op.call(backend, case.params, {k: v.copy() for k, v in case.inputs.items()})
+        for out_name, exp in expected.items():
+            got_arr = check_output(out_name, exp, got[out_name], op.output_format(case.params, out_name))
+            result.elements += exp.size
+            result.mismatches += mismatches(op, name, case.params, case.inputs, out_name, exp, got_arr, nan_rule)
+    except OutputError as exc:
+        result.status, result.reason, result.mismatches = "error", f"wrong output: {exc}", []
+    except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours
+        result.status, result.reason, result.mismatches = "error", f"backend raised {type(exc).__name__}: {exc}", []
+    return result
+
+
+def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple = (), nan_rule: str = "any") -> None:
+    """Re-run one case of a suite and print the element at ``index``: its inputs, the
+    expected output and the backend's (used by the one-line repros of non-codec cases)."""
+    be = load_backend(backend)
+    s = load_suite(suite)
+    for op, entry, name, params in cases(s, level):
+        if name != case:
+            continue
+        c = op.make_case(name, params, entry, s, level)
+        expected = op.reference(c.params, c.inputs)
+        got = op.call(be, c.params, c.inputs)
+        print(f"{case} [{', '.join(map(str, index))}]: inputs {op.element_inputs(c.params, c.inputs, index)}")
+        for out_name, exp in expected.items():
+            g = np.asarray(got[out_name])
+            print(f"  {out_name}: expected {exp[index]!r}, got {g[index]!r}")
+        return
+    raise KeyError(f"suite {suite!r} level {level} has no case {case!r}")
+
+
+def summary(result: RunResult) -> dict[str, Mapping[str, int | None]]:
+    """Per operation: cases, not implemented, errors, elements, exact, mismatches, xfailed, max ULP."""
+    table: dict[str, dict] = {}
+    for r in result.results:
+        row = table.setdefault(r.op, {"cases": 0, "not_implemented": 0, "errors": 0, "elements": 0,
+                                      "exact": 0, "mismatches": 0, "xfailed": 0, "max_ulp": None})
+        row["cases"] += 1
+        row["not_implemented"] += r.status == "not-implemented"
+        row["errors"] += r.status == "error"
+        row["elements"] += r.elements
+        row["exact"] += r.elements - len(r.mismatches)
+        for m in r.mismatches:
+            if result.is_xfailed(m):
+                row["xfailed"] += 1
+            else:
+                row["mismatches"] += 1
+            if m.ulp is not None and (row["max_ulp"] is None or m.ulp > row["max_ulp"]):
+                row["max_ulp"] = m.ulp
+    return table

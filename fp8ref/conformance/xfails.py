@@ -1,0 +1,92 @@
+"""Known, documented differences of a backend: its xfails file.
+
+One entry per line: a case-name glob, then optionally tags a mismatch must all carry,
+then a ``#`` comment saying why (a link to the upstream decision)::
+
+    # torch >= 2.12 saturates e4m3fn casts (pytorch/pytorch PR #178817)
+    encode.float8_e4m3fn.rne.nosat.* overflow
+    encode.float8_e4m3fn.rne.nosat.* inf-input
+
+Tags come from the mismatch (``overflow``: |x| > max; ``inf-input``, ``nan-input``;
+``subnormal``: 0 < |x| < min normal; ``tie``: x halfway between neighbours; ``double-rounding``:
+a float64 input whose float32 rounding gives the backend's code; ``zero``; ``negative``: x < 0
+into an unsigned format; ``input-subnormal``: x is subnormal in its own dtype; ``nan-code``: both NaN, codes differ under the exact NaN rule) or
+``error`` for a case the backend raised on or returned a wrong dtype/shape for.
+An entry that matches nothing in a run is reported as stale.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import SpecError
+
+TAGS = ("overflow", "inf-input", "nan-input", "subnormal", "tie", "double-rounding", "zero", "negative", "input-subnormal",
+        "nan-code", "error")
+XFAILS_DIR = Path(__file__).resolve().parent / "xfails"
+
+
+@dataclass
+class Entry:
+    pattern: str
+    tags: tuple[str, ...]
+    line: int
+    text: str
+    hits: int = 0
+
+
+@dataclass
+class Xfails:
+    source: str
+    entries: list[Entry] = field(default_factory=list)
+
+    def matching(self, case: str, tags) -> list[Entry]:
+        return [e for e in self.entries if fnmatch.fnmatchcase(case, e.pattern) and set(e.tags) <= set(tags)]
+
+    def match(self, case: str, tags) -> bool:
+        return bool(self.matching(case, tags))
+
+    def record(self, results) -> None:
+        """Count each entry's hits over a whole run (entries with none are stale)."""
+        for e in self.entries:
+            e.hits = 0
+        for r in results:
+            hits = self.matching(r.case, ("error",)) if r.status == "error" else []
+            for m in r.mismatches:
+                hits += self.matching(m.case, m.tags)
+            for e in hits:
+                e.hits += 1
+
+    def stale(self) -> list[Entry]:
+        return [e for e in self.entries if e.hits == 0]
+
+
+def parse_xfails(text: str, source: str = "<xfails>") -> Xfails:
+    out = Xfails(source)
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        pattern, *tags = line.split()
+        for t in tags:
+            if t not in TAGS:
+                raise SpecError(f"{source}:{n}: unknown tag {t!r}; expected one of {list(TAGS)}")
+        out.entries.append(Entry(pattern, tuple(tags), n, raw.strip()))
+    return out
+
+
+def load_xfails(path: str | Path) -> Xfails:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read xfails file ({exc.strerror})") from None
+    return parse_xfails(text, str(path))
+
+
+def default_xfails(backend_name: str) -> Xfails | None:
+    """The xfails file shipped for a built-in backend, if any."""
+    path = XFAILS_DIR / f"{backend_name}.txt"
+    return load_xfails(path) if path.is_file() else None

@@ -1,0 +1,447 @@
+"""quantize / dequantize / fake_quant on top of scaling + codec + recipes.
+
+``quantize(x, args, *, recipe=None, scale=None, amax=None)`` takes a numpy array or a torch
+CPU tensor (float16, bfloat16, float32, float64) and returns a frozen ``QuantResult`` whose
+arrays are in the same library. Stored scales are dequantization multipliers
+(``x ~ decode(codes) * scale``). Dynamic quantization computes the scale from ``x``; static
+quantization takes a calibrated ``scale`` (or an ``amax``). See docs/quantize.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .codec import ROUNDING_MODES, decode, encode
+from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
+from .formats import FORMATS, FloatFormat, get_format
+from .recipes import (Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes,
+                      get_recipe, round_to)
+from .scaling import (GRANULARITIES, MX_SCALE_RULES, e8m0_value, expand, group_of, layout,
+                      mx_scale_exponent, nvfp4_global_scale, reduce_amax)
+
+_ROWS_ELEMENTS = 1 << 18  # elements per work chunk: temporaries stay in cache, memory O(chunk)
+_NVFP4_SCALE_FORMAT = "float8_e4m3fn"
+
+
+@dataclass(frozen=True)
+class QuantArgs:
+    """What to quantize to (the recipe says how the producer computes it)."""
+
+    format: str = "float8_e4m3fn"
+    granularity: str = "tensor"          # one of scaling.GRANULARITIES
+    group_size: int | None = None        # granularity 'group'
+    block_shape: tuple[int, int] | None = None  # granularity 'block'
+    dynamic: bool = True                 # False: a calibrated ``scale``/``amax`` is required
+    rounding: str = "rne"
+    saturate: bool = True
+    mx_rule: str = "floor"               # MX E8M0 scale: 'floor' (OCP) or 'rceil' (never clips)
+    recipe: str | None = None            # default recipe when quantize(recipe=None)
+
+    def __post_init__(self):
+        get_format(self.format)
+        if self.granularity not in GRANULARITIES:
+            raise ShapeError(f"granularity: expected one of {', '.join(GRANULARITIES)}, got {self.granularity!r}")
+        if self.granularity == "group":
+            group_of("group", self.group_size)
+        if self.granularity == "block":
+            layout((1, 1), "block", block_shape=self.block_shape)
+            object.__setattr__(self, "block_shape", tuple(self.block_shape))
+        if self.rounding not in ROUNDING_MODES or self.rounding == "stochastic":
+            raise InputTypeError(f"rounding: expected one of {', '.join(ROUNDING_MODES[:-1])} "
+                                 f"(stochastic rounding: use fp8ref.encode), got {self.rounding!r}")
+        for name in ("saturate", "dynamic"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputTypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        if self.mx_rule not in MX_SCALE_RULES:
+            raise InputTypeError(f"mx_rule: expected one of {', '.join(MX_SCALE_RULES)}, got {self.mx_rule!r}")
+
+
+@dataclass(frozen=True)
+class QuantResult:
+    """codes (uint8) and scale (dequant multiplier, values exact in ``scale_dtype``)."""
+
+    codes: object
+    scale: object
+    format: str
+    granularity: str
+    recipe: str
+    args: QuantArgs
+    scale_dtype: str                     # float32, bfloat16, float16, float8_e8m0fnu, float8_e4m3fn
+    dtype: str                           # the input's dtype
+    scale_codes: object = None           # MX (E8M0) / NVFP4 (E4M3) block scale codes
+    global_scale: object = None          # NVFP4 fp32 global dequant multiplier
+    _recipe: Recipe = field(default=None, repr=False, compare=False)
+
+
+# --- input plumbing ----------------------------------------------------------------------
+_KINDS = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "device")
+
+
+def _to_numpy(x, what: str) -> tuple[np.ndarray, str, bool]:
+    """(numpy view, dtype name, is_torch); bfloat16 comes back as its uint16 bit pattern."""
+    if _is_torch(x):
+        import torch
+        if x.device.type != "cpu":
+            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
+        name = str(x.dtype).removeprefix("torch.")
+        if name not in _KINDS:
+            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got torch.{name}")
+        t = x.detach().contiguous()
+        arr = t.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else t.numpy()
+        return arr, name, True
+    if isinstance(x, (np.ndarray, np.generic)):
+        arr = np.ascontiguousarray(x)
+        name = arr.dtype.name
+        if name not in _KINDS:
+            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got numpy {name}")
+        return (arr.view(np.uint16) if name == "bfloat16" else arr), name, False
+    raise InputTypeError(f"{what}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
+
+
+def _widen(a: np.ndarray, dtype: str, cast16: str | None) -> np.ndarray:
+    """Exact float32 values (float64 for float64) of a chunk; ``cast16`` rounds fp16 first."""
+    if dtype == "bfloat16":
+        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    if dtype == "float16":
+        w = a.astype(np.float32)
+        return round_to(w, cast16) if cast16 else w
+    return a
+
+
+def _values(a: np.ndarray, dtype: str) -> np.ndarray:
+    """Float values for reductions: bfloat16 bits viewed as ml_dtypes.bfloat16."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return a.view(ml_dtypes.bfloat16)
+    return a
+
+
+def _scale_array(value, what: str, expected: tuple) -> np.ndarray:
+    """A user scale/amax as float64 numpy of the layout shape (also [], [N] for [N,1])."""
+    arr, dtype, _ = _to_numpy(value, what) if (_is_torch(value) or isinstance(value, np.ndarray)) else (
+        np.asarray(value, np.float64), "float64", False)
+    if dtype == "bfloat16":
+        arr = _widen(arr, dtype, None)
+    arr = np.asarray(arr, np.float64)
+    squeezed = tuple(n for n in arr.shape if n != 1)
+    if arr.shape != expected and squeezed != tuple(n for n in expected if n != 1):
+        raise ShapeError(f"{what}: expected shape {expected} (or the same without size-1 axes), "
+                         f"got {tuple(arr.shape)}")
+    return arr.reshape(expected)
+
+
+# --- public API ---------------------------------------------------------------------------
+def as_args(args, *, role: str = "weight") -> QuantArgs:
+    """QuantArgs, or a QuantizationScheme / mapping of its fields (``role``: weight|activation)."""
+    if isinstance(args, QuantArgs):
+        return args
+    if not isinstance(args, Mapping):
+        raise InputTypeError(f"args: expected QuantArgs or a QuantizationScheme, got {type(args).__name__}")
+    if role not in ("weight", "activation"):
+        raise InputTypeError(f"role: expected 'weight' or 'activation', got {role!r}")
+    from .scheme import QuantizationScheme
+    s = args if isinstance(args, QuantizationScheme) else QuantizationScheme.from_dict(args)
+    act = role == "activation"
+    if act and not s.quantizes_activations:
+        raise ShapeError(f"args: the scheme does not quantize activations (act_bits={s['act_bits']})")
+    family = s["act_data_type"] if act else s["data_type"]
+    gran = s["act_granularity"] if act else s["weight_granularity"]
+    group = s["act_group_size"] if act else s["group_size"]
+    if family == "mx_fp":
+        gran = "mx"
+    elif family.startswith("nv_fp"):
+        gran = "nvfp4"
+    return QuantArgs(format=s["act_format"] if act else s["weight_format"], granularity=gran,
+                     group_size=group if gran == "group" else None,
+                     block_shape=None if act else s["block_shape"],
+                     dynamic=bool(s["act_dynamic"]) if act else False,
+                     rounding=s["rounding"], saturate=s["saturate"], recipe=s["recipe"])
+
+
+def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight") -> QuantResult:
+    """Quantize ``x`` per ``args`` (QuantArgs or QuantizationScheme) with ``recipe``.
+
+    recipe: a Recipe or a built-in name; None -> args' recipe, else 'fp8ref'.
+    scale: a calibrated dequant scale of the granularity's shape (static quantization).
+    amax: a calibrated max|x| of that shape; the recipe turns it into the scale.
+    """
+    qa = as_args(args, role=role)
+    rec = get_recipe(recipe if recipe is not None else qa.recipe)
+    arr, dtype, is_torch = _to_numpy(x, "x")
+    fmt = get_format(qa.format)
+    _check_recipe(rec, qa, fmt)
+    if scale is not None and amax is not None:
+        raise InputTypeError("scale, amax: give one of them, not both")
+    if not qa.dynamic and scale is None and amax is None:
+        raise ScaleError("scale: static quantization (dynamic=False) needs a calibrated scale= or amax=")
+    shape = tuple(arr.shape)
+    if qa.granularity == "token" and arr.ndim == 2 and rec.token_2d == "tensor":
+        qa = QuantArgs(**{**qa.__dict__, "granularity": "tensor"})
+    sshape = layout(shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
+    _check_divisible(rec, qa, shape)
+    if qa.granularity in ("mx", "nvfp4"):
+        if scale is not None or amax is not None:
+            raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x")
+        res = (_quantize_mx if qa.granularity == "mx" else _quantize_nvfp4)(arr, dtype, qa, rec, fmt)
+    else:
+        res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax)
+    return _wrap(res, is_torch)
+
+
+def _check_recipe(rec: Recipe, qa: QuantArgs, fmt: FloatFormat) -> None:
+    if qa.granularity not in rec.granularities:
+        raise RecipeError(f"recipe {rec.name!r}: granularity {qa.granularity!r} is not one the producer "
+                          f"implements (expected one of {', '.join(rec.granularities)})")
+    if fmt.name not in rec.formats:
+        raise RecipeError(f"recipe {rec.name!r}: format {fmt.name!r} is not one the producer writes "
+                          f"(expected one of {', '.join(rec.formats)})")
+
+
+def _check_divisible(rec: Recipe, qa: QuantArgs, shape: tuple) -> None:
+    if not rec.require_divisible or qa.granularity not in ("group", "block"):
+        return
+    if qa.granularity == "group":
+        need, dims = (qa.group_size,), shape[-1:]
+    else:
+        need, dims = qa.block_shape, shape[-2:]
+    if any(d % n for d, n in zip(dims, need)):
+        raise ShapeError(f"x: recipe {rec.name!r} requires the {qa.granularity} {tuple(need)} to divide the "
+                         f"shape; got shape {shape}, expected the last dims to be multiples of {tuple(need)}")
+
+
+def _reject_nonfinite(amax: np.ndarray, arr: np.ndarray, dtype: str, rec: Recipe) -> None:
+    if rec.nonfinite != "error" or np.isfinite(amax).all():
+        return
+    bad = ~np.isfinite(_widen(arr, dtype, None))
+    idx = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise EncodeError(f"x: recipe {rec.name!r} needs finite values, got {int(bad.sum())} NaN/Inf "
+                     f"(first at index {idx}); pass recipe= a producer recipe to model its NaN/Inf behaviour")
+
+
+def _rows(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1, arr.shape[-1]) if arr.ndim else arr.reshape(1, 1)
+
+
+def _chunks(n_rows: int, row_len: int, align: int = 1) -> list[tuple[int, int]]:
+    step = max(align, (_ROWS_ELEMENTS // max(row_len, 1)) // align * align)
+    return [(r, min(r + step, n_rows)) for r in range(0, n_rows, step)]
+
+
+def _parallel(fn, spans) -> None:
+    """Run fn over row spans; numpy and the codec release the GIL. Elementwise: the result
+    does not depend on the number of threads."""
+    workers = min(len(spans), os.cpu_count() or 1)
+    if workers <= 1:
+        for span in spans:
+            fn(span)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(fn, spans))
+
+
+def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
+    vals = _values(arr, dtype)
+    if qa.granularity not in ("tensor", "channel", "token") or arr.ndim == 0:
+        return reduce_amax(vals if arr.ndim else vals.reshape(1), qa.granularity,
+                           group_size=qa.group_size, block_shape=qa.block_shape)
+    rows = _rows(vals)
+    gran = "channel" if qa.granularity != "tensor" else "tensor"
+    parts = {}
+    spans = _chunks(rows.shape[0], rows.shape[1])
+    _parallel(lambda sp: parts.__setitem__(sp, reduce_amax(rows[sp[0]:sp[1]], gran)), spans)
+    if gran == "tensor":
+        return np.max(np.concatenate([parts[sp] for sp in spans])).reshape(1)  # NaN propagates
+    return np.concatenate([parts[sp] for sp in spans]).reshape(arr.shape[:-1] + (1,))
+
+
+def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> dict:
+    cast16 = rec.apply_float16_to if dtype == "float16" else None
+    store = dtype if rec.scale_store_dtype == "model" else "float32"
+    if scale is not None:
+        given = _scale_array(scale, "scale", sshape)
+        check_scale(given)
+        stored = given.astype(np.float32)
+        if not np.array_equal(stored.astype(np.float64), given):
+            raise ScaleError("scale: expected values exactly representable in float32 (fp8ref scales are "
+                             "float32); round the scale first")
+        operand = np.float32(1.0) / stored if rec.apply_op == "multiply_multiplier" else stored
+        store = "float32" if dtype == "float64" else store
+    else:
+        a = _scale_array(amax, "amax", sshape) if amax is not None else _amax(arr, dtype, qa)
+        if amax is None:
+            _reject_nonfinite(a, arr, dtype, rec)
+        elif rec.nonfinite == "error" and not (np.isfinite(a) & (a >= 0)).all():
+            raise ScaleError(f"amax: expected finite non-negative values, got {a[~(np.isfinite(a) & (a >= 0))][:3]}")
+        stored, operand = compute_scale(a, rec, fmt, dtype)
+    rounding = qa.rounding if rec.rounding == "from_args" else rec.rounding
+    saturate = qa.saturate if rec.saturate == "from_args" else rec.saturate
+    codes = np.empty(shape, np.uint8)
+    full = expand(operand, shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
+    rows, out_rows = _rows(arr), _rows(codes)
+    op_rows = _operand_rows(full, shape, qa.granularity)
+    neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
+
+    def work(span):
+        lo, hi = span
+        xw = _widen(rows[lo:hi], dtype, cast16)
+        s = op_rows if op_rows.shape[0] == 1 else op_rows[lo:hi]
+        out = out_rows[lo:hi]
+        if rec.apply_dtype == "exact":
+            exact_quotient_codes(xw, s, fmt, encode=encode, rounding=rounding, saturate=saturate, out=out)
+        else:
+            xw32 = xw.astype(np.float32) if xw.dtype != np.float32 else xw
+            encode(apply_scaled(xw32, s, rec, fmt, "bfloat16" if cast16 else dtype), fmt,
+                   rounding=rounding, saturate=saturate, out=out)
+        if neg0 is not None:
+            out[out == neg0] = 0
+
+    _parallel(work, _chunks(rows.shape[0], rows.shape[1]))
+    return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
+                recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)
+
+
+def _operand_rows(full: np.ndarray, shape: tuple, granularity: str) -> np.ndarray:
+    """The expanded operand as rows matching _rows(x): (R, 1), (1, 1) or (R, K)."""
+    full = np.asarray(full, np.float32)
+    if granularity == "tensor":
+        return full.reshape(1, 1)
+    if granularity in ("channel", "token"):
+        return full.reshape(-1, 1)
+    return np.ascontiguousarray(np.broadcast_to(full, shape)).reshape(-1, shape[-1])
+
+
+def _exact_values(arr: np.ndarray, dtype: str) -> np.ndarray:
+    return _widen(arr, dtype, None).astype(np.float64)
+
+
+def _quantize_mx(arr, dtype, qa, rec, fmt) -> dict:
+    x = _exact_values(arr, dtype)
+    amax = reduce_amax(x, "mx")
+    _reject_nonfinite(amax, arr, dtype, rec)
+    e = mx_scale_exponent(amax, fmt, qa.mx_rule)
+    factor = np.ldexp(1.0, -expand(e, x.shape, "mx"))  # x * 2**-e is exact in float64
+    codes = encode(x * factor, fmt, rounding=qa.rounding, saturate=True)
+    return dict(codes=codes, scale=e8m0_value(e), format=fmt.name, granularity="mx", recipe=rec.name,
+                args=qa, scale_dtype="float8_e8m0fnu", dtype=dtype,
+                scale_codes=(e + 127).astype(np.uint8), _recipe=rec)
+
+
+def _quantize_nvfp4(arr, dtype, qa, rec, fmt) -> dict:
+    sfmt = FORMATS[_NVFP4_SCALE_FORMAT]
+    x = _exact_values(arr, dtype)
+    amax_b = reduce_amax(x, "nvfp4")
+    _reject_nonfinite(amax_b, arr, dtype, rec)
+    s_glob = nvfp4_global_scale(float(amax_b.max(initial=0.0)), fmt, sfmt)
+    # block scale = round_e4m3(amax_b / (max_elem * s_glob)): divisor exact in float64 (26 bits)
+    scale_codes = np.empty(amax_b.shape, np.uint8)
+    exact_quotient_codes(amax_b, np.float64(fmt.max) * np.float64(s_glob), sfmt, encode=encode,
+                         rounding="rne", saturate=True, out=scale_codes)
+    s_blk = decode(scale_codes, sfmt)
+    # element divisor s_blk * s_glob is exact in float64 (4 + 24 bits); a zero block scale
+    # (amax_b below half the smallest E4M3 step) maps its elements to signed zero via 1/inf.
+    div = s_blk.astype(np.float64) * np.float64(s_glob)
+    div = expand(np.where(div == 0, np.inf, div), x.shape, "nvfp4")
+    codes = np.empty(x.shape, np.uint8)
+    exact_quotient_codes(x, div, fmt, encode=encode, rounding=qa.rounding, saturate=True, out=codes)
+    return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
+                scale_dtype=_NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,
+                global_scale=np.array([s_glob], np.float32), _recipe=rec)
+
+
+def _wrap(res: dict, is_torch: bool) -> QuantResult:
+    if is_torch:
+        import torch
+        res["codes"] = torch.from_numpy(res["codes"])
+        res["scale"] = _torch_scale(res["scale"], res["scale_dtype"])
+        for k in ("scale_codes", "global_scale"):
+            if res.get(k) is not None:
+                res[k] = torch.from_numpy(np.ascontiguousarray(res[k]))
+    elif res["scale_dtype"] in ("bfloat16", "float16"):
+        res["scale"] = _numpy_in(res["scale"], res["scale_dtype"])
+    return QuantResult(**res)
+
+
+def _numpy_in(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values exact in ``dtype`` -> a numpy array of that dtype (bfloat16 via bits)."""
+    v = np.ascontiguousarray(values, np.float32)
+    if dtype == "float16":
+        return v.astype(np.float16)  # exact: the values are float16 values
+    import ml_dtypes
+    return (v.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(ml_dtypes.bfloat16)
+
+
+def _torch_scale(values: np.ndarray, dtype: str):
+    import torch
+    t = torch.from_numpy(np.ascontiguousarray(values, np.float32))
+    if dtype == "bfloat16":  # exact: the values are bfloat16 values; build from the bits
+        return torch.from_numpy((t.numpy().view(np.uint32) >> 16).astype(np.int16)).view(torch.bfloat16)
+    return t.to(torch.float16) if dtype == "float16" else t
+
+
+# --- dequantize ---------------------------------------------------------------------------
+def _as_np(a) -> np.ndarray:
+    if _is_torch(a):
+        import torch
+        if a.dtype == torch.bfloat16:
+            return _widen(a.contiguous().view(torch.int16).numpy().view(np.uint16), "bfloat16", None)
+        return a.detach().contiguous().numpy()
+    if getattr(a, "dtype", None) is not None and a.dtype.name == "bfloat16":
+        return _widen(np.ascontiguousarray(a).view(np.uint16), "bfloat16", None)
+    return np.asarray(a)
+
+
+def dequantize(q: QuantResult, *, dtype: str | None = None):
+    """decode(codes) * scale, the exact product rounded once to ``dtype``.
+
+    Default dtype: the input's dtype for recipes that dequantize in the model dtype, else
+    float32. (For every built-in recipe the producer's own product is exact before its
+    final rounding, so one rounding reproduces it.)
+    """
+    if not isinstance(q, QuantResult):
+        raise InputTypeError(f"q: expected a QuantResult from quantize, got {type(q).__name__}")
+    if dtype is None:
+        dtype = q.dtype if q._recipe is not None and q._recipe.dequantize_dtype == "model" else "float32"
+    if dtype not in _KINDS:
+        raise InputTypeError(f"dtype: expected one of {', '.join(_KINDS)}, got {dtype!r}")
+    is_torch = _is_torch(q.codes)
+    codes = _as_np(q.codes)
+    vals = decode(codes, q.format).astype(np.float64)
+    a = q.args
+    s = expand(_as_np(q.scale).astype(np.float64), codes.shape, q.granularity, group_size=a.group_size,
+               block_shape=a.block_shape)
+    if q.global_scale is not None:
+        s = s * float(_as_np(q.global_scale)[0])
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = round_to(vals * s, dtype)
+    return _emit(out, dtype, is_torch)
+
+
+def _emit(values: np.ndarray, dtype: str, is_torch: bool):
+    if dtype in ("float32", "float64"):
+        v = values.astype(dtype)
+        if is_torch:
+            import torch
+            return torch.from_numpy(np.ascontiguousarray(v))
+        return v
+    if is_torch:
+        return _torch_scale(values, dtype)
+    return _numpy_in(values, dtype)
+
+
+def fake_quant(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight"):
+    """quantize then dequantize, in x's dtype (the recipe's dtypes for every step)."""
+    arr, dtype, _ = _to_numpy(x, "x")
+    q = quantize(x, args, recipe=recipe, scale=scale, amax=amax, role=role)
+    return dequantize(q, dtype=dtype)
+
+
+__all__ = ["QuantArgs", "QuantResult", "as_args", "dequantize", "fake_quant", "quantize"]
