@@ -53,7 +53,7 @@ class Recipe:
     amax_min: float | None
     amax_max: float | None
     token_2d: str                  # token | tensor (what 'token' means for a 2-D input)
-    scale_form: str                # amax/max | 1/(max/amax)
+    scale_form: str                # amax/max | 1/(max/amax) | 1/(max*(1/amax)) (torch float/tensor)
     scale_dtype: str               # exact | float32
     scale_min: float | None
     zero_amax_scale: float | None
@@ -125,7 +125,10 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
             if recipe.scale_form == "amax/max":
                 s = a32 / np.float32(fmt.max)
             else:
-                m = np.float32(fmt.max) / a32
+                if recipe.scale_form == "1/(max/amax)":
+                    m = np.float32(fmt.max) / a32
+                else:  # torch's `float / tensor` is reciprocal(tensor) * float: two roundings
+                    m = (np.float32(1.0) / a32) * np.float32(fmt.max)
                 if recipe.zero_amax_scale is not None:
                     m = np.where(a32 > 0, m, np.float32(1.0 / recipe.zero_amax_scale))
                 m = np.asarray(m, np.float32)
@@ -139,7 +142,7 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
     stored = round_to(s, store).astype(np.float32)
     if recipe.zero_stored_scale == "eps":
         stored = np.where(stored == 0, np.float32(eps_of(store)), stored)
-    if recipe.apply_op == "multiply_multiplier" and recipe.scale_form == "1/(max/amax)":
+    if recipe.apply_op == "multiply_multiplier" and recipe.scale_form != "amax/max":
         return stored, m
     used = stored if recipe.apply_scale == "stored" else s
     return stored, np.asarray(used, np.float32)
@@ -244,7 +247,7 @@ _TOP = ("name", "summary", "source", "verified", "granularities", "formats", "re
 _CHOICES = {
     "nonfinite": ("error", "propagate"), "token_2d": ("token", "tensor"),
     "apply_float16_to": (None, "bfloat16"),
-    "scale_form": ("amax/max", "1/(max/amax)"), "scale_dtype": ("exact", "float32"),
+    "scale_form": ("amax/max", "1/(max/amax)", "1/(max*(1/amax))"), "scale_dtype": ("exact", "float32"),
     "scale_store_dtype": ("float32", "model"), "zero_stored_scale": (None, "eps"),
     "apply_op": ("divide", "multiply_reciprocal", "multiply_multiplier"),
     "apply_scale": ("stored", "computed"), "apply_dtype": DTYPES,

@@ -9,6 +9,7 @@ that is renamed over the destination only when complete; the source is never wri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -148,13 +149,16 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
 def _quantize_layer(store: TensorStore, plan: LayerPlan) -> dict[str, np.ndarray]:
     """Bytes of the layer's output tensors, by tensor name."""
     from ..formats import FORMATS as FLOAT_FORMATS
-    from ..quant import quantize
+    from ..quant import as_args, quantize
     from ..recipes import compute_scale, get_recipe
 
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
     w = store.get(f"{plan.name}.weight")
     try:
-        q = quantize(w, plan.scheme, recipe=plan.recipe, role="weight")
+        # The scale comes from the weight itself ("dynamic" in quant's terms); as_args marks
+        # scheme weights static, which would ask for a calibrated amax.
+        args = dataclasses.replace(as_args(plan.scheme, role="weight"), dynamic=True)
+        q = quantize(w, args, recipe=plan.recipe)
     except Fp8RefError as exc:
         raise CheckpointError(f"{store.where(plan.name + '.weight')}: cannot quantize: {exc}") from None
     out = {roles["weight"][0]: q.codes}
@@ -240,7 +244,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             weight_map.update({s.name: fname for s in specs})
             total_size += sum(s.nbytes for s in specs)
         if store.index is not None:
-            index = {"metadata": {**(store.index.get("metadata") or {}), "total_size": total_size},
+            index = {"metadata": {"total_size": total_size},
                      "weight_map": dict(sorted(weight_map.items()))}
             atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
         config["quantization_config"] = qc

@@ -433,12 +433,14 @@ class SafetensorsWriter:
         self._file.truncate(self.total)
 
     def write(self, name: str, data: np.ndarray | bytes) -> None:
+        """Write a tensor: an array of its dtype and shape, or its raw bytes (flat uint8/bytes)."""
         spec = self.specs.get(name)
         if spec is None:
             raise CheckpointError(f"{self.path}: tensor {name!r} was not declared")
         if name in self._written:
             raise CheckpointError(f"{self.path}: tensor {name!r} written twice")
-        if isinstance(data, np.ndarray):
+        raw = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 1 and data.size == spec.nbytes
+        if isinstance(data, np.ndarray) and not raw:
             if data.dtype.itemsize * 8 != DTYPES[spec.dtype].bits and DTYPES[spec.dtype].numpy is not None:
                 raise CheckpointError(f"{self.path}: tensor {name!r}: {data.dtype} does not fit {spec.dtype}")
             if DTYPES[spec.dtype].numpy is not None and tuple(data.shape) != spec.shape:

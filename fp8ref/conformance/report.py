@@ -31,8 +31,8 @@ def hex_bits(v) -> str:
 def value_text(v) -> str:
     """``f32:0x43e80000 (464.0)``: the dtype, the bit pattern and the decimal value."""
     a = np.asarray(v)
-    if a.dtype.kind in "ui":
-        return f"{int(a)} (0x{int(a):x})"
+    if a.dtype.kind in "ui" or isinstance(v, int):
+        return f"0x{int(a):x}" if a.dtype == np.uint8 else str(int(a))
     return f"{_DTYPE_TAG.get(a.dtype.name, a.dtype.name)}:{hex_bits(a)} ({_decimal(a)})"
 
 
@@ -68,6 +68,10 @@ def _param_text(params) -> str:
     for k, v in params.items():
         if k == "saturate":
             parts.append("sat" if v else "nosat")
+        elif isinstance(v, bool):
+            parts.extend([k] if v else [])
+        elif isinstance(v, list):
+            parts.append("x".join(map(str, v)))
         elif k != "random_bits":
             parts.append(str(v))
     return " ".join(parts)

@@ -36,8 +36,8 @@ class Operation:
     fields: dict  # YAML field -> (checker, default); default None means required
     outputs: tuple[str, ...]
 
-    def expand(self, entry: OpEntry) -> list[tuple[str, dict]]:
-        """(case name, params) for every combination the entry declares, in a fixed order."""
+    def expand(self, entry: OpEntry, level: int) -> list[tuple[str, dict]]:
+        """(case name, params) for every combination the entry declares at ``level``, in a fixed order."""
         raise NotImplementedError
 
     def make_case(self, name: str, params: dict, entry: OpEntry, suite: Suite, level: int) -> Case:
@@ -63,7 +63,7 @@ def cases(suite: Suite, level: int) -> Iterator[tuple[Operation, OpEntry, str, d
     seen = set()
     for entry in suite.entries:
         op = OPERATIONS[entry.op]
-        for name, params in op.expand(entry):
+        for name, params in op.expand(entry, level):
             if name in seen:  # two entries may overlap; the first one wins
                 continue
             seen.add(name)
@@ -92,7 +92,7 @@ class Encode(Operation):
         "random_bits": (choices(tuple(_BITS_DTYPES), allow_all=False), ("uint8",)),
     }
 
-    def expand(self, entry: OpEntry) -> list[tuple[str, dict]]:
+    def expand(self, entry: OpEntry, level: int) -> list[tuple[str, dict]]:
         f = entry.fields
         out = []
         for fmt in f["formats"]:
@@ -204,7 +204,7 @@ class Decode(Operation):
     outputs = ("values",)
     fields = {"formats": (choices(tuple(FORMATS)), tuple(FORMATS))}
 
-    def expand(self, entry):
+    def expand(self, entry, level):
         return [(f"decode.{fmt}", {"format": fmt}) for fmt in entry.fields["formats"]]
 
     def make_case(self, name, params, entry, suite, level) -> Case:
@@ -221,4 +221,7 @@ class Decode(Operation):
         return {"codes": inputs["codes"][index]}
 
 
-OPERATIONS: dict[str, Operation] = {op.name: op for op in (Encode(), Decode())}
+from .ops_quant import Dequantize, Linear, Quantize, ScaledMM  # noqa: E402 - they subclass Operation
+
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (Encode(), Decode(), Quantize(), Dequantize(),
+                                                           ScaledMM(), Linear())}

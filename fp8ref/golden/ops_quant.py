@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import matmul, quant
+from .. import codec, matmul, quant
+from ..formats import get_format
 from ..recipes import get_recipe
 from ..scaling import reduce_amax
 from ..scheme import PRESETS
@@ -58,11 +59,11 @@ class _QuantBase(Operation):
         "shapes": (per_level(shapes(2)), None),
     }
 
-    def expand(self, entry):
+    def expand(self, entry, level):
         """Combinations whose scheme and recipe fit (a recipe covers some granularities
         and formats; a weight-only scheme has no activation role)."""
         f, out = entry.fields, []
-        shapes_all = sorted({s for table in f["shapes"].values() for s in table})
+        shapes_all = at_level(f["shapes"], level)
         for scheme in f["schemes"]:
             for role in f["roles"]:
                 try:
@@ -80,10 +81,6 @@ class _QuantBase(Operation):
                             out.append((f"{self.name}.{scheme}.{recipe}.{role}.{dtype}.{_shape_name(shape)}",
                                         params))
         return out
-
-    @staticmethod
-    def wanted(entry, params, level) -> bool:
-        return tuple(params["shape"]) in at_level(entry.fields["shapes"], level)
 
     def _quantized(self, name, params, suite):
         stream = values.Stream(suite.seed, name)
@@ -148,9 +145,7 @@ def _codes(stream, shape, fmt) -> tuple[np.ndarray, np.ndarray]:
     """Codes of a heavy-tailed tensor quantized per row, and the per-row dequant scales."""
     v = values.heavy_tailed(stream, shape[0] * shape[1]).reshape(shape)
     amax = np.abs(v).max(axis=1, keepdims=True)
-    scale = (amax / np.float64(448.0 if fmt == "float8_e4m3fn" else 57344.0)).astype(np.float32)
-    from .. import codec
-
+    scale = (amax / np.float64(get_format(fmt).max)).astype(np.float32)
     return codec.encode((v / scale).astype(np.float32), fmt), scale
 
 
@@ -167,9 +162,9 @@ class ScaledMM(Operation):
         "bias": (choices((False, True), allow_all=False, kind=bool), (False,)),
     }
 
-    def expand(self, entry):
+    def expand(self, entry, level):
         f, out = entry.fields, []
-        shapes_all = sorted({s for table in f["shapes"].values() for s in table})
+        shapes_all = at_level(f["shapes"], level)
         for fmt in f["formats"]:
             for scales in f["scales"]:
                 for od in f["out_dtypes"]:
@@ -184,8 +179,6 @@ class ScaledMM(Operation):
                                             + (".bias" if bias else "") + f".{_shape_name(shape)}")
                                     out.append((name, params))
         return out
-
-    wanted = _QuantBase.wanted
 
     def make_case(self, name, params, entry, suite, level) -> Case:
         stream = values.Stream(suite.seed, name)
@@ -230,9 +223,9 @@ class Linear(Operation):
         "accumulate": (choices(matmul.ACCUMULATIONS), ("exact",)),
     }
 
-    def expand(self, entry):
+    def expand(self, entry, level):
         f, out = entry.fields, []
-        shapes_all = sorted({s for table in f["shapes"].values() for s in table})
+        shapes_all = at_level(f["shapes"], level)
         for scheme in f["schemes"]:
             for recipe in f["recipes"]:
                 for dtype in f["dtypes"]:
@@ -242,8 +235,6 @@ class Linear(Operation):
                                       "shape": list(shape)}
                             out.append((f"linear.{scheme}.{recipe}.{dtype}.{acc}.{_shape_name(shape)}", params))
         return out
-
-    wanted = _QuantBase.wanted
 
     def make_case(self, name, params, entry, suite, level) -> Case:
         """x (T, K); W (N, K) quantized with the scheme's weight args and the recipe; for a
@@ -267,7 +258,8 @@ class Linear(Operation):
         return None if "input_scale" in inputs else PRESETS[params["scheme"]]["act_granularity"]
 
     def reference(self, params, inputs):
-        return {"y": matmul.linear(inputs["x"], inputs["weight"], inputs["weight_scale"],
+        # a loader widens a stored bf16/fp16 weight scale to fp32 (exact) for the GEMM
+        return {"y": matmul.linear(inputs["x"], inputs["weight"], inputs["weight_scale"].astype(np.float32),
                                    input_scale=inputs.get("input_scale"), dynamic=self._dynamic(params, inputs),
                                    accumulate=params["accumulate"])}
 

@@ -20,6 +20,11 @@ class TorchBackend(Backend):
     capabilities = {
         "encode": {"format": _FORMATS, "rounding": ("rne",), "saturate": (True, False), "dtype": INPUT_DTYPES},
         "decode": {"format": _FORMATS},
+        # CPU _scaled_mm: (A.f32 * scale_a) @ (B.f32 * scale_b) in fp32 (ATen Blas.cpp), i.e.
+        # fp32 accumulation with the scales applied to the operands, in BLAS's own order.
+        "scaled_mm": {"format": ("float8_e4m3fn", "float8_e5m2"), "scales": ("tensor", "row"),
+                      "out_dtype": ("float32", "bfloat16", "float16"), "accumulate": ("fp32",),
+                      "scale_order": ("operands",), "bias": (False, True)},
     }
 
     def unavailable(self) -> str | None:
@@ -47,3 +52,21 @@ class TorchBackend(Backend):
 
         t = torch.from_numpy(np.ascontiguousarray(codes)).view(getattr(torch, fmt))
         return t.to(torch.float32).numpy()
+
+    def scaled_mm(self, a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order):
+        import torch
+
+        dt = getattr(torch, fmt)
+        ta = torch.from_numpy(np.ascontiguousarray(a)).view(dt)
+        tb = torch.from_numpy(np.ascontiguousarray(b.T)).view(dt).t()  # column-major (K, N)
+        sa = torch.from_numpy(np.ascontiguousarray(scale_a, dtype=np.float32))
+        sb = torch.from_numpy(np.ascontiguousarray(scale_b, dtype=np.float32))
+        if sa.numel() == 1:
+            sa, sb = sa.reshape(()), sb.reshape(())
+        tbias = None if bias is None else self._tensor(bias)
+        out = torch._scaled_mm(ta, tb, sa, sb, bias=tbias, out_dtype=getattr(torch, out_dtype))
+        if out.dtype == torch.bfloat16:
+            import ml_dtypes
+
+            return out.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+        return out.numpy()
