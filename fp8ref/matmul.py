@@ -108,8 +108,9 @@ def _float_array(x, what: str, dtypes: tuple[str, ...]) -> np.ndarray:
         name = str(x.dtype).removeprefix("torch.")
         if name not in dtypes:
             raise InputTypeError(f"{what}: expected dtype {' or '.join(dtypes)}, got torch {name}")
-        return x.detach().cpu().to(dtype=__import__("torch").float64).numpy()
-    if isinstance(x, (float, int)) and not isinstance(x, bool) and "float32" in dtypes:
+        import torch
+        return x.detach().cpu().to(dtype=torch.float64).numpy()
+    if type(x) in (float, int) and "float32" in dtypes:
         if float(np.float32(x)) != float(x):
             raise InputTypeError(f"{what}: the Python number {x!r} is not a float32 value; pass a float32 array")
         return np.asarray(float(x), dtype=np.float64)
@@ -160,8 +161,11 @@ def _canonical_scales(sa: np.ndarray, sb: np.ndarray, M: int, K: int, N: int, bl
 
 
 def _out_format(out_dtype) -> OutFormat:
-    name = str(out_dtype).removeprefix("torch.") if out_dtype is not None else "float32"
-    name = np.dtype(out_dtype).name if isinstance(out_dtype, type) and issubclass(out_dtype, np.generic) else name
+    """A name, a torch dtype, a numpy dtype or scalar type -> OutFormat."""
+    if isinstance(out_dtype, type) and issubclass(out_dtype, np.generic) or isinstance(out_dtype, np.dtype):
+        name = np.dtype(out_dtype).name
+    else:
+        name = str(out_dtype).removeprefix("torch.")
     if name not in OUT_FORMATS:
         raise InputTypeError(f"out_dtype: expected one of {', '.join(OUT_FORMATS)}, got {out_dtype!r}")
     return OUT_FORMATS[name]
@@ -254,7 +258,7 @@ def _ulp_exponent(a: np.ndarray, out: OutFormat) -> np.ndarray:
     return np.maximum(e, out.emin) - (out.precision - 1)
 
 
-def round_to(values: np.ndarray, out: OutFormat) -> np.ndarray:
+def _round_to(values: np.ndarray, out: OutFormat) -> np.ndarray:
     """RNE of float64 ``values`` to ``out`` (float64 result), IEEE overflow to +-Inf."""
     u = _ulp_exponent(np.abs(values), out)
     r = np.ldexp(np.rint(np.ldexp(values, -u)), u)
@@ -420,7 +424,14 @@ def _exact(ca, cb, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
         present_a, present_b = _present(ca, fa), _present(cb, fb)
         na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
                               min(bk, K))
-    pa, pb = _int_pieces(ca, fa, present_a, na), _int_pieces(cb, fb, present_b, nb)
+    if special is None and na == 1:  # one piece: the values themselves (ints times 2**g, g folded in)
+        pa = [(decode(ca, fa).astype(np.float64), 0)]
+    else:
+        pa = _int_pieces(ca, fa, present_a, na)
+    if special is None and nb == 1:
+        pb = [(decode(cb, fb).astype(np.float64), 0)]
+    else:
+        pb = _int_pieces(cb, fb, present_b, nb)
     n_terms = 2 * kb * na * nb + 1
     cols = max(1, min(N, (1 << 24) // max(1, n_terms * M)))  # bound the term stack to ~128 MiB
     result = np.empty((M, N))
@@ -581,7 +592,7 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
             acc = _fp32_limited(A, B, sa, sb, bk, promote_every, mantissa_bits)
         if bias is not None:
             acc = (acc + bias.astype(np.float32)).astype(np.float32)
-        values = round_to(acc.astype(np.float64), out)
+        values = _round_to(acc.astype(np.float64), out)
     return _deliver(values, out, _is_torch(a))
 
 
@@ -635,8 +646,7 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
         s_x = s_x.reshape(())
         s_cols = s_x.reshape(1, 1)
     else:
-        groups = {"tensor": (x2.size or 1, None), "token": (K or 1, 1), "group": (block_k, kb)}
-        if dynamic not in groups:
+        if dynamic not in ("tensor", "token", "group"):
             raise InputTypeError(f"dynamic: expected 'tensor', 'token' or 'group' when input_scale is None, "
                                  f"got {dynamic!r}")
         amax = _group_amax(np.abs(x2), dynamic, block_k)

@@ -10,6 +10,7 @@ quantization takes a calibrated ``scale`` (or an ``amax``). See docs/quantize.md
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ class QuantArgs:
     granularity: str = "tensor"          # one of scaling.GRANULARITIES
     group_size: int | None = None        # granularity 'group'
     block_shape: tuple[int, int] | None = None  # granularity 'block'
-    dynamic: bool = True                 # False: a calibrated ``scale``/``amax`` is required
+    dynamic: bool = True                 # scale from x itself (weights, dynamic activations);
+    #                                      False: static activations, a calibrated scale/amax is required
     rounding: str = "rne"
     saturate: bool = True
     mx_rule: str = "floor"               # MX E8M0 scale: 'floor' (OCP) or 'rceil' (never clips)
@@ -107,12 +109,14 @@ def _to_numpy(x, what: str) -> tuple[np.ndarray, str, bool]:
     raise InputTypeError(f"{what}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
 
 
-def _widen(a: np.ndarray, dtype: str, cast16: str | None) -> np.ndarray:
-    """Exact float32 values (float64 for float64) of a chunk; ``cast16`` rounds fp16 first."""
+def _widen(a: np.ndarray, dtype: str, cast16: str | None, buf: np.ndarray | None = None) -> np.ndarray:
+    """Exact float32 values (float64 for float64) of a chunk; ``cast16`` rounds fp16 first.
+    ``buf``: optional float32 buffer of a's shape for bfloat16/float16 input."""
     if dtype == "bfloat16":
-        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        u = np.left_shift(a, 16, dtype=np.uint32, out=None if buf is None else buf.view(np.uint32))
+        return u.view(np.float32)
     if dtype == "float16":
-        w = a.astype(np.float32)
+        w = a.astype(np.float32) if buf is None else np.copyto(buf, a) or buf
         return round_to(w, cast16) if cast16 else w
     return a
 
@@ -163,7 +167,7 @@ def as_args(args, *, role: str = "weight") -> QuantArgs:
     return QuantArgs(format=s["act_format"] if act else s["weight_format"], granularity=gran,
                      group_size=group if gran == "group" else None,
                      block_shape=None if act else s["block_shape"],
-                     dynamic=bool(s["act_dynamic"]) if act else False,
+                     dynamic=bool(s["act_dynamic"]) if act else True,  # a weight's scale comes from W
                      rounding=s["rounding"], saturate=s["saturate"], recipe=s["recipe"])
 
 
@@ -290,13 +294,20 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
     op_rows = _operand_rows(full, shape, qa.granularity)
     neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
 
+    local = threading.local()
+
     def work(span):
         lo, hi = span
-        xw = _widen(rows[lo:hi], dtype, cast16)
+        shape2 = (hi - lo, rows.shape[1])
+        if getattr(local, "shape", None) != shape2:  # per-thread buffers: no page faults per chunk
+            wide = np.float64 if dtype == "float64" else np.float32
+            local.shape, local.x, local.q = shape2, np.empty(shape2, np.float32), np.empty(shape2, wide)
+        xw = _widen(rows[lo:hi], dtype, cast16, local.x)
         s = op_rows if op_rows.shape[0] == 1 else op_rows[lo:hi]
         out = out_rows[lo:hi]
         if rec.apply_dtype == "exact":
-            exact_quotient_codes(xw, s, fmt, encode=encode, rounding=rounding, saturate=saturate, out=out)
+            exact_quotient_codes(xw, s.astype(xw.dtype, copy=False), fmt, encode=encode, rounding=rounding,
+                                 saturate=saturate, out=out, scratch=local.q)
         else:
             xw32 = xw.astype(np.float32) if xw.dtype != np.float32 else xw
             encode(apply_scaled(xw32, s, rec, fmt, "bfloat16" if cast16 else dtype), fmt,

@@ -81,7 +81,8 @@ def round_to(v: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float32":
         return v.astype(np.float32)
     if dtype == "float16":
-        return v.astype(np.float16).astype(np.float32)  # numpy's cast rounds once, from either width
+        with np.errstate(over="ignore"):  # overflow to +-inf is the IEEE result
+            return v.astype(np.float16).astype(np.float32)  # numpy's cast rounds once, from either width
     if dtype != "bfloat16":
         raise RecipeError(f"dtype: expected one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
     if v.dtype == np.float32:
@@ -182,37 +183,45 @@ def apply_scaled(x32: np.ndarray, s32: np.ndarray, recipe: Recipe, fmt: FloatFor
 
 
 def exact_quotient_codes(x: np.ndarray, s: np.ndarray, fmt: FloatFormat, *, encode, rounding: str,
-                         saturate: bool, out: np.ndarray) -> None:
+                         saturate: bool, out: np.ndarray, scratch: np.ndarray | None = None) -> None:
     """codes = round(x / s) with the EXACT quotient rounded once (proof: docs/quantize.md).
 
-    x: float32 or float64 values, s: float32 scales broadcastable to x; writes uint8 ``out``.
-    Bulk: q = fl(x/s) in x's width and the codec. fl(x/s) can round differently from x/s
-    only where q lands exactly on a decision point of the target format (a value with
-    <= M+2 significant bits: grid points and midpoints, incl. the grid continued above
-    max) while x/s does not. Such q have >= 23-(M+1) (float32) trailing zero mantissa
-    bits, which is cheap to test; for those few elements the quotient is recomputed in
-    float64, its exact residual sign x - q*s found with Dekker's product, and an inexact q
-    moved one float64 ulp toward x/s: strictly between q and the next decision point, so
-    it rounds like x/s in every mode.
+    x: float32 or float64 values; s: scales of x's dtype (or exactly representable in it),
+    broadcastable to x; writes uint8 ``out``. ``scratch``: optional buffer like x for q.
+    Bulk: q = fl(x/s) in x's width, then the codec. fl(x/s) can round differently from x/s
+    only where q is exactly a decision point of the target format (a grid point or a
+    midpoint, incl. the grid continued above max: <= M+2 significant bits) while x/s is
+    not. Such q have >= W-(M+1) trailing zero mantissa bits (W = 23 or 52), a cheap test;
+    for those few elements the sign of the exact residual x - q*s decides, and an inexact
+    q is moved one ulp toward x/s: that value is no decision point and no decision point
+    lies between it and x/s, so it rounds like x/s in every deterministic mode.
     """
-    wide = x.dtype == np.float64
+    q = scratch if scratch is not None else np.empty(x.shape, x.dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        q = x / s.astype(x.dtype)
+        np.divide(x, s, out=q)
     encode(q, fmt, rounding=rounding, saturate=saturate, out=out)
-    tail = (52 if wide else 23) - (fmt.mantissa_bits + 1)
-    ubits = q.view(np.uint64 if wide else np.uint32)
-    low = (ubits & ubits.dtype.type((1 << tail) - 1)) == 0
-    idx = np.flatnonzero(low)
+    idx = _maybe_on_grid(q, (52 if q.dtype == np.float64 else 23) - (fmt.mantissa_bits + 1))
     if idx.size == 0:
         return
-    xf = x.reshape(-1)[idx].astype(np.float64)
-    sf = np.broadcast_to(s, x.shape).reshape(-1)[idx].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        qf = xf / sf
-        sign = _residual_sign(xf, qf, sf)
-    move = np.isfinite(xf) & np.isfinite(qf) & (sign != 0)
-    qf = np.where(move, np.nextafter(qf, np.where(sign > 0, np.inf, -np.inf)), qf)
-    out.reshape(-1)[idx] = encode(qf, fmt, rounding=rounding, saturate=saturate)
+    at = np.unravel_index(idx, x.shape)
+    qc, xc = q[at], x[at]
+    with np.errstate(invalid="ignore", over="ignore"):
+        sign = _residual_sign(xc.astype(np.float64), qc.astype(np.float64),
+                              np.broadcast_to(s, x.shape)[at].astype(np.float64))
+    finite_x = np.isfinite(xc)
+    sign = np.where(np.isinf(qc) & finite_x, -np.sign(qc), sign)  # overflowed q: x/s is finite
+    move = finite_x & (sign != 0)
+    if move.any():
+        toward = np.where(sign > 0, np.inf, -np.inf).astype(q.dtype)
+        qc = np.where(move, np.nextafter(qc, toward), qc)
+        out[at] = encode(qc, fmt, rounding=rounding, saturate=saturate)
+
+
+def _maybe_on_grid(q: np.ndarray, tail: int) -> np.ndarray:
+    """Flat indices of the q whose low ``tail`` mantissa bits are all zero (a superset of
+    the decision points, and of zeros, infinities and exact quotients)."""
+    bits = q.reshape(-1).view(np.uint64 if q.dtype == np.float64 else np.uint32)
+    return np.flatnonzero((bits & bits.dtype.type((1 << tail) - 1)) == 0)
 
 
 def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -222,7 +231,8 @@ def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _residual_sign(x: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """sign(x - q*s) exactly: q*s = p + err (Dekker), x - p exact (Sterbenz: p ~ x)."""
+    """sign(x - q*s) exactly: q*s = p + err (Dekker; err = 0 when q, s have <= 26 bits),
+    x - p exact (Sterbenz: p ~ x); NaN (0*inf, inf-inf) -> 0."""
     p = q * s
     qh, ql = _split(q)
     sh, sl = _split(s)

@@ -15,13 +15,14 @@ import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import CheckpointError, Fp8RefError
 from . import autoround, compressed_tensors, hf_fp8
-from .layout import D_DTYPES, LayerQuant, from_scheme
+from .layout import D_DTYPES, LayerQuant, from_scheme, nan_count
 from .safetensors_io import (INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, atomic_folder,
                              atomic_write_text, open_store, read_json)
 
@@ -122,6 +123,12 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
             raise CheckpointError(f"{where}: the {fmt} format cannot express this scheme: {reason}")
         rec = get_recipe(recipe or scheme.recipe)
         info = store.info(name + ".weight")
+        if quant.weight_strategy not in rec.granularities:
+            raise CheckpointError(f"{where}: recipe {rec.name!r} has no {quant.weight_strategy!r} weights "
+                                  f"(it implements {', '.join(rec.granularities)})")
+        if rec.require_divisible and quant.block and (info.shape[0] % quant.block[0] or info.shape[1] % quant.block[1]):
+            raise CheckpointError(f"{store.where(name + '.weight')}: shape {list(info.shape)}: recipe {rec.name!r} "
+                                  f"needs the block {list(quant.block)} to divide it")
         dtype = {v: k for k, v in D_DTYPES.items()}[info.dtype]
         scale_dtype = D_DTYPES[dtype] if rec.scale_store_dtype == "model" else "F32"
         tensors = []
@@ -161,8 +168,14 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan) -> dict[str, np.ndarray
         q = quantize(w, args, recipe=plan.recipe)
     except Fp8RefError as exc:
         raise CheckpointError(f"{store.where(plan.name + '.weight')}: cannot quantize: {exc}") from None
+    n_nan, _ = nan_count(q.codes, plan.quant.weight_fmt)
+    if n_nan:
+        raise CheckpointError(f"{store.where(plan.name + '.weight')}: {n_nan} non-finite values; "
+                              f"a checkpoint cannot hold NaN weights")
     out = {roles["weight"][0]: q.codes}
     name, sdtype, shape = roles["weight_scale"]
+    if sdtype != "F32" and _STORE[q.scale_dtype] != sdtype:  # widening to F32 is exact, narrowing is not
+        raise CheckpointError(f"{plan.name}: recipe {plan.recipe!r} produced {q.scale_dtype} scales, planned {sdtype}")
     out[name] = _as_stored(np.asarray(q.scale).astype(np.float32), sdtype).reshape(shape)
     if "input_scale" in roles:
         name, sdtype, shape = roles["input_scale"]
@@ -282,3 +295,58 @@ def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="tensor", desc="export", leave=False)
+
+
+def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,
+                     force: bool = False) -> Path:
+    """Write a loaded ``Checkpoint`` again, in its own format or another one that can express
+    every layer: codes and scale values are copied bit for bit (scales keep their dtype and
+    are only reshaped/renamed to the target layout); other tensors and files are copied."""
+    fmt = format or checkpoint.format
+    if fmt not in FORMATS:
+        raise CheckpointError(f"format: {fmt!r}; expected one of {', '.join(FORMATS)}")
+    module = FORMATS[fmt]
+    store = checkpoint.store
+    renames: dict[str, tuple[str, tuple]] = {}  # source tensor -> (target name, target shape)
+    for name, layer in checkpoint.items():
+        reason = module.cannot_express(layer.quant)
+        if reason:
+            raise CheckpointError(f"{checkpoint.path}: layer {name!r}: the {fmt} format cannot express it: {reason}")
+        out, inp = layer.shape
+        for role, tname, _, shape in module.tensor_plan(name, layer.quant, out, inp, checkpoint.dtype):
+            if role in layer.tensors:
+                renames[layer.tensors[role]] = (tname, shape)
+    layers = {n: layer.quant for n, layer in checkpoint.items()}
+    unquantized = [m for m in _candidates(store) if m not in layers]
+    qc = module.quantization_config(layers, unquantized)
+    folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
+    with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:
+        weight_map, total_size = {}, 0
+        for fname, f in store.files.items():
+            specs = []
+            for n, info in f.tensors.items():
+                target, shape = renames.get(n, (n, info.shape))
+                if prod(shape) != info.numel:
+                    raise CheckpointError(f"{store.where(n)}: shape {list(info.shape)} cannot become {list(shape)}")
+                specs.append(TensorSpec(target, info.dtype, tuple(shape)))
+            writer = SafetensorsWriter(tmp / fname, specs, f.metadata or {"format": "pt"})
+            try:
+                for n in f.tensors:
+                    writer.write(renames.get(n, (n,))[0], f.read_bytes(n))
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+            weight_map.update({s.name: fname for s in specs})
+            total_size += sum(s.nbytes for s in specs)
+        if store.index is not None:
+            index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+            atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+        config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
+        config["quantization_config"] = qc
+        atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if fmt == autoround.NAME:
+            atomic_write_text(tmp / "quantization_config.json", json.dumps(qc, indent=2, sort_keys=True) + "\n")
+        if checkpoint.path.is_dir():
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
+    return Path(output)

@@ -150,6 +150,24 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool) ->
                 check_scale_values(store, t[role])
 
 
+def nan_count(codes: np.ndarray, fmt_name: str) -> tuple[int, tuple[int, ...] | None]:
+    """How many codes of ``fmt_name`` are NaN, and the index of the first."""
+    from ..formats import FORMATS
+
+    fmt = FORMATS[fmt_name]
+    if fmt.specials == "fn" and fmt.signed:  # the common case, e4m3fn: magnitude all ones (fast path)
+        magnitude = codes & np.uint8(fmt.magnitude_mask)
+        if magnitude.size == 0 or magnitude.max() < fmt.magnitude_mask:
+            return 0, None
+        mask = magnitude == fmt.magnitude_mask
+    else:
+        table = np.zeros(256, dtype=bool)
+        table[list(fmt.nan_codes)] = True
+        mask = table[codes]
+    n = int(np.count_nonzero(mask))
+    return n, (tuple(int(i) for i in np.argwhere(mask)[0]) if n else None)
+
+
 def read_scale(store: TensorStore, name: str) -> np.ndarray:
     """A scale tensor as float64 (exact for every float dtype), after checking its values."""
     return check_scale_values(store, name)

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
-from ..formats import FORMATS
 from . import autoround, compressed_tensors, hf_fp8
 from .detect import UNQUANTIZED, detect_format, fp8_weights, is_float
-from .layout import LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, to_scheme
+from .layout import (LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, nan_count,
+                     to_scheme)
 from .safetensors_io import TensorStore, open_store, read_json
 
 # Tensor-name endings that only quantized checkpoints use; unclaimed ones are errors.
@@ -53,13 +53,10 @@ class QuantizedLayer:
         """uint8 codes [out, in]; NaN codes are rejected (no producer writes them)."""
         name = self.tensors["weight"]
         codes = self._ckpt.store.get(name)
-        fmt = FORMATS[self.quant.weight_fmt]
-        nan = np.isin(codes, np.fromiter(fmt.nan_codes, dtype=np.uint8))
-        if nan.any():
-            idx = [int(i) for i in np.argwhere(nan)[0]]
-            raise CheckpointError(f"{self._ckpt.store.where(name)}: {int(nan.sum())} NaN codes "
-                                  f"(first at {idx}: {int(codes[tuple(idx)]):#04x}); a quantized weight "
-                                  f"must be finite")
+        n, idx = nan_count(codes, self.quant.weight_fmt)
+        if n:
+            raise CheckpointError(f"{self._ckpt.store.where(name)}: {n} NaN codes (first at {list(idx)}: "
+                                  f"{int(codes[idx]):#04x}); a quantized weight must be finite")
         return codes
 
     def _tensor(self, role: str) -> np.ndarray | None:

@@ -63,9 +63,15 @@ def output_text(v, fmt_name: str | None) -> str:
     return code_text(int(v), fmt_name) if fmt_name else value_text(v)
 
 
+_PARAM_ORDER = ("format", "scheme", "recipe", "role", "rounding", "saturate", "scales", "dtype", "out_dtype",
+                "accumulate", "scale_order", "bias", "shape")
+
+
 def _param_text(params) -> str:
+    """Parameters in a fixed order (live runs and manifests order their keys differently)."""
     parts = []
-    for k, v in params.items():
+    keys = [k for k in _PARAM_ORDER if k in params] + sorted(set(params) - set(_PARAM_ORDER))
+    for k, v in ((k, params[k]) for k in keys):
         if k == "saturate":
             parts.append("sat" if v else "nosat")
         elif isinstance(v, bool):
@@ -121,9 +127,9 @@ def table(rows: dict[str, dict], columns: Iterable[tuple[str, str]]) -> str:
     columns = list(columns)
     body = [[op] + ["-" if r[k] is None else str(r[k]) for k, _ in columns] for op, r in rows.items()]
     head = ["operation"] + [h for _, h in columns]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=False)))]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False)))
               for row in body]
     return "\n".join(lines)
 
@@ -131,3 +137,76 @@ def table(rows: dict[str, dict], columns: Iterable[tuple[str, str]]) -> str:
 SUMMARY_COLUMNS = (("cases", "cases"), ("not_implemented", "not impl."), ("errors", "errors"),
                    ("elements", "elements"), ("exact", "match"), ("mismatches", "mismatches"),
                    ("xfailed", "xfailed"), ("max_ulp", "max ulp"))
+
+
+def _fmt_of(m: Mismatch) -> str | None:
+    from ..golden.ops import OPERATIONS
+
+    return OPERATIONS[m.op].output_format(m.params, m.output)
+
+
+def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: int = 20, out=None) -> int:
+    """Print mismatch lines (capped at ``max_errors``; 0 = all), errors and the per-operation
+    table; returns the number of unexpected mismatches and errors."""
+    import sys
+
+    out = out or sys.stdout
+    print(header, file=out)
+    shown = unexpected = 0
+    for r in results:
+        if r.status in ("error", "missing") and not is_xfailed(r.case, ("error",)):
+            unexpected += 1
+            print(f"{r.status.upper()} {r.case}: {r.reason}", file=out)
+        for m in r.mismatches:
+            if is_xfailed(m.case, m.tags):
+                continue
+            unexpected += 1
+            if max_errors and shown >= max_errors:
+                continue
+            shown += 1
+            print(mismatch_line(m, _fmt_of(m)), file=out)
+            if repro:
+                print(f"  repro: {repro(m)}", file=out)
+    mism = sum(1 for r in results for m in r.mismatches if not is_xfailed(m.case, m.tags))
+    if mism > shown:
+        print(f"... {mism - shown} more unexpected mismatches not shown (--max-errors)", file=out)
+    return unexpected
+
+
+def summarize(results, is_xfailed) -> dict[str, dict]:
+    """Per operation: cases, not implemented, errors, elements, matches, mismatches, xfailed, max ULP."""
+    table: dict[str, dict] = {}
+    for r in results:
+        row = table.setdefault(r.op, {"cases": 0, "not_implemented": 0, "errors": 0, "elements": 0,
+                                      "exact": 0, "mismatches": 0, "xfailed": 0, "max_ulp": None})
+        row["cases"] += 1
+        row["not_implemented"] += r.status == "not-implemented"
+        row["errors"] += r.status in ("error", "missing")
+        row["elements"] += r.elements
+        row["exact"] += r.elements - len(r.mismatches)
+        for m in r.mismatches:
+            row["xfailed" if is_xfailed(m.case, m.tags) else "mismatches"] += 1
+            if m.ulp is not None and (row["max_ulp"] is None or m.ulp > row["max_ulp"]):
+                row["max_ulp"] = m.ulp
+    return table
+
+
+def mismatch_json(m: Mismatch, xfailed: bool) -> dict:
+    fmt = _fmt_of(m)
+
+    def enc(v):
+        return {"hex": hex_bits(v) if np.asarray(v).dtype.kind == "f" else hex(int(v)),
+                "text": output_text(v, fmt) if v is m.expected or v is m.got else value_text(v)}
+
+    return {"output": m.output, "index": list(m.index), "inputs": {k: value_text(v) for k, v in m.inputs.items()},
+            "expected": enc(m.expected), "got": enc(m.got), "ulp": m.ulp, "tags": list(m.tags), "xfail": xfailed}
+
+
+def results_json(results, is_xfailed, *, examples: int = 20) -> list[dict]:
+    out = []
+    for r in results:
+        n_x = sum(1 for m in r.mismatches if is_xfailed(m.case, m.tags))
+        out.append({"case": r.case, "op": r.op, "params": r.params, "status": r.status, "reason": r.reason,
+                    "elements": r.elements, "mismatches": len(r.mismatches) - n_x, "xfailed": n_x,
+                    "examples": [mismatch_json(m, is_xfailed(m.case, m.tags)) for m in r.mismatches[:examples]]})
+    return out

@@ -9,8 +9,8 @@ then a ``#`` comment saying why (a link to the upstream decision)::
 
 Tags come from the mismatch (``overflow``: |x| > max; ``inf-input``, ``nan-input``;
 ``subnormal``: 0 < |x| < min normal; ``tie``: x halfway between neighbours; ``double-rounding``:
-a float64 input whose float32 rounding gives the backend's code; ``zero``; ``negative``: x < 0
-into an unsigned format; ``input-subnormal``: x is subnormal in its own dtype; ``nan-code``: both NaN, codes differ under the exact NaN rule) or
+a float64 input whose float32 rounding changes the result or lands on a tie; ``zero``; ``negative``: x < 0
+into an unsigned format; ``input-subnormal``: x is subnormal in its own dtype (float64: in float32); ``nan-code``: both NaN, codes differ under the exact NaN rule) or
 ``error`` for a case the backend raised on or returned a wrong dtype/shape for.
 An entry that matches nothing in a run is reported as stale.
 """
@@ -49,9 +49,7 @@ class Xfails:
         return bool(self.matching(case, tags))
 
     def record(self, results) -> None:
-        """Count each entry's hits over a whole run (entries with none are stale)."""
-        for e in self.entries:
-            e.hits = 0
+        """Count each entry's hits (accumulating over runs; entries with none are stale)."""
         for r in results:
             hits = self.matching(r.case, ("error",)) if r.status == "error" else []
             for m in r.mismatches:

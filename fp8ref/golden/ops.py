@@ -161,15 +161,19 @@ class Encode(Operation):
                 bits = inputs.get("random_bits")
                 via32 = codec.encode(x32, fmt, saturate=params["saturate"], rounding=params["rounding"],
                                      random_bits=None if bits is None else bits[index])
-                flags["double-rounding"] = finite & (x32.astype(np.float64) != x) & (via32 == got)
+                direct = codec.encode(x, fmt, saturate=params["saturate"], rounding=params["rounding"],
+                                      random_bits=None if bits is None else bits[index])
+                changed = (via32 != direct) | self._ties(fmt, x32.astype(np.float64))
+                flags["double-rounding"] = finite & (x32.astype(np.float64) != x) & changed
         names = list(flags)
         table = np.stack([flags[n] for n in names], axis=1)
-        return [tuple(n for n, f in zip(names, row) if f) for row in table]
+        return [tuple(n for n, f in zip(names, row, strict=False) if f) for row in table]
 
     @staticmethod
     def _tiny(params) -> float:
-        """Smallest normal value of the input dtype."""
-        return {"float64": 2.0 ** -1022, "float32": 2.0 ** -126, "float16": 2.0 ** -14,
+        """Smallest normal value of the input dtype; for float64 that of float32, the dtype
+        peers convert float64 through (so a float32-subnormal intermediate is flagged)."""
+        return {"float64": 2.0 ** -126, "float32": 2.0 ** -126, "float16": 2.0 ** -14,
                 "bfloat16": 2.0 ** -126}[params["dtype"]]
 
     @staticmethod
@@ -181,7 +185,9 @@ class Encode(Operation):
         up = codec.decode(codec.encode(y, fmt, rounding="rup"), fmt).astype(np.float64)
         down = codec.decode(codec.encode(y, fmt, rounding="rdown"), fmt).astype(np.float64)
         hi = np.where(y > 0, up, down)
-        return ok & (lo != y) & (2 * y == lo + hi)
+        # above max the grid continues with the top binade's spacing: 464 for e4m3fn
+        overflow_tie = np.abs(x) == fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
+        return (ok & (lo != y) & (2 * y == lo + hi)) | overflow_tie
 
     @staticmethod
     def simplicity(params, element) -> tuple:

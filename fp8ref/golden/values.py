@@ -120,11 +120,12 @@ def special_values(fmt: FloatFormat, dtype: str) -> np.ndarray:
     g = grid(fmt)
     top, step_top = g[-1], g[-1] - g[-2]
     exact: list[Fraction] = list(g)
-    mids = [(a + b) / 2 for a, b in zip(g, g[1:])]
-    exact += [a + (b - a) / 4 for a, b in zip(g, g[1:])] + [a + 3 * (b - a) / 4 for a, b in zip(g, g[1:])]
+    mids = [(a + b) / 2 for a, b in zip(g, g[1:], strict=False)] + [top + step_top / 2]  # and the overflow tie
+    exact += [a + (b - a) / 4 for a, b in zip(g, g[1:], strict=False)] + [a + 3 * (b - a) / 4 for a, b in zip(g, g[1:], strict=False)]
     exact += [top + step_top * k / 4 for k in (1, 2, 3, 4, 8)] + [2 * top, 4 * top]
     low = g[1] if g[0] == 0 else g[0]
-    exact += [low / 2, low / 4, 3 * low / 4, low / 2 + low / 8]
+    exact += [low / 4, 3 * low / 4, low / 2 + low / 8]
+    mids.append(low / 2)
     e_lo, e_hi = fmt.emin - fmt.mantissa_bits - 3, fmt.emax + 3
     exact += [Fraction(2) ** k for k in range(e_lo, e_hi + 1)]
 

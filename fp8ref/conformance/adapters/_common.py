@@ -30,6 +30,9 @@ def dist_version(dist: str) -> str:
 
 def clamp_to_max(x: np.ndarray, fmt: str) -> np.ndarray:
     """x clamped to +-max of ``fmt`` (NaN kept): the documented way to get a saturating
-    cast out of a library whose plain cast does not saturate."""
+    cast out of a library whose plain cast does not saturate. When the input dtype cannot
+    hold that max (float16 and e8m0's 2**127), x is widened to float32 first (exactly)."""
     m = get_format(fmt).max
+    if x.dtype == np.float16 and m > 65504:
+        x = x.astype(np.float32)
     return np.clip(x, x.dtype.type(-m), x.dtype.type(m))

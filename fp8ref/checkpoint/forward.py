@@ -1,0 +1,133 @@
+"""A checkpoint layer's forward pass, two ways.
+
+``mode="reference"`` (default): what a correct W8A8 backend computes from the stored bytes:
+the input quantized to float8_e4m3fn with the stored ``input_scale`` (static) or a scale
+computed from ``x`` (dynamic: per tensor, per token or per 1 x group), then
+``fp8ref.matmul.linear`` (scaled_mm with declared accumulation) on the stored codes and scales.
+
+``mode="producer"``: what the producer's own loader computes when it reloads the checkpoint
+(reference §4.1 step 6/7, §4.2 "checkpoint inference", §6.2): weights dequantized to the model
+dtype D, inputs fake-quantized with the producer's D arithmetic, then the D matmul of torch
+(``torch.nn.functional.linear``, the op those loaders call; this mode needs torch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..formats import FORMATS
+
+MODES = ("reference", "producer")
+
+
+def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumulate: str = "exact",
+                  **mm_options):
+    """y = layer(x) for a ``QuantizedLayer``; numpy in -> numpy out, torch in -> torch out."""
+    if mode not in MODES:
+        raise CheckpointError(f"mode: {mode!r}; expected one of {MODES}")
+    if mode == "producer":
+        return _producer_forward(layer, x)
+    from ..matmul import linear
+
+    q = layer.quant
+    block_n, block_k = q.block if q.block else (128, q.input_group or 128)
+    if q.input == "dynamic-group" and q.input_group != block_k:
+        raise CheckpointError(f"{layer.name}: input groups of {q.input_group} with weight blocks {q.block}: "
+                              f"scaled_mm needs the input group to equal the block's column count")
+    if q.input is None:
+        raise CheckpointError(f"{layer.name}: weight-only layer; a W8A8 forward needs quantized inputs")
+    static = q.input == "static"
+    return linear(x, layer.weight_codes, np.asarray(layer.weight_scale).astype(np.float32),
+                  input_scale=np.asarray(layer.input_scale).astype(np.float32) if static else None,
+                  dynamic=None if static else q.input.removeprefix("dynamic-"),
+                  bias=layer.bias, fmt=q.weight_fmt, out_dtype=out_dtype, block_k=block_k, block_n=block_n,
+                  accumulate=accumulate, **mm_options)
+
+
+# --- producer emulation -----------------------------------------------------------------------
+
+def _round(v: np.ndarray, dtype: str) -> np.ndarray:
+    """A torch CPU op in ``dtype`` on float32 data: computed in float32, rounded once to dtype."""
+    from ..recipes import round_to
+
+    return round_to(np.asarray(v, np.float32), dtype).astype(np.float32)
+
+
+def _qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, positive_zero: bool) -> np.ndarray:
+    """Fake-quantize: q = e4m3(clamp(x / s)) with the division rounded to D (compressed-tensors,
+    auto-round's loader) or kept in fp32; then D(decode(q) * s)."""
+    from ..codec import decode, encode
+
+    fmt = FORMATS["float8_e4m3fn"]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        y = x32 / s32
+    if d_division:
+        y = _round(y, dtype)
+    y = np.clip(y, -fmt.max, fmt.max).astype(np.float32)
+    if positive_zero:
+        y = y + np.float32(0.0)
+    codes = encode(y, fmt)
+    return _round(decode(codes, fmt) * s32, dtype)
+
+
+def _dynamic_scale(x32: np.ndarray, mode: str, group: int | None, dtype: str) -> np.ndarray:
+    """compressed-tensors' dynamic input scale: D(amax / 448), eps(D) where that is 0."""
+    from ..recipes import eps_of
+
+    a = np.abs(x32)
+    if mode == "dynamic-tensor":
+        amax = a.max(keepdims=True) if a.size else np.zeros((1,) * a.ndim, np.float32)
+    elif mode == "dynamic-token":
+        amax = a.max(axis=-1, keepdims=True)
+    else:
+        k = a.shape[-1]
+        pad = -k % group
+        padded = np.concatenate([a, np.zeros(a.shape[:-1] + (pad,), a.dtype)], axis=-1)
+        amax = padded.reshape(a.shape[:-1] + (-1, group)).max(axis=-1)
+        amax = np.repeat(amax, group, axis=-1)[..., :k]
+    s = _round(amax.astype(np.float32) / np.float32(448.0), dtype)
+    return np.where(s == 0, np.float32(eps_of(dtype)), s).astype(np.float32)
+
+
+def _producer_forward(layer, x):
+    import torch
+
+    from ..codec import decode
+
+    if layer.producer not in ("compressed-tensors", "auto-round"):
+        raise CheckpointError(f"{layer.name}: no producer emulation for {layer.producer!r} checkpoints; "
+                              f"use mode='reference'")
+    if not isinstance(x, torch.Tensor):
+        raise CheckpointError(f"{layer.name}: mode='producer' takes a torch tensor in the model dtype")
+    dtype = str(x.dtype).removeprefix("torch.")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise CheckpointError(f"{layer.name}: x dtype {dtype}; expected bfloat16, float16 or float32")
+    x32 = x.detach().to(torch.float32).numpy()
+    s_w = np.asarray(layer.expanded_scale(), np.float32)
+    w = _round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, dtype)  # D(q * s)
+    q = layer.quant
+    if layer.producer == "compressed-tensors":
+        # transformers decompresses to D, then CT's forward fake-quantizes the weight again
+        # with the same scale (a no-op on the codes, but rounded to D once more) and the input.
+        w = _qdq(w, s_w, dtype, d_division=True, positive_zero=True)
+        if q.input == "static":
+            x32 = _qdq(x32, np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0]), dtype,
+                       d_division=True, positive_zero=True)
+        elif q.input is not None:
+            if q.input == "dynamic-group" and x32.shape[-1] % q.input_group:
+                raise CheckpointError(f"{layer.name}: compressed-tensors' dynamic group quantization needs the "
+                                      f"input width {x32.shape[-1]} to be a multiple of {q.input_group} (its "
+                                      f"loader raises here); mode='reference' pads the last group")
+            x32 = _qdq(x32, _dynamic_scale(x32, q.input, q.input_group, dtype), dtype, d_division=True,
+                       positive_zero=True)
+    else:
+        s_in = np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0])
+        x32 = _qdq(x32, s_in, dtype, d_division=True, positive_zero=False)
+    tdtype = getattr(torch, dtype)
+    xt = torch.from_numpy(np.ascontiguousarray(x32)).to(tdtype)
+    wt = torch.from_numpy(np.ascontiguousarray(w)).to(tdtype)
+    bias = layer.bias
+    bt = None if bias is None else torch.from_numpy(np.asarray(bias).astype(np.float32)).to(tdtype)
+    with torch.no_grad():
+        return torch.nn.functional.linear(xt, wt, bt)

@@ -1,0 +1,58 @@
+"""What is in a checkpoint (formats, schemes, scale statistics) and how far each layer is from
+the original weights (max abs error, relative RMS error, SNR)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ..errors import CheckpointError
+from .loader import Checkpoint
+from .safetensors_io import open_store
+
+
+def _stats(values: np.ndarray) -> dict:
+    v = np.asarray(values).astype(np.float64).reshape(-1)
+    return {"count": int(v.size), "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean())}
+
+
+def describe(ckpt: Checkpoint, *, values: bool = True) -> dict:
+    """A JSON-ready summary: format, dtype, warnings, and per layer its storage, scheme and
+    (``values``) weight/input scale statistics."""
+    layers = {}
+    for name, layer in ckpt.items():
+        entry = {"layout": layer.quant.describe(), "shape": list(layer.shape), "tensors": layer.tensors,
+                 "scheme": layer.scheme.to_dict(),
+                 "weight_scale": {"dtype": ckpt.store.info(layer.tensors["weight_scale"]).dtype,
+                                  "shape": list(ckpt.store.info(layer.tensors["weight_scale"]).shape)}}
+        if values:
+            entry["weight_scale"].update(_stats(layer.weight_scale))
+            if layer.input_scale is not None:
+                entry["input_scale"] = float(np.asarray(layer.input_scale).astype(np.float64).reshape(-1)[0])
+        layers[name] = entry
+    return {"path": str(ckpt.path), "format": ckpt.format, "dtype": ckpt.dtype, "layers": layers,
+            "kv_scales": sorted(ckpt.kv_scales), "unquantized_tensors": len(ckpt.unquantized),
+            "warnings": list(ckpt.warnings), "tensor_bytes_read": ckpt.store.bytes_read}
+
+
+def quantization_error(ckpt: Checkpoint, original: str | os.PathLike) -> list[dict]:
+    """Per layer, the exact dequantized weight against the original: max |err|, relative RMS
+    error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first."""
+    store = open_store(original)
+    rows = []
+    for name, layer in ckpt.items():
+        wname = f"{name}.weight"
+        if wname not in store:
+            raise CheckpointError(f"{store.root}: the original has no tensor {wname!r} for layer {name!r}")
+        if store.info(wname).shape != tuple(layer.shape):
+            raise CheckpointError(f"{store.where(wname)}: shape {list(store.info(wname).shape)}, the checkpoint "
+                                  f"layer is {list(layer.shape)}")
+        w = np.asarray(store.get(wname)).astype(np.float64)
+        err = layer.dequantize("float64") - w
+        signal, noise = float(np.sum(w * w)), float(np.sum(err * err))
+        rows.append({"layer": name, "max_abs": float(np.max(np.abs(err))) if err.size else 0.0,
+                     "rel_rms": math.sqrt(noise / signal) if signal else (0.0 if noise == 0 else math.inf),
+                     "snr_db": 10 * math.log10(signal / noise) if noise else math.inf})
+    return sorted(rows, key=lambda r: (r["snr_db"], r["layer"]))

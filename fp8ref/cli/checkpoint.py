@@ -1,0 +1,96 @@
+"""``fp8ref quantize`` (export an FP8 checkpoint) and ``fp8ref inspect`` (what a checkpoint holds
+and, given the original, how far each layer is from it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from ..checkpoint.detect import FORMAT_NAMES
+
+
+def register(sub) -> None:
+    q = sub.add_parser("quantize", help="write an FP8 checkpoint from an original safetensors checkpoint")
+    q.add_argument("source", metavar="SRC", help="original checkpoint: a .safetensors file or a folder")
+    q.add_argument("output", metavar="OUT", help="output folder (written atomically)")
+    q.add_argument("--spec", required=True, metavar="SPEC.yaml", help="which layers get which scheme/recipe")
+    q.add_argument("--format", choices=FORMAT_NAMES, default="compressed-tensors", help="checkpoint format")
+    q.add_argument("--calibration", metavar="FILE",
+                   help="per-layer activation amax (JSON or safetensors), needed for static inputs")
+    q.add_argument("--recipe", help="override every scheme's producer recipe")
+    q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.add_argument("--json", action="store_true", help="print a JSON summary")
+    q.set_defaults(handler=cmd_quantize)
+
+    i = sub.add_parser("inspect", help="format, per-layer schemes and scale statistics of a checkpoint")
+    i.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder or .safetensors file")
+    i.add_argument("--original", metavar="SRC", help="original weights: add per-layer quantization error")
+    i.add_argument("--headers-only", action="store_true", help="read headers and config only (no scales)")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.set_defaults(handler=cmd_inspect)
+
+
+def cmd_quantize(args) -> int:
+    from ..checkpoint import load_checkpoint
+    from ..checkpoint.export import export_checkpoint
+
+    out = export_checkpoint(args.source, args.output, args.spec, format=args.format, calibration=args.calibration,
+                            recipe=args.recipe, force=args.force,
+                            progress=not args.no_progress and sys.stderr.isatty())
+    ckpt = load_checkpoint(out)
+    if args.json:
+        print(json.dumps({"output": str(out), "format": ckpt.format, "layers": sorted(ckpt),
+                          "warnings": ckpt.warnings}, indent=2))
+    else:
+        print(f"wrote {out}: {ckpt.format}, {len(ckpt)} quantized layers")
+        for w in ckpt.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+def _jsonable(v):
+    """JSON has no Infinity: an error-free layer's SNR prints as the string "inf"."""
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def _fmt(v: float) -> str:
+    return "inf" if math.isinf(v) else f"{v:.4g}"
+
+
+def cmd_inspect(args) -> int:
+    from ..checkpoint import load_checkpoint
+    from ..checkpoint.inspect import describe, quantization_error
+
+    ckpt = load_checkpoint(args.checkpoint, check_values=not args.headers_only)
+    info = describe(ckpt, values=not args.headers_only)
+    if args.original:
+        info["error"] = quantization_error(ckpt, args.original)
+    if args.json:
+        print(json.dumps(_jsonable(info), indent=2))
+        return 0
+    print(f"{info['path']}: {info['format']}, model dtype {info['dtype']}, {len(info['layers'])} quantized layers, "
+          f"{info['unquantized_tensors']} other tensors")
+    for name, layer in info["layers"].items():
+        ws = layer["weight_scale"]
+        line = f"  {name}  {layer['shape']}  {layer['layout']}  scale {ws['dtype']}{ws['shape']}"
+        if "min" in ws:
+            line += f" [{_fmt(ws['min'])}, {_fmt(ws['max'])}]"
+        if "input_scale" in layer:
+            line += f"  input_scale {_fmt(layer['input_scale'])}"
+        print(line)
+    if "error" in info:
+        print("quantization error vs original (worst first):")
+        print(f"  {'layer':<48} {'max_abs':>10} {'rel_rms':>10} {'snr_db':>8}")
+        for r in info["error"]:
+            print(f"  {r['layer']:<48} {_fmt(r['max_abs']):>10} {_fmt(r['rel_rms']):>10} {_fmt(r['snr_db']):>8}")
+    for w in info["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0

@@ -1,0 +1,84 @@
+"""``fp8ref conform --backend NAME``: run golden suites live against a backend."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+from pathlib import Path
+
+from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
+from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, results_json, summarize, table
+from ..golden import DEFAULT_SUITES, load_suite
+from ..golden.compare import NAN_RULES
+from ..golden.suite import LEVELS
+from .golden import progress_bar
+
+
+def register(sub) -> None:
+    p = sub.add_parser("conform", help="run golden suites against a backend (torch, ml_dtypes, gfloat, ...)")
+    p.add_argument("--backend", help="built-in name, an 'fp8ref.backends' entry point, or module:object")
+    p.add_argument("--suite", action="append", help="suite file or shipped name; repeatable "
+                   f"(default: {', '.join(DEFAULT_SUITES)})")
+    p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: each suite's level)")
+    p.add_argument("--xfails", type=Path, help="known differences file (default: the backend's shipped one)")
+    p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
+    p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
+    p.add_argument("--case", help="only cases whose name matches this glob")
+    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print (0: all; default 20)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="also write a JSON report to OUT")
+    p.add_argument("--list-backends", action="store_true", help="list the known backends and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=cmd_conform)
+
+
+def cmd_conform(args) -> int:
+    if args.list_backends:
+        for name, target in sorted(known_backends().items()):
+            print(f"{name}  {target}")
+        return 0
+    if not args.backend:
+        print("fp8ref conform: --backend is required (known: " + ", ".join(sorted(known_backends())) + ")",
+              file=sys.stderr)
+        return 2
+    backend = load_backend(args.backend)
+    xfails = None if args.no_xfails else (load_xfails(args.xfails) if args.xfails else default_xfails(backend.name))
+    select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
+    return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)], level=args.level,
+                   xfails=xfails, nan_rule=args.nan_rule, select=select, max_errors=args.max_errors,
+                   json_out=args.json, progress=not args.quiet)
+
+
+def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_rule="any", select=None,
+            max_errors=20, json_out=None, progress=True, out=None) -> int:
+    """Run every suite, print the report, return the exit code (0: nothing unexpected)."""
+    out = out or sys.stdout
+    runs, unexpected, report = [], 0, []
+    for suite in suites:
+        r = run(backend, suite, level=level, nan_rule=nan_rule, xfails=xfails, select=select,
+                progress=progress_bar(progress, f"{backend.name} {suite.name}"))
+        runs.append(r)
+        header = (f"== fp8ref conform: backend {r.backend} ({r.backend_version or 'version unknown'}), suite "
+                  f"{r.suite} level {r.level}, NaN rule {nan_rule!r}, xfails "
+                  f"{xfails.source if xfails else 'none'}")
+        unexpected += print_results(r.results, header=header, is_xfailed=r.xfailed, max_errors=max_errors,
+                                    repro=lambda m, s=suite.name, lv=r.level: repro_line(m, backend_spec, s, lv),
+                                    out=out)
+        rows = summarize(r.results, r.xfailed)
+        print(table(rows, SUMMARY_COLUMNS), file=out)
+        report.append({"suite": r.suite, "level": r.level, "summary": rows,
+                       "cases": results_json(r.results, r.xfailed)})
+    stale = xfails.stale() if xfails else []
+    for e in stale:
+        print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}", file=out)
+    compared = sum(r.compared() for r in runs)
+    code = 0 if unexpected == 0 and compared > 0 else 1
+    verdict = "PASS" if code == 0 else ("FAIL: nothing was compared (the backend implements none of these cases)"
+                                        if compared == 0 else f"FAIL: {unexpected} unexpected mismatch(es)/error(s)")
+    print(f"result: {verdict}; {compared} case(s) compared", file=out)
+    if json_out:
+        Path(json_out).write_text(json.dumps({
+            "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
+            "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
+            "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1))
+    return code

@@ -1,0 +1,118 @@
+"""``fp8ref golden generate|verify|check|list``: golden folders from the shell."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..golden import check, generate, load_suite, verify
+from ..golden.compare import NAN_RULES
+from ..golden.ops import cases
+from ..golden.suite import LEVELS
+
+
+def register(sub) -> None:
+    golden = sub.add_parser("golden", help="generate, verify and check golden files (safetensors + MANIFEST.json)")
+    gsub = golden.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
+
+    p = gsub.add_parser("generate", help="write a suite's inputs and expected outputs to a new folder")
+    p.add_argument("suite", help="suite YAML file, or the name of a shipped suite (formats, fp8-static-w8a8)")
+    p.add_argument("-o", "--output", required=True, type=Path, help="folder to create (must be new or empty)")
+    p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: the suite's level)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=cmd_generate)
+
+    p = gsub.add_parser("verify", help="check every sha256 and re-derive every expected output")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=cmd_verify)
+
+    p = gsub.add_parser("check", help="compare a backend's outputs (a safetensors file, same tensor names)")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--outputs", required=True, type=Path, help="safetensors file with tensors '<case>/<output>'")
+    p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any NaN "
+                   "equals any NaN; 'sign': signs must agree; 'exact': codes must agree)")
+    p.add_argument("--allow-missing", action="store_true", help="compare only the cases present in --outputs")
+    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print (0: all; default 20)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="also write a JSON report to OUT")
+    p.set_defaults(handler=cmd_check)
+
+    p = gsub.add_parser("list", help="list the cases of a suite (names, operation, parameters)")
+    p.add_argument("suite")
+    p.add_argument("--level", type=int, choices=LEVELS)
+    p.set_defaults(handler=cmd_list)
+
+
+def progress_bar(enabled: bool, desc: str):
+    """A (done, total, name) callback drawing a tqdm bar on stderr, or None."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    state = {}
+
+    def update(done: int, total: int, name: str) -> None:
+        bar = state.get("bar")
+        if bar is None:
+            bar = state["bar"] = tqdm(total=total, desc=desc, unit="case", file=sys.stderr, leave=False)
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
+
+    return update
+
+
+def cmd_generate(args) -> int:
+    suite = load_suite(args.suite)
+    start = time.perf_counter()
+    manifest = generate(suite, args.output, level=args.level, progress=progress_bar(not args.quiet, "generate"))
+    size = sum((args.output / name).stat().st_size for name in manifest["files"])
+    print(f"golden: suite {suite.name} level {manifest['level']} seed {suite.seed}: {len(manifest['cases'])} cases, "
+          f"{len(manifest['files']) + 1} files, {size / 1e6:.1f} MB in {args.output} "
+          f"({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    problems, notes = verify(args.folder, progress=progress_bar(not args.quiet, "verify"))
+    for note in notes:
+        print(f"note: {note}")
+    for problem in problems:
+        print(f"MISMATCH {problem}")
+    print(f"golden verify {args.folder}: " + ("OK: every file intact, every expected output re-derived"
+                                              if not problems else f"FAILED: {len(problems)} problem(s)"))
+    return 1 if problems else 0
+
+
+def cmd_check(args) -> int:
+    from ..conformance.report import SUMMARY_COLUMNS, print_results, results_json, summarize, table
+
+    results, problems = check(args.folder, args.outputs, nan_rule=args.nan_rule, allow_missing=args.allow_missing)
+    never = lambda case, tags: False  # noqa: E731 - golden check has no xfails: every difference counts
+    if args.allow_missing:
+        results = [r for r in results if r.status != "missing"]
+    unexpected = print_results(results, header=f"golden check {args.folder} against {args.outputs} "
+                               f"(NaN rule {args.nan_rule!r})", is_xfailed=never, max_errors=args.max_errors)
+    rows = summarize(results, never)
+    print(table(rows, SUMMARY_COLUMNS))
+    for problem in problems:
+        print(f"ERROR {problem}")
+    compared = sum(r.status == "compared" for r in results)
+    if args.json:
+        args.json.write_text(json.dumps({"folder": str(args.folder), "outputs": str(args.outputs),
+                                         "nan_rule": args.nan_rule, "summary": rows, "problems": problems,
+                                         "cases": results_json(results, never)}, sort_keys=True, indent=1))
+    ok = unexpected == 0 and not problems and compared > 0
+    print("result: " + ("PASS" if ok else f"FAIL ({unexpected} unexpected, {len(problems)} problem(s), "
+                                          f"{compared} case(s) compared)"))
+    return 0 if ok else 1
+
+
+def cmd_list(args) -> int:
+    suite = load_suite(args.suite)
+    level = args.level or suite.level
+    for _op, _, name, params in cases(suite, level):
+        print(f"{name}  {json.dumps(params, sort_keys=True)}")
+    return 0

@@ -1,0 +1,14 @@
+"""Golden suites and folders: generate once, verify anywhere.
+
+``load_suite(path_or_name)`` reads a suite YAML; ``generate(suite, dir)`` writes inputs and
+expected outputs as safetensors with a MANIFEST.json; ``verify(dir)`` re-derives them;
+``check(dir, outputs_file)`` judges a backend's outputs written by any language.
+"""
+
+from .folder import CaseResult, check, generate, open_golden, verify
+from .suite import Suite, load_suite, parse_suite
+
+DEFAULT_SUITES = ("formats", "fp8-static-w8a8")
+
+__all__ = ["DEFAULT_SUITES", "CaseResult", "Suite", "check", "generate", "load_suite", "open_golden",
+           "parse_suite", "verify"]

@@ -1,0 +1,98 @@
+"""Finding backends, and the built-in adapters against the real peers installed here."""
+
+import argparse
+import importlib.util
+from importlib import metadata
+
+import pytest
+
+from fp8ref.cli import conform as conform_cli
+from fp8ref.conformance import BackendUnavailable, default_xfails, known_backends, load_backend, run
+from fp8ref.errors import BackendError, Fp8RefError
+from fp8ref.golden import load_suite
+
+
+def cli(*argv):
+    parser = argparse.ArgumentParser(prog="fp8ref")
+    conform_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(map(str, argv)))
+    try:
+        return args.handler(args)
+    except Fp8RefError as exc:
+        print(f"fp8ref: error: {exc}")
+        return 1
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(BackendError, match=r"unknown backend 'torhc'; did you mean 'torch'\?.*known: .*ml_dtypes"):
+        load_backend("torhc")
+
+
+def test_module_object_and_dashed_names():
+    assert load_backend("broken_backends:instance").name == "round-half-up"
+    assert load_backend("broken_backends:FlushSubnormals").name == "flush-subnormals"
+    assert load_backend("ml-dtypes").name == "ml_dtypes"
+    with pytest.raises(BackendError, match="has no attribute 'Nope'"):
+        load_backend("broken_backends:Nope")
+    with pytest.raises(BackendError, match="cannot import module 'no_such_mod'"):
+        load_backend("no_such_mod:x")
+
+
+def test_entry_point_group_registers_third_party_backends(monkeypatch):
+    ep = metadata.EntryPoint("broken", "broken_backends:OffByOneExponent", "fp8ref.backends")
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points",
+                        lambda **kw: [ep] if kw.get("group") == "fp8ref.backends" else real(**kw))
+    assert known_backends()["broken"] == "broken_backends:OffByOneExponent"
+    assert load_backend("broken").name == "off-by-one-exponent"
+
+
+@pytest.mark.parametrize("name, module", [("compressed_tensors", "compressed_tensors"), ("auto_round", "auto_round")])
+def test_missing_peers_are_unavailable_with_a_reason(name, module):
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here (tests/conformance/test_producers.py runs it)")
+    with pytest.raises(BackendUnavailable, match=f"{name.replace('_', '-')} is not installed"):
+        load_backend(name)
+
+
+def test_cli_unknown_backend_and_missing_peer_exit_nonzero(capsys):
+    assert cli("conform", "--backend", "nope") == 1
+    assert "known: auto_round, compressed_tensors, gfloat, ml_dtypes, torch" in capsys.readouterr().out
+    assert cli("conform", "--list-backends") == 0
+
+
+@pytest.mark.parametrize("name", ["torch", "ml_dtypes", "gfloat"])
+def test_peer_differs_only_where_documented(name):
+    """The shipped suites at level 1 against the real peer: every difference is in its xfails
+    file, and every xfails entry still matches something (none is stale)."""
+    backend = load_backend(name)
+    xfails = default_xfails(name)
+    results = [run(backend, load_suite(s), xfails=xfails) for s in ("formats", "fp8-static-w8a8")]
+    assert all(r.unexpected == 0 for r in results), [
+        (x.case, x.reason or x.mismatches[0]) for r in results for x in r.results
+        if (x.status == "error" and not r.xfailed(x.case, ("error",))) or
+        any(not r.xfailed(m.case, m.tags) for m in x.mismatches)][:5]
+    assert sum(r.compared() for r in results) > 20
+    assert [e.text for e in xfails.stale()] == []
+
+
+def test_torch_findings_are_real_and_minimal():
+    """What the README reports: torch saturates e4m3fn where OCP non-saturating gives NaN."""
+    result = run("torch", load_suite("formats"), select=lambda n: n == "encode.float8_e4m3fn.rne.nosat.float32")
+    (r,) = result.results
+    tags = {m.tags for m in r.mismatches}
+    assert ("inf-input",) in tags and ("overflow",) in tags
+    assert all(int(m.expected) in (0x7F, 0xFF) and int(m.got) in (0x7E, 0xFE) for m in r.mismatches)
+
+
+def test_cli_conform_prints_lines_table_and_json(tmp_path, capsys):
+    code = cli("conform", "--backend", "torch", "--suite", "formats", "--no-xfails", "--case",
+               "encode.float8_e4m3fn.rne.nosat.float32", "--json", tmp_path / "r.json", "--max-errors", "2")
+    text = capsys.readouterr().out
+    assert code == 1
+    assert "expected 0x7f (+.1111.111 nan)  got 0x7e (+.1111.110 448)" in text
+    assert "repro: python -c" in text and "more unexpected mismatches not shown" in text
+    assert "operation  cases  not impl." in text
+    assert '"exit_code": 1' in (tmp_path / "r.json").read_text()
+    assert cli("conform", "--backend", "torch", "--suite", "formats", "--case",
+               "encode.float8_e4m3fn.rne.nosat.float32") == 0

@@ -1,0 +1,55 @@
+"""The pytest plugin, run as a backend project would: ``pytest -p ... --fp8ref-backend=NAME``
+(installed, the ``pytest11`` entry point loads it without ``-p``)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SUITE = """\
+suite: plug
+seed: 1
+operations:
+  - op: encode
+    formats: [float8_e4m3fn, float8_e5m2]
+    rounding: [rne, rtz]
+    saturate: [true, false]
+    random: {1: 64}
+"""
+
+
+def pytest_in(tmp_path, *args):
+    (tmp_path / "test_own.py").write_text("def test_own():\n    assert True\n")
+    env_path = {"PYTHONPATH": f"{ROOT}:{Path(__file__).parent}"}
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                           "fp8ref.conformance.pytest_plugin", *args], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, **env_path})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_inactive_without_the_option(tmp_path):
+    code, out = pytest_in(tmp_path)
+    assert code == 0 and "1 passed" in out and "skipped" not in out
+
+
+def test_runs_cases_and_hypothesis_against_a_backend(tmp_path):
+    (tmp_path / "plug.yaml").write_text(SUITE)
+    code, out = pytest_in(tmp_path, "--fp8ref-backend=torch", f"--fp8ref-suite={tmp_path / 'plug.yaml'}",
+                          "--fp8ref-max-examples=10", "-rs")
+    # torch: rne cases run (e4m3fn nosat overflow is a documented xfail), rtz is not implemented,
+    # plus one hypothesis test per implemented format x saturate
+    assert code == 0, out
+    assert "4 skipped" in out and "not implemented: torch encode does not implement rounding='rtz'" in out
+    assert "xfailed" in out and "passed" in out
+
+
+def test_a_broken_backend_fails_with_mismatch_lines(tmp_path):
+    (tmp_path / "plug.yaml").write_text(SUITE)
+    code, out = pytest_in(tmp_path, "--fp8ref-backend=broken_backends:FlushSubnormals",
+                          f"--fp8ref-suite={tmp_path / 'plug.yaml'}", "--fp8ref-max-examples=10")
+    assert code == 1
+    assert "elements differ; simplest first" in out and "x=f32:0x3b000000" in out  # 2**-9 first
+    assert "hypothesis::encode.float8_e4m3fn.rne.sat.float32" in out

@@ -1,0 +1,31 @@
+"""The one-line repros printed with mismatches run and show both results."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from fp8ref.conformance import run
+from fp8ref.conformance.report import repro_line
+from fp8ref.golden import load_suite
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_encode_repro_runs_and_prints_expected_then_got():
+    r = run("torch", load_suite("formats"), select=lambda n: n == "encode.float8_e4m3fn.rne.nosat.bfloat16")
+    m = r.results[0].mismatches[0]
+    line = repro_line(m, "torch", "formats", 1)
+    assert line.startswith('python -c "') and "\n" not in line
+    out = subprocess.run([sys.executable, "-c", line[len('python -c "'):-1]], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == [hex(int(m.expected)), hex(int(m.got))]
+
+
+def test_generic_repro_reruns_one_element(capsys):
+    r = run("torch", load_suite("fp8-static-w8a8"), select=lambda n: n.startswith("scaled_mm") and "fp32-op" in n)
+    m = next(m for x in r.results for m in x.mismatches)
+    line = repro_line(m, "torch", "fp8-static-w8a8", 1)
+    code = line[len('python -c "'):-1]
+    exec(code, {})  # noqa: S102 - the line itself is the thing under test
+    text = capsys.readouterr().out
+    assert m.case in text and "expected" in text and "got" in text

@@ -1,0 +1,188 @@
+"""Golden folders: byte-identical generation, tamper-evident verify, check of outputs files."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from fp8ref.errors import GoldenError
+from fp8ref.golden import check, generate, load_suite, parse_suite, stio, verify
+from fp8ref.golden.folder import MANIFEST
+
+SUITE = """\
+suite: small
+seed: 11
+operations:
+  - op: encode
+    formats: [float8_e4m3fn, float8_e5m2, float4_e2m1fn]
+    rounding: [rne, stochastic]
+    saturate: [true, false]
+    input_dtypes: [float32, bfloat16]
+    random: {1: 64}
+  - op: decode
+    formats: [float8_e4m3fn]
+  - op: quantize
+    schemes: [FP8_STATIC]
+    recipes: [compressed-tensors, fp8ref]
+    roles: [weight, activation]
+    dtypes: [bfloat16]
+    shapes: {1: [[8, 48]]}
+  - op: scaled_mm
+    shapes: {1: [[4, 40, 6]]}
+    out_dtypes: [bfloat16]
+    accumulate: [exact]
+    bias: [true]
+"""
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return parse_suite(SUITE, source="small.yaml")
+
+
+@pytest.fixture
+def folder(tmp_path, suite):
+    generate(suite, tmp_path / "g")
+    return tmp_path / "g"
+
+
+def _bytes(path):
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_generation_is_byte_identical(tmp_path, suite):
+    generate(suite, tmp_path / "a")
+    generate(suite, tmp_path / "b")
+    a, b = _bytes(tmp_path / "a"), _bytes(tmp_path / "b")
+    assert a == b
+    assert set(a) == {MANIFEST, "suite.yaml", "encode.inputs.safetensors", "encode.expected.safetensors",
+                      "decode.inputs.safetensors", "decode.expected.safetensors", "quantize.inputs.safetensors",
+                      "quantize.expected.safetensors", "scaled_mm.inputs.safetensors",
+                      "scaled_mm.expected.safetensors"}
+
+
+def test_manifest_records_hashes_and_provenance(folder, suite):
+    m = json.loads((folder / MANIFEST).read_bytes())
+    assert (m["suite"], m["seed"], m["level"], m["suite_sha256"]) == ("small", 11, 1, suite.sha256)
+    for name, digest in m["files"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    assert (folder / MANIFEST).read_text() == json.dumps(m, sort_keys=True, indent=1, separators=(",", ": ")) + "\n"
+
+
+def test_files_are_valid_safetensors_for_the_reference_reader(folder):
+    ours = stio.load(folder / "encode.inputs.safetensors")
+    theirs = load_file(str(folder / "encode.expected.safetensors"))
+    expected = stio.load(folder / "encode.expected.safetensors")
+    assert set(theirs) == set(expected) and all(np.array_equal(theirs[k], expected[k]) for k in theirs)
+    assert any(v.dtype.name == "bfloat16" for v in ours.values())
+    assert any(k.endswith("/random_bits") for k in ours)
+
+
+def test_decode_expected_matches_ml_dtypes(folder):
+    import ml_dtypes
+
+    got = stio.load(folder / "decode.expected.safetensors")["decode.float8_e4m3fn/values"]
+    peer = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    nan = np.isnan(peer)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), peer[~nan].view(np.uint32))  # -0.0 included
+
+
+def test_verify_accepts_an_intact_folder(folder):
+    assert verify(folder) == ([], [])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "encode.expected.safetensors").unlink(), "missing file 'encode.expected.safetensors'"),
+    (lambda d: (d / "notes.txt").write_text("hi"), "extra file 'notes.txt'"),
+    (lambda d: _flip(d / "quantize.inputs.safetensors"), "modified file 'quantize.inputs.safetensors'"),
+    (lambda d: (d / MANIFEST).unlink(), "MANIFEST.json: missing"),
+])
+def test_verify_names_the_damaged_file(folder, damage, message):
+    damage(folder)
+    with pytest.raises(GoldenError, match=message.replace("(", r"\(")):
+        verify(folder)
+
+
+def _flip(path, offset=-1):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_verify_rederives_expected_outputs(folder):
+    """A wrong expected output with a matching sha256 (a tampered manifest, or a different
+    fp8ref) is caught by re-deriving it, and the case is named."""
+    name = "encode.expected.safetensors"
+    tensors = stio.load(folder / name)
+    key = "encode.float8_e4m3fn.rne.sat.float32/codes"
+    tensors[key] = tensors[key].copy()
+    tensors[key][0] ^= 1
+    data = stio.save(folder / name, tensors, {"producer": "fp8ref golden"})
+    m = json.loads((folder / MANIFEST).read_bytes())
+    m["files"][name] = hashlib.sha256(data).hexdigest()
+    (folder / MANIFEST).write_text(json.dumps(m))
+    problems, _ = verify(folder)
+    assert problems == ["case 'encode.float8_e4m3fn.rne.sat.float32' output 'codes': re-derived output differs "
+                        "(1 bytes)"]
+
+
+def _outputs(folder):
+    out = {}
+    for op in ("encode", "decode", "quantize", "scaled_mm"):
+        out.update(stio.load(folder / f"{op}.expected.safetensors"))
+    return out
+
+
+def test_check_passes_the_expected_outputs(folder, tmp_path):
+    stio.save(tmp_path / "out.safetensors", _outputs(folder))
+    results, problems = check(folder, tmp_path / "out.safetensors")
+    assert problems == [] and all(r.status == "compared" and not r.mismatches for r in results)
+    assert sum(r.elements for r in results) > 1000
+
+
+def test_check_finds_a_changed_code_and_names_it(folder, tmp_path):
+    out = _outputs(folder)
+    key = "encode.float8_e5m2.rne.nosat.float32/codes"
+    out[key] = out[key].copy()
+    i = int(np.flatnonzero(out[key] == 0x3C)[0])  # 1.0
+    out[key][i] = 0x3D
+    stio.save(tmp_path / "out.safetensors", out)
+    results, _ = check(folder, tmp_path / "out.safetensors")
+    bad = [m for r in results for m in r.mismatches]
+    assert len(bad) == 1 and bad[0].case == key.split("/")[0] and bad[0].index == (i,) and bad[0].ulp == 1
+
+
+def test_check_reports_missing_unknown_and_misshapen_outputs(folder, tmp_path):
+    out = _outputs(folder)
+    del out["decode.float8_e4m3fn/values"]
+    out["decode.float8_e4m3fx/values"] = np.zeros(3, np.float32)
+    out["encode.float8_e4m3fn.rne.sat.float32/codes"] = np.zeros(2, np.uint8)
+    stio.save(tmp_path / "out.safetensors", out)
+    results, problems = check(folder, tmp_path / "out.safetensors")
+    status = {r.case: r.status for r in results}
+    assert status["decode.float8_e4m3fn"] == "missing"
+    assert status["encode.float8_e4m3fn.rne.sat.float32"] == "error"
+    assert any("unknown tensor 'decode.float8_e4m3fx/values'" in p for p in problems)
+    assert any("have no outputs" in p for p in problems)
+    _, problems = check(folder, tmp_path / "out.safetensors", allow_missing=True)
+    assert not any("have no outputs" in p for p in problems)
+
+
+def test_generate_refuses_a_non_empty_folder(folder, suite):
+    with pytest.raises(GoldenError, match="not empty"):
+        generate(suite, folder)
+
+
+def test_bad_outputs_file_is_a_clear_error(folder, tmp_path):
+    (tmp_path / "out.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    with pytest.raises(GoldenError, match="header is not JSON"):
+        check(folder, tmp_path / "out.safetensors")
+
+
+def test_shipped_suites_generate_and_verify(tmp_path):
+    for name in ("formats", "fp8-static-w8a8"):
+        generate(load_suite(name), tmp_path / name)
+        assert verify(tmp_path / name)[0] == []
