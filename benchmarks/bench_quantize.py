@@ -47,12 +47,14 @@ def torch_pipeline_model_dtype(w: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return q, scale
 
 
-def best_of(fn, repeat: int) -> float:
-    best = float("inf")
+def best_of(fns: list, repeat: int) -> list[float]:
+    """Best time of each function; runs are interleaved so that both face the same load."""
+    best = [float("inf")] * len(fns)
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 
@@ -61,9 +63,8 @@ def bench(rows: int, cols: int, repeat: int) -> None:
     weight_bytes = w.numel() * w.element_size()
     quantize(w[:64], CHANNEL)  # warm up (recipe loading, kernels)
     torch_pipeline_fp32(w[:64])
-    t_fp8ref = best_of(lambda: quantize(w, CHANNEL), repeat)
-    t_torch = best_of(lambda: torch_pipeline_fp32(w), repeat)
-    t_torch_d = best_of(lambda: torch_pipeline_model_dtype(w), repeat)
+    t_fp8ref, t_torch, t_torch_d = best_of(
+        [lambda: quantize(w, CHANNEL), lambda: torch_pipeline_fp32(w), lambda: torch_pipeline_model_dtype(w)], repeat)
     tracemalloc.start()
     quantize(w, CHANNEL)
     _, peak = tracemalloc.get_traced_memory()
@@ -101,7 +102,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--cols", type=int, default=8192)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--mismatch", action="store_true", help="also print recipe-vs-recipe mismatch rates")
     a = p.parse_args()
     bench(a.rows, a.cols, a.repeat)

@@ -277,26 +277,31 @@ def _gaps(c: np.ndarray, out: OutFormat):
     return np.where(c > 0, below, ulp), np.where(c < 0, below, ulp), odd
 
 
+def _candidate(y: np.ndarray, bound: np.ndarray, out: OutFormat) -> tuple[np.ndarray, np.ndarray]:
+    """RNE of y on ``out``'s grid (unbounded exponent; a zero keeps y's sign), and where that is
+    certainly the RNE of every x with |x - y| <= bound/2 (``sure``)."""
+    u = _ulp_exponent(np.abs(y), out)
+    z = np.ldexp(y, -u)  # y in units of its own binade's spacing: rounding boundaries are at k + 1/2
+    r = np.rint(z)
+    c = np.ldexp(r, u)
+    # that interval lies inside c's rounding interval, also where c is a power of two
+    sure = 0.5 - np.abs(z - r) > np.ldexp(bound, -u)
+    sure &= (c != 0) | (np.abs(y) > bound) | (bound == 0)  # the sign of a zero result is known too
+    return np.where(c == 0, np.where(y < 0, -0.0, 0.0), c), sure
+
+
 def _round_exact(taus: list, out: OutFormat) -> np.ndarray:
-    """RNE of the exact sum of ``taus`` to ``out``. y = fl(sum) is within (n+1) 2**-52 sum|tau| of
+    """RNE of the exact sum of ``taus`` to ``out``. y = fl(sum) is within (n+1) 2**-53 sum|tau| of
     the exact sum (recursive summation bound); where y is farther than that from every rounding
     boundary its rounding is the answer, elsewhere ``_repair`` decides exactly."""
     y, mag = taus[0], np.abs(taus[0])
     for t in taus[1:]:
         y, mag = y + t, mag + np.abs(t)
-    bound = 2.0 * mag * ((len(taus) + 1) * 2.0 ** -52)  # twice the bound: covers rounding of the test
-    u = _ulp_exponent(np.abs(y), out)
-    z = np.ldexp(y, -u)  # y in units of its own binade's spacing: rounding boundaries are at k + 1/2
-    r = np.rint(z)
-    c = np.ldexp(r, u)  # grid with unbounded exponent
-    # that interval lies inside c's rounding interval, also where c is a power of two
-    sure = 0.5 - np.abs(z - r) > np.ldexp(bound, -u)
-    sure &= (c != 0) | (np.abs(y) > bound) | (mag == 0)  # the sign of a zero result is known too
-    c = np.where(c == 0, np.where(y < 0, -0.0, 0.0), c)
+    c, sure = _candidate(y, 4.0 * mag * ((len(taus) + 1) * 2.0 ** -53), out)  # 4x: slack for mag's rounding
     if not sure.all():
         unsure = ~sure
         c[unsure] = _repair([t[unsure] for t in taus], c[unsure], out)
-    return np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+    return c
 
 
 def _repair(taus: list, c: np.ndarray, out: OutFormat) -> np.ndarray:
@@ -432,27 +437,35 @@ def _exact(ca, cb, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
         pb = [(decode(cb, fb).astype(np.float64), 0)]
     else:
         pb = _int_pieces(cb, fb, present_b, nb)
-    n_terms = 2 * kb * na * nb + 1
-    cols = max(1, min(N, (1 << 24) // max(1, n_terms * M)))  # bound the term stack to ~128 MiB
+    n_terms = kb * na * nb
+    cols = max(1, min(N, (1 << 24) // max(1, n_terms * M)))  # bound the stored sums to ~128 MiB
     result = np.empty((M, N))
+    finite_bias = None if bias is None else np.where(np.isfinite(bias), bias, 0.0)
     for c0 in range(0, N, cols):
         cs = slice(c0, min(N, c0 + cols))
-        terms = np.empty((n_terms, M, cs.stop - c0))
-        t = 0
+        sums, scales = [], []  # exact block dot products (float64 integers times 2**g) and their scales
+        y = np.zeros((M, cs.stop - c0)) if finite_bias is None else np.broadcast_to(finite_bias[cs], (M, cs.stop - c0))
+        mag = np.abs(y)
         for blk in range(kb):
             ks = slice(blk * bk, min(K, (blk + 1) * bk))
             scale = _narrow(sa[:, blk:blk + 1]) * _narrow(sb[blk:blk + 1, cs])  # exact: two float32 values
             for ia, ga in pa:
                 for ib, gb in pb:
-                    terms[t], terms[t + 1] = _two_product(scale, np.ldexp(ia[:, ks] @ ib[ks, cs], ga + gb))
-                    t += 2
-        terms[t] = 0.0 if bias is None else np.where(np.isfinite(bias[cs]), bias[cs], 0.0)
-        flat = terms.reshape(n_terms, -1)
-        res = np.empty(flat.shape[1])
-        for r0 in range(0, flat.shape[1], _CHUNK):
-            rs = slice(r0, r0 + _CHUNK)
-            res[rs] = _round_exact(_extract(flat[:, rs]), out)
-        result[:, cs] = res.reshape(M, -1)
+                    sums.append(np.ldexp(ia[:, ks] @ ib[ks, cs], ga + gb))
+                    scales.append(scale)
+                    t = scale * sums[-1]
+                    y, mag = y + t, mag + np.abs(t)
+        # y: n_terms rounded products and n_terms additions -> |y - x| <= 2 n_terms 2**-53 sum|terms|
+        c, sure = _candidate(y, 4.0 * mag * ((2 * n_terms + 2) * 2.0 ** -53), out)
+        if not sure.all():  # near a rounding boundary: exact terms (TwoProduct), exact sum, exact rounding
+            unsure = ~sure
+            terms = [finite_bias[cs][np.nonzero(unsure)[1]] if finite_bias is not None else np.zeros(unsure.sum())]
+            for scale, ps in zip(scales, sums, strict=True):
+                terms.extend(_two_product(np.broadcast_to(scale, ps.shape)[unsure], ps[unsure]))
+            stack = np.stack(terms)
+            c[unsure] = np.concatenate([_round_exact(_extract(stack[:, r0:r0 + _CHUNK]), out)
+                                        for r0 in range(0, stack.shape[1], _CHUNK)])
+        result[:, cs] = np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
     # NaN/Inf: the finite sum plus a non-finite bias is that bias; specials follow IEEE addition
     bias_bad = np.zeros(N, bool) if bias is None else ~np.isfinite(bias)
     if special is not None or bias_bad.any():

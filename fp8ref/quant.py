@@ -20,10 +20,18 @@ import numpy as np
 from .codec import ROUNDING_MODES, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
-from .recipes import (Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes,
-                      get_recipe, round_to)
-from .scaling import (GRANULARITIES, MX_SCALE_RULES, e8m0_value, expand, group_of, layout,
-                      mx_scale_exponent, nvfp4_global_scale, reduce_amax)
+from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes, get_recipe, round_to
+from .scaling import (
+    GRANULARITIES,
+    MX_SCALE_RULES,
+    e8m0_value,
+    expand,
+    group_of,
+    layout,
+    mx_scale_exponent,
+    nvfp4_global_scale,
+    reduce_amax,
+)
 
 _ROWS_ELEMENTS = 1 << 18  # elements per work chunk: temporaries stay in cache, memory O(chunk)
 _NVFP4_SCALE_FORMAT = "float8_e4m3fn"
@@ -129,8 +137,9 @@ def _values(a: np.ndarray, dtype: str) -> np.ndarray:
     return a
 
 
-def _scale_array(value, what: str, expected: tuple) -> np.ndarray:
-    """A user scale/amax as float64 numpy of the layout shape (also [], [N] for [N,1])."""
+def _scale_array(value, what: str, expected: tuple) -> tuple[np.ndarray, str]:
+    """A user scale/amax as float64 numpy of the layout shape (also [], [N] for [N,1]), and
+    its dtype name."""
     arr, dtype, _ = _to_numpy(value, what) if (_is_torch(value) or isinstance(value, np.ndarray)) else (
         np.asarray(value, np.float64), "float64", False)
     if dtype == "bfloat16":
@@ -140,7 +149,7 @@ def _scale_array(value, what: str, expected: tuple) -> np.ndarray:
     if arr.shape != expected and squeezed != tuple(n for n in expected if n != 1):
         raise ShapeError(f"{what}: expected shape {expected} (or the same without size-1 axes), "
                          f"got {tuple(arr.shape)}")
-    return arr.reshape(expected)
+    return arr.reshape(expected), dtype
 
 
 # --- public API ---------------------------------------------------------------------------
@@ -217,7 +226,7 @@ def _check_divisible(rec: Recipe, qa: QuantArgs, shape: tuple) -> None:
         need, dims = (qa.group_size,), shape[-1:]
     else:
         need, dims = qa.block_shape, shape[-2:]
-    if any(d % n for d, n in zip(dims, need)):
+    if any(d % n for d, n in zip(dims, need, strict=False)):
         raise ShapeError(f"x: recipe {rec.name!r} requires the {qa.granularity} {tuple(need)} to divide the "
                          f"shape; got shape {shape}, expected the last dims to be multiples of {tuple(need)}")
 
@@ -271,16 +280,18 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
     cast16 = rec.apply_float16_to if dtype == "float16" else None
     store = dtype if rec.scale_store_dtype == "model" else "float32"
     if scale is not None:
-        given = _scale_array(scale, "scale", sshape)
+        given, given_dtype = _scale_array(scale, "scale", sshape)
         check_scale(given)
+        if rec.nonfinite == "error":  # the dynamic path finds NaN/Inf through amax
+            _reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)
         stored = given.astype(np.float32)
         if not np.array_equal(stored.astype(np.float64), given):
             raise ScaleError("scale: expected values exactly representable in float32 (fp8ref scales are "
                              "float32); round the scale first")
         operand = np.float32(1.0) / stored if rec.apply_op == "multiply_multiplier" else stored
-        store = "float32" if dtype == "float64" else store
+        store = given_dtype if given_dtype in ("bfloat16", "float16") else "float32"  # as given
     else:
-        a = _scale_array(amax, "amax", sshape) if amax is not None else _amax(arr, dtype, qa)
+        a = _scale_array(amax, "amax", sshape)[0] if amax is not None else _amax(arr, dtype, qa)
         if amax is None:
             _reject_nonfinite(a, arr, dtype, rec)
         elif rec.nonfinite == "error" and not (np.isfinite(a) & (a >= 0)).all():

@@ -7,8 +7,9 @@ A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
 2. ``scale``        ``amax/max`` or ``1/(max/amax)``, rounded in ``scale.dtype``; a minimum,
                     a replacement for amax == 0; rounded again to ``store_dtype``; a stored 0
                     replaced by eps(store dtype) where the producer does that.
-3. ``apply``        x (fp16 x first cast to ``float16_to`` where the producer does: auto-round) divided by the scale, multiplied by its reciprocal or by max/amax, in
-                    ``apply.dtype``; the stored or the unrounded scale; ``+ 0`` (turns -0.0
+3. ``apply``        x (fp16 x first cast to ``float16_to`` where the producer does that:
+                    auto-round) divided by the scale, multiplied by its reciprocal or by
+                    max/amax, in ``apply.dtype``; the stored or the unrounded scale; ``+ 0`` (turns -0.0
                     into +0.0); clamp to +-max.
 4. ``encode``       the codec's rounding/overflow mode; negative zero kept or made +0.
 5. ``dequantize``   q*s exact (rounded once to the output dtype) or in the model dtype.
@@ -350,7 +351,7 @@ def _path_of(field_name: str) -> tuple:
     return ()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_recipes(directory: str | None = None) -> dict[str, Recipe]:
     """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once."""
     from .yamlio import load_yaml

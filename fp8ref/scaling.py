@@ -151,7 +151,7 @@ def amax_over_max(amax: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     q = a / fmt.max
     s = q.astype(np.float32)
     on_mid = (q.view(np.uint64) & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)
-    for i in zip(*np.nonzero(on_mid & np.isfinite(q))):
+    for i in zip(*np.nonzero(on_mid & np.isfinite(q)), strict=True):
         exact = Fraction(float(a[i])) / Fraction(fmt.max)
         if exact != Fraction(float(q[i])):  # nudge off the midpoint toward the exact value
             s[i] = np.float32(np.nextafter(q[i], np.inf if exact > Fraction(float(q[i])) else -np.inf))

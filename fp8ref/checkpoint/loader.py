@@ -20,8 +20,7 @@ import numpy as np
 from ..errors import CheckpointError
 from . import autoround, compressed_tensors, hf_fp8
 from .detect import UNQUANTIZED, detect_format, fp8_weights, is_float
-from .layout import (LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, nan_count,
-                     to_scheme)
+from .layout import LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, nan_count, to_scheme
 from .safetensors_io import TensorStore, open_store, read_json
 
 # Tensor-name endings that only quantized checkpoints use; unclaimed ones are errors.
@@ -174,7 +173,7 @@ class Checkpoint(Mapping):
     def validate_values(self) -> None:
         """Read every scale and every weight and check them (NaN codes, bad scales)."""
         for layer in self._layers.values():
-            layer.weight_codes, layer.weight_scale, layer.input_scale  # noqa: B018 (reads and checks)
+            _ = layer.weight_codes, layer.weight_scale, layer.input_scale  # reading checks the values
         for name in self.kv_scales.values():
             check_scale_values(self.store, name)
 
@@ -224,7 +223,8 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True) -> Ch
     _check_leftovers(store, entries, kv)
     if check_values and fmt == autoround.NAME:
         for e in entries:
-            if e.tensors["input_scale"] in store and np.all(store.get(e.tensors["input_scale"]).astype(np.float64) == 1.0):
+            name = e.tensors["input_scale"]
+            if name in store and np.all(store.get(name).astype(np.float64) == 1.0):
                 warnings.append(f"{store.where(e.tensors['input_scale'])}: exactly 1.0, the value auto-round "
                                 f"writes for a layer that saw no calibration data (intel/auto-round #1390). "
                                 f"Fix: calibrate this layer or re-export with its activation amax")
@@ -321,6 +321,7 @@ def _ct_layers(qc, store, where, warnings):
 
 def _infer_ct_config(store: TensorStore) -> dict:
     layers = {}
+    block = _infer_block(store, "weight_scale")
     for name in fp8_weights(store):
         w = store.info(name + ".weight")
         s = store.info(name + ".weight_scale") if name + ".weight_scale" in store else None
@@ -333,16 +334,19 @@ def _infer_ct_config(store: TensorStore) -> dict:
         elif s.shape == (out, 1):
             quant = LayerQuant("channel")
         else:
-            quant = LayerQuant("block", (128, 128))
+            quant = LayerQuant("block", block)
         has_input = name + ".input_scale" in store
         mode = "static" if has_input else "dynamic-group" if quant.block else "dynamic-token"
-        layers[name] = LayerQuant(quant.weight_strategy, quant.block, mode, 128 if mode == "dynamic-group" else None)
+        group = block[1] if mode == "dynamic-group" else None
+        layers[name] = LayerQuant(quant.weight_strategy, quant.block, mode, group)
     return compressed_tensors.quantization_config(layers, [])
 
 
 def _ar_layers(qc, store, where, warnings):
-    if qc is None:
-        qc = {"quant_method": autoround.NAME, "packing_format": autoround.PACKING, **autoround.FP8_STATIC}
+    if qc is None:  # inferred: what is stored unquantized is meant to be
+        plain = _unquantized_linears(store, set(fp8_weights(store)))
+        qc = {"quant_method": autoround.NAME, "packing_format": autoround.PACKING, **autoround.FP8_STATIC,
+              "extra_config": {m: {"bits": 16, "act_bits": 16} for m in plain}}
     cfg = autoround.Config(qc, where, warnings)
     entries = []
     for name in fp8_weights(store):
@@ -398,12 +402,29 @@ def _hf_layers(qc, store, where, warnings):
     return entries, {}
 
 
-def _infer_hf_config(store: TensorStore) -> dict:
-    block = None
+def _infer_block(store: TensorStore, suffix: str) -> tuple[int, int] | None:
+    """The block size that explains every 2-D scale shape: the first of 128, 64, ..., 8 (per
+    dimension) with ceil(n / b) == scale size; None when no layer has 2-D scales."""
+    pairs = []
     for name in fp8_weights(store):
-        s = f"{name}.weight_scale_inv"
-        if s in store and store.info(s).shape not in ((), (1,)):
-            block = [128, 128]
+        w, s = store.info(f"{name}.weight"), store.info(f"{name}.{suffix}") if f"{name}.{suffix}" in store else None
+        if s is not None and len(s.shape) == 2 and len(w.shape) == 2 and s.shape != (w.shape[0], 1):
+            pairs.append((w.shape, s.shape))
+    if not pairs:
+        return None
+    sizes = (128, 64, 32, 16, 8, 256)
+    block = []
+    for dim in (0, 1):
+        fits = [b for b in sizes if all(-(-ws[dim] // b) == ss[dim] for ws, ss in pairs)]
+        if not fits:
+            raise CheckpointError(f"{store.root}: no quantization_config, and the {suffix} shapes fit no block "
+                                  f"size; add the producer's quantization_config to config.json")
+        block.append(fits[0])
+    return block[0], block[1]
+
+
+def _infer_hf_config(store: TensorStore) -> dict:
+    block = _infer_block(store, "weight_scale_inv")
     static = any(n.endswith((".activation_scale", ".input_scale")) for n in store)
     return {"quant_method": "fp8", "activation_scheme": "static" if static else "dynamic", "fmt": "e4m3",
-            "weight_block_size": block}
+            "weight_block_size": list(block) if block else None}

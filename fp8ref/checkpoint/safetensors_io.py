@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import CheckpointError
@@ -53,7 +52,8 @@ def _dtypes() -> dict[str, DType]:
         d("BOOL", 8, np.dtype(np.bool_)), d("U8", 8, np.dtype(np.uint8)), d("I8", 8, np.dtype(np.int8)),
         d("I16", 16, np.dtype("<i2")), d("U16", 16, np.dtype("<u2")), d("I32", 32, np.dtype("<i4")),
         d("U32", 32, np.dtype("<u4")), d("I64", 64, np.dtype("<i8")), d("U64", 64, np.dtype("<u8")),
-        d("F16", 16, np.dtype("<f2")), d("BF16", 16, np.dtype(ml_dtypes.bfloat16)),
+        # BF16 is stored as its bits; ``get`` views them as ml_dtypes.bfloat16 (imported on use).
+        d("F16", 16, np.dtype("<f2")), d("BF16", 16, np.dtype("<u2")),
         d("F32", 32, np.dtype("<f4")), d("F64", 64, np.dtype("<f8")), d("C64", 64, np.dtype("<c8")),
         # Small floats are read as their uint8 codes; fp8ref decodes them itself.
         d("F8_E4M3", 8, np.dtype(np.uint8), "float8_e4m3fn"),
@@ -238,7 +238,18 @@ class SafetensorsFile:
         if dt.numpy is None:
             raise CheckpointError(f"{self.path}: tensor {name!r}: {info.dtype} has no agreed element "
                                   f"packing; use read_bytes() for the raw bytes")
+        if dt.name == "BF16":
+            return raw.view(_bfloat16(f"{self.path}: tensor {name!r}")).reshape(info.shape)
         return raw.view(dt.numpy).reshape(info.shape)
+
+
+def _bfloat16(where: str):
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise CheckpointError(f"{where}: BF16 tensors are returned as ml_dtypes.bfloat16 arrays; install "
+                              f"ml_dtypes (the 'peers' extra) or use read_bytes()") from None
+    return ml_dtypes.bfloat16
 
 
 # --- index and file layout -------------------------------------------------------------------

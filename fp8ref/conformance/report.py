@@ -1,8 +1,11 @@
 """Human and JSON reports of conformance runs and golden checks.
 
-A mismatch line, TestFloat style, then a one-line Python repro::
+A mismatch line, TestFloat style::
 
-    encode float8_e4m3fn rne nosat float32  x=f32:0x43e80001 (464.00003)  expected 0x7f (+.1111.111 nan)  got 0x7e (+.1111.110 448)  ulp -  [overflow]
+    encode float8_e4m3fn rne nosat float32  x=f32:0x43e80001 (464.00003)
+        expected 0x7f (+.1111.111 nan)  got 0x7e (+.1111.110 448)  ulp -  [overflow]
+
+(one line), then a one-line Python repro.
       repro: python -c "..."
 """
 
@@ -117,7 +120,8 @@ def repro_line(m: Mismatch, backend: str, suite: str, level: int) -> str:
     if m.op == "decode":
         return (f'python -c "import numpy as np, fp8ref; from fp8ref.conformance import load_backend; '
                 f"c = {_array_literal(m.inputs['codes'])}; "
-                f"print(fp8ref.decode(c, {p['format']!r})[0], load_backend({backend!r}).decode(c, {p['format']!r})[0])\"")
+                f"print(fp8ref.decode(c, {p['format']!r})[0], "
+                f"load_backend({backend!r}).decode(c, {p['format']!r})[0])\"")
     return (f'python -c "from fp8ref.conformance.runner import repro; '
             f'repro({backend!r}, {suite!r}, {m.case!r}, level={level}, index={tuple(m.index)!r})"')
 
@@ -127,11 +131,13 @@ def table(rows: dict[str, dict], columns: Iterable[tuple[str, str]]) -> str:
     columns = list(columns)
     body = [[op] + ["-" if r[k] is None else str(r[k]) for k, _ in columns] for op, r in rows.items()]
     head = ["operation"] + [h for _, h in columns]
-    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=False)))]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False)))
-              for row in body]
-    return "\n".join(lines)
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+
+    def line(cells):
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
+
+    return "\n".join(line(cells) for cells in [head, *body])
 
 
 SUMMARY_COLUMNS = (("cases", "cases"), ("not_implemented", "not impl."), ("errors", "errors"),

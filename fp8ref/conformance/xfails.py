@@ -7,11 +7,15 @@ then a ``#`` comment saying why (a link to the upstream decision)::
     encode.float8_e4m3fn.rne.nosat.* overflow
     encode.float8_e4m3fn.rne.nosat.* inf-input
 
-Tags come from the mismatch (``overflow``: |x| > max; ``inf-input``, ``nan-input``;
-``subnormal``: 0 < |x| < min normal; ``tie``: x halfway between neighbours; ``double-rounding``:
-a float64 input whose float32 rounding changes the result or lands on a tie; ``zero``; ``negative``: x < 0
-into an unsigned format; ``input-subnormal``: x is subnormal in its own dtype (float64: in float32); ``nan-code``: both NaN, codes differ under the exact NaN rule) or
-``error`` for a case the backend raised on or returned a wrong dtype/shape for.
+Tags come from the mismatch:
+
+- ``overflow``: |x| > max; ``inf-input``; ``nan-input``; ``zero``;
+- ``subnormal``: 0 < |x| < the format's min normal; ``tie``: x halfway between neighbours;
+- ``double-rounding``: a float64 input whose float32 rounding changes the result or lands on a tie;
+- ``negative``: x < 0 into an unsigned format;
+- ``input-subnormal``: x is subnormal in its own dtype (float64: in float32);
+- ``nan-code``: both NaN, codes differ (only under the exact or sign NaN rule);
+- ``error``: the backend raised on the case, or returned a wrong dtype or shape.
 An entry that matches nothing in a run is reported as stale.
 """
 
@@ -23,8 +27,8 @@ from pathlib import Path
 
 from ..errors import SpecError
 
-TAGS = ("overflow", "inf-input", "nan-input", "subnormal", "tie", "double-rounding", "zero", "negative", "input-subnormal",
-        "nan-code", "error")
+TAGS = ("overflow", "inf-input", "nan-input", "subnormal", "tie", "double-rounding", "zero", "negative",
+        "input-subnormal", "nan-code", "error")
 XFAILS_DIR = Path(__file__).resolve().parent / "xfails"
 
 

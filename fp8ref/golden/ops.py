@@ -167,7 +167,7 @@ class Encode(Operation):
                 flags["double-rounding"] = finite & (x32.astype(np.float64) != x) & changed
         names = list(flags)
         table = np.stack([flags[n] for n in names], axis=1)
-        return [tuple(n for n, f in zip(names, row, strict=False) if f) for row in table]
+        return [tuple(n for n, f in zip(names, row, strict=True) if f) for row in table]
 
     @staticmethod
     def _tiny(params) -> float:

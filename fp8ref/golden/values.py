@@ -120,8 +120,9 @@ def special_values(fmt: FloatFormat, dtype: str) -> np.ndarray:
     g = grid(fmt)
     top, step_top = g[-1], g[-1] - g[-2]
     exact: list[Fraction] = list(g)
-    mids = [(a + b) / 2 for a, b in zip(g, g[1:], strict=False)] + [top + step_top / 2]  # and the overflow tie
-    exact += [a + (b - a) / 4 for a, b in zip(g, g[1:], strict=False)] + [a + 3 * (b - a) / 4 for a, b in zip(g, g[1:], strict=False)]
+    pairs = list(zip(g[:-1], g[1:], strict=True))
+    mids = [(a + b) / 2 for a, b in pairs] + [top + step_top / 2]  # and the overflow tie
+    exact += [a + (b - a) / 4 for a, b in pairs] + [a + 3 * (b - a) / 4 for a, b in pairs]
     exact += [top + step_top * k / 4 for k in (1, 2, 3, 4, 8)] + [2 * top, 4 * top]
     low = g[1] if g[0] == 0 else g[0]
     exact += [low / 4, 3 * low / 4, low / 2 + low / 8]

@@ -339,7 +339,7 @@ def test_nan_weight_codes_rejected_on_read(tmp_path):
     tensors[f"{Q}.weight"][1][3, 4] = 0xFF
     ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))  # weights are not read at load
     with pytest.raises(CheckpointError) as info:
-        ckpt[Q].weight_codes
+        _ = ckpt[Q].weight_codes
     assert FILE in str(info.value) and f"{Q}.weight" in str(info.value) and "[3, 4]" in str(info.value)
     with pytest.raises(CheckpointError):
         ckpt.validate_values()
@@ -350,4 +350,4 @@ def test_lazy_values_checked_on_first_use(tmp_path):
     tensors[f"{Q}.weight_scale"] = ("BF16", np.array([np.inf], ml_dtypes.bfloat16))
     ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg), check_values=False)
     with pytest.raises(CheckpointError, match="infinite"):
-        ckpt[Q].weight_scale
+        _ = ckpt[Q].weight_scale

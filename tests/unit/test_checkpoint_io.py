@@ -11,8 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fp8ref.checkpoint.safetensors_io import (DTYPES, SafetensorsFile, SafetensorsWriter, TensorSpec,
-                                              atomic_folder, open_store, write_safetensors)
+from fp8ref.checkpoint.safetensors_io import (
+    DTYPES,
+    SafetensorsFile,
+    SafetensorsWriter,
+    TensorSpec,
+    atomic_folder,
+    open_store,
+    write_safetensors,
+)
 from fp8ref.errors import CheckpointError
 
 TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
@@ -28,7 +35,8 @@ def _random_tensors(seed: int) -> dict[str, torch.Tensor]:
     for i, (name, dt) in enumerate(sorted(TORCH.items())):
         shape = [(3, 5), (0, 4), (), (7,), (2, 3, 2)][i % 5]
         raw = torch.randint(0, 256, (int(np.prod(shape)) * dt.itemsize,), generator=g, dtype=torch.uint8)
-        out[f"t{i}.{name.lower()}"] = raw.view(dt).reshape(shape) if dt != torch.bool else (raw % 2).bool().reshape(shape)
+        t = raw.view(dt) if dt != torch.bool else (raw % 2).bool()
+        out[f"t{i}.{name.lower()}"] = t.reshape(shape)
     return out
 
 
@@ -59,7 +67,8 @@ def test_reader_matches_safetensors_bytes(tmp_path):
         assert info.shape == tuple(t.shape)
         got = f.get(name)
         assert got.shape == tuple(t.shape)
-        expect = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes()
+        flat = t.contiguous().reshape(-1)
+        expect = (flat.view(torch.uint8) if t.dtype != torch.bool else flat).numpy().tobytes()
         assert got.tobytes() == expect
 
 

@@ -119,6 +119,20 @@ def test_exact_beyond_float64_breaks_the_tie():
     assert np.float32(float64_sum) == 1.0  # what a float64 accumulation would give
 
 
+def test_exact_when_float64_accumulation_cancels_catastrophically():
+    # bias 2**30, block 0: 1 + 2**-24, block 1: -2**30, block 2: 2**-92. A float64 running sum
+    # loses 2**-24 against 2**30 and ends at exactly 1.0; the exact sum is above the float32
+    # midpoint 1 + 2**-24, so the answer is 1 + 2**-23.
+    a = codes_of([[1.0, 2.0 ** -12, -(2.0 ** 15), 0.0, 2.0 ** -16, 0.0]], E5M2)
+    b = codes_of([[1.0], [2.0 ** -12], [2.0 ** 15], [0.0], [2.0 ** -16], [0.0]], E5M2)
+    sa = np.array([[1.0, 1.0, 2.0 ** -30]], f32)
+    sb = np.array([[1.0], [1.0], [2.0 ** -30]], f32)
+    bias = np.array([2.0 ** 30], f32)
+    got = scaled_mm(a, b, sa, sb, bias=bias, fmt_a=E5M2, fmt_b=E5M2, block_k=2, block_n=1)[0, 0]
+    assert got == 1.0 + 2.0 ** -23
+    assert (np.float64(2.0 ** 30) + (1.0 + 2.0 ** -24)) - 2.0 ** 30 + 2.0 ** -92 == 1.0
+
+
 def test_exact_matches_fraction_oracle_e4m3_rowwise_bias():
     rng = np.random.default_rng(1)
     finite = [c for c in range(256) if E4M3.exact_value(c) is not None]

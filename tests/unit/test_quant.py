@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from fp8ref.codec import decode
-from fp8ref.errors import (EncodeError, Fp8RefError, InputTypeError, RecipeError, ScaleError,
-                           ShapeError)
-from fp8ref.formats import FORMATS
 from fp8ref import quant
+from fp8ref.codec import decode
+from fp8ref.errors import EncodeError, Fp8RefError, InputTypeError, RecipeError, ScaleError, ShapeError
+from fp8ref.formats import FORMATS
 from fp8ref.quant import QuantArgs, QuantResult, dequantize, fake_quant, quantize
 from tests import oracle
 
@@ -95,7 +94,7 @@ def test_quotients_next_to_decision_points(mode, saturate, fmt):
     exact one does not (the double rounding fp8ref must avoid), plus exact hits and overflow."""
     f = FORMATS[fmt]
     mags = [float(m) for m in oracle.grid(f).mags]
-    points = sorted(set(mags + [(a + b) / 2 for a, b in zip(mags, mags[1:])]))
+    points = sorted(set(mags + [(a + b) / 2 for a, b in zip(mags, mags[1:], strict=False)]))
     s = np.float32(0.0029296875 * (1 + 2 ** -20))  # 24 significant bits
     xs = []
     for d in points:
@@ -200,7 +199,8 @@ def test_zero_amax_per_recipe():
 def test_fp8ref_rejects_nan_and_inf_naming_x():
     x = np.ones((3, 4), np.float32)
     x[1, 2] = np.nan
-    with pytest.raises(EncodeError, match=r"x: recipe 'fp8ref' needs finite values, got 1 NaN/Inf \(first at index \(1, 2\)\)"):
+    msg = r"x: recipe 'fp8ref' needs finite values, got 1 NaN/Inf \(first at index \(1, 2\)\)"
+    with pytest.raises(EncodeError, match=msg):
         quantize(x, QuantArgs(granularity="channel"))
     x[1, 2] = np.inf
     with pytest.raises(EncodeError, match="first at index"):
@@ -262,17 +262,19 @@ def test_unknown_recipe_and_unsupported_granularity():
         quantize(np.ones((2, 4), np.float32), QuantArgs(format="float8_e5m2"), recipe="auto-round")
 
 
-@pytest.mark.parametrize("x,match", [(np.ones(4, np.int32), "x: expected float16, bfloat16, float32 or float64, got numpy int32"),
-                                     ([1.0, 2.0], "x: expected a numpy array or a torch CPU tensor, got list"),
-                                     (torch.ones(4, dtype=torch.int8), "got torch.int8")])
+@pytest.mark.parametrize("x,match", [
+    (np.ones(4, np.int32), "x: expected float16, bfloat16, float32 or float64, got numpy int32"),
+    ([1.0, 2.0], "x: expected a numpy array or a torch CPU tensor, got list"),
+    (torch.ones(4, dtype=torch.int8), "got torch.int8")])
 def test_wrong_input_types(x, match):
     with pytest.raises(InputTypeError, match=match):
         quantize(x, QuantArgs())
 
 
-@pytest.mark.parametrize("kw,match", [({"granularity": "row"}, "granularity: expected one of"),
-                                      ({"granularity": "group"}, "group_size: granularity 'group' needs a positive int, got None"),
-                                      ({"granularity": "block", "block_shape": (128,)}, "block_shape: expected two positive ints"),
+@pytest.mark.parametrize("kw,match", [
+    ({"granularity": "row"}, "granularity: expected one of"),
+    ({"granularity": "group"}, "group_size: granularity 'group' needs a positive int, got None"),
+    ({"granularity": "block", "block_shape": (128,)}, "block_shape: expected two positive ints"),
                                       ({"rounding": "stochastic"}, "stochastic rounding: use fp8ref.encode"),
                                       ({"format": "float8_e4m3"}, "unknown format"),
                                       ({"mx_rule": "ceil"}, "mx_rule: expected one of floor, rceil")])
@@ -354,3 +356,12 @@ def test_nvfp4_two_levels():
             s_blk = Fraction(float(decode(np.array([sc], np.uint8), E4M3)[0]))
             want = [0 if s_blk == 0 else exact_code(Fraction(float(v)) / (s_blk * g), e2m1) for v in blk]
             assert list(q.codes[r, 16 * b:16 * b + 16]) == want
+
+
+def test_a_given_scale_is_returned_in_its_own_dtype_and_nan_x_still_rejected():
+    x = np.ones((2, 4), np.float32)
+    q = quantize(x, QuantArgs(dynamic=False), recipe="compressed-tensors", scale=np.array([0.0123], np.float32))
+    assert q.scale_dtype == "float32" and q.scale[0] == np.float32(0.0123)  # not cut to the model dtype
+    x[0, 1] = np.inf
+    with pytest.raises(EncodeError, match=r"first at index \(0, 1\)"):
+        quantize(x, QuantArgs(dynamic=False), scale=np.array([1.0]))

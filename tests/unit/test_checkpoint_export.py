@@ -1,0 +1,199 @@
+"""export_checkpoint and the quantize/inspect commands: layout, safety, calibration, errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from checkpoint_builders import snapshot
+
+from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoint
+from fp8ref.checkpoint.inspect import quantization_error
+from fp8ref.checkpoint.safetensors_io import SafetensorsFile, write_safetensors
+from fp8ref.cli import checkpoint as cli
+from fp8ref.errors import CheckpointError, Fp8RefError
+
+BF16 = ml_dtypes.bfloat16
+LAYERS = {"model.layers.0.self_attn.q_proj": (32, 48), "model.layers.0.mlp.down_proj": (48, 32),
+          "model.layers.1.mlp.up_proj": (20, 32), "lm_head": (16, 32)}
+CAL = {n: 2.0 + i for i, n in enumerate(LAYERS)}
+
+
+def make_source(folder, shards: int = 1):
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    tensors = {f"{n}.weight": ("BF16", rng.standard_normal(s).astype(BF16)) for n, s in LAYERS.items()}
+    tensors["model.embed_tokens.weight"] = ("BF16", rng.standard_normal((16, 32)).astype(BF16))
+    tensors["model.norm.weight"] = ("BF16", np.ones(32, BF16))
+    tensors["model.layers.0.mlp.down_proj.bias"] = ("F32", rng.standard_normal(48).astype(np.float32))
+    if shards == 1:
+        write_safetensors(folder / "model.safetensors", tensors, {"format": "pt"})
+    else:
+        names = sorted(tensors)
+        weight_map = {}
+        for i in range(shards):
+            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            write_safetensors(folder / fname, {n: tensors[n] for n in names[i::shards]}, {"format": "pt"})
+            weight_map.update(dict.fromkeys(names[i::shards], fname))
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16", "vocab_size": 16}))
+    (folder / "tokenizer.json").write_text('{"t": 1}')
+    (folder / "extra").mkdir()
+    (folder / "extra" / "notes.txt").write_text("kept")
+    return tensors
+
+
+SPEC = {"scheme": "FP8_STATIC", "ignore": ["lm_head"]}
+
+
+def test_sharded_export_keeps_layout_and_copies_everything(tmp_path):
+    tensors = make_source(tmp_path / "src", shards=3)
+    before = snapshot(tmp_path / "src")
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, format="compressed-tensors", calibration=CAL)
+    assert snapshot(tmp_path / "src") == before  # the source is never written
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "src").iterdir())
+    assert (out / "extra" / "notes.txt").read_text() == "kept" and (out / "tokenizer.json").read_text() == '{"t": 1}'
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = {f: SafetensorsFile(out / f) for f in set(index["weight_map"].values())}
+    assert index["metadata"]["total_size"] == sum(i.nbytes for f in files.values() for i in f.tensors.values())
+    for name, fname in index["weight_map"].items():
+        assert name in files[fname]
+    # the scales sit in the weight's shard; unquantized tensors are byte-identical copies
+    for n in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj", "model.layers.1.mlp.up_proj"):
+        assert index["weight_map"][f"{n}.weight_scale"] == index["weight_map"][f"{n}.weight"]
+    ckpt = load_checkpoint(out)
+    for name in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight",
+                 "model.layers.0.mlp.down_proj.bias"):
+        assert ckpt.tensor(name).tobytes() == tensors[name][1].tobytes()
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 16 and config["quantization_config"]["ignore"] == ["lm_head"]
+    assert ckpt[("model.layers.0.mlp.down_proj")].tensors["bias"] == "model.layers.0.mlp.down_proj.bias"
+
+
+def test_refuses_overwrite_without_force(tmp_path):
+    make_source(tmp_path / "src")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("precious")
+    with pytest.raises(CheckpointError, match="already exists.*force"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
+    assert (tmp_path / "out" / "mine.txt").read_text() == "precious"
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL, force=True)
+    assert not (tmp_path / "out" / "mine.txt").exists() and len(load_checkpoint(tmp_path / "out")) == 3
+
+
+def test_interrupted_export_leaves_nothing(tmp_path, monkeypatch):
+    import fp8ref.checkpoint.export as ex
+
+    make_source(tmp_path / "src")
+    calls = []
+    real = ex._quantize_layer
+
+    def interrupt(store, plan):
+        calls.append(plan.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(store, plan)
+
+    monkeypatch.setattr(ex, "_quantize_layer", interrupt)
+    before = snapshot(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_static_layer_without_amax_is_an_error_before_writing(tmp_path):
+    make_source(tmp_path / "src")
+    cal = dict(CAL)
+    del cal["model.layers.1.mlp.up_proj"]
+    with pytest.raises(CheckpointError, match="'model.layers.1.mlp.up_proj'.*amax"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=cal)
+    assert not (tmp_path / "out").exists()
+
+
+def test_already_quantized_source_is_refused(tmp_path):
+    make_source(tmp_path / "src")
+    export_checkpoint(tmp_path / "src", tmp_path / "q", SPEC, calibration=CAL)
+    with pytest.raises(CheckpointError, match="already quantized"):
+        export_checkpoint(tmp_path / "q", tmp_path / "qq", SPEC, calibration=CAL)
+
+
+def test_calibration_files(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"input_amax": {"x.y": [2.5], "z": 1}}))
+    assert load_calibration(tmp_path / "a.json") == {"x.y": 2.5, "z": 1.0}
+    write_safetensors(tmp_path / "a.safetensors", {"x.y.input_amax": ("F32", np.array([3.0], np.float32)),
+                                                   "z": ("BF16", np.array(1.5, BF16))})
+    assert load_calibration(tmp_path / "a.safetensors") == {"x.y": 3.0, "z": 1.5}
+    (tmp_path / "bad.json").write_text(json.dumps({"x": -1.0}))
+    with pytest.raises(CheckpointError, match="bad.json.*'x'.*>= 0"):
+        load_calibration(tmp_path / "bad.json")
+    (tmp_path / "bad2.json").write_text(json.dumps({"x": "big"}))
+    with pytest.raises(CheckpointError, match="bad2.json.*'x'"):
+        load_calibration(tmp_path / "bad2.json")
+
+
+def test_spec_yaml_file_and_single_file_source(tmp_path):
+    make_source(tmp_path / "src")
+    (tmp_path / "spec.yaml").write_text("scheme: FP8_DYNAMIC\nignore: [lm_head]\n")
+    export_checkpoint(tmp_path / "src" / "model.safetensors", tmp_path / "out", tmp_path / "spec.yaml")
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert ckpt.format == "compressed-tensors" and {layer.quant.input for layer in ckpt.values()} == {"dynamic-token"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_quantization_error_against_independent_sums(tmp_path):
+    make_source(tmp_path / "src")
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
+    rows = quantization_error(load_checkpoint(tmp_path / "out"), tmp_path / "src")
+    assert [r["snr_db"] for r in rows] == sorted(r["snr_db"] for r in rows)  # worst first
+    ckpt = load_checkpoint(tmp_path / "out")
+    src = load_checkpoint(tmp_path / "src")
+    for r in rows:
+        w = [float(v) for v in src.tensor(r["layer"] + ".weight").astype(np.float64).reshape(-1)]
+        dq = [float(v) for v in ckpt.dequantize(r["layer"], "float64").reshape(-1)]
+        err = [a - b for a, b in zip(dq, w, strict=True)]
+        assert r["max_abs"] == max(abs(e) for e in err)
+        assert math.isclose(r["rel_rms"], math.sqrt(math.fsum(e * e for e in err) / math.fsum(v * v for v in w)),
+                            rel_tol=1e-12)
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser(prog="fp8ref")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+def test_cli_quantize_and_inspect(tmp_path, capsys):
+    make_source(tmp_path / "src")
+    (tmp_path / "spec.yaml").write_text("scheme: FP8_STATIC\nignore: [lm_head]\n")
+    (tmp_path / "cal.json").write_text(json.dumps(CAL))
+    argv = ["quantize", str(tmp_path / "src"), str(tmp_path / "out"), "--spec", str(tmp_path / "spec.yaml"),
+            "--format", "auto-round", "--calibration", str(tmp_path / "cal.json"), "--json"]
+    assert _cli(argv) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == "auto-round"
+    with pytest.raises(CheckpointError, match="force"):
+        _cli(argv)
+    assert _cli(argv + ["--force"]) == 0
+    capsys.readouterr()
+    assert _cli(["inspect", str(tmp_path / "out"), "--original", str(tmp_path / "src"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "auto-round" and len(info["layers"]) == 3 and len(info["error"]) == 3
+    assert info["layers"]["model.layers.0.self_attn.q_proj"]["weight_scale"]["shape"] == [32]
+    assert _cli(["inspect", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "auto-round" in text and "model.layers.1.mlp.up_proj" in text
+
+
+def test_cli_errors_are_fp8ref_errors(tmp_path):
+    """The lead's main() prints these as one line; nothing here may escape as another type."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(Fp8RefError, match="model.safetensors"):
+        _cli(["inspect", str(tmp_path / "bad")])
+    with pytest.raises(Fp8RefError, match="no such file"):
+        _cli(["inspect", str(tmp_path / "missing")])

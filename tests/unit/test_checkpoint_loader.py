@@ -1,0 +1,169 @@
+"""load_checkpoint: detection, schemes, laziness, producer quirks reported as warnings."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from checkpoint_builders import BF16, build_autoround, build_ct, build_hf, codes, scales, write
+
+from fp8ref.checkpoint import load_checkpoint
+from fp8ref.errors import CheckpointError
+from fp8ref.formats import FORMATS
+
+Q = "model.layers.0.self_attn.q_proj"
+D = "model.layers.0.mlp.down_proj"
+
+
+@pytest.mark.parametrize("preset,granularity,act", [("FP8", "tensor", "tensor"), ("FP8_DYNAMIC", "channel", "token"),
+                                                     ("FP8_BLOCK", "block", "group")])
+def test_ct_schemes_are_dict_like(tmp_path, preset, granularity, act):
+    tensors, cfg = build_ct(preset)
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    s = ckpt.scheme(Q)
+    assert s["weight_granularity"] == granularity and s["act_granularity"] == act
+    assert s["bits"] == 8 and s["weight_format"] == "float8_e4m3fn" and s["recipe"] == "compressed-tensors"
+    assert dict(s)["act_dynamic"] is (preset != "FP8")
+
+
+def test_autoround_scheme_is_fp8_static(tmp_path):
+    from fp8ref.scheme import PRESETS
+
+    tensors, cfg = build_autoround()
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    assert ckpt.format == "auto-round" and ckpt.scheme(Q) == PRESETS["FP8_STATIC"]
+
+
+def test_dequantize_is_exact_product(tmp_path):
+    """Checked against Fraction arithmetic on every element of a block-scaled layer."""
+    tensors, cfg = build_hf()
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    q, s = tensors[f"{D}.weight"][1], tensors[f"{D}.weight_scale_inv"][1]
+    got = ckpt.dequantize(D, "float64")
+    fmt = FORMATS["float8_e4m3fn"]
+    for i in range(q.shape[0]):
+        for j in range(q.shape[1]):
+            exact = fmt.exact_value(int(q[i, j])) * Fraction(float(s[i // 16, j // 16]))
+            assert Fraction(float(got[i, j])) == exact
+    as_bf16 = ckpt.dequantize(D, "bfloat16")
+    assert as_bf16.dtype == BF16 and np.array_equal(as_bf16, got.astype(BF16))
+
+
+def test_sharded_load_reads_no_tensor_data(tmp_path):
+    tensors, cfg = build_ct()
+    # poison every weight and scale: reading any of them would raise
+    for name in list(tensors):
+        if name.endswith(".weight") and tensors[name][0] == "F8_E4M3":
+            tensors[name] = ("F8_E4M3", np.full(tensors[name][1].shape, 0x7F, np.uint8))
+        if name.endswith("_scale"):
+            tensors[name] = ("BF16", np.full(tensors[name][1].shape, np.nan, BF16))
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg, shards=3), check_values=False)
+    assert len(ckpt.store.files) == 3 and sorted(ckpt) == sorted([Q, D])
+    assert ckpt.store.bytes_read == 0
+    with pytest.raises(CheckpointError, match="NaN codes"):
+        _ = ckpt[Q].weight_codes
+    with pytest.raises(CheckpointError, match="NaN"):
+        load_checkpoint(tmp_path / "c")  # the default reads (only) the scales
+
+
+def test_default_load_reads_scales_only(tmp_path):
+    tensors, cfg = build_ct("FP8_BLOCK")
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg, shards=2))
+    scale_bytes = sum(v[1].nbytes for k, v in tensors.items() if k.endswith("weight_scale"))
+    assert ckpt.store.bytes_read == scale_bytes
+
+
+def test_ignore_omitting_unquantized_layer_is_a_warning_with_fix(tmp_path):
+    tensors, cfg = build_ct()
+    cfg["quantization_config"]["ignore"] = []
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    assert len(ckpt.warnings) == 1
+    assert "'lm_head'" in ckpt.warnings[0] and "Fix: add 'lm_head' to ignore" in ckpt.warnings[0]
+
+
+def test_autoround_quirks(tmp_path):
+    tensors, cfg = build_autoround()
+    del cfg["quantization_config"]["packing_format"]
+    tensors[f"{Q}.input_scale"] = ("BF16", np.ones(1, BF16))
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    assert any("packing_format" in w and "#1452" in w for w in ckpt.warnings)
+    assert any(f"{Q}.input_scale" in w and "#1390" in w for w in ckpt.warnings)
+    assert len(ckpt.warnings) == 2
+
+
+def test_autoround_unquantized_linear_inside_blocks_warns(tmp_path):
+    tensors, cfg = build_autoround()
+    rng = np.random.default_rng(1)
+    tensors["model.layers.0.mlp.up_proj.weight"] = ("BF16", rng.standard_normal((8, 32)).astype(BF16))
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    assert len(ckpt.warnings) == 1 and "extra_config['model.layers.0.mlp.up_proj']" in ckpt.warnings[0]
+    cfg["quantization_config"]["extra_config"] = {"model.layers.0.mlp.up_proj": {"bits": 16, "act_bits": 16}}
+    assert load_checkpoint(write(tmp_path / "d", tensors, cfg)).warnings == []
+
+
+def test_autoround_quantization_config_json_fallback(tmp_path):
+    tensors, cfg = build_autoround()
+    folder = write(tmp_path / "c", tensors, {"model_type": "llama"})
+    (folder / "quantization_config.json").write_text(json.dumps(cfg["quantization_config"]))
+    ckpt = load_checkpoint(folder)
+    assert ckpt.format == "auto-round" and len(ckpt) == 2
+    assert len(ckpt.warnings) == 1 and "quantization_config.json" in ckpt.warnings[0]
+
+
+@pytest.mark.parametrize("build,fmt", [(build_ct, "compressed-tensors"), (build_autoround, "auto-round"),
+                                       (build_hf, "hf-fp8")])
+def test_no_config_is_inferred_with_a_warning(tmp_path, build, fmt):
+    tensors, cfg = build()
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, None))
+    assert ckpt.format == fmt and sorted(ckpt) == sorted([Q, D])
+    assert len(ckpt.warnings) == 1 and "no quantization_config" in ckpt.warnings[0]
+    with_config = load_checkpoint(write(tmp_path / "d", tensors, cfg))
+    assert {n: ckpt[n].quant for n in ckpt} == {n: with_config[n].quant for n in with_config}
+
+
+def test_unquantized_checkpoint_has_no_layers(tmp_path):
+    tensors = {"a.weight": ("BF16", np.ones((2, 2), BF16))}
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, {"model_type": "llama"}))
+    assert ckpt.format == "unquantized" and len(ckpt) == 0 and ckpt.unquantized == ["a.weight"]
+
+
+def test_single_file_path_and_ct_kv_scales(tmp_path):
+    tensors, cfg = build_ct()
+    cfg["quantization_config"]["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                                     "dynamic": False, "symmetric": True}
+    tensors["model.layers.0.self_attn.k_scale"] = ("BF16", scales(np.random.default_rng(2), (1,), BF16))
+    folder = write(tmp_path / "c", tensors, cfg)
+    ckpt = load_checkpoint(folder / "model.safetensors")
+    assert ckpt.kv_scales == {"model.layers.0.self_attn.k_scale": "model.layers.0.self_attn.k_scale"}
+    assert ckpt.warnings == []  # no k_proj/v_proj layers in this model, so no scale is missing
+    tensors["model.layers.0.self_attn.k_scale"] = ("BF16", np.array([-1.0], BF16))
+    with pytest.raises(CheckpointError, match="k_scale.*negative"):
+        load_checkpoint(write(tmp_path / "d", tensors, cfg))
+
+
+def test_legacy_autofp8_names(tmp_path):
+    rng = np.random.default_rng(3)
+    tensors = {f"{Q}.weight": ("F8_E4M3", codes(rng, (48, 32))), f"{Q}.weight_scale": ("F32", np.float32(0.01)),
+               f"{Q}.input_scale": ("F32", np.float32(0.02))}
+    tensors = {k: (dt, np.asarray(v)) for k, (dt, v) in tensors.items()}
+    cfg = {"quantization_config": {"quant_method": "fp8", "activation_scheme": "static",
+                                   "ignored_layers": ["lm_head"]}}
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    layer = ckpt[Q]
+    assert layer.quant.describe() == "W float8_e4m3fn tensor, input static"
+    assert layer.tensors["input_scale"] == f"{Q}.input_scale" and float(layer.input_scale) == np.float32(0.02)
+
+
+def test_reference_forward_uses_linear_with_stored_tensors(tmp_path):
+    from fp8ref.matmul import linear
+
+    tensors, cfg = build_ct("FP8")
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    x = np.random.default_rng(4).standard_normal((5, 32)).astype(np.float32)
+    expect = linear(x, tensors[f"{Q}.weight"][1], tensors[f"{Q}.weight_scale"][1].astype(np.float32),
+                    input_scale=tensors[f"{Q}.input_scale"][1].astype(np.float32), out_dtype="float32")
+    assert np.array_equal(ckpt[Q].forward(x, out_dtype="float32"), expect)
+    with pytest.raises(CheckpointError, match="mode"):
+        ckpt[Q].forward(x, mode="fast")
