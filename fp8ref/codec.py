@@ -18,20 +18,20 @@ Three paths give the same codes (tests compare them exhaustively):
 from __future__ import annotations
 
 import ctypes
-import os
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
 
 from .errors import EncodeError, FormatError, InputTypeError
+from ._native import KERNELS as _KERNELS
+from ._native import kernels_available  # noqa: F401 (re-exported for tests and tools)
+from ._native import run_c as _run_c
 from .formats import FloatFormat, get_format
 
 ROUNDING_MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto", "stochastic")
 _DETERMINISTIC = ROUNDING_MODES[:-1]
 _RANDOM_BITS_DTYPES = {np.dtype(np.uint8): 8, np.dtype(np.uint16): 16, np.dtype(np.uint32): 32}
 _CHUNK = 1 << 16  # elements per numpy step: keeps temporaries in cache and memory O(chunk)
-_PARALLEL_MIN = 1 << 20  # below this, one C call beats the thread hand-off
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,48 +181,6 @@ class _EncParams(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("M", "emin", "bias", "mode")] + [
         (name, ctypes.c_uint32) for name in ("maxmag", "signbit", "nan_pos", "nan_neg", "inf_pos",
                                              "inf_neg", "ovf_pos", "ovf_neg", "zero_neg")]
-
-
-def _load_kernels():
-    if os.environ.get("FP8REF_NO_KERNELS"):
-        return None
-    try:
-        from . import _kernels
-    except ImportError:
-        return None
-    lib = ctypes.CDLL(_kernels.__file__)
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    for name in ("fp8ref_encode_f32", "fp8ref_gather_u16", "fp8ref_gather_f32_rto16", "fp8ref_decode_f32"):
-        getattr(lib, name).argtypes = [vp, vp, sz, vp]
-        getattr(lib, name).restype = None
-    return lib
-
-
-_KERNELS = _load_kernels()
-_POOL: ThreadPoolExecutor | None = None
-
-
-def kernels_available() -> bool:
-    """True when the compiled C loops are in use (else the numpy paths run)."""
-    return _KERNELS is not None
-
-
-def _run_c(func, src: np.ndarray, dst: np.ndarray, arg) -> None:
-    """Call a C loop over flat contiguous arrays, split across cores for large inputs."""
-    global _POOL
-    n = src.size
-    arg_ptr = ctypes.addressof(arg) if isinstance(arg, ctypes.Structure) else arg.ctypes.data
-    workers = os.cpu_count() or 1
-    if n < _PARALLEL_MIN or workers == 1:
-        func(src.ctypes.data, dst.ctypes.data, n, arg_ptr)
-        return
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8ref")
-    bounds = [n * i // workers for i in range(workers + 1)]
-    jobs = [_POOL.submit(func, src[lo:hi].ctypes.data, dst[lo:hi].ctypes.data, hi - lo, arg_ptr)
-            for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-    for job in jobs:
-        job.result()
 
 
 def _c_encode_params(fmt: FloatFormat, saturate: bool, rounding: str) -> _EncParams | None:

@@ -5,9 +5,10 @@
 multipliers (``torch._scaled_mm`` semantics). The accumulation model is an argument:
 
 ``exact``         the exact sum, rounded once (RNE) to ``out_dtype``. Integer matmuls in float64
-                  whose exactness is proved per call, then an error-free summation (Rump, Ogita
-                  and Oishi's extraction) and a correctly rounded final step. docs/matmul.md has
-                  the proof.
+                  whose exactness is proved per call; the float64 combination of the scaled block
+                  sums decides every element that is provably far from a rounding boundary, the
+                  others get an error-free summation (Rump, Ogita and Oishi's extraction) and exact
+                  midpoint comparisons. docs/matmul.md has the proof.
 ``fp32``          fp32 accumulation in a declared order (sequential over k, optional K-blocks).
 ``fp32-limited``  an accumulator that keeps ``mantissa_bits`` fraction bits (truncation after
                   every addition) promoted to fp32 every ``promote_every`` elements.
@@ -23,6 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ._native import KERNELS, seq_acc_f32
 from .codec import decode, encode
 from .errors import FormatError, InputTypeError, ScaleError, ShapeError
 from .formats import FloatFormat, get_format
@@ -421,8 +423,7 @@ def _exact(ca, cb, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
     if _check_codes(ca, fa, "a") | _check_codes(cb, fb, "b"):
         special = _specials(decode(ca, fa), decode(cb, fb))
     # spans of the whole formats first; the data's own spans only when those need several pieces
-    everything_a, everything_b = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
-    present_a, present_b = everything_a, everything_b
+    present_a, present_b = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
     na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
                           min(bk, K))
     if na * nb > 1:
@@ -482,6 +483,22 @@ def _blocks(K: int, size: int):
     return [slice(k, min(K, k + size)) for k in range(0, K, size)] or [slice(0, 0)]
 
 
+def _seq_sum(A: np.ndarray, B: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    """part[m, n] = +0, then part = fp32(part + fp32(A[m, k] * B[k, n])) for k = k0 .. k1-1."""
+    if KERNELS is not None:
+        return seq_acc_f32(A, B, k0, k1)
+    M, N = A.shape[0], B.shape[1]
+    part = np.zeros((M, N), np.float32)
+    rows = max(1, min(M, (1 << 16) // max(N, 1)))  # keep the accumulator in cache
+    for r0 in range(0, M, rows):
+        p = part[r0:r0 + rows]
+        tmp = np.empty_like(p)
+        for k in range(k0, k1):
+            np.multiply(A[r0:r0 + rows, k:k + 1], B[k:k + 1, :], out=tmp)
+            np.add(p, tmp, out=p)
+    return part
+
+
 def _fp32(A, B, sa, sb, bk, acc_block, scale_order) -> np.ndarray:
     """total = +0; per K-block b: part = +0, part = fp32(part + fp32(a_k * b_k)) for k in order;
     total = fp32(total + fp32(fp32(sa * sb) * part)). 'operands' scales the operands first."""
@@ -494,23 +511,15 @@ def _fp32(A, B, sa, sb, bk, acc_block, scale_order) -> np.ndarray:
         B = (B.astype(f32) * sb.astype(f32)[col, :]).astype(f32)
     else:
         A, B = A.astype(f32), B.astype(f32)
-    rows = max(1, min(M, (1 << 16) // max(N, 1)))  # keep the accumulator in cache
+    A, B = np.ascontiguousarray(A), np.ascontiguousarray(B)
     total = np.zeros((M, N), f32)
-    for r0 in range(0, M, rows):
-        r = slice(r0, min(M, r0 + rows))
-        tot = total[r]
-        part = np.empty((r.stop - r0, N), f32)
-        tmp = np.empty_like(part)
-        for ks in _blocks(K, acc_block):
-            part.fill(0)
-            for k in range(ks.start, ks.stop):
-                np.multiply(A[r, k:k + 1], B[k:k + 1, :], out=tmp)
-                np.add(part, tmp, out=part)
-            if scale_order == "epilogue":
-                blk = min(ks.start // bk, sa.shape[1] - 1)
-                s = (sa[r, blk:blk + 1].astype(f32) * sb[blk:blk + 1, :].astype(f32)).astype(f32)
-                np.multiply(part, s, out=part)
-            np.add(tot, part, out=tot)
+    for ks in _blocks(K, acc_block):
+        part = _seq_sum(A, B, ks.start, ks.stop)
+        if scale_order == "epilogue":
+            blk = min(ks.start // bk, sa.shape[1] - 1)
+            s = (sa[:, blk:blk + 1].astype(f32) * sb[blk:blk + 1, :].astype(f32)).astype(f32)
+            np.multiply(part, s, out=part)
+        np.add(total, part, out=total)
     return total
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
@@ -161,14 +162,27 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
     return plans
 
 
-def _quantize_layer(store: TensorStore, plan: LayerPlan) -> dict[str, np.ndarray]:
+def _prefetched(f):
+    """(name, raw bytes) of every tensor of ``f`` in order, reading the next one in a background
+    thread while the caller quantizes and writes the current one (at most two in memory)."""
+    names = list(f.tensors)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(f.read_bytes, names[0]) if names else None
+        for i, name in enumerate(names):
+            raw = pending.result()
+            pending = pool.submit(f.read_bytes, names[i + 1]) if i + 1 < len(names) else None
+            yield name, raw
+            del raw
+
+
+def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dict[str, np.ndarray]:
     """Bytes of the layer's output tensors, by tensor name."""
     from ..formats import FORMATS as FLOAT_FORMATS
     from ..quant import as_args, quantize
     from ..recipes import compute_scale, get_recipe
 
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
-    w = store.get(f"{plan.name}.weight")
+    w = store.file_of(f"{plan.name}.weight").view(f"{plan.name}.weight", raw)
     try:
         # The scale comes from the weight itself ("dynamic" in quant's terms); as_args marks
         # scheme weights static, which would ask for a calibrated amax.
@@ -251,12 +265,12 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                     specs.append(TensorSpec(tname, info.dtype, info.shape))
             writer = SafetensorsWriter(tmp / fname, specs, f.metadata or {"format": "pt"})
             try:
-                for tname in f.tensors:
+                for tname, raw in _prefetched(f):
                     if tname in by_source:
-                        for out_name, data in _quantize_layer(store, plans[by_source[tname]]).items():
+                        for out_name, data in _quantize_layer(store, plans[by_source[tname]], raw).items():
                             writer.write(out_name, data)
                     else:
-                        writer.write(tname, f.read_bytes(tname))
+                        writer.write(tname, raw)
                     bar.update(1)
             except BaseException:
                 writer.abort()

@@ -9,7 +9,7 @@ names the file and the tensor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import ceil
 
 import numpy as np
@@ -75,7 +75,6 @@ class LayerEntry:
     producer: str
     accepted_scale_shapes: tuple[tuple[int, ...], ...] = ()
     group: str | None = None  # the config group / source that gave this layer its scheme
-    extra: dict = field(default_factory=dict)
 
 
 def model_dtype(config: dict | None, store: TensorStore) -> str:
@@ -166,11 +165,6 @@ def nan_count(codes: np.ndarray, fmt_name: str) -> tuple[int, tuple[int, ...] | 
         mask = table[codes]
     n = int(np.count_nonzero(mask))
     return n, (tuple(int(i) for i in np.argwhere(mask)[0]) if n else None)
-
-
-def read_scale(store: TensorStore, name: str) -> np.ndarray:
-    """A scale tensor as float64 (exact for every float dtype), after checking its values."""
-    return check_scale_values(store, name)
 
 
 def check_scale_values(store: TensorStore, name: str) -> np.ndarray:

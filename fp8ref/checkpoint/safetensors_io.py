@@ -70,20 +70,6 @@ def _dtypes() -> dict[str, DType]:
 
 
 DTYPES: Mapping[str, DType] = _dtypes()
-_BY_NUMPY = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "int32": "I32",
-             "uint32": "U32", "int64": "I64", "uint64": "U64", "float16": "F16", "bfloat16": "BF16",
-             "float32": "F32", "float64": "F64", "complex64": "C64"}
-
-
-def dtype_of_array(array: np.ndarray) -> str:
-    """The safetensors dtype string of a numpy array (uint8 means U8: pass F8 dtypes explicitly)."""
-    name = _BY_NUMPY.get(np.dtype(array.dtype).name)
-    if name is None:
-        raise CheckpointError(f"numpy dtype {array.dtype} has no safetensors equivalent "
-                              f"(expected one of {', '.join(_BY_NUMPY)})")
-    return name
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     """One header entry. ``begin``/``end`` are offsets into the data section."""
@@ -228,8 +214,11 @@ class SafetensorsFile:
         """The tensor as a numpy array: float8 dtypes as uint8 codes, BF16 as ml_dtypes.bfloat16,
         F4 as one uint8 code per element (low nibble first). F6 packing has no single convention,
         so F6 tensors are available through ``read_bytes`` only."""
+        return self.view(name, self.read_bytes(name))
+
+    def view(self, name: str, raw: np.ndarray) -> np.ndarray:
+        """``get`` for bytes already read with ``read_bytes``."""
         info = self.info(name)
-        raw = self.read_bytes(name)
         dt = DTYPES[info.dtype]
         if dt.name == "F4":
             codes = np.empty(raw.size * 2, dtype=np.uint8)

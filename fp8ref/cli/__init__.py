@@ -7,10 +7,10 @@ import argparse
 import sys
 
 from ..errors import Fp8RefError
-from . import codec_cmds
+from . import codec_cmds, conform, golden, main_job
 from . import spec as spec_cmds
 
-COMMAND_MODULES = (codec_cmds, spec_cmds)
+COMMAND_MODULES = (codec_cmds, spec_cmds, golden, conform)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command is None:
-            return codec_cmds.run_demo()
+            return main_job.run_default()
         return args.handler(args)
     except Fp8RefError as exc:
         print(f"fp8ref: error: {exc}", file=sys.stderr)

@@ -102,16 +102,3 @@ def _print(rows: list[dict], as_json: bool, cols: list[str]) -> None:
         return
     for row in rows:
         print("  ".join(f"{c}={row[c]!r}" if c == "value" else f"{c}={row[c]}" for c in cols))
-
-
-def run_demo() -> int:
-    """Placeholder main job: the format table and an encode/decode round trip."""
-    cmd_formats(type("A", (), {"json": False})())
-    print()
-    fmt = FORMATS["float8_e4m3fn"]
-    values = np.array([0.1, -3.3, 464.0, 464.0001, 1e6, float("nan")])
-    for sat in (True, False):
-        codes = encode(values, fmt, saturate=sat)
-        print(f"e4m3fn saturate={sat}: " + ", ".join(
-            f"{v:g}->{int(c):#04x}({float(d):g})" for v, c, d in zip(values, codes, decode(codes, fmt))))
-    return 0

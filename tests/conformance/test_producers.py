@@ -6,6 +6,8 @@ import pytest
 from fp8ref.conformance import run
 from fp8ref.golden import load_suite
 
+pytestmark = pytest.mark.interop
+
 
 @pytest.mark.parametrize("name, module, ops", [
     ("compressed_tensors", "compressed_tensors", {"quantize", "dequantize"}),

@@ -22,6 +22,8 @@ from fp8ref.checkpoint.export import write_checkpoint
 from fp8ref.codec import decode
 from fp8ref.errors import CheckpointError
 
+pytestmark = pytest.mark.interop  # tox -e interop runs these after regenerating the fixtures
+
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
 EXPECTED = {  # fixture -> (format, layout of every layer)
     "llmc_fp8": ("compressed-tensors", "W float8_e4m3fn tensor, input static"),
@@ -154,3 +156,26 @@ def test_tools_load_fp8ref_exports(tmp_path, fmt, scheme, monkeypatch):
         if mod.in_features == 64:
             with torch.no_grad():
                 assert torch.equal(_bits(mod(x)), _bits(ckpt[name].forward(x, mode="producer"))), name
+
+
+def test_transformers_loads_fp8ref_hf_fp8_export(tmp_path, monkeypatch):
+    """transformers' fine-grained FP8 loader (on CPU it dequantizes to bf16: fp32 product, then
+    bf16) reads fp8ref's hf-fp8 export to the same weights."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from fp8ref.checkpoint.export import export_checkpoint
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    export_checkpoint(tmp_path / "src", tmp_path / "out", {"scheme": "FP8_BLOCK", "ignore": ["lm_head"]},
+                      format="hf-fp8", recipe="hf-fp8")
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert len(ckpt) == 7 and ckpt.warnings == []
+    modules = dict(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16)
+                   .named_modules())
+    for name in ckpt:
+        mine = torch.from_numpy(ckpt.dequantize(name, "float32")).to(torch.bfloat16)
+        assert torch.equal(_bits(modules[name].weight), _bits(mine)), name

@@ -93,11 +93,11 @@ def test_interrupted_export_leaves_nothing(tmp_path, monkeypatch):
     calls = []
     real = ex._quantize_layer
 
-    def interrupt(store, plan):
+    def interrupt(store, plan, raw):
         calls.append(plan.name)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(store, plan)
+        return real(store, plan, raw)
 
     monkeypatch.setattr(ex, "_quantize_layer", interrupt)
     before = snapshot(tmp_path)
