@@ -32,11 +32,12 @@ import numpy as np
 
 from .errors import RecipeError, ScaleError
 from .formats import FloatFormat
+from .resources import SPECS_DIR
 from .scaling import GRANULARITIES, amax_over_max
 
 DTYPES = ("exact", "float32", "model")
 MODEL_DTYPES = ("bfloat16", "float16", "float32", "float64")
-_SPEC_DIR = Path(__file__).resolve().parent.parent / "specs" / "recipes"
+_SPEC_DIR = SPECS_DIR / "recipes"
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
-from pathlib import Path
 
 from .codec import ROUNDING_MODES
 from .errors import SpecError
 from .formats import FORMATS
+from .resources import SPECS_DIR
 
 FIELDS = (
     "bits", "group_size", "sym", "data_type",
@@ -381,7 +381,7 @@ def _from_values(values: dict) -> QuantizationScheme:
 
 
 # --- presets --------------------------------------------------------------------------------
-PRESETS_PATH = Path(__file__).resolve().parent.parent / "specs" / "presets.yaml"
+PRESETS_PATH = SPECS_DIR / "presets.yaml"
 
 
 class _Presets(Mapping):

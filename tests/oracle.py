@@ -21,7 +21,7 @@ import bisect
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache
 
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto", "stochastic")
 DETERMINISTIC = MODES[:-1]
@@ -73,7 +73,7 @@ def _key(fmt) -> tuple:
     return (fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.specials, fmt.signed, fmt.has_zero)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _grid(key: tuple) -> Grid:
     E, M, bias, specials, signed, has_zero = key
     fmt = _Params(E, M, bias, specials, signed, has_zero)

@@ -28,7 +28,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tests" / "fixtures" / "interop"
@@ -445,8 +445,9 @@ def autoround_export(fmt: str, folder: Path) -> dict:
     ar = AutoRound(model, tokenizer=tiny_tokenizer(), scheme="FP8_STATIC", iters=0, dataset=calib_batches(),
                    nsamples=4, seqlen=16, batch_size=1)
     ar.quantize_and_save(output_dir=str(folder), format=fmt)
-    return {"tool": "auto-round", "function": "auto_round.AutoRound(scheme='FP8_STATIC', iters=0, tokenizer=<tiny in-code tokenizer>, "
-            "dataset=<4 random token batches>).quantize_and_save(format=%r)" % fmt,
+    return {"tool": "auto-round",
+            "function": "auto_round.AutoRound(scheme='FP8_STATIC', iters=0, tokenizer=<tiny in-code tokenizer>, "
+                        f"dataset=<4 random token batches>).quantize_and_save(format={fmt!r})",
             "arguments": {"scheme": "FP8_STATIC", "iters": 0, "nsamples": 4, "seqlen": 16, "format": fmt}}
 
 
@@ -521,7 +522,8 @@ def write_checkpoints(out: Path, vers: dict[str, str]) -> None:
             meta["reference_outputs"] = {
                 "loader": "transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16) "
                 "(dispatches to compressed-tensors or auto-round by quant_method); one warm-up model forward on "
-                "token ids [[1, 2, 3]] (triggers compressed-tensors' decompress hook); then y = module(x) under no_grad",
+                "token ids [[1, 2, 3]] (triggers compressed-tensors' decompress hook); "
+                "then y = module(x) under no_grad",
                 "x": "bf16 [1, 4, in_features], seed 99, log-normal magnitudes, x[0,1,0] = -0.0",
                 "layers": desc, "tensors": describe(ys)}
         except Exception as e:  # the reload failing is itself a finding; keep the checkpoint

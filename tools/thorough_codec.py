@@ -19,7 +19,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from fp8ref.codec import _c_encode_params, _encode_f32_via_table, _KERNELS, _run_c
+from fp8ref.codec import _KERNELS, _c_encode_params, _encode_f32_via_table, _run_c
 from fp8ref.formats import FORMATS
 
 CHUNK = 1 << 24

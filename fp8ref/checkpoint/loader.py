@@ -178,14 +178,15 @@ class Checkpoint(Mapping):
             check_scale_values(self.store, name)
 
 
-def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symlinks_out: bool = False) -> Checkpoint:
     """Load an FP8 checkpoint (folder, sharded or not, or a single ``.safetensors`` file).
 
     ``check_values``: also read and check every scale tensor (finite, > 0). With False only
-    headers and JSON files are read; values are checked when first used.
+    headers and JSON files are read; values are checked when first used. ``symlinks_out``: accept
+    shard files that are symlinks out of the folder (a Hugging Face cache snapshot); off by default.
     """
     path = Path(path)
-    store = open_store(path)
+    store = open_store(path, symlinks_out=symlinks_out)
     folder = path if path.is_dir() else path.parent
     warnings: list[str] = []
     config: dict = {}

@@ -251,8 +251,10 @@ def _inside(child: Path, root: Path) -> bool:
         return False
 
 
-def safe_member(folder: Path, name: object, where: str) -> Path:
-    """Resolve ``name`` (from an index file) inside ``folder``; anything leaving it is an error."""
+def safe_member(folder: Path, name: object, where: str, *, symlinks_out: bool = False) -> Path:
+    """Resolve ``name`` (from an index file) inside ``folder``; anything leaving it is an error.
+    ``symlinks_out`` accepts a plain name that is a symlink to elsewhere (a Hugging Face cache
+    snapshot links every file to ../../blobs); absolute paths and ``..`` stay errors."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise CheckpointError(f"{where}: shard file name must be a non-empty string, got {name!r}")
     pure = Path(name)
@@ -262,9 +264,9 @@ def safe_member(folder: Path, name: object, where: str) -> Path:
         raise CheckpointError(f"{where}: shard path {name!r} leaves the checkpoint folder {folder}")
     root = folder.resolve()
     target = (folder / pure).resolve()
-    if not _inside(target, root):
+    if not _inside(target, root) and not (symlinks_out and _inside((folder / pure).parent.resolve(), root)):
         raise CheckpointError(f"{where}: shard path {name!r} resolves to {target}, outside the checkpoint "
-                              f"folder {root} (symlink?)")
+                              f"folder {root} (symlink? pass symlinks_out=True if you trust it)")
     if not target.is_file():
         raise CheckpointError(f"{where}: shard {name!r} does not exist in {folder}")
     return target
@@ -325,8 +327,9 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> object:
     return _read_json(Path(path), what)
 
 
-def open_store(path: str | os.PathLike) -> TensorStore:
-    """Open a single safetensors file, or a folder with an index or one ``*.safetensors`` file."""
+def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> TensorStore:
+    """Open a single safetensors file, or a folder with an index or one ``*.safetensors`` file
+    (``symlinks_out``: see ``safe_member``)."""
     path = Path(path)
     if path.is_file():
         f = SafetensorsFile(path)
@@ -335,19 +338,19 @@ def open_store(path: str | os.PathLike) -> TensorStore:
         raise CheckpointError(f"{path}: no such file or folder")
     index_path = path / INDEX_NAME
     if index_path.exists():
-        return _open_index(path, index_path)
+        return _open_index(path, index_path, symlinks_out)
     candidates = sorted(p.name for p in path.glob("*.safetensors"))
     if SINGLE_NAME in candidates:
         candidates = [SINGLE_NAME]
     if len(candidates) != 1:
         raise CheckpointError(f"{path}: expected {SINGLE_NAME}, {INDEX_NAME} or exactly one *.safetensors "
                               f"file, found {candidates or 'none'}")
-    target = safe_member(path, candidates[0], str(path))
+    target = safe_member(path, candidates[0], str(path), symlinks_out=symlinks_out)
     f = SafetensorsFile(target)
     return TensorStore(path, {candidates[0]: f}, dict.fromkeys(f.tensors, candidates[0]))
 
 
-def _open_index(folder: Path, index_path: Path) -> TensorStore:
+def _open_index(folder: Path, index_path: Path, symlinks_out: bool) -> TensorStore:
     where = str(index_path)
     index = _read_json(index_path, "index")
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
@@ -356,7 +359,8 @@ def _open_index(folder: Path, index_path: Path) -> TensorStore:
     files: dict[str, SafetensorsFile] = {}
     for name, shard in weight_map.items():
         if shard not in files:
-            files[shard] = SafetensorsFile(safe_member(folder, shard, f"{where}: weight_map[{name!r}]"))
+            files[shard] = SafetensorsFile(safe_member(folder, shard, f"{where}: weight_map[{name!r}]",
+                                                       symlinks_out=symlinks_out))
         if name not in files[shard]:
             raise CheckpointError(f"{where}: weight_map puts {name!r} in {shard}, which has no such tensor")
     for shard, f in files.items():

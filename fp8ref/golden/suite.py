@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecError
+from ..resources import SPECS_DIR
 from ..yamlio import YamlDocument, load_yaml_string
 
 LEVELS = (1, 2)
@@ -75,7 +76,7 @@ def resolve_suite_path(path: str | Path) -> Path:
 
 
 def suites_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "specs" / "suites"
+    return SPECS_DIR / "suites"
 
 
 def parse_suite(text: str, *, source: str = "<string>") -> Suite:

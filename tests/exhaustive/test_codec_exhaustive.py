@@ -42,13 +42,13 @@ def _all16(dtype: str):
     return arr, torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _inputs(dtype: str) -> list[float]:
     """Exact float64 values of every input (float16/bfloat16 widen exactly)."""
     return _all16(dtype)[1].to(torch.float64).tolist()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _oracle_table(dtype: str, fmt_name: str) -> dict:
     """{(rounding, saturate): int16 codes (RAISES where the contract says raise)} for all inputs."""
     table = oracle.encode_table(_inputs(dtype), FORMATS[fmt_name], saturates=SATURATE)

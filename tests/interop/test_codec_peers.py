@@ -21,7 +21,7 @@ INPUTS = ("float16", "bfloat16", "float32")
 NONE_FORMATS = [n for n in FORMATS if FORMATS[n].specials == "none"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inputs(kind: str) -> np.ndarray:
     """float32 copies (exact) of all float16 / bfloat16 values, or random float32 bit patterns."""
     if kind == "float32":

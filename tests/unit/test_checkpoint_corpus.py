@@ -351,3 +351,21 @@ def test_lazy_values_checked_on_first_use(tmp_path):
     ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg), check_values=False)
     with pytest.raises(CheckpointError, match="infinite"):
         _ = ckpt[Q].weight_scale
+
+
+def test_symlinks_out_only_when_asked(tmp_path):
+    """A Hugging Face cache snapshot links every file out of its folder: an error unless the
+    caller opts in; '..' and absolute names in an index stay errors even then."""
+    tensors, cfg = build_ct()
+    blobs = write(tmp_path / "blobs", tensors, cfg)
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    for name in ("model.safetensors", "config.json"):
+        os.symlink(blobs / name, snap / name)
+    with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
+        load_checkpoint(snap)
+    assert sorted(load_checkpoint(snap, symlinks_out=True)) == sorted([Q, D])
+    (tmp_path / "other").mkdir()
+    folder, _ = index_parent_path(tmp_path / "other")
+    with pytest.raises(CheckpointError, match="leaves the checkpoint folder"):
+        load_checkpoint(folder, symlinks_out=True)
