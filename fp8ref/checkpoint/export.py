@@ -221,19 +221,20 @@ def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
 
 def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec, *,
                       format: str = compressed_tensors.NAME, calibration=None, recipe: str | None = None,
-                      force: bool = False, progress: bool = False) -> Path:
+                      force: bool = False, progress: bool = False, symlinks_out: bool = False) -> Path:
     """Quantize ``source`` (a safetensors file or folder, sharded or not) per ``spec`` (YAML path,
     mapping or LayerConfig) into a complete ``format`` checkpoint at ``output``.
 
     calibration: per-layer activation amax (a mapping, or a JSON/safetensors path), required for
     layers with static inputs. recipe: overrides each scheme's recipe. Every non-quantized tensor
     and every other file of the source folder is copied unchanged; config.json gets the format's
-    ``quantization_config``. Refuses an existing ``output`` unless ``force``.
+    ``quantization_config``. Refuses an existing ``output`` unless ``force``. ``symlinks_out``:
+    accept source files that link out of the folder (a Hugging Face cache snapshot).
     """
     if format not in FORMATS:
         raise CheckpointError(f"format: {format!r}; expected one of {', '.join(FORMATS)}")
     source = Path(source)
-    store = open_store(source)
+    store = open_store(source, symlinks_out=symlinks_out)
     folder = source if source.is_dir() else source.parent
     if calibration is not None and not isinstance(calibration, Mapping):
         calibration = load_calibration(calibration)

@@ -20,6 +20,8 @@ def register(sub) -> None:
                    help="per-layer activation amax (JSON or safetensors), needed for static inputs")
     q.add_argument("--recipe", help="override every scheme's producer recipe")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("--symlinks-out", action="store_true",
+                   help="accept source files that are symlinks out of SRC (a Hugging Face cache snapshot)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.add_argument("--json", action="store_true", help="print a JSON summary")
     q.set_defaults(handler=cmd_quantize)
@@ -28,6 +30,8 @@ def register(sub) -> None:
     i.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder or .safetensors file")
     i.add_argument("--original", metavar="SRC", help="original weights: add per-layer quantization error")
     i.add_argument("--headers-only", action="store_true", help="read headers and config only (no scales)")
+    i.add_argument("--symlinks-out", action="store_true",
+                   help="accept shard files that are symlinks out of CKPT (a Hugging Face cache snapshot)")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(handler=cmd_inspect)
 
@@ -37,7 +41,7 @@ def cmd_quantize(args) -> int:
     from ..checkpoint.export import export_checkpoint
 
     out = export_checkpoint(args.source, args.output, args.spec, format=args.format, calibration=args.calibration,
-                            recipe=args.recipe, force=args.force,
+                            recipe=args.recipe, force=args.force, symlinks_out=args.symlinks_out,
                             progress=not args.no_progress and sys.stderr.isatty())
     ckpt = load_checkpoint(out)
     if args.json:
@@ -69,7 +73,7 @@ def cmd_inspect(args) -> int:
     from ..checkpoint import load_checkpoint
     from ..checkpoint.inspect import describe, quantization_error
 
-    ckpt = load_checkpoint(args.checkpoint, check_values=not args.headers_only)
+    ckpt = load_checkpoint(args.checkpoint, check_values=not args.headers_only, symlinks_out=args.symlinks_out)
     info = describe(ckpt, values=not args.headers_only)
     if args.original:
         info["error"] = quantization_error(ckpt, args.original)

@@ -19,14 +19,21 @@ operations:
 """
 
 
+def _plugin_args() -> list[str]:
+    """Installed fp8ref registers the plugin through its pytest11 entry point; -p would load it twice."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value == "fp8ref.conformance.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "fp8ref.conformance.pytest_plugin"]
+
+
 def pytest_in(tmp_path, *args):
     (tmp_path / "test_own.py").write_text("def test_own():\n    assert True\n")
     env_path = {"PYTHONPATH": f"{ROOT}:{Path(__file__).parent}"}
     import os
 
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                           "fp8ref.conformance.pytest_plugin", *args], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, **env_path})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(), *args],
+                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env_path})
     return proc.returncode, proc.stdout + proc.stderr
 
 
