@@ -1,16 +1,40 @@
-"""fp8ref: the bit-exact reference for FP8 quantized inference."""
+"""fp8ref: the bit-exact reference for FP8 quantized inference.
 
-from .codec import ROUNDING_MODES, decode, encode, view_as_codes, view_as_float8
-from .errors import Fp8RefError
-from .formats import FORMATS, FloatFormat, get_format
-from .quant import QuantArgs, QuantResult, dequantize, fake_quant, quantize
-from .recipes import Recipe, get_recipe, load_recipes
-from .scheme import KNOWN_RECIPES, PRESETS, QuantizationScheme
-from .spec import LayerConfig, load_spec, load_spec_dict
+The public API is re-exported here and imported lazily (PEP 562), so ``import fp8ref`` (and the
+pytest plugin) stays cheap until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["FORMATS", "KNOWN_RECIPES", "PRESETS", "FloatFormat", "Fp8RefError", "LayerConfig", "QuantizationScheme",
-           "QuantArgs", "QuantResult", "ROUNDING_MODES", "Recipe", "__version__", "decode", "dequantize", "encode",
-           "fake_quant", "get_format", "get_recipe", "load_recipes", "load_spec", "load_spec_dict", "quantize",
-           "view_as_codes", "view_as_float8"]
+_EXPORTS = {
+    "calibrate": ("AmaxState", "amax_state", "calibrate_input_scales", "finalize", "merge", "observe",
+                  "observe_linear_inputs"),
+    "checkpoint": ("Checkpoint", "export_checkpoint", "load_checkpoint", "write_checkpoint"),
+    "codec": ("ROUNDING_MODES", "decode", "encode", "view_as_codes", "view_as_float8"),
+    "errors": ("Fp8RefError",),
+    "formats": ("FORMATS", "FloatFormat", "get_format"),
+    "matmul": ("linear", "scaled_mm"),
+    "quant": ("QuantArgs", "QuantResult", "dequantize", "fake_quant", "quantize"),
+    "recipes": ("Recipe", "get_recipe", "load_recipes"),
+    "scheme": ("KNOWN_RECIPES", "PRESETS", "QuantizationScheme"),
+    "spec": ("LayerConfig", "load_spec", "load_spec_dict"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fp8ref' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

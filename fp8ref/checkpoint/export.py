@@ -9,7 +9,6 @@ that is renamed over the destination only when complete; the source is never wri
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -178,16 +177,13 @@ def _prefetched(f):
 def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dict[str, np.ndarray]:
     """Bytes of the layer's output tensors, by tensor name."""
     from ..formats import FORMATS as FLOAT_FORMATS
-    from ..quant import as_args, quantize
+    from ..quant import quantize
     from ..recipes import compute_scale, get_recipe
 
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
     w = store.file_of(f"{plan.name}.weight").view(f"{plan.name}.weight", raw)
     try:
-        # The scale comes from the weight itself ("dynamic" in quant's terms); as_args marks
-        # scheme weights static, which would ask for a calibrated amax.
-        args = dataclasses.replace(as_args(plan.scheme, role="weight"), dynamic=True)
-        q = quantize(w, args, recipe=plan.recipe)
+        q = quantize(w, plan.scheme, recipe=plan.recipe)
     except Fp8RefError as exc:
         raise CheckpointError(f"{store.where(plan.name + '.weight')}: cannot quantize: {exc}") from None
     n_nan, _ = nan_count(q.codes, plan.quant.weight_fmt)
