@@ -21,6 +21,6 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("fp8ref._kernels", ["fp8ref/_kernels.c"], extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off"])],
+    ext_modules=[Extension("fp8ref._kernels", ["fp8ref/_kernels.c", "fp8ref/_kernels_quant.c", "fp8ref/_kernels_matmul.c"], extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off"])],
     cmdclass={"build_ext": OptionalBuildExt},
 )

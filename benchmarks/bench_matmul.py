@@ -4,8 +4,9 @@
 
 Prints time(fp8ref) / time(torch float32 matmul) for accumulate="exact" (per tensor and per row
 scales, 128x128 block scales) and accumulate="fp32". Targets (issue): exact <= 10x, fp32 <= 2x.
-The fp32 mode runs the C loop of fp8ref/_kernels.c (declared sequential order over K, tiled over M
-and N); without the C loops it is a numpy loop over K, far slower: use --fp32-k to time a shorter K.
+The fp32 mode runs the C loop of fp8ref/_kernels_matmul.c (declared sequential order over K, register
+tiles over M and N); without the C loops it is a numpy loop over K, far slower: use --fp32-k to time a
+shorter K. Other processes on the machine move both timings: repeat runs and report the range.
 """
 
 from __future__ import annotations

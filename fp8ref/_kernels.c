@@ -6,12 +6,13 @@
  * is the numpy path in codec.py, and tests compare them.
  *
  * gather_u16 / gather_f32_rto16 / decode_f32: table lookups (16-bit inputs -> codes, codes -> values).
- * seq_acc_f32: the declared-order fp32 accumulation of fp8ref.matmul.
+ * The declared-order fp32 GEMM of fp8ref.matmul is in _kernels_matmul.c.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <string.h>
 
 typedef struct {
     int32_t M, emin, bias, mode;
@@ -51,7 +52,42 @@ enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
         dst[i] = (uint8_t)c;                                                          \
     }
 
-__attribute__((target_clones("avx2", "default")))
+/* Round-to-nearest-even fast path (the common case): the normal range rounds the float32 bit
+ * pattern itself (add half an ulp minus one, plus the kept LSB, then shift: carries walk into the
+ * exponent as they should); the subnormal range adds a "magic" power of two whose ulp is the target's
+ * subnormal quantum, so the FPU's own round-to-nearest-even (the default mode, never changed here)
+ * does the rounding (the classic float -> half trick). codec.py uses it only for formats whose
+ * half-minimum subnormal is >= 2**-126, so float32 subnormal inputs (even flushed by DAZ) give 0. */
+typedef struct {
+    uint32_t S, H, B, emin_bits, magic_bits, maxmag, signbit;
+    uint32_t nan_pos, nan_neg, inf_pos, inf_neg, ovf_pos, ovf_neg, zero_neg;
+} rne_params;
+
+static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void fp8ref_encode_f32_rne(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
+                           const rne_params *pp) {
+    const rne_params p = *pp;
+    const float magic = bits_to_f32(p.magic_bits);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = src[i];
+        uint32_t s = u >> 31;
+        uint32_t a = u & 0x7FFFFFFFu;
+        uint32_t normal = ((a + p.H + ((a >> p.S) & 1u)) >> p.S) - p.B;
+        uint32_t subnormal = f32_to_bits(bits_to_f32(a) + magic) - p.magic_bits;
+        uint32_t mag = SEL(a < p.emin_bits, subnormal, normal);
+        uint32_t c = mag | (s * p.signbit);
+        c = SEL(mag == 0, SEL(s, p.zero_neg, 0u), c);
+        c = SEL(mag > p.maxmag, SEL(s, p.ovf_neg, p.ovf_pos), c);
+        uint32_t special = SEL(a > 0x7F800000u, SEL(s, p.nan_neg, p.nan_pos), SEL(s, p.inf_neg, p.inf_pos));
+        c = SEL(a >= 0x7F800000u, special, c);
+        dst[i] = (uint8_t)c;
+    }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
 void fp8ref_encode_f32(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
                        const enc_params *pp) {
     const enc_params p = *pp;
@@ -87,54 +123,6 @@ __attribute__((target_clones("avx2", "default")))
 void fp8ref_decode_f32(const uint8_t *restrict src, float *restrict dst, size_t n,
                        const float *restrict lut) {
     for (size_t i = 0; i < n; i++) dst[i] = lut[src[i]];
-}
-
-/* Sequential fp32 accumulation for fp8ref.matmul's "fp32" model:
- *   part[m, n] = (((+0 + A[m,k0]*B[k0,n]) + A[m,k0+1]*B[k0+1,n]) + ...)   for k in [k0, k1)
- * each product and each sum rounded to fp32 (built with -ffp-contract=off: no fused multiply-add).
- * The order over k is the declared one; tiling over m and n only changes which (m, n) are computed
- * together, never the order of additions into one accumulator. Columns [n0, n1) let callers split
- * the work across threads. A is M x K, B is K x N, part is M x N, all row-major. */
-#define ACC_MT 4
-#define ACC_NT 64
-#define ACC_KC 256 /* k-chunk: a 256 x 64 tile of B (64 KiB) stays in L2 while every m-tile uses it */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void fp8ref_seq_acc_f32(const float *restrict A, const float *restrict B, float *restrict part,
-                        size_t M, size_t K, size_t N, size_t k0, size_t k1, size_t n0, size_t n1) {
-    float acc[ACC_MT][ACC_NT];
-    for (size_t m = 0; m < M; m++)
-        for (size_t n = n0; n < n1; n++) part[m * N + n] = 0.0f;
-    /* Accumulators live in `part` between k-chunks, so each one still adds in k order. */
-    for (size_t kc = k0; kc < k1; kc += ACC_KC) {
-        size_t ke = k1 - kc < ACC_KC ? k1 : kc + ACC_KC;
-        for (size_t nt = n0; nt < n1; nt += ACC_NT) {
-            size_t nw = n1 - nt < ACC_NT ? n1 - nt : ACC_NT;
-            for (size_t m = 0; m < M; m += ACC_MT) {
-                size_t mw = M - m < ACC_MT ? M - m : ACC_MT;
-                for (size_t i = 0; i < mw; i++)
-                    for (size_t j = 0; j < nw; j++) acc[i][j] = part[(m + i) * N + nt + j];
-                if (mw == ACC_MT && nw == ACC_NT) {
-                    for (size_t k = kc; k < ke; k++) {
-                        const float *brow = B + k * N + nt;
-                        for (size_t i = 0; i < ACC_MT; i++) {
-                            float a = A[(m + i) * K + k];
-                            for (size_t j = 0; j < ACC_NT; j++) acc[i][j] = acc[i][j] + a * brow[j];
-                        }
-                    }
-                } else {
-                    for (size_t k = kc; k < ke; k++) {
-                        const float *brow = B + k * N + nt;
-                        for (size_t i = 0; i < mw; i++) {
-                            float a = A[(m + i) * K + k];
-                            for (size_t j = 0; j < nw; j++) acc[i][j] = acc[i][j] + a * brow[j];
-                        }
-                    }
-                }
-                for (size_t i = 0; i < mw; i++)
-                    for (size_t j = 0; j < nw; j++) part[(m + i) * N + nt + j] = acc[i][j];
-            }
-        }
-    }
 }
 
 static struct PyModuleDef kernels_module = {PyModuleDef_HEAD_INIT, "_kernels",

@@ -6,18 +6,25 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 _PARALLEL_MIN = 1 << 20  # elements below which one C call beats the thread hand-off
+_MM_KC, _MM_NR = 256, 32  # k chunk and widest register panel of _kernels_matmul.c
 _vp, _sz = ctypes.c_void_p, ctypes.c_size_t
 _SIGNATURES = {
     "fp8ref_encode_f32": [_vp, _vp, _sz, _vp],
+    "fp8ref_encode_f32_rne": [_vp, _vp, _sz, _vp],
     "fp8ref_gather_u16": [_vp, _vp, _sz, _vp],
     "fp8ref_gather_f32_rto16": [_vp, _vp, _sz, _vp],
     "fp8ref_decode_f32": [_vp, _vp, _sz, _vp],
-    "fp8ref_seq_acc_f32": [_vp, _vp, _vp] + [_sz] * 7,
+    "fp8ref_quant_exact": [_vp, _sz, _sz, _vp],
+    "fp8ref_quant_f32": [_vp, _sz, _sz, _vp],
+    "fp8ref_amax_u16": [_vp, _vp] + [_sz] * 4,
+    "fp8ref_amax_u32": [_vp, _vp] + [_sz] * 4,
+    "fp8ref_mm_seq_f32": [_vp] * 9 + [_sz] * 9,
 }
 
 
@@ -29,6 +36,11 @@ def _load():
     except ImportError:
         return None
     lib = ctypes.CDLL(_kernels.__file__)
+    missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
+    if missing:  # a build older than this source tree: run the numpy paths rather than crash
+        warnings.warn(f"fp8ref: {_kernels.__file__} lacks {', '.join(missing)}; rebuild it with "
+                      "`pip install -e .`. Using the numpy paths.", RuntimeWarning, stacklevel=2)
+        return None
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
@@ -71,17 +83,33 @@ def run_c(func, src: np.ndarray, dst: np.ndarray, arg) -> None:
         job.result()
 
 
-def seq_acc_f32(A: np.ndarray, B: np.ndarray, k0: int, k1: int) -> np.ndarray:
-    """part[m, n] = sequential fp32 sum over k in [k0, k1) of fp32(A[m, k] * B[k, n]) (see _kernels.c);
-    columns are split across cores (each accumulator still adds in k order)."""
+def seq_acc_f32(A: np.ndarray, B: np.ndarray, tab_a, tab_b, sa, sb, block: int, bk: int,
+                fused: bool = False) -> np.ndarray:
+    """The declared-order fp32 model of fp8ref.matmul (see _kernels_matmul.c): A (M, K) and B (K, N)
+    are float32 values, or uint8 codes when their value table ``tab_*`` (256 float32) is given;
+    sa (M, KB) / sb (KB, N) float32 epilogue scales, or both None (blocks added unscaled); ``block``
+    is the accumulation block length, ``bk`` the scale block length. ``fused``: the caller has
+    proved every product exact in fp32, so a fused multiply-add gives the same bits. Column panels
+    are split across cores; each output still adds in k order."""
     M, K = A.shape
     N = B.shape[1]
+    total = np.empty((M, N), np.float32)
     part = np.empty((M, N), np.float32)
-    w = workers() if M * N * max(k1 - k0, 1) >= _PARALLEL_MIN else 1
-    step = -(-N // w)
+    KB = 1 if sa is None else sa.shape[1]
+    w = workers() if M * N * max(K, 1) >= _PARALLEL_MIN else 1
+    step = -(-N // (w * _MM_NR)) * _MM_NR  # whole register panels per thread
     cuts = [(n0, min(N, n0 + step)) for n0 in range(0, N, step)] or [(0, 0)]
-    jobs = [pool().submit(KERNELS.fp8ref_seq_acc_f32, A.ctypes.data, B.ctypes.data, part.ctypes.data,
-                          M, K, N, k0, k1, n0, n1) for n0, n1 in cuts]
-    for job in jobs:
+    keep = [A, B, tab_a, tab_b, sa, sb]  # alive until the calls return
+
+    def ptr(x):
+        return None if x is None else x.ctypes.data
+
+    def call(n0, n1):
+        # packed A block (256 rows), packed B chunk (whole register panels), alignment slack
+        scratch = np.empty(256 * _MM_KC + _MM_KC * -(-(n1 - n0) // _MM_NR) * _MM_NR + 16, np.float32)
+        KERNELS.fp8ref_mm_seq_f32(*map(ptr, keep), total.ctypes.data, part.ctypes.data, scratch.ctypes.data,
+                                  M, K, N, block, bk, KB, n0, n1, int(fused))
+
+    for job in [pool().submit(call, n0, n1) for n0, n1 in cuts]:
         job.result()
-    return part
+    return total

@@ -183,6 +183,24 @@ class _EncParams(ctypes.Structure):
                                              "inf_neg", "ovf_pos", "ovf_neg", "zero_neg")]
 
 
+class _RneParams(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint32) for name in (
+        "S", "H", "B", "emin_bits", "magic_bits", "maxmag", "signbit", "nan_pos", "nan_neg", "inf_pos",
+        "inf_neg", "ovf_pos", "ovf_neg", "zero_neg")]
+
+
+def _c_rne_params(fmt: FloatFormat, saturate: bool) -> _RneParams | None:
+    """Parameters for the C round-to-nearest-even float32 loop, or None where it does not apply
+    (its subnormal trick needs every float32 subnormal input to round to zero)."""
+    base = _c_encode_params(fmt, saturate, "rne")
+    if base is None or fmt.emin - fmt.mantissa_bits - 1 < -126:
+        return None
+    m, shift = fmt.mantissa_bits, 23 - fmt.mantissa_bits
+    return _RneParams(shift, (1 << (shift - 1)) - 1, (127 - fmt.bias) << m, (127 + fmt.emin) << 23,
+                      (127 + fmt.emin - m + 23) << 23, base.maxmag, base.signbit, base.nan_pos, base.nan_neg,
+                      base.inf_pos, base.inf_neg, base.ovf_pos, base.ovf_neg, base.zero_neg)
+
+
 def _c_encode_params(fmt: FloatFormat, saturate: bool, rounding: str) -> _EncParams | None:
     """Parameters for the C float32 loop, or None where it does not apply."""
     if (_KERNELS is None or rounding == "stochastic" or not fmt.signed or not fmt.has_zero
@@ -297,9 +315,10 @@ def encode(x, fmt: FloatFormat | str, *, saturate: bool = True, rounding: str = 
 
 
 def _encode_f32(bits: np.ndarray, flat: np.ndarray, fmt: FloatFormat, saturate: bool, rounding: str) -> None:
-    params = _c_encode_params(fmt, saturate, rounding)
+    rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
+    params = rne or _c_encode_params(fmt, saturate, rounding)
     if params is not None:
-        _run_c(_KERNELS.fp8ref_encode_f32, bits, flat, params)
+        _run_c(_KERNELS.fp8ref_encode_f32_rne if rne else _KERNELS.fp8ref_encode_f32, bits, flat, params)
     elif fmt.mantissa_bits <= 5 and fmt.emax <= 127:
         _encode_f32_via_table(bits, flat, fmt, saturate, rounding)
     else:

@@ -415,33 +415,14 @@ def _narrow(s: np.ndarray) -> np.ndarray:
     return s[:1, :1] if s.size and (s == s.flat[0]).all() else s
 
 
-def _exact(ca, cb, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
-    M, K = ca.shape
-    N = cb.shape[1]
+def _per_block(pa, pb, sa, sb, bk, finite_bias, out: OutFormat) -> np.ndarray:
+    """Exact rounding from one exact float64 integer matmul per K-block and piece pair (docs/matmul.md)."""
+    M, K = pa[0][0].shape
+    N = pb[0][0].shape[1]
     kb = sa.shape[1]
-    special = None
-    if _check_codes(ca, fa, "a") | _check_codes(cb, fb, "b"):
-        special = _specials(decode(ca, fa), decode(cb, fb))
-    # spans of the whole formats first; the data's own spans only when those need several pieces
-    present_a, present_b = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
-    na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
-                          min(bk, K))
-    if na * nb > 1:
-        present_a, present_b = _present(ca, fa), _present(cb, fb)
-        na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
-                              min(bk, K))
-    if special is None and na == 1:  # one piece: the values themselves (ints times 2**g, g folded in)
-        pa = [(decode(ca, fa).astype(np.float64), 0)]
-    else:
-        pa = _int_pieces(ca, fa, present_a, na)
-    if special is None and nb == 1:
-        pb = [(decode(cb, fb).astype(np.float64), 0)]
-    else:
-        pb = _int_pieces(cb, fb, present_b, nb)
-    n_terms = kb * na * nb
+    n_terms = kb * len(pa) * len(pb)
     cols = max(1, min(N, (1 << 24) // max(1, n_terms * M)))  # bound the stored sums to ~128 MiB
     result = np.empty((M, N))
-    finite_bias = None if bias is None else np.where(np.isfinite(bias), bias, 0.0)
     for c0 in range(0, N, cols):
         cs = slice(c0, min(N, c0 + cols))
         sums, scales = [], []  # exact block dot products (float64 integers times 2**g) and their scales
@@ -467,6 +448,90 @@ def _exact(ca, cb, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
             c[unsure] = np.concatenate([_round_exact(_extract(stack[:, r0:r0 + _CHUNK]), out)
                                         for r0 in range(0, stack.shape[1], _CHUNK)])
         result[:, cs] = np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+    return result
+
+
+def _blocked(pa, pb, sa, sb, bk, finite_bias, out: OutFormat, max_unsure: float = 1 / 16):
+    """The K-blocked case without exact block sums: with the scales folded into the operands
+    (a' = a * sa, b' = b * sb: exact, at most 24 + 24 significant bits) y = bias + sum over blocks
+    of the float64 product A'_blk @ B'_blk satisfies |y - x| <= gamma_(bk + kb) (|bias| + sum_k |a' b'|)
+    in any BLAS order, with or without FMA, and sum_k |a' b'| <= |a'_m| |b'_n| (Cauchy-Schwarz).
+    Elements that this bound leaves undecided get exact block sums from their own row and column.
+    None when more than ``max_unsure`` of the elements are undecided (the per-block path is cheaper)."""
+    M, K = pa[0][0].shape
+    N = pb[0][0].shape[1]
+    kb = sa.shape[1]
+    A = sum(np.ldexp(ia, g) for ia, g in pa) * sa[:, np.minimum(np.arange(K) // bk, kb - 1)]  # exact
+    B = sum(np.ldexp(ib, g) for ib, g in pb)
+    y = np.zeros((M, N)) if finite_bias is None else np.repeat(finite_bias[None, :], M, axis=0)
+    b_norm2, tmp, b_buf = np.zeros(N), np.empty((M, N)), np.empty((min(bk, K), N))
+    for blk, k0 in enumerate(range(0, K, bk)):
+        b_blk = np.multiply(B[k0:k0 + bk], sb[blk], out=b_buf[:min(bk, K - k0)])  # exact
+        np.einsum("kn,kn->n", b_blk, b_blk, out=tmp[0])
+        b_norm2 += tmp[0]
+        np.matmul(A[:, k0:k0 + bk], b_blk, out=tmp)
+        y += tmp
+    mag = np.sqrt(np.einsum("mk,mk->m", A, A))[:, None] * np.sqrt(b_norm2)[None, :]
+    if finite_bias is not None:
+        mag += np.abs(finite_bias)
+    # 4x slack covers the rounding of mag itself (relative error about (K + 2) 2**-53)
+    c, sure = _candidate(y, 4.0 * mag * ((bk + kb + 2) * 2.0 ** -53), out)
+    unsure = np.nonzero(~sure)
+    if unsure[0].size > max_unsure * y.size:
+        return None
+    if unsure[0].size:
+        c[unsure] = _repair_rows(pa, pb, sa, sb, bk, finite_bias, unsure, out)
+    return np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+
+
+def _repair_rows(pa, pb, sa, sb, bk, finite_bias, idx, out: OutFormat) -> np.ndarray:
+    """Exact RNE of the elements (rows idx[0], columns idx[1]): per K-block and piece pair the
+    integer dot product of the element's own row and column (exact in any order, _piece_count),
+    times its block scale as an exact TwoProduct, then the exact summation of _round_exact."""
+    K = pa[0][0].shape[1]
+    starts = np.arange(0, K, bk)
+    step = max(1, (1 << 22) // max(K, 1))  # elements per pass: products held at ~32 MiB
+    done = []
+    for e0 in range(0, idx[0].size, step):
+        mi, ni = idx[0][e0:e0 + step], idx[1][e0:e0 + step]
+        terms = [finite_bias[ni] if finite_bias is not None else np.zeros(mi.size)]
+        for blk, k0 in enumerate(starts):
+            scale = sa[mi, blk] * sb[blk, ni]  # exact: two float32 values
+            for ia, ga in pa:
+                for ib, gb in pb:
+                    ps = np.ldexp((ia[mi, k0:k0 + bk] * ib[k0:k0 + bk, ni].T).sum(axis=1), ga + gb)
+                    terms.extend(_two_product(scale, ps))
+        done.append(_round_exact(_extract(np.stack(terms)), out))
+    return np.concatenate(done)
+
+
+def _exact(ca, cb, fa, fb, sa, sb, bk, bias, out: OutFormat) -> np.ndarray:
+    M, K = ca.shape
+    N = cb.shape[1]
+    kb = sa.shape[1]
+    special = None
+    if _check_codes(ca, fa, "a") | _check_codes(cb, fb, "b"):
+        special = _specials(decode(ca, fa), decode(cb, fb))
+    # spans of the whole formats first; the data's own spans only when those need several pieces
+    present_a, present_b = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
+    na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
+                          min(bk, K))
+    if na * nb > 1:
+        present_a, present_b = _present(ca, fa), _present(cb, fb)
+        na, nb = _piece_count(_span(fa, present_a), _span(fb, present_b), fa.mantissa_bits, fb.mantissa_bits,
+                              min(bk, K))
+    if special is None and na == 1:  # one piece: the values themselves (ints times 2**g, g folded in)
+        pa = [(decode(ca, fa).astype(np.float64), 0)]
+    else:
+        pa = _int_pieces(ca, fa, present_a, na)
+    if special is None and nb == 1:
+        pb = [(decode(cb, fb).astype(np.float64), 0)]
+    else:
+        pb = _int_pieces(cb, fb, present_b, nb)
+    finite_bias = None if bias is None else np.where(np.isfinite(bias), bias, 0.0)
+    result = _blocked(pa, pb, sa, sb, bk, finite_bias, out) if kb > 1 else None
+    if result is None:
+        result = _per_block(pa, pb, sa, sb, bk, finite_bias, out)
     # NaN/Inf: the finite sum plus a non-finite bias is that bias; specials follow IEEE addition
     bias_bad = np.zeros(N, bool) if bias is None else ~np.isfinite(bias)
     if special is not None or bias_bad.any():
@@ -485,8 +550,6 @@ def _blocks(K: int, size: int):
 
 def _seq_sum(A: np.ndarray, B: np.ndarray, k0: int, k1: int) -> np.ndarray:
     """part[m, n] = +0, then part = fp32(part + fp32(A[m, k] * B[k, n])) for k = k0 .. k1-1."""
-    if KERNELS is not None:
-        return seq_acc_f32(A, B, k0, k1)
     M, N = A.shape[0], B.shape[1]
     part = np.zeros((M, N), np.float32)
     rows = max(1, min(M, (1 << 16) // max(N, 1)))  # keep the accumulator in cache
@@ -499,28 +562,54 @@ def _seq_sum(A: np.ndarray, B: np.ndarray, k0: int, k1: int) -> np.ndarray:
     return part
 
 
-def _fp32(A, B, sa, sb, bk, acc_block, scale_order) -> np.ndarray:
+def _products_exact_in_fp32(fa: FloatFormat, fb: FloatFormat) -> bool:
+    """Every product of a value of ``fa`` and one of ``fb`` is an fp32 number (significand bits fit
+    in 24, no overflow, no underflow below 2**-149): then rounding the product is a no-op and
+    fp32(acc + fp32(a*b)) == fma(a, b, acc) bit for bit (NaN/Inf propagate alike)."""
+    return (fa.mantissa_bits + fb.mantissa_bits + 2 <= 24 and fa.max * fb.max < 2.0 ** 128
+            and fa.min_positive * fb.min_positive >= 2.0 ** -149)
+
+
+def _fp32(ca, cb, fa, fb, sa, sb, bk, acc_block, scale_order) -> np.ndarray:
     """total = +0; per K-block b: part = +0, part = fp32(part + fp32(a_k * b_k)) for k in order;
-    total = fp32(total + fp32(fp32(sa * sb) * part)). 'operands' scales the operands first."""
-    M, K = A.shape
-    N = B.shape[1]
+    total = fp32(total + fp32(fp32(sa * sb) * part)). 'operands' scales the operands first.
+    The C loop (_kernels_matmul.c) and the numpy loop below compute the same bits."""
+    M, K = ca.shape
+    N = cb.shape[1]
     f32 = np.float32
-    if scale_order == "operands":
+    operands = scale_order == "operands"
+    if operands:
         col = np.minimum(np.arange(K) // bk, sa.shape[1] - 1)
-        A = (A.astype(f32) * sa.astype(f32)[:, col]).astype(f32)
-        B = (B.astype(f32) * sb.astype(f32)[col, :]).astype(f32)
-    else:
-        A, B = A.astype(f32), B.astype(f32)
+        A = (decode(ca, fa) * sa.astype(f32)[:, col]).astype(f32)
+        B = (decode(cb, fb) * sb.astype(f32)[col, :]).astype(f32)
+    if KERNELS is not None:
+        if operands:
+            return seq_acc_f32(A, B, None, None, None, None, acc_block, bk)
+        _check_codes(ca, fa, "a"), _check_codes(cb, fb, "b")  # codes past the table raise, as decode does
+        return seq_acc_f32(np.ascontiguousarray(ca), np.ascontiguousarray(cb), _code_table(fa), _code_table(fb),
+                           np.ascontiguousarray(sa, f32), np.ascontiguousarray(sb, f32), acc_block, bk,
+                           fused=_products_exact_in_fp32(fa, fb))
+    if not operands:
+        A, B = decode(ca, fa).astype(f32), decode(cb, fb).astype(f32)
     A, B = np.ascontiguousarray(A), np.ascontiguousarray(B)
     total = np.zeros((M, N), f32)
     for ks in _blocks(K, acc_block):
         part = _seq_sum(A, B, ks.start, ks.stop)
-        if scale_order == "epilogue":
+        if not operands:
             blk = min(ks.start // bk, sa.shape[1] - 1)
             s = (sa[:, blk:blk + 1].astype(f32) * sb[blk:blk + 1, :].astype(f32)).astype(f32)
             np.multiply(part, s, out=part)
         np.add(total, part, out=total)
     return total
+
+
+@lru_cache(maxsize=32)
+def _code_table(fmt: FloatFormat) -> np.ndarray:
+    """float32 value of each of the 256 byte values (codes past the format's are never read)."""
+    table = np.zeros(256, np.float32)
+    table[:fmt.n_codes] = _code_values(fmt)
+    table.setflags(write=False)
+    return table
 
 
 def _truncate(s: np.ndarray, err: np.ndarray, bits: int) -> np.ndarray:
@@ -605,16 +694,18 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
     if accumulate == "exact":
         values = _exact(ca, cb, fa, fb, sa, sb, bk, bias, out)
     else:
-        A, B = decode(ca, fa), decode(cb, fb)
         if accumulate == "fp32":
-            acc = _fp32(A, B, sa, sb, bk, block_k if block_k is not None else bk, scale_order)
+            acc = _fp32(ca, cb, fa, fb, sa, sb, bk, block_k if block_k is not None else bk, scale_order)
         else:
+            A, B = decode(ca, fa), decode(cb, fb)
             if bk % promote_every and sa.shape[1] > 1:
                 raise ShapeError(f"promote_every: {promote_every} must divide the scale block length {bk}")
             acc = _fp32_limited(A, B, sa, sb, bk, promote_every, mantissa_bits)
         if bias is not None:
             acc = (acc + bias.astype(np.float32)).astype(np.float32)
-        values = _round_to(acc.astype(np.float64), out)
+        values = acc.astype(np.float64)
+        if out.name != "float32":  # a float32 value is already on the float32 grid
+            values = _round_to(values, out)
     return _deliver(values, out, _is_torch(a))
 
 

@@ -9,6 +9,7 @@ quantization takes a calibrated ``scale`` (or an ``amax``). See docs/quantize.md
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections.abc import Mapping
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codec import ROUNDING_MODES, decode, encode
+from . import _native
+from .codec import ROUNDING_MODES, _c_encode_params, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
 from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes, get_recipe, round_to
@@ -29,6 +31,7 @@ from .scaling import (
     group_of,
     layout,
     mx_scale_exponent,
+    magnitudes_to_f64,
     nvfp4_global_scale,
     reduce_amax,
 )
@@ -262,6 +265,9 @@ def _parallel(fn, spans) -> None:
 
 
 def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
+    fast = _c_amax(arr, dtype, qa)
+    if fast is not None:
+        return fast
     vals = _values(arr, dtype)
     if qa.granularity not in ("tensor", "channel", "token") or arr.ndim == 0:
         return reduce_amax(vals if arr.ndim else vals.reshape(1), qa.granularity,
@@ -274,6 +280,112 @@ def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
     if gran == "tensor":
         return np.max(np.concatenate([parts[sp] for sp in spans])).reshape(1)  # NaN propagates
     return np.concatenate([parts[sp] for sp in spans]).reshape(arr.shape[:-1] + (1,))
+
+
+# --- fused C loops (fp8ref/_kernels_quant.c); the numpy code above and below is the fallback ----
+_C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
+_C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
+
+
+class _QuantJob(ctypes.Structure):
+    """The layout of quant_job in _kernels_quant.c."""
+    _fields_ = [("src", ctypes.c_void_p), ("dst", ctypes.c_void_p), ("s", ctypes.c_void_p),
+                ("s_off", ctypes.c_void_p), ("K", ctypes.c_int64), ("g", ctypes.c_int64),
+                ("kind", ctypes.c_int32), ("op", ctypes.c_int32), ("model", ctypes.c_int32),
+                ("cast16", ctypes.c_int32), ("addend", ctypes.c_float), ("clampv", ctypes.c_float),
+                ("neg0", ctypes.c_uint32)]
+
+
+def _c_ok(arr: np.ndarray, dtype: str, granularity: str) -> bool:
+    return (_native.KERNELS is not None and dtype in _C_KINDS and arr.ndim >= 1 and arr.size > 0
+            and granularity in ("tensor", "channel", "token", "group", "block"))
+
+
+def _row_spans(n_rows: int, row_len: int) -> list[tuple[int, int]]:
+    """Row ranges for the C loops: one for small inputs, else a few per core (load balance)."""
+    if n_rows * row_len < (1 << 20) or _native.workers() == 1:
+        return [(0, n_rows)]
+    n = min(n_rows, 4 * _native.workers())
+    return [(n_rows * i // n, n_rows * (i + 1) // n) for i in range(n)]
+
+
+def _run_rows(fn, spans) -> None:
+    if len(spans) == 1:
+        fn(*spans[0])
+        return
+    for job in [_native.pool().submit(fn, lo, hi) for lo, hi in spans]:
+        job.result()
+
+
+def _c_amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray | None:
+    """reduce_amax by the C loop: magnitude bits per (row, group of g along K), reduced further
+    here for tensor and block; None where the loop does not apply."""
+    gran = qa.granularity
+    if not _c_ok(arr, dtype, gran) or (gran == "block" and arr.ndim < 2):
+        return None
+    rows = _rows(arr)
+    n_rows, k = rows.shape
+    g = qa.group_size if gran == "group" else qa.block_shape[1] if gran == "block" else k
+    ng = -(-k // g)
+    wide = dtype == "float32"
+    bits = rows.view(np.uint32 if wide else np.uint16)
+    part = np.empty((n_rows, ng), bits.dtype)
+    fn = _native.KERNELS.fp8ref_amax_u32 if wide else _native.KERNELS.fp8ref_amax_u16
+    _run_rows(lambda lo, hi: fn(bits.ctypes.data, part.ctypes.data, lo, hi, k, g), _row_spans(n_rows, k))
+    if gran == "tensor":
+        part = part.max(keepdims=True).reshape(1)
+    elif gran == "block":
+        bh, r2 = qa.block_shape[0], arr.shape[-2]
+        p = part.reshape(arr.shape[:-2] + (r2, ng))
+        p = np.pad(p, [(0, 0)] * (p.ndim - 2) + [(0, -r2 % bh), (0, 0)])  # +0: neutral for the max
+        part = p.reshape(p.shape[:-2] + (p.shape[-2] // bh, bh, ng)).max(axis=-2)
+    else:
+        part = part.reshape(arr.shape[:-1] + (ng,))
+    return magnitudes_to_f64(part, np.dtype(np.float32) if wide else _values(arr[:0], dtype).dtype)
+
+
+def _operand_offsets(shape: tuple, qa: QuantArgs, sshape: tuple) -> tuple[np.ndarray, int]:
+    """(per-row index of the row's first operand in the flattened scale array, elements per operand
+    along the row) for the C loops."""
+    n_rows, k = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    r = np.arange(n_rows, dtype=np.int64)
+    if qa.granularity == "tensor":
+        return np.zeros(n_rows, np.int64), k
+    if qa.granularity in ("channel", "token"):
+        return r, k
+    if qa.granularity == "group":
+        return r * sshape[-1], qa.group_size
+    (bh, bw), r2 = qa.block_shape, shape[-2]
+    return ((r // r2) * sshape[-2] + (r % r2) // bh) * sshape[-1], bw
+
+
+def _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
+                codes) -> bool:
+    """The fused C loop for the apply + encode steps; False where it does not apply (the numpy
+    path then runs). Same roundings, in the same order, as exact_quotient_codes / apply_scaled."""
+    if not _c_ok(arr, dtype, qa.granularity) or (qa.granularity == "block" and arr.ndim < 2):
+        return False
+    params = _c_encode_params(fmt, saturate, rounding)
+    exact = rec.apply_dtype == "exact"
+    ops = np.ascontiguousarray(operand, np.float32).reshape(-1)
+    if params is None or not (rounding == "rne" or exact):
+        return False
+    if exact and (rec.nonfinite != "error" or not (np.isfinite(ops) & (ops > 0)).all()):
+        return False  # the C loop needs finite x (checked before) and positive finite scales
+    if not exact and rec.apply_op == "multiply_reciprocal":
+        with np.errstate(divide="ignore", over="ignore"):
+            ops = np.float32(1.0) / ops
+    s_off, g = _operand_offsets(shape, qa, sshape)
+    model_dtype = "bfloat16" if cast16 else dtype
+    job = _QuantJob(arr.ctypes.data, codes.ctypes.data, ops.ctypes.data, s_off.ctypes.data, shape[-1], g,
+                    _C_KINDS[dtype], int(rec.apply_op != "divide"),
+                    _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
+                    0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
+                    0x100 if neg0 is None else neg0)
+    fn = _native.KERNELS.fp8ref_quant_exact if exact else _native.KERNELS.fp8ref_quant_f32
+    _run_rows(lambda lo, hi: fn(ctypes.byref(job), lo, hi, ctypes.byref(params)),
+              _row_spans(len(s_off), shape[-1]))
+    return True
 
 
 def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> dict:
@@ -300,10 +412,18 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
     rounding = qa.rounding if rec.rounding == "from_args" else rec.rounding
     saturate = qa.saturate if rec.saturate == "from_args" else rec.saturate
     codes = np.empty(shape, np.uint8)
+    neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
+    if not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0, codes):
+        _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)
+    return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
+                recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)
+
+
+def _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes) -> None:
+    """The apply + encode steps in numpy, in row chunks on all cores, into ``codes``."""
     full = expand(operand, shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
     rows, out_rows = _rows(arr), _rows(codes)
     op_rows = _operand_rows(full, shape, qa.granularity)
-    neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
 
     local = threading.local()
 
@@ -327,8 +447,6 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
             out[out == neg0] = 0
 
     _parallel(work, _chunks(rows.shape[0], rows.shape[1]))
-    return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
-                recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)
 
 
 def _operand_rows(full: np.ndarray, shape: tuple, granularity: str) -> np.ndarray:

@@ -113,10 +113,10 @@ def reduce_amax(x: np.ndarray, granularity: str, *, group_size: int | None = Non
         g = group_of(granularity, group_size)
         p = _pad_last(m, g)
         r = p.reshape(p.shape[:-1] + (p.shape[-1] // g, g)).max(axis=-1)
-    return _magnitudes_to_f64(r, x.dtype).reshape(out_shape)
+    return magnitudes_to_f64(r, x.dtype).reshape(out_shape)
 
 
-def _magnitudes_to_f64(bits: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def magnitudes_to_f64(bits: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype.name == "bfloat16":  # the top half of a float32: exact, no bfloat16 arithmetic
         return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
     return bits.view(dtype).astype(np.float64)

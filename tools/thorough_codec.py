@@ -1,8 +1,10 @@
 """Thorough mode: every one of the 2**32 float32 inputs, two independent encoders, zero differences.
 
-Encoder A is the C loop (integer arithmetic on the float32 bit pattern, fp8ref/_kernels.c).
+Encoder A is the general C loop (integer arithmetic on the float32 bit pattern, fp8ref/_kernels.c).
 Encoder B is the numpy path: bfloat16 round-to-odd of x, then a 65,536-entry table computed by
-the float64 frexp/ldexp reference (_encode_exact). They share no rounding code.
+the float64 frexp/ldexp reference (_encode_exact). They share no rounding code. For rne, the C
+fast path (bit-pattern carry + the FPU's own rounding for subnormals), which encode() uses, is
+compared as well.
 
     python tools/thorough_codec.py                       # float8_e4m3fn, rne, saturating
     python tools/thorough_codec.py --format float8_e5m2 --rounding rtz --no-saturate
@@ -19,7 +21,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from fp8ref.codec import _KERNELS, _c_encode_params, _encode_f32_via_table, _run_c
+from fp8ref.codec import _KERNELS, _c_encode_params, _c_rne_params, _encode_f32_via_table, _run_c
 from fp8ref.formats import FORMATS
 
 CHUNK = 1 << 24
@@ -30,19 +32,25 @@ def sweep(fmt, rounding: str, saturate: bool) -> int:
     if params is None:
         print(f"skip {fmt.name} {rounding}: the C loop does not cover it (no second implementation)")
         return 0
+    rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
     a = np.empty(CHUNK, np.uint8)
     b = np.empty(CHUNK, np.uint8)
+    c = np.empty(CHUNK, np.uint8)
     bad = 0
     label = f"{fmt.name} {rounding} {'sat' if saturate else 'nonsat'}"
     for lo in tqdm(range(0, 1 << 32, CHUNK), desc=label, unit="chunk", leave=False):
         bits = np.arange(lo, lo + CHUNK, dtype=np.uint64).astype(np.uint32)
         _run_c(_KERNELS.fp8ref_encode_f32, bits, a, params)
         _encode_f32_via_table(bits, b, fmt, saturate, rounding, use_c=False)
-        diff = np.nonzero(a != b)[0]
-        if diff.size:
+        pairs = [("C", a)]
+        if rne is not None:
+            _run_c(_KERNELS.fp8ref_encode_f32_rne, bits, c, rne)
+            pairs.append(("C-rne", c))
+        for name, got in pairs:
+            diff = np.nonzero(got != b)[0]
             for i in diff[:5]:
                 print(f"  MISMATCH {label}: x=0x{int(bits[i]):08x} ({bits[i:i+1].view(np.float32)[0]!r}) "
-                      f"C={int(a[i]):#04x} table={int(b[i]):#04x}")
+                      f"{name}={int(got[i]):#04x} table={int(b[i]):#04x}")
             bad += diff.size
     print(f"{label}: {bad} differences over 2**32 inputs")
     return bad

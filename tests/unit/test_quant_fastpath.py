@@ -1,0 +1,176 @@
+"""The fused C quantize loops (fp8ref/_kernels_quant.c) against the numpy paths and the Fraction oracle.
+
+The numpy paths (exact_quotient_codes, apply_scaled + the codec) are the reference: every test here
+runs ``quantize`` twice, with the C loops and with ``_native.KERNELS`` switched off, and requires
+the same codes and scales byte for byte. The exact ('fp8ref') loop is also checked against the
+Fraction oracle where its range arguments matter (huge and tiny quotients, all modes).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8ref import _native, quant
+from fp8ref.formats import FORMATS
+from fp8ref.quant import QuantArgs, quantize
+from fp8ref.scaling import reduce_amax
+from tests.unit.test_quant import MODES, oracle_codes
+
+pytestmark = pytest.mark.skipif(not _native.kernels_available(), reason="C loops not built or FP8REF_NO_KERNELS set")
+
+DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+
+
+def both(monkeypatch, x, args, **kw):
+    """(C result, numpy result) of the same quantize call."""
+    fast = quantize(x, args, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(_native, "KERNELS", None)
+        slow = quantize(x, args, **kw)
+    return fast, slow
+
+
+def assert_same(fast, slow):
+    assert fast.codes.dtype == np.uint8
+    assert np.array_equal(fast.codes, slow.codes), f"{int((fast.codes != slow.codes).sum())} codes differ"
+    assert fast.scale_dtype == slow.scale_dtype
+    fs, ss = (np.asarray(v, np.float32) for v in (fast.scale, slow.scale))
+    assert np.array_equal(fs.view(np.uint32), ss.view(np.uint32))
+
+
+def weights(shape, dtype, seed, spread=True):
+    """Normal weights whose rows span many binades (tiny to huge scales per row)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    if spread:
+        span = 8 if dtype == "float16" else 30  # float16 overflows past 2**16
+        x *= 2.0 ** rng.integers(-span, span, size=shape[:-1] + (1,))
+    x = x.astype(DTYPES[dtype])
+    if x.size > 3:
+        x.reshape(-1)[:2] = [0.0, -0.0]
+    return x
+
+
+def args_for(gran, **kw):
+    extra = {"group": {"group_size": 24}, "block": {"block_shape": (8, 48)}}.get(gran, {})
+    return QuantArgs(granularity=gran, **extra, **kw)
+
+
+# --- every recipe, granularity, dtype: C loop == numpy path ------------------------------------
+RECIPE_GRANS = [("fp8ref", g) for g in ("tensor", "channel", "token", "group", "block")] + \
+    [("compressed-tensors", g) for g in ("tensor", "channel", "group", "block")] + \
+    [("auto-round", g) for g in ("tensor", "channel")] + [("hf-fp8", "tensor"), ("vllm-dynamic", "token"),
+                                                          ("fbgemm", "channel")]
+
+
+@pytest.mark.parametrize("recipe,gran,shape", [(r, g, s) for r, g in RECIPE_GRANS
+                                                for s in [(37, 100), (3, 19, 53), (1, 1), (250,)]
+                                                if g != "block" or len(s) > 1])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_c_loop_matches_numpy(monkeypatch, recipe, gran, shape, dtype):
+    x = weights(shape, dtype, seed=len(shape) * 7 + len(recipe))
+    assert_same(*both(monkeypatch, x, args_for(gran), recipe=recipe))
+
+
+def test_hf_fp8_blocks_match_numpy(monkeypatch):
+    x = weights((64, 256), "bfloat16", seed=5)
+    assert_same(*both(monkeypatch, x, QuantArgs(granularity="block", block_shape=(32, 128)), recipe="hf-fp8"))
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                 "float6_e2m3fn", "float4_e2m1fn"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("saturate", [True, False])
+def test_exact_loop_every_mode_and_format(monkeypatch, fmt, mode, saturate):
+    x = weights((24, 96), "bfloat16", seed=11)
+    for gran in ("channel", "group"):
+        assert_same(*both(monkeypatch, x, args_for(gran, format=fmt, rounding=mode, saturate=saturate)))
+
+
+# --- every 16-bit input pattern, with scales that push quotients everywhere ----------------------
+def all_patterns(dtype, finite_only):
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    x = bits.view(DTYPES[dtype])
+    if finite_only:
+        x = x[np.isfinite(x.astype(np.float32))]
+    return x.reshape(1, -1)
+
+
+SCALES = [1.0, 3.0, 0.7, 2.0, 2.0 ** 12, 2.0 ** -3, 1.3 * 2.0 ** -20, 1.1 * 2.0 ** 20, 2.0 ** -126, 1e-45]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("recipe", ["compressed-tensors", "auto-round", "hf-fp8", "vllm-static"])
+def test_producer_loop_on_every_pattern(monkeypatch, dtype, recipe):
+    """NaN/Inf/-0/subnormals propagate as the numpy model does; model-dtype rounding of the
+    quotient (bf16 and fp16: subnormal results, ties, overflow to Inf) is exercised by the scales."""
+    x = all_patterns(dtype, finite_only=False)
+    for s in SCALES:
+        scale = np.array([np.float32(s)])
+        assert_same(*both(monkeypatch, x, QuantArgs(granularity="tensor", dynamic=False), recipe=recipe,
+                          scale=scale))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mode", MODES)
+def test_exact_loop_on_every_pattern(monkeypatch, dtype, mode):
+    x = all_patterns(dtype, finite_only=True)
+    for s in SCALES:
+        for fmt in ("float8_e4m3fn", "float8_e5m2"):
+            args = QuantArgs(format=fmt, granularity="tensor", dynamic=False, rounding=mode, saturate=False)
+            assert_same(*both(monkeypatch, x, args, scale=np.array([np.float32(s)])))
+
+
+def test_float32_extremes_against_numpy(monkeypatch):
+    """float32 subnormals, the largest finite values, exact ties of fp8 midpoints."""
+    f32 = np.array([1e-45, -1e-45, 1.2e-38, 3.4028235e38, -3.4028235e38, 0.0, -0.0, 464.0, -464.0,
+                    480.0, 0.001953125, 0.0009765625, 0.00146484375], np.float32).reshape(1, -1)
+    for s in (1.0, 1e-45, 2.0 ** -126, 3.4e38, 0.5):
+        for recipe in ("fp8ref", "compressed-tensors", "auto-round"):
+            args = QuantArgs(granularity="tensor", dynamic=False)
+            assert_same(*both(monkeypatch, f32, args, recipe=recipe, scale=np.array([np.float32(s)])))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"])
+def test_exact_loop_against_oracle_at_range_ends(mode, fmt):
+    """Quotients far above max and far below the smallest subnormal (the C loop's shift clamps),
+    and exact ties, against the Fraction oracle."""
+    x = np.array([3.4028235e38, -3.4028235e38, 1e-45, -1e-45, 448.0, -0.0, 0.0, 5.0, 0.75, 1.0 + 2.0 ** -23],
+                 np.float32).reshape(1, -1)
+    for s in (np.float32(1e-45), np.float32(3.4e38), np.float32(0.25), np.float32(2.0 ** -126)):
+        for saturate in (True, False):
+            q = quantize(x, QuantArgs(format=fmt, granularity="tensor", dynamic=False, rounding=mode,
+                                      saturate=saturate), scale=np.array([s]))
+            assert np.array_equal(q.codes, oracle_codes(x, s, FORMATS[fmt], saturate=saturate, rounding=mode))
+
+
+# --- threads and amax ---------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", ["fp8ref", "compressed-tensors"])
+def test_split_across_threads_matches_numpy(monkeypatch, recipe):
+    x = weights((1100, 1024), "bfloat16", seed=2)  # > 2**20 elements: several row spans
+    for gran in ("channel", "tensor", "block"):
+        extra = {"block_shape": (128, 128)} if gran == "block" else {}
+        assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), recipe=recipe))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("gran,extra", [("tensor", {}), ("channel", {}), ("group", {"group_size": 7}),
+                                        ("block", {"block_shape": (3, 5)})])
+def test_c_amax_matches_reduce_amax(dtype, gran, extra):
+    x = weights((2, 11, 23), dtype, seed=9)
+    x[0, 4, 6], x[1, 2, 0], x[1, 9, 22] = np.nan, -np.inf, np.inf
+    arr = x.view(np.uint16) if dtype == "bfloat16" else x  # what quantize hands over (quant._to_numpy)
+    got = quant._c_amax(arr, dtype, QuantArgs(granularity=gran, **extra))
+    want = reduce_amax(x, gran, **extra)
+    assert got.shape == want.shape and got.dtype == np.float64
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_nan_weights_are_rejected_by_the_fp8ref_recipe_with_the_c_loops():
+    x = weights((4, 64), "bfloat16", seed=1)
+    x[2, 5] = np.nan
+    with pytest.raises(quant.EncodeError, match=r"first at index \(2, 5\)"):
+        quantize(x, QuantArgs(granularity="channel"))
