@@ -553,12 +553,13 @@ def _seq_sum(A: np.ndarray, B: np.ndarray, k0: int, k1: int) -> np.ndarray:
     M, N = A.shape[0], B.shape[1]
     part = np.zeros((M, N), np.float32)
     rows = max(1, min(M, (1 << 16) // max(N, 1)))  # keep the accumulator in cache
-    for r0 in range(0, M, rows):
-        p = part[r0:r0 + rows]
-        tmp = np.empty_like(p)
-        for k in range(k0, k1):
-            np.multiply(A[r0:r0 + rows, k:k + 1], B[k:k + 1, :], out=tmp)
-            np.add(p, tmp, out=p)
+    with np.errstate(invalid="ignore", over="ignore"):  # IEEE Inf/NaN arithmetic is the model
+        for r0 in range(0, M, rows):
+            p = part[r0:r0 + rows]
+            tmp = np.empty_like(p)
+            for k in range(k0, k1):
+                np.multiply(A[r0:r0 + rows, k:k + 1], B[k:k + 1, :], out=tmp)
+                np.add(p, tmp, out=p)
     return part
 
 

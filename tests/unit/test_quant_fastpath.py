@@ -174,3 +174,29 @@ def test_nan_weights_are_rejected_by_the_fp8ref_recipe_with_the_c_loops():
     x[2, 5] = np.nan
     with pytest.raises(quant.EncodeError, match=r"first at index \(2, 5\)"):
         quantize(x, QuantArgs(granularity="channel"))
+
+
+@pytest.mark.parametrize("dtype,tie", [("float16", 2.0 ** -11), ("bfloat16", 2.0 ** -8)])
+def test_model_dtype_ties_against_torch(monkeypatch, dtype, tie):
+    """compressed-tensors rounds the fp32 quotient to D before e4m3: quotients exactly halfway between
+    two D values next to an e4m3 midpoint (1.0625 + tie: RNE in D goes down to the midpoint, which e4m3
+    then rounds down; any other D rounding gives 1.125). Checked against torch's own casts."""
+    import torch
+
+    tdtype = getattr(torch, dtype)
+    x = torch.arange(1.0, 2.0, 2.0 ** -7).to(tdtype).float().numpy()
+    xs, ss = [], []
+    for target in (1.0625 + tie, 1.0625 - tie, 2.125 + 2 * tie, 1.1875 + tie):
+        s = (x / np.float32(target)).astype(np.float32)
+        hit = (x / s).astype(np.float32) == np.float32(target)  # fp32 quotient is exactly the D tie
+        xs.append(x[hit])
+        ss.append(s[hit])
+    xv, sv = np.concatenate(xs), np.concatenate(ss)
+    assert xv.size > 20
+    w = torch.from_numpy(np.stack([xv, -xv], axis=1)).to(tdtype)
+    scale = torch.from_numpy(sv.reshape(-1, 1))
+    fast, slow = both(monkeypatch, w, QuantArgs(granularity="channel", dynamic=False), recipe="compressed-tensors",
+                      scale=scale)
+    assert_same(fast, slow)
+    peer = ((w.float() / scale).to(tdtype) + 0).clamp(-448, 448).float().to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(fast.codes, peer)
