@@ -77,7 +77,7 @@ static inline float round_bf16(float y) {
 /* float32 -> float16 value (RNE, subnormals, overflow to Inf), as float32; NaN/Inf kept. */
 static inline float round_f16(float y) {
     uint32_t u = bits_of(y), a = u & 0x7FFFFFFFu, sign = u & 0x80000000u;
-    uint32_t normal = (a + 0x1000u) & ~0x1FFFu;
+    uint32_t normal = (a + 0xFFFu + ((a >> 13) & 1u)) & ~0x1FFFu;
     /* below 2^-14 the quantum is 2^-24 = ulp(0.5f): one fp32 addition rounds there (RNE) */
     uint32_t sub = bits_of((f32_of(a) + 0.5f) - 0.5f);
     uint32_t r = SEL(a < 0x38800000u, sub, normal);

@@ -30,8 +30,8 @@ from .scaling import (
     expand,
     group_of,
     layout,
-    mx_scale_exponent,
     magnitudes_to_f64,
+    mx_scale_exponent,
     nvfp4_global_scale,
     reduce_amax,
 )
@@ -400,7 +400,8 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
         if not np.array_equal(stored.astype(np.float64), given):
             raise ScaleError("scale: expected values exactly representable in float32 (fp8ref scales are "
                              "float32); round the scale first")
-        operand = np.float32(1.0) / stored if rec.apply_op == "multiply_multiplier" else stored
+        with np.errstate(over="ignore"):  # a subnormal scale's multiplier is +inf, as in float32
+            operand = np.float32(1.0) / stored if rec.apply_op == "multiply_multiplier" else stored
         store = given_dtype if given_dtype in ("bfloat16", "float16") else "float32"  # as given
     else:
         a = _scale_array(amax, "amax", sshape)[0] if amax is not None else _amax(arr, dtype, qa)
