@@ -43,8 +43,8 @@ DATA_TYPE_ALIASES = {"fp8": ("fp", "float8_e4m3fn"), "fp8_e4m3": ("fp", "float8_
 WEIGHT_GRANULARITIES = ("tensor", "channel", "group", "block", "tensor_group")
 ACT_GRANULARITIES = ("tensor", "token", "group", "tensor_group")
 SCALE_DTYPES = ("model", "float32", "bfloat16", "float16", "float8_e8m0fnu", "float8_e4m3fn")
-KNOWN_RECIPES = ("fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "fbgemm",
-                 "vllm-static", "vllm-dynamic")
+# One recipe per file of specs/recipes (fp8ref.recipes loads them; the file name is the recipe name).
+KNOWN_RECIPES = tuple(sorted(path.stem for path in (SPECS_DIR / "recipes").glob("*.yaml")))
 UNQUANTIZED_ACT_BITS = 16
 
 _ELEMENT_FORMATS = {

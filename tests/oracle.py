@@ -1,4 +1,4 @@
-"""Slow, exact, scalar reference codec written from the definitions (docs/codec-contract.md).
+"""Slow, exact, scalar reference codec written from the definitions (docs/codec.md).
 
 Shares no code with fp8ref: it reads only the parameters of a FloatFormat (exponent_bits,
 mantissa_bits, bias, specials, signed, has_zero) and derives everything else itself, so the

@@ -1,4 +1,4 @@
-"""The behaviour table of docs/codec-contract.md, cell by cell, plus REFERENCE.md vectors,
+"""The behaviour table of docs/codec.md, cell by cell, plus REFERENCE.md vectors,
 user-defined formats, bad input and array plumbing (library, shape, out=).
 
 Expected codes come from three independent places: hand-written contract tables below, the
