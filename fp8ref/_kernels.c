@@ -66,7 +66,7 @@ typedef struct {
 static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void fp8ref_encode_f32_rne(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
                            const rne_params *pp) {
     const rne_params p = *pp;
@@ -87,7 +87,7 @@ void fp8ref_encode_f32_rne(const uint32_t *restrict src, uint8_t *restrict dst, 
     }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void fp8ref_encode_f32(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
                        const enc_params *pp) {
     const enc_params p = *pp;
@@ -102,7 +102,7 @@ void fp8ref_encode_f32(const uint32_t *restrict src, uint8_t *restrict dst, size
     }
 }
 
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void fp8ref_gather_u16(const uint16_t *restrict src, uint8_t *restrict dst, size_t n,
                        const uint8_t *restrict lut) {
     for (size_t i = 0; i < n; i++) dst[i] = lut[src[i]];
@@ -110,7 +110,7 @@ void fp8ref_gather_u16(const uint16_t *restrict src, uint8_t *restrict dst, size
 
 /* float32 input through a 65536-entry table indexed by the bfloat16 "round to odd" of x:
  * the top 16 bits with the sticky OR of the low 16 bits folded into bit 0. */
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void fp8ref_gather_f32_rto16(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
                              const uint8_t *restrict lut) {
     for (size_t i = 0; i < n; i++) {
@@ -119,7 +119,7 @@ void fp8ref_gather_f32_rto16(const uint32_t *restrict src, uint8_t *restrict dst
     }
 }
 
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void fp8ref_decode_f32(const uint8_t *restrict src, float *restrict dst, size_t n,
                        const float *restrict lut) {
     for (size_t i = 0; i < n; i++) dst[i] = lut[src[i]];
