@@ -15,7 +15,8 @@ from fp8ref.formats import FORMATS
 from fp8ref.recipes import _SPEC_DIR, apply_scaled, compute_scale, get_recipe, load_recipes, round_to
 
 E4M3 = FORMATS["float8_e4m3fn"]
-BUILTIN = ("fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "fbgemm", "vllm-dynamic", "vllm-group", "vllm-static")
+BUILTIN = ("fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "fbgemm",
+           "vllm-dynamic", "vllm-group", "vllm-static")
 
 
 def test_builtin_recipes_load():
