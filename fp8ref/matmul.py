@@ -27,7 +27,7 @@ import numpy as np
 from ._native import KERNELS, seq_acc_f32
 from .codec import decode, encode
 from .errors import FormatError, InputTypeError, ScaleError, ShapeError
-from .formats import FloatFormat, get_format
+from .formats import FORMATS, FloatFormat, get_format
 
 ACCUMULATIONS = ("exact", "fp32", "fp32-limited")
 SCALE_ORDERS = ("epilogue", "operands")
@@ -185,6 +185,14 @@ def _deliver(values: np.ndarray, out: OutFormat, as_torch: bool):
     return values.astype(out.name)
 
 
+def _deliver_codes(codes: np.ndarray, as_torch: bool):
+    """uint8 codes as numpy, or as a torch.uint8 tensor (no float8 dtype: not every format has one)."""
+    if as_torch:
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(codes))
+    return codes
+
+
 # --------------------------------------------------------------------------------------------
 # Exact float64 building blocks (all vectorized; no overflow or underflow for the ranges used here)
 # --------------------------------------------------------------------------------------------
@@ -279,6 +287,8 @@ def _gaps(c: np.ndarray, out: OutFormat):
 def _candidate(y: np.ndarray, bound: np.ndarray, out: OutFormat) -> tuple[np.ndarray, np.ndarray]:
     """RNE of y on ``out``'s grid (unbounded exponent; a zero keeps y's sign), and where that is
     certainly the RNE of every x with |x - y| <= bound/2 (``sure``)."""
+    if isinstance(out, CodeOut):
+        return out.candidate(y, bound)
     u = _ulp_exponent(np.abs(y), out)
     z = np.ldexp(y, -u)  # y in units of its own binade's spacing: rounding boundaries are at k + 1/2
     r = np.rint(z)
@@ -293,6 +303,8 @@ def _round_exact(taus: list, out: OutFormat) -> np.ndarray:
     """RNE of the exact sum of ``taus`` to ``out``. y = fl(sum) is within (n+1) 2**-53 sum|tau| of
     the exact sum (recursive summation bound); where y is farther than that from every rounding
     boundary its rounding is the answer, elsewhere ``_repair`` decides exactly."""
+    if isinstance(out, CodeOut):
+        return out.round_exact(taus)
     y, mag = taus[0], np.abs(taus[0])
     for t in taus[1:]:
         y, mag = y + t, mag + np.abs(t)
@@ -319,6 +331,136 @@ def _repair(taus: list, c: np.ndarray, out: OutFormat) -> np.ndarray:
             break
         c = np.where(up, c + d_hi, np.where(down, c - d_lo, c))
     return np.where(c == 0, np.where(_sign(exp) < 0, -0.0, 0.0), c)  # underflow keeps the sign; 0 is +0
+
+
+# --------------------------------------------------------------------------------------------
+# Narrow (FP8/FP6/FP4) outputs: encode(v) with v = x / scale_result or x * scale_result
+# --------------------------------------------------------------------------------------------
+SCALE_RESULT_OPS = ("divide", "multiply")
+CODE_ROUNDINGS = ("rne", "rna", "rtz", "rup", "rdown", "rto")
+
+
+@dataclass(frozen=True)
+class CodeOut:
+    """An output in the codes of ``fmt`` (a format of fp8ref.formats with zero and subnormals).
+
+    The exact machinery does not round to this grid itself: it produces a float64 *representative*
+    t of the exact value v (``x / scale`` or ``x * scale``), then ``encode(t, fmt, saturate,
+    rounding)`` runs. t == v when v is a point of the grid G (fmt's grid continued above max with
+    the same spacing); otherwise t is the quarter or half point of the G-interval (lo, hi) holding
+    v: lo + d/4 below the midpoint, the midpoint itself, lo + 3d/4 above it. Every deterministic
+    mode of the codec decides from the sign, the G-interval, exactness and the side of the
+    midpoint only, so encode(t) == encode(v), rounding once (docs/matmul.md)."""
+
+    fmt: FloatFormat
+    saturate: bool = True
+    rounding: str = "rne"
+    scale: float | None = None
+    op: str = "divide"
+    max = math.inf  # no Inf conversion by the float paths: the codec handles overflow
+
+    @property
+    def name(self) -> str:
+        return self.fmt.name
+
+    @property
+    def grid(self) -> OutFormat:
+        # emax only bounds OutFormat.max, which nothing here reads: the grid continues above max
+        return OutFormat(self.fmt.name, self.fmt.mantissa_bits + 1, self.fmt.emin, 1023)
+
+    def _scaled(self, y: np.ndarray, bound: np.ndarray, applied: bool):
+        """Approximation of v and its error bound from one of x (``applied``: already scaled)."""
+        if self.scale is None or applied:
+            return y, bound
+        v = y / self.scale if self.op == "divide" else y * self.scale
+        b = bound / self.scale if self.op == "divide" else bound * self.scale
+        return v, b * (1 + 2.0 ** -40) + np.abs(v) * 2.0 ** -51  # + the rounding of v itself
+
+    def candidate(self, y, bound, applied: bool = False):
+        """Representative t and where it is certain: v's interval [v - b, v + b] holds no grid
+        point and no midpoint. Measured in half-units of v's own binade (boundaries at integers),
+        valid also next to a power of two (the power itself is a boundary)."""
+        v, b = self._scaled(y, bound, applied)
+        u = _ulp_exponent(np.abs(v), self.grid)
+        z = np.ldexp(v, 1 - u)
+        f = np.floor(z)
+        sure = np.minimum(z - f, f + 1 - z) > np.ldexp(b, 1 - u)
+        zero = b == 0  # every term is zero: x == 0, the result is +0
+        return np.where(zero, 0.0, np.ldexp(f + 0.5, u - 1)), sure | zero
+
+    def round_exact(self, taus: list) -> np.ndarray:
+        """Representative of v for the exact sum x of ``taus`` (same bound as _round_exact)."""
+        applied = self.scale is not None and self.op == "multiply"
+        if applied:  # x * s as an exact expansion: every tau * s is a TwoProduct
+            taus = [h for t in taus for h in _two_product(t, self.scale)]
+        y, mag = taus[0], np.abs(taus[0])
+        for t in taus[1:]:
+            y, mag = y + t, mag + np.abs(t)
+        t, sure = self.candidate(y, 4.0 * mag * ((len(taus) + 1) * 2.0 ** -53), applied)
+        if not sure.all():
+            unsure = ~sure
+            t[unsure] = self._repair([x[unsure] for x in taus], y[unsure] if applied or self.scale is None
+                                     else (y[unsure] / self.scale if self.op == "divide" else y[unsure] * self.scale))
+        return t
+
+    def _repair(self, taus: list, v: np.ndarray) -> np.ndarray:
+        """Exact: the G-floor lo of v, then v == lo? and the side of the midpoint. ``taus`` sum to
+        v (multiply, or no scale) or to x = v * s (divide: every point g is compared as s * g,
+        exact in float64: s has 24 significant bits, g at most precision + 1 <= 5)."""
+        grid = self.grid
+        s = self.scale if self.scale is not None and self.op == "divide" else 1.0
+        exp = [taus[0]]
+        for t in taus[1:]:
+            exp = _grow(exp, t)
+
+        def cmp(g):  # exact sign of (taus - s * g)
+            return _sign(_grow(exp, -(s * g)))
+
+        u = _ulp_exponent(np.abs(v), grid)
+        lo = np.ldexp(np.floor(np.ldexp(v, -u)), u)
+        while True:
+            d_lo, d_hi, _ = _gaps(lo, grid)
+            down = cmp(lo) < 0
+            up = ~down & (cmp(lo + d_hi) >= 0)
+            if not (down.any() or up.any()):
+                break
+            lo = np.where(down, lo - d_lo, np.where(up, lo + d_hi, lo))
+        d = _gaps(lo, grid)[1]
+        on, side = cmp(lo), cmp(lo + d / 2)
+        t = np.where(on == 0, lo, lo + d * np.where(side < 0, 0.25, np.where(side == 0, 0.5, 0.75)))
+        return np.where(t == 0, 0.0, t)  # an exact zero is +0
+
+
+def _code_out(out_dtype, saturate, rounding, scale_result, scale_result_op) -> CodeOut | None:
+    """CodeOut for an FP8/FP6/FP4 format name (or torch float8 dtype), None for a float output."""
+    try:
+        numpy_like = isinstance(out_dtype, np.dtype) or issubclass(out_dtype, np.generic)
+    except TypeError:
+        numpy_like = False
+    name = np.dtype(out_dtype).name if numpy_like else str(out_dtype).removeprefix("torch.")
+    if name in OUT_FORMATS or name not in FORMATS:
+        return None
+    fmt = FORMATS[name]
+    if not (fmt.has_zero and fmt.has_subnormals and fmt.signed):
+        raise FormatError(f"out_dtype: {name} has no zero, no subnormals or no sign (a scale format); "
+                          f"expected a signed element format such as float8_e4m3fn")
+    if not isinstance(saturate, bool):
+        raise InputTypeError(f"saturate: expected True or False, got {saturate!r}")
+    if rounding not in CODE_ROUNDINGS:
+        raise FormatError(f"rounding: expected one of {', '.join(CODE_ROUNDINGS)} for an {name} output, "
+                          f"got {rounding!r}")
+    if scale_result_op not in SCALE_RESULT_OPS:
+        raise InputTypeError(f"scale_result_op: expected 'divide' or 'multiply', got {scale_result_op!r}")
+    scale = None
+    if scale_result is not None:
+        sr = _float_array(scale_result, "scale_result", ("float32",))
+        if sr.size != 1:
+            raise ShapeError(f"scale_result: expected one float32 value (shape () or (1,)), got shape "
+                             f"{_shape_text(sr.shape)}")
+        scale = float(sr.reshape(-1)[0])
+        if not (math.isfinite(scale) and scale > 0):
+            raise ScaleError(f"scale_result: expected a finite float32 > 0, got {scale!r}")
+    return CodeOut(fmt, saturate, rounding, scale, scale_result_op)
 
 
 # --------------------------------------------------------------------------------------------
@@ -651,7 +793,8 @@ def _fp32_limited(A, B, sa, sb, bk, promote_every, mantissa_bits) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumulate: str = "exact",
               fmt_a=None, fmt_b=None, block_k: int | None = None, block_n: int = 128,
-              scale_order: str = "epilogue", promote_every: int = 128, mantissa_bits: int = 13):
+              scale_order: str = "epilogue", promote_every: int = 128, mantissa_bits: int = 13,
+              scale_result=None, scale_result_op: str = "divide", saturate: bool = True, rounding: str = "rne"):
     """``out = round(sum_k a[m,k] * b[k,n] * scale + bias[n])`` with ``torch._scaled_mm``'s operands.
 
     a: (M, K), b: (K, N): uint8 codes in ``fmt_a``/``fmt_b`` (default float8_e4m3fn) or torch float8
@@ -659,6 +802,13 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
     per row (M, 1) / per column (1, N), or per block: (M, ceil(K/block_k)) and
     (ceil(K/block_k), ceil(N/block_n)) (block_k defaults to 128). bias: (N,) float32/bfloat16/float16.
     out_dtype: float32, bfloat16 or float16. Output is torch when ``a`` is a torch tensor, else numpy.
+    out_dtype may also name a signed format of fp8ref.formats with subnormals (float8_e4m3fn,
+    float8_e5m2, the fnuz formats, float6_*, float4_e2m1fn; or a torch float8 dtype): the result is
+    then uint8 codes (numpy, or a torch.uint8 tensor for torch input; ``codec.view_as_float8`` views
+    it as torch float8), ``encode(v, fmt, saturate=saturate, rounding=rounding)`` with
+    v = result / scale_result (``scale_result_op="divide"``, torch's CPU rule) or result * scale_result
+    ("multiply", cuBLASLt's); scale_result is a positive finite float32 scalar (None: 1). In "exact"
+    mode v is the exact value, rounded once; in the fp32 modes v = fp32(acc op scale_result).
 
     accumulate: "exact" (exact sum, one rounding), "fp32" (declared sequential order; ``block_k``
     also sets the K-blocks whose scaled sums are added to the fp32 total; ``scale_order`` "epilogue"
@@ -676,7 +826,17 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
             raise InputTypeError(f"{name}: expected an int >= {lo}, got {v!r}")
     if mantissa_bits > 23:
         raise InputTypeError(f"mantissa_bits: at most 23 (fp32), got {mantissa_bits}")
-    out = _out_format(out_dtype)
+    code = _code_out(out_dtype, saturate, rounding, scale_result, scale_result_op)
+    if code is None:
+        # torch's CPU _scaled_mm silently ignores scale_result for float outputs: refuse instead
+        for name, v, default in (("scale_result", scale_result, None), ("saturate", saturate, True),
+                                 ("rounding", rounding, "rne")):
+            if v is not default and v != default:
+                raise InputTypeError(f"{name}: applies only to an FP8/FP6/FP4 out_dtype, got {name}={v!r} "
+                                     f"with out_dtype={out_dtype!r}")
+        if scale_result_op not in SCALE_RESULT_OPS:
+            raise InputTypeError(f"scale_result_op: expected 'divide' or 'multiply', got {scale_result_op!r}")
+    out = code or _out_format(out_dtype)
     ca, fa = _operand(a, fmt_a, "a")
     cb, fb = _operand(b, fmt_b, "b")
     (M, K), (K2, N) = ca.shape, cb.shape
@@ -691,6 +851,8 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
             raise ShapeError(f"bias: got shape {_shape_text(bias.shape)}, expected ({N},)")
     if accumulate == "exact":
         values = _exact(ca, cb, fa, fb, sa, sb, bk, bias, out)
+        if code is not None:  # values are representatives (CodeOut): one rounding, by the codec
+            return _deliver_codes(encode(values, code.fmt, saturate=saturate, rounding=rounding), _is_torch(a))
     else:
         if accumulate == "fp32":
             acc = _fp32(ca, cb, fa, fb, sa, sb, bk, block_k if block_k is not None else bk, scale_order)
@@ -701,6 +863,12 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
             acc = _fp32_limited(A, B, sa, sb, bk, promote_every, mantissa_bits)
         if bias is not None:
             acc = (acc + bias.astype(np.float32)).astype(np.float32)
+        if code is not None:  # v = fp32(acc / s) or fp32(acc * s) (IEEE float32), then encode from fp32
+            if code.scale is not None:
+                with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                    s32 = np.float32(code.scale)
+                    acc = (acc / s32 if code.op == "divide" else acc * s32).astype(np.float32)
+            return _deliver_codes(encode(acc, code.fmt, saturate=saturate, rounding=rounding), _is_torch(a))
         values = acc.astype(np.float64)
         if out.name != "float32":  # a float32 value is already on the float32 grid
             values = _round_to(values, out)

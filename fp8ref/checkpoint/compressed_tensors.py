@@ -172,6 +172,12 @@ def scale_shapes(quant: LayerQuant, out: int, inp: int) -> tuple[tuple[int, ...]
 
 
 KV_NAMES = ("k_scale", "v_scale")
+# kv_cache_scheme exactly as compressed-tensors 0.19.0 serialises a static per-tensor FP8 KV cache
+# (every QuantizationArgs key, observer null; measured with llm-compressor 0.14 oneshot + save_pretrained).
+# The scales it goes with: ``<attn>.k_scale`` / ``<attn>.v_scale``, [1], in the model dtype.
+KV_CACHE_SCHEME = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
+                   "observer": None, "observer_kwargs": {}, "scale_dtype": None, "strategy": "tensor",
+                   "symmetric": True, "type": "float", "zp_dtype": None}
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -221,8 +227,7 @@ def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bo
         "format": "float-quantized" if all_inputs else "naive-quantized" if not any(
             q.input for q in by_quant) else "mixed-precision",
         "ignore": sorted(ignore),
-        "kv_cache_scheme": ({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
-                             "symmetric": True} if kv else None),
+        "kv_cache_scheme": {**KV_CACHE_SCHEME, "observer_kwargs": {}} if kv else None,
         "quant_method": NAME,
         "quantization_status": "compressed",
     }

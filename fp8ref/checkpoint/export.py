@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -63,8 +64,9 @@ def _layer_config(spec):
 
 
 def load_calibration(path: str | os.PathLike) -> dict[str, float]:
-    """Per-layer activation amax from JSON (``{layer: amax}``, optionally under ``"input_amax"``)
-    or safetensors (one-element tensors named ``layer`` or ``layer.input_amax``)."""
+    """Per-layer activation amax from JSON (``{layer: amax}``, optionally under ``"input_amax"``,
+    with KV-cache entries beside it under ``"kv_amax"``) or safetensors (one-element tensors named
+    ``layer`` or ``layer.input_amax``). KV-cache amax keys (see ``KV_KEYS``) are kept as given."""
     path = Path(path)
     if path.suffix == ".safetensors":
         store = open_store(path)
@@ -78,7 +80,14 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
     else:
         data = read_json(path, "calibration file")
         if isinstance(data, dict) and isinstance(data.get("input_amax"), dict):
-            data = data["input_amax"]
+            kv = data.get("kv_amax", {})
+            if not isinstance(kv, dict):
+                raise CheckpointError(f"{path}: \"kv_amax\": expected an object of KV-cache key -> amax, "
+                                      f"got {kv!r:.80}")
+            clash = sorted(set(kv) & set(data["input_amax"]))
+            if clash:
+                raise CheckpointError(f"{path}: {clash[0]!r} is in both \"input_amax\" and \"kv_amax\"")
+            data = {**data["input_amax"], **kv}
         if not isinstance(data, dict):
             raise CheckpointError(f"{path}: expected a JSON object of layer name -> activation amax")
         raw = {}
@@ -92,6 +101,112 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
         if not np.isfinite(value) or value < 0:
             raise CheckpointError(f"{path}: {name!r}: activation amax must be finite and >= 0, got {value!r}")
     return raw
+
+
+# Calibration keys that carry the amax of an attention module's cached keys/values: the
+# compressed-tensors tensor names, or the k/v projection's output amax (the ``.input_amax`` convention
+# applied to outputs; what a forward hook on k_proj/v_proj records). vLLM and compressed-tensors
+# quantize K after RoPE, so the amax of the rotated keys is the faithful value for ``k``.
+KV_KEYS = (("k_scale", "k"), ("v_scale", "v"), ("k_proj.output_amax", "k"), ("v_proj.output_amax", "v"))
+# Formats that cannot carry KV-cache scales in fp8ref's export, and why.
+NO_KV = {hf_fp8.NAME: "its quantization_config (quant_method 'fp8') has no KV-cache field and its loaders read "
+                      "no k_scale/v_scale",
+         autoround.NAME: "fp8ref does not write auto-round's KV-cache form (static_kv_dtype with {q,k,v}_scale "
+                         "tensors), which is not verified against auto-round's exporter"}
+
+
+def split_calibration(calibration: Mapping[str, float], where: str = "calibration"
+                      ) -> tuple[dict[str, float], dict[str, dict[str, tuple[str, float]]]]:
+    """(layer -> input amax, attention module -> {"k"|"v": (calibration key, amax)})."""
+    layers: dict[str, float] = {}
+    kv: dict[str, dict[str, tuple[str, float]]] = {}
+    for key, value in calibration.items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"{where}: key {key!r}: expected a layer or KV-cache name (str)")
+        match = next(((key[: -len(suffix) - 1], which) for suffix, which in KV_KEYS
+                      if key.endswith("." + suffix)), None)
+        if match is None:
+            layers[key] = value
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise CheckpointError(f"{where}: {key!r}: expected a number (KV-cache amax), got {value!r:.80}")
+        amax = float(value)
+        if not np.isfinite(amax) or amax < 0:
+            raise CheckpointError(f"{where}: {key!r}: a KV-cache amax must be a finite number >= 0, got {value!r:.80}")
+        attn, which = match
+        old = kv.setdefault(attn, {}).setdefault(which, (key, amax))
+        if old[1] != amax:
+            raise CheckpointError(f"{where}: {old[0]!r} = {old[1]!r} and {key!r} = {amax!r} give the same "
+                                  f"KV-cache amax ({attn}.{which}_scale) two values")
+    return layers, kv
+
+
+@dataclass
+class KVPlan:
+    name: str  # <attn>.k_scale / <attn>.v_scale
+    file: str  # the output file: the one holding <attn>.k_proj.weight (or v_proj)
+    dtype: str  # safetensors dtype
+    value: np.ndarray  # the stored [1] tensor
+
+
+def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt: str,
+            plans: Mapping[str, LayerPlan], *, recipe: str | None = None, where: str = "calibration"
+            ) -> list[KVPlan]:
+    """KV-cache scales for ``fmt`` from per-attention-module amax; every check runs before writing.
+
+    Scale = the recipe's formula on the amax (the ``recipe=`` override, else the recipe of the
+    module's k_proj/v_proj layer, else compressed-tensors'), stored [1] in the projection's dtype
+    (or float32 for a recipe that stores float32 scales), as compressed-tensors writes it.
+    """
+    from ..formats import FORMATS as FLOAT_FORMATS
+    from ..recipes import compute_scale, get_recipe
+
+    if not kv:
+        return []
+    first = next(iter(kv.values()))
+    example = next(iter(first.values()))[0]
+    if fmt in NO_KV:
+        raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} attention module(s) (e.g. {example!r}), but "
+                              f"the {fmt} format cannot express KV-cache scales: {NO_KV[fmt]}. Export to "
+                              f"compressed-tensors, or drop the KV-cache entries")
+    attention = sorted(n[: -len(".k_proj.weight")] for n in store
+                       if n.endswith(".k_proj.weight") and n.replace(".k_proj.weight", ".v_proj.weight") in store)
+    files = {n: fname for fname, f in store.files.items() for n in f.tensors}
+    out = []
+    for attn in sorted(kv):
+        entries = kv[attn]
+        if attn not in attention:
+            key = next(iter(entries.values()))[0]
+            raise CheckpointError(f"{where}: {key!r}: {attn!r} is not an attention module of {store.root} "
+                                  f"(one with k_proj and v_proj weights; found {len(attention)}, e.g. "
+                                  f"{attention[:2]})")
+        for which in ("k", "v"):
+            if which not in entries:
+                raise CheckpointError(f"{where}: {attn!r} has a {'v' if which == 'k' else 'k'} amax but no "
+                                      f"{which} amax (key {attn}.{which}_scale); compressed-tensors scales "
+                                      f"both K and V, and a missing scale becomes 1.0 in vLLM")
+            name = f"{attn}.{which}_scale"
+            if name in store:
+                raise CheckpointError(f"{store.where(name)}: the source already has the KV-cache scale the "
+                                      f"{fmt} export would write")
+            proj = f"{attn}.{which}_proj"
+            rec = get_recipe(recipe or (plans[proj].recipe if proj in plans else "compressed-tensors"))
+            weight = store.info(f"{proj}.weight")
+            dtype = {v: k for k, v in D_DTYPES.items()}[weight.dtype]
+            sdtype = D_DTYPES[dtype] if rec.scale_store_dtype == "model" else "F32"
+            stored, _ = compute_scale(np.array([entries[which][1]]), rec, FLOAT_FORMATS["float8_e4m3fn"], dtype)
+            if not (np.isfinite(stored).all() and (stored > 0).all()):
+                raise CheckpointError(f"{where}: {entries[which][0]!r} = {entries[which][1]!r}: recipe {rec.name!r} "
+                                      f"gives the scale {float(stored[0])!r} in {dtype}; a KV-cache scale must be "
+                                      f"finite and > 0")
+            out.append(KVPlan(name, files[f"{proj}.weight"], sdtype,
+                              _as_stored(np.asarray(stored, np.float32), sdtype).reshape(1)))
+    missing = [a for a in attention if a not in kv]
+    if missing:
+        raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} of {len(attention)} attention modules; "
+                              f"none for {missing[:3]}. compressed-tensors' kv_cache_scheme covers every "
+                              f"attention module, and a missing scale becomes 1.0 in vLLM")
+    return out
 
 
 def _candidates(store: TensorStore) -> list[str]:
@@ -194,13 +309,28 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     name, sdtype, shape = roles["weight_scale"]
     if sdtype != "F32" and _STORE[q.scale_dtype] != sdtype:  # widening to F32 is exact, narrowing is not
         raise CheckpointError(f"{plan.name}: recipe {plan.recipe!r} produced {q.scale_dtype} scales, planned {sdtype}")
-    out[name] = _as_stored(np.asarray(q.scale).astype(np.float32), sdtype).reshape(shape)
+    out[name] = _checked_scale(store, name, plan,
+                               _as_stored(np.asarray(q.scale).astype(np.float32), sdtype).reshape(shape))
     if "input_scale" in roles:
         name, sdtype, shape = roles["input_scale"]
         rec = get_recipe(plan.recipe)
         stored, _ = compute_scale(np.array([plan.amax]), rec, FLOAT_FORMATS[plan.quant.weight_fmt], plan.dtype)
-        out[name] = _as_stored(np.asarray(stored, np.float32), sdtype).reshape(shape)
+        out[name] = _checked_scale(store, name, plan,
+                                   _as_stored(np.asarray(stored, np.float32), sdtype).reshape(shape))
     return out
+
+
+def _checked_scale(store, name: str, plan, scale: np.ndarray) -> np.ndarray:
+    """A recipe can produce a scale no loader accepts: hf-fp8's 448/amax multiplier overflows fp32
+    for a subnormal amax, so weight_scale_inv = 1/inf = 0. Refuse before anything is written."""
+    values = np.asarray(scale, np.float32)
+    bad = ~(np.isfinite(values) & (values > 0))
+    if bad.any():
+        first = float(values.reshape(-1)[np.argmax(bad.reshape(-1))])
+        raise CheckpointError(f"{store.where(plan.name + '.weight')}: recipe {plan.recipe!r} gives {name} = "
+                              f"{first!r} for {int(bad.sum())} of {values.size} element(s); a dequantization "
+                              "scale must be > 0 and finite (tiny or zero amax: pick another recipe)")
+    return scale
 
 
 def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
@@ -222,19 +352,33 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     mapping or LayerConfig) into a complete ``format`` checkpoint at ``output``.
 
     calibration: per-layer activation amax (a mapping, or a JSON/safetensors path), required for
-    layers with static inputs. recipe: overrides each scheme's recipe. Every non-quantized tensor
-    and every other file of the source folder is copied unchanged; config.json gets the format's
-    ``quantization_config``. Refuses an existing ``output`` unless ``force``. ``symlinks_out``:
-    accept source files that link out of the folder (a Hugging Face cache snapshot).
+    layers with static inputs; KV-cache amax entries (``<attn>.k_scale``/``v_scale`` or
+    ``<attn>.{k,v}_proj.output_amax``) add ``<attn>.{k,v}_scale`` and ``kv_cache_scheme``
+    (compressed-tensors only; other formats raise CheckpointError before writing). recipe:
+    overrides each scheme's recipe. Every non-quantized tensor and every other file of the source
+    folder is copied unchanged; config.json gets the format's ``quantization_config``. Refuses an
+    existing ``output`` unless ``force``. ``symlinks_out``: accept source files that link out of
+    the folder (a Hugging Face cache snapshot).
     """
     if format not in FORMATS:
         raise CheckpointError(f"format: {format!r}; expected one of {', '.join(FORMATS)}")
     source = Path(source)
     store = open_store(source, symlinks_out=symlinks_out)
     folder = source if source.is_dir() else source.parent
+    where = "calibration"
     if calibration is not None and not isinstance(calibration, Mapping):
+        where = str(calibration)
         calibration = load_calibration(calibration)
+    kv_amax = {}
+    if calibration is not None:
+        calibration, kv_amax = split_calibration(calibration, where)
+    if kv_amax and format in NO_KV:  # before the spec is resolved: the format is the first thing wrong
+        plan_kv(store, kv_amax, format, {}, where=where)
     plans = plan_layers(store, spec, format, recipe=recipe, calibration=calibration)
+    kv_plans = plan_kv(store, kv_amax, format, plans, recipe=recipe, where=where)
+    kv_by_file: dict[str, list[KVPlan]] = {}
+    for k in kv_plans:
+        kv_by_file.setdefault(k.file, []).append(k)
     module = FORMATS[format]
     config = {}
     if (folder / "config.json").is_file():
@@ -245,7 +389,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
     layers = {n: p.quant for n, p in plans.items()}
     unquantized = [m for m in _candidates(store) if m not in plans]
-    qc = module.quantization_config(layers, unquantized)
+    qc = module.quantization_config(layers, unquantized, kv=True) if kv_plans else module.quantization_config(
+        layers, unquantized)
     bar = _progress(len(store), progress)
     with atomic_folder(output, force=force, protect=[folder if source.is_dir() else source]) as tmp:
         weight_map, total_size = {}, 0
@@ -260,6 +405,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                     specs += [TensorSpec(n, d, tuple(s)) for _, n, d, s in entries]
                 else:
                     specs.append(TensorSpec(tname, info.dtype, info.shape))
+            specs += [TensorSpec(k.name, k.dtype, (1,)) for k in kv_by_file.get(fname, [])]
             writer = SafetensorsWriter(tmp / fname, specs, f.metadata or {"format": "pt"})
             try:
                 for tname, raw in _prefetched(f):
@@ -269,6 +415,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                     else:
                         writer.write(tname, raw)
                     bar.update(1)
+                for k in kv_by_file.get(fname, []):
+                    writer.write(k.name, k.value)
             except BaseException:
                 writer.abort()
                 raise
@@ -335,9 +483,19 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         for role, tname, _, shape in module.tensor_plan(name, layer.quant, out, inp, checkpoint.dtype):
             if role in layer.tensors:
                 renames[layer.tensors[role]] = (tname, shape)
+    for kname in sorted(checkpoint.kv_scales.values()):
+        if fmt in NO_KV or kname.endswith(".q_scale"):
+            why = NO_KV.get(fmt, "compressed-tensors' kv_cache_scheme has no query scale")
+            raise CheckpointError(f"{store.where(kname)}: a KV-cache scale, but the {fmt} format cannot express "
+                                  f"it: {why}")
+        # old compressed-tensors names become the current ones; [] becomes [1] as compressed-tensors writes
+        target = re.sub(r"\.([kv])_proj\.output_scale$", r".\1_scale", kname)
+        shape = (1,) if store.info(kname).shape == () else store.info(kname).shape
+        renames[kname] = (target, shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in _candidates(store) if m not in layers]
-    qc = module.quantization_config(layers, unquantized)
+    qc = (module.quantization_config(layers, unquantized, kv=True) if checkpoint.kv_scales
+          else module.quantization_config(layers, unquantized))
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
     with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:
         weight_map, total_size = {}, 0

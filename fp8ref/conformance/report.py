@@ -92,8 +92,12 @@ def mismatch_line(m: Mismatch, fmt_name: str | None) -> str:
     ulp = "-" if m.ulp is None else str(m.ulp)
     tags = f"  [{' '.join(m.tags)}]" if m.tags else ""
     out = f"  {m.output}" if m.output not in ("codes", "values") else ""
+    bound = ""
+    if m.bound_used is not None:  # judged by the fp32-order bound against the exact result
+        bound = ("  outside the fp32-order bound's domain" if math.isnan(m.bound_used)
+                 else f"  fp32-order bound used {m.bound_used:.4g}x")
     return (f"{m.op} {_param_text(m.params)}{out}  {where}{inputs}  expected {output_text(m.expected, fmt_name)}"
-            f"  got {output_text(m.got, fmt_name)}  ulp {ulp}{tags}")
+            f"  got {output_text(m.got, fmt_name)}  ulp {ulp}{bound}{tags}")
 
 
 def _array_literal(v) -> str:
@@ -140,9 +144,13 @@ def table(rows: dict[str, dict], columns: Iterable[tuple[str, str]]) -> str:
     return "\n".join(line(cells) for cells in [head, *body])
 
 
+# "in bound": elements that differ from fp8ref's exact result but lie inside the declared
+# fp32-order bound (backends whose fp32 summation order is unspecified); never counted as
+# matches. "bound used": the largest fraction of that bound any element used.
 SUMMARY_COLUMNS = (("cases", "cases"), ("not_implemented", "not impl."), ("errors", "errors"),
-                   ("elements", "elements"), ("exact", "match"), ("mismatches", "mismatches"),
-                   ("xfailed", "xfailed"), ("max_ulp", "max ulp"))
+                   ("elements", "elements"), ("exact", "match"), ("in_bound", "in bound"),
+                   ("mismatches", "mismatches"), ("xfailed", "xfailed"), ("max_ulp", "max ulp"),
+                   ("bound_used", "bound used"))
 
 
 def _fmt_of(m: Mismatch) -> str | None:
@@ -179,17 +187,30 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
     return unexpected
 
 
+def _max(a, b):
+    return b if a is None else (a if b is None else max(a, b))
+
+
 def summarize(results, is_xfailed) -> dict[str, dict]:
-    """Per operation: cases, not implemented, errors, elements, matches, mismatches, xfailed, max ULP."""
+    """Per operation: cases, not implemented, errors, elements, exact matches, elements inside
+    a declared fp32-order bound, mismatches, xfailed, max ULP (over every differing element
+    with no NaN), and the largest fraction of the bound used ("-" where no bound applied)."""
     table: dict[str, dict] = {}
     for r in results:
         row = table.setdefault(r.op, {"cases": 0, "not_implemented": 0, "errors": 0, "elements": 0,
-                                      "exact": 0, "mismatches": 0, "xfailed": 0, "max_ulp": None})
+                                      "exact": 0, "in_bound": 0, "mismatches": 0, "xfailed": 0, "max_ulp": None,
+                                      "bound_used": None})
+        in_bound = getattr(r, "in_bound", 0)
         row["cases"] += 1
         row["not_implemented"] += r.status == "not-implemented"
         row["errors"] += r.status in ("error", "missing")
         row["elements"] += r.elements
-        row["exact"] += r.elements - len(r.mismatches)
+        row["exact"] += r.elements - len(r.mismatches) - in_bound
+        row["in_bound"] += in_bound
+        row["max_ulp"] = _max(row["max_ulp"], getattr(r, "in_bound_max_ulp", None))
+        used = getattr(r, "max_bound_used", None)
+        if used is not None:
+            row["bound_used"] = _max(row["bound_used"], float(f"{used:.4g}"))
         for m in r.mismatches:
             row["xfailed" if is_xfailed(m.case, m.tags) else "mismatches"] += 1
             if m.ulp is not None and (row["max_ulp"] is None or m.ulp > row["max_ulp"]):
@@ -205,7 +226,15 @@ def mismatch_json(m: Mismatch, xfailed: bool) -> dict:
                 "text": output_text(v, fmt) if v is m.expected or v is m.got else value_text(v)}
 
     return {"output": m.output, "index": list(m.index), "inputs": {k: value_text(v) for k, v in m.inputs.items()},
-            "expected": enc(m.expected), "got": enc(m.got), "ulp": m.ulp, "tags": list(m.tags), "xfail": xfailed}
+            "expected": enc(m.expected), "got": enc(m.got), "ulp": m.ulp, "tags": list(m.tags), "xfail": xfailed,
+            "bound_used": _json_float(m.bound_used)}
+
+
+def _json_float(v):
+    """Floats for JSON: None for none/NaN (outside the bound's domain), "inf" for infinity."""
+    if v is None or math.isnan(v):
+        return None
+    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
 
 
 def results_json(results, is_xfailed, *, examples: int = 20) -> list[dict]:
@@ -214,5 +243,8 @@ def results_json(results, is_xfailed, *, examples: int = 20) -> list[dict]:
         n_x = sum(1 for m in r.mismatches if is_xfailed(m.case, m.tags))
         out.append({"case": r.case, "op": r.op, "params": r.params, "status": r.status, "reason": r.reason,
                     "elements": r.elements, "mismatches": len(r.mismatches) - n_x, "xfailed": n_x,
+                    "rule": getattr(r, "rule", "bit-exact"), "in_bound": getattr(r, "in_bound", 0),
+                    "in_bound_max_ulp": getattr(r, "in_bound_max_ulp", None),
+                    "max_bound_used": _json_float(getattr(r, "max_bound_used", None)),
                     "examples": [mismatch_json(m, is_xfailed(m.case, m.tags)) for m in r.mismatches[:examples]]})
     return out

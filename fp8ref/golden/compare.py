@@ -34,6 +34,9 @@ class Mismatch:
     got: object
     ulp: int | None  # distance in steps of the output's own grid; None when NaN is involved
     tags: tuple[str, ...] = ()
+    # under the fp32-order bound (fp8ref.conformance.gemm_bound): the fraction of the allowed
+    # distance from the exact value that got uses (> 1: outside; NaN: outside the bound's domain)
+    bound_used: float | None = None
 
 
 class OutputError(GoldenError):
@@ -94,11 +97,16 @@ def differing(expected: np.ndarray, got: np.ndarray, fmt_name: str | None, nan_r
 
 
 def mismatches(op, case: str, params: Mapping, inputs: Mapping[str, np.ndarray], output: str,
-               expected: np.ndarray, got: np.ndarray, nan_rule: str) -> list[Mismatch]:
-    """Every differing element as a Mismatch, simplest counterexample first."""
+               expected: np.ndarray, got: np.ndarray, nan_rule: str, *, excused: np.ndarray | None = None,
+               bound_used: np.ndarray | None = None) -> list[Mismatch]:
+    """Every differing element as a Mismatch, simplest counterexample first. ``excused``
+    (a mask) leaves out elements a declared comparison rule accepts; ``bound_used`` (per
+    element) is carried into each Mismatch."""
     fmt_name = op.output_format(params, output)
     fmt = get_format(fmt_name) if fmt_name else None
     mask = differing(expected, got, fmt_name, nan_rule)
+    if excused is not None:
+        mask &= ~excused
     if not mask.any():
         return []
     idx = np.argwhere(mask)
@@ -111,7 +119,14 @@ def mismatches(op, case: str, params: Mapping, inputs: Mapping[str, np.ndarray],
     for k, index in enumerate(map(tuple, idx.tolist())):
         element = op.element_inputs(params, inputs, index)
         tags_k = (*tags[k], "nan-code") if both_nan[k] else tags[k]
+        used = None if bound_used is None else float(bound_used[index])
         out.append(Mismatch(case, op.name, params, output, index, element, e[k], g[k],
-                            None if nan[k] else int(dist[k]), tags_k))
+                            None if nan[k] else int(dist[k]), tags_k, used))
     key = getattr(op, "simplicity", None)
     return sorted(out, key=(lambda m: key(params, m.inputs)) if key else (lambda m: m.index))
+
+
+def ulp_distance(expected: np.ndarray, got: np.ndarray, fmt_name: str | None = None) -> np.ndarray:
+    """Steps between expected and got on the output's own grid (meaningless where NaN is involved)."""
+    fmt = get_format(fmt_name) if fmt_name else None
+    return np.abs(ordinal(expected, fmt) - ordinal(got, fmt))

@@ -69,3 +69,74 @@ class Nothing(Backend):
 
 
 instance = RoundHalfUp()  # for the 'module:object' form
+
+
+# --- scaled_mm: each computes torch's CPU model (scales into the operands, an fp32 sum) in its
+# own way and breaks one thing; all declare an unspecified order, so they are judged by the
+# fp32-order bound against fp8ref's exact result (docs/conformance.md).
+MM_CAPS = {"scaled_mm": {"format": ("float8_e4m3fn",), "scales": ("tensor", "row"),
+                         "out_dtype": ("float32", "bfloat16"), "accumulate": ("fp32",),
+                         "scale_order": ("operands",), "bias": (False, True)}}
+
+
+def _out(acc32, bias, out_dtype):
+    """fp32 result (M, N) plus the bias in fp32, then RNE to out_dtype (as torch does)."""
+    import ml_dtypes
+
+    y = acc32 if bias is None else (acc32 + bias.astype(np.float32)).astype(np.float32)
+    return y.astype(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else y.astype(np.float32)
+
+
+class _MM(Backend):
+    capabilities = MM_CAPS
+    accumulation_order = {"scaled_mm": "unspecified"}
+    acc_dtype = np.float32
+
+    def operands(self, a, b, scale_a, scale_b, fmt):
+        a32 = codec.decode(a, fmt) * np.asarray(scale_a, np.float32).reshape(-1, 1)
+        b32 = codec.decode(b, fmt) * np.asarray(scale_b, np.float32).reshape(1, -1)
+        return a32.astype(np.float32), b32.astype(np.float32)
+
+    def scaled_mm(self, a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order):
+        a32, b32 = self.operands(a, b, scale_a, scale_b, fmt)
+        K = a.shape[1]
+        acc = np.zeros((a.shape[0], b.shape[1]), self.acc_dtype)
+        for k in reversed(range(K)):  # an order fp8ref's sequential model does not use
+            prod = (a32[:, k, None] * b32[None, k, :]).astype(self.acc_dtype)
+            acc = (acc + prod).astype(self.acc_dtype)
+        return _out(acc.astype(np.float32), bias, out_dtype)
+
+
+class ReverseOrderMM(_MM):
+    """Correct: fp32 operands, fp32 sum over k in reverse order (a legitimate order)."""
+
+    name = "mm-reverse-order"
+
+
+class WrongScaleB(_MM):
+    """scale_b is applied after rounding to bfloat16 (a scale stored in the wrong dtype)."""
+
+    name = "mm-wrong-scale-b"
+
+    def operands(self, a, b, scale_a, scale_b, fmt):
+        import ml_dtypes
+
+        sb = np.asarray(scale_b, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+        return super().operands(a, b, scale_a, sb, fmt)
+
+
+class TransposedB(_MM):
+    """b's (K, N) buffer is read as if it were stored (N, K): a row/column-major mix-up."""
+
+    name = "mm-transposed-b"
+
+    def operands(self, a, b, scale_a, scale_b, fmt):
+        K, N = b.shape
+        return super().operands(a, np.ascontiguousarray(b).reshape(N, K).T, scale_a, scale_b, fmt)
+
+
+class Fp16AccumulationMM(_MM):
+    """Products and running sum rounded to float16 (an fp16 accumulator)."""
+
+    name = "mm-fp16-accumulation"
+    acc_dtype = np.float16

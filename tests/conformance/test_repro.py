@@ -22,10 +22,16 @@ def test_encode_repro_runs_and_prints_expected_then_got():
 
 
 def test_generic_repro_reruns_one_element(capsys):
-    r = run("torch", load_suite("fp8-static-w8a8"), select=lambda n: n.startswith("scaled_mm") and "fp32-op" in n)
+    """A scaled_mm outside the fp32-order bound: the repro shows the exact result and the
+    allowed interval, and got outside it."""
+    spec = "broken_backends:WrongScaleB"
+    r = run(spec, load_suite("fp8-static-w8a8"), select=lambda n: n.startswith("scaled_mm") and "fp32-op" in n)
     m = next(m for x in r.results for m in x.mismatches)
-    line = repro_line(m, "torch", "fp8-static-w8a8", 1)
+    line = repro_line(m, spec, "fp8-static-w8a8", 1)
     code = line[len('python -c "'):-1]
     exec(code, {})  # noqa: S102 - the line itself is the thing under test
     text = capsys.readouterr().out
     assert m.case in text and "expected" in text and "got" in text
+    bound = text.split("fp32-order bound: exact ")[1]
+    lo, hi = (float(v.split("(")[-1].rstrip(")")) for v in bound.split("allowed [")[1].split("]")[0].split(", "))
+    assert not lo <= float(m.got) <= hi

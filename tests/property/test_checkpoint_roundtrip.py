@@ -103,6 +103,15 @@ def test_export_load_is_bit_identical_to_quantize(data):
                                   calibration={name: amax})
             assert not (tmp / "out").exists()
             return
+        ref = quantize(w, dataclasses.replace(as_args(scheme), dynamic=True), recipe=recipe)
+        ref_scale = np.asarray(ref.scale).astype(np.float32)
+        if not (np.isfinite(ref_scale) & (ref_scale > 0)).all():
+            # e.g. hf-fp8 on a subnormal weight: fp32(448/amax) = inf, so weight_scale_inv = 0
+            with pytest.raises(CheckpointError, match="a dequantization scale must be > 0 and finite"):
+                export_checkpoint(tmp / "src", tmp / "out", {"scheme": scheme}, format=fmt,
+                                  calibration={name: amax})
+            assert not (tmp / "out").exists()
+            return
         export_checkpoint(tmp / "src", tmp / "out", {"scheme": scheme}, format=fmt, calibration={name: amax})
         ckpt = load_checkpoint(tmp / "out")
         assert ckpt.format == fmt and list(ckpt) == [name]
@@ -111,7 +120,6 @@ def test_export_load_is_bit_identical_to_quantize(data):
         assert [("#1390" in w) for w in ckpt.warnings] == ([True] if flagged else [])  # an input_scale of 1.0
         assert layer.quant == quant
 
-        ref = quantize(w, dataclasses.replace(as_args(scheme), dynamic=True), recipe=recipe)
         assert _bits(layer.weight_codes) == _bits(ref.codes)
         stored = np.asarray(layer.weight_scale).astype(np.float32)
         assert stored.size == np.asarray(ref.scale).size

@@ -197,3 +197,16 @@ def test_cli_errors_are_fp8ref_errors(tmp_path):
         _cli(["inspect", str(tmp_path / "bad")])
     with pytest.raises(Fp8RefError, match="no such file"):
         _cli(["inspect", str(tmp_path / "missing")])
+
+
+def test_a_recipe_scale_no_loader_accepts_is_refused_before_writing(tmp_path):
+    """hf-fp8 multiplies by fp32(448 * fp32(1/amax)): for a subnormal bf16 amax 1/amax overflows to
+    inf, so weight_scale_inv = 1/inf = 0, which no loader accepts (found by the round-trip property)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    w = np.full((128, 128), 9.18355e-41, BF16)  # bf16 subnormal
+    write_safetensors(src / "model.safetensors", {"model.layers.0.mlp.up_proj.weight": ("BF16", w)}, {"format": "pt"})
+    spec = {"scheme": {"scheme": "FP8_BLOCK", "recipe": "hf-fp8"}}
+    with pytest.raises(CheckpointError, match=r"recipe 'hf-fp8' gives .*weight_scale_inv = 0\.0 .* must be > 0"):
+        export_checkpoint(src, tmp_path / "out", spec, format="hf-fp8")
+    assert not (tmp_path / "out").exists()

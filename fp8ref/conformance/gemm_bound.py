@@ -1,0 +1,143 @@
+"""The fp32-order bound: how a scaled_mm whose fp32 summation order is unspecified is judged.
+
+A backend that sums in fp32 in an order it does not declare (torch's CPU ``_scaled_mm``
+goes through BLAS) cannot be compared bit for bit with fp8ref's sequential fp32 model. It
+declares ``accumulation_order = {"scaled_mm": "unspecified"}`` and each output element is
+then checked against fp8ref's exact result: with x the exact value (bias included),
+
+    E = gamma_{K+2} * |sa sb| * sum_k |a_k b_k|            gamma_n = n u / (1 - n u), u = 2**-24
+
+every fp32 order (tree, blocked, vectorised, with or without FMA, sums kept wider) gives a
+pre-cast value in [x - E, x + E], and the output, one monotone rounding r of it
+(RNE to fp32, then to out_dtype), lies in [r(x - E), r(x + E)]. docs/conformance.md has the
+proof and its domain (no fp32 underflow or overflow in any intermediate); elements outside
+the domain are compared bit for bit with the exact result.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from .. import codec
+from ..formats import get_format
+
+ORDERS = ("declared", "unspecified")
+U32 = Fraction(1, 2 ** 24)
+_MIN_PRODUCT = 2.0 ** -125  # nonzero fp32 products at or above this stay normal after rounding
+_MIN_OPERAND = 2.0 ** -126  # fp32's smallest normal
+_MAX = 2.0 ** 127  # below fp32's overflow threshold with room for every rounding
+
+
+def gamma(n: int) -> float:
+    """gamma_n = n u / (1 - n u) for fp32, as the float64 just above it (never below)."""
+    g = n * U32 / (1 - n * U32)
+    f = float(g)
+    return f if Fraction(f) >= g else float(np.nextafter(f, np.inf))
+
+
+def _out_round(v: np.ndarray, out_dtype: str) -> np.ndarray:
+    """r(v): RNE to fp32, then RNE to out_dtype (both monotone), as float64."""
+    v32 = v.astype(np.float32)
+    if out_dtype == "float32":
+        return v32.astype(np.float64)
+    if out_dtype == "bfloat16":
+        import ml_dtypes
+
+        return v32.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return v32.astype(np.float16).astype(np.float64)
+
+
+def applies(params) -> str | None:
+    """None when the rule can judge this scaled_mm case, else why not."""
+    if params.get("accumulate") != "fp32":
+        return f"the fp32-order bound covers accumulate='fp32' only, not {params.get('accumulate')!r}"
+    if params.get("scales") not in ("tensor", "row"):
+        return f"the fp32-order bound covers tensor and row scales only, not {params.get('scales')!r}"
+    return None
+
+
+def interval(params, inputs) -> dict[str, np.ndarray]:
+    """Per output element: the exact value ``x`` (float64, within the slack below), the
+    bound ``err`` (E plus that slack), the allowed output interval [lo, hi] (on the
+    out_dtype grid, as float64) and ``domain`` (True where the bound's preconditions hold)."""
+    fmt = params["format"]
+    a = codec.decode(inputs["a"], fmt).astype(np.float64)
+    b = codec.decode(inputs["b"], fmt).astype(np.float64)
+    K = a.shape[1]
+    sa = np.asarray(inputs["scale_a"], np.float32).astype(np.float64).reshape(-1, 1)  # (1,1) or (M,1)
+    sb = np.asarray(inputs["scale_b"], np.float32).astype(np.float64).reshape(1, -1)  # (1,1) or (1,N)
+    finite_a, finite_b = np.isfinite(a).all(axis=1), np.isfinite(b).all(axis=0)
+    a, b = np.where(np.isfinite(a), a, 0.0), np.where(np.isfinite(b), b, 0.0)
+    s = sa * sb  # exact: two 24-bit significands
+    ints = a @ b  # exact for e4m3 up to K = 2**17 (docs/matmul.md); else within the slack below
+    absdot = np.abs(a) @ np.abs(b)
+    bias = inputs.get("bias")
+    bias64 = np.zeros((1, b.shape[1])) if bias is None else np.asarray(bias).astype(np.float64).reshape(1, -1)
+    finite_bias = np.isfinite(bias64)
+    bias64 = np.where(finite_bias, bias64, 0.0)
+    x = s * ints + bias64
+    mag = np.abs(s) * absdot
+    # every float64 step above and below (at most K + 8 of them, each within 2**-53 of the
+    # magnitudes involved) is covered 8 times over by this slack
+    slack = (K + 8) * 2.0 ** -50 * (mag + np.abs(bias64))
+    # K * 2**-149: a fused multiply-add whose result is subnormal rounds by up to 2**-150,
+    # absolutely (products stay normal in the domain; plain additions there are exact)
+    err = gamma(K + 2) * mag * (1 + 2.0 ** -40) + slack + K * 2.0 ** -149
+    lo, hi = _out_round(x - err, params["out_dtype"]), _out_round(x + err, params["out_dtype"])
+    # domain: no fp32 underflow (nonzero scaled operands, products and, for the epilogue
+    # order, the scale product and the smallest nonzero scaled partial sum stay normal) and no
+    # overflow anywhere (every partial sum is at most (1 + gamma) * mag)
+    alpha, beta = np.abs(a) * sa, np.abs(b) * sb
+    row_ok = finite_a & ((alpha == 0) | ((alpha >= _MIN_OPERAND) & (alpha <= _MAX))).all(axis=1)
+    col_ok = finite_b & ((beta == 0) | ((beta >= _MIN_OPERAND) & (beta <= _MAX))).all(axis=0)
+    amin = np.where(alpha > 0, alpha, np.inf).min(axis=1, keepdims=True)
+    bmin = np.where(beta > 0, beta, np.inf).min(axis=0, keepdims=True)
+    domain = row_ok[:, None] & col_ok[None, :] & finite_bias & (amin * bmin >= _MIN_PRODUCT)
+    domain &= 2 * (mag + np.abs(bias64)) <= _MAX
+    if params.get("scale_order") == "epilogue":
+        tiny = get_format(fmt).min_positive ** 2  # the grid every partial sum of products lies on
+        domain &= (s >= _MIN_PRODUCT) & (s * tiny >= _MIN_PRODUCT)
+    return {"x": x, "err": err, "lo": lo, "hi": hi, "domain": np.broadcast_to(domain, x.shape)}
+
+
+_GRID = {"float32": (24, -126), "bfloat16": (8, -126), "float16": (11, -14)}  # precision, emin
+
+
+def _half_gap(g: np.ndarray, away: np.ndarray, out_dtype: str) -> np.ndarray:
+    """Half the distance from g to its neighbour on the out_dtype grid, toward larger
+    magnitude where ``away``, else toward zero: g's rounding boundary on that side."""
+    p, emin = _GRID[out_dtype]
+    a = np.abs(g)
+    _, e = np.frexp(np.where(np.isfinite(a) & (a > 0), a, 1.0))
+    exp = np.where(a > 0, np.maximum(e - 1, emin), emin)
+    ulp = np.ldexp(1.0, exp - p + 1)
+    power_of_two = (a == np.ldexp(1.0, exp)) & (exp > emin)
+    return np.where(~away & power_of_two, ulp / 2, ulp) / 2
+
+
+def judge(params, inputs, got: np.ndarray) -> dict[str, np.ndarray]:
+    """``within``: got lies in [r(x - E), r(x + E)] and the element is in the domain (the
+    verdict). ``used``: how much of E got needs, as a fraction: the distance from x to got's
+    rounding interval on the out_dtype grid, over E (0 when got is x correctly rounded, about
+    1 at the edge of the bound; a diagnostic, exact up to where a tie or the fp32-then-
+    out_dtype rounding puts that interval's end; NaN outside the domain or for a NaN got)."""
+    iv = interval(params, inputs)
+    out_dtype = params["out_dtype"]
+    g = got.astype(np.float64)
+    x, lo, hi = iv["x"], iv["lo"], iv["hi"]
+    within = iv["domain"] & (g >= lo) & (g <= hi)
+    above = g > x  # got's interval starts below it, toward x
+    p, _ = _GRID[out_dtype]
+    fmax = float(np.finfo(np.float32).max) if out_dtype == "float32" else (
+        65504.0 if out_dtype == "float16" else float(np.ldexp(2.0 - 2.0 ** (1 - p), 127)))
+    gf = np.where(np.isinf(g), np.copysign(fmax, g), g)
+    edge = np.where(np.isinf(g), np.copysign(fmax + _half_gap(np.array(fmax), np.array(True), out_dtype), g),
+                    gf - np.where(above, 1, -1) * _half_gap(gf, above != (gf > 0), out_dtype))
+    dist = np.where(above, np.maximum(edge - x, 0.0), np.maximum(x - edge, 0.0))
+    err = iv["err"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        used = np.where(dist == 0, 0.0, dist / err)
+    used = np.where(iv["domain"] & ~np.isnan(g), used, np.nan)
+    return {"within": within, "used": used}
