@@ -399,8 +399,8 @@ class CodeOut:
         t, sure = self.candidate(y, 4.0 * mag * ((len(taus) + 1) * 2.0 ** -53), applied)
         if not sure.all():
             unsure = ~sure
-            t[unsure] = self._repair([x[unsure] for x in taus], y[unsure] if applied or self.scale is None
-                                     else (y[unsure] / self.scale if self.op == "divide" else y[unsure] * self.scale))
+            v = self._scaled(y[unsure], mag[unsure], applied)[0]  # a starting point only
+            t[unsure] = self._repair([x[unsure] for x in taus], v)
         return t
 
     def _repair(self, taus: list, v: np.ndarray) -> np.ndarray:

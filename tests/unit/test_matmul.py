@@ -341,7 +341,7 @@ B = np.zeros((3, 4), np.uint8)
     (dict(b=np.zeros((3, 4), np.float32)), InputTypeError, ["b", "uint8", "float32"]),
     (dict(bias=np.zeros(3, f32)), ShapeError, ["bias", "(3,)", "(4,)"]),
     (dict(bias=np.zeros(4, np.int32)), InputTypeError, ["bias", "int32"]),
-    (dict(out_dtype="float8_e4m3fn"), InputTypeError, ["out_dtype", "float8_e4m3fn"]),
+    (dict(out_dtype="float8_e4m3"), InputTypeError, ["out_dtype", "float8_e4m3"]),
     (dict(accumulate="fp16"), InputTypeError, ["accumulate", "fp16", "exact"]),
     (dict(fmt_a=FloatFormat("e7m0_wide", 7, 0, 200)), FormatError, ["a", "e7m0_wide", "float32"]),
 ])
