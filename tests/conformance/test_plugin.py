@@ -28,7 +28,7 @@ def _plugin_args() -> list[str]:
 
 
 def pytest_in(tmp_path, *args):
-    (tmp_path / "test_own.py").write_text("def test_own():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "test_own.py").write_text("def test_own():\n    assert sum([1, 1]) == 2\n")
     env_path = {"PYTHONPATH": f"{ROOT}:{Path(__file__).parent}"}
     import os
 
