@@ -333,6 +333,19 @@ def _checked_scale(store, name: str, plan, scale: np.ndarray) -> np.ndarray:
     return scale
 
 
+def _write_metadata(tmp: Path, sharded: bool, weight_map: dict, total_size: int, config: dict, qc: dict,
+                    fmt: str) -> None:
+    """The shard index (when the source had one), config.json with ``qc`` as its
+    quantization_config, and auto-round's separate quantization_config.json."""
+    if sharded:
+        index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+        atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+    config["quantization_config"] = qc
+    atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if fmt == autoround.NAME:
+        atomic_write_text(tmp / "quantization_config.json", json.dumps(qc, indent=2, sort_keys=True) + "\n")
+
+
 def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values that are exact in ``dtype`` -> an array of that dtype, bit-exact."""
     import ml_dtypes
@@ -423,14 +436,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             writer.close()
             weight_map.update({s.name: fname for s in specs})
             total_size += sum(s.nbytes for s in specs)
-        if store.index is not None:
-            index = {"metadata": {"total_size": total_size},
-                     "weight_map": dict(sorted(weight_map.items()))}
-            atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
-        config["quantization_config"] = qc
-        atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if format == autoround.NAME:
-            atomic_write_text(tmp / "quantization_config.json", json.dumps(qc, indent=2, sort_keys=True) + "\n")
+        _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, format)
         if source.is_dir():
             _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
     bar.close()
@@ -516,14 +522,8 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
             writer.close()
             weight_map.update({s.name: fname for s in specs})
             total_size += sum(s.nbytes for s in specs)
-        if store.index is not None:
-            index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
-            atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
         config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
-        config["quantization_config"] = qc
-        atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if fmt == autoround.NAME:
-            atomic_write_text(tmp / "quantization_config.json", json.dumps(qc, indent=2, sort_keys=True) + "\n")
+        _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, fmt)
         if checkpoint.path.is_dir():
             _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
     return Path(output)
