@@ -333,6 +333,21 @@ def _checked_scale(store, name: str, plan, scale: np.ndarray) -> np.ndarray:
     return scale
 
 
+def _write_shard(folder: Path, fname: str, specs: list, metadata, items, weight_map: dict) -> int:
+    """Stream ``items`` ((name, data) in ``specs`` order) into one safetensors file; a failure
+    removes the partial file. Records the tensors in ``weight_map``; returns their data bytes."""
+    writer = SafetensorsWriter(folder / fname, specs, metadata or {"format": "pt"})
+    try:
+        for name, data in items:
+            writer.write(name, data)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    weight_map.update({spec.name: fname for spec in specs})
+    return sum(spec.nbytes for spec in specs)
+
+
 def _write_metadata(tmp: Path, sharded: bool, weight_map: dict, total_size: int, config: dict, qc: dict,
                     fmt: str) -> None:
     """The shard index (when the source had one), config.json with ``qc`` as its
@@ -419,23 +434,17 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                 else:
                     specs.append(TensorSpec(tname, info.dtype, info.shape))
             specs += [TensorSpec(k.name, k.dtype, (1,)) for k in kv_by_file.get(fname, [])]
-            writer = SafetensorsWriter(tmp / fname, specs, f.metadata or {"format": "pt"})
-            try:
+            def tensors(f=f, fname=fname, by_source=by_source):
                 for tname, raw in _prefetched(f):
                     if tname in by_source:
-                        for out_name, data in _quantize_layer(store, plans[by_source[tname]], raw).items():
-                            writer.write(out_name, data)
+                        yield from _quantize_layer(store, plans[by_source[tname]], raw).items()
                     else:
-                        writer.write(tname, raw)
+                        yield tname, raw
                     bar.update(1)
                 for k in kv_by_file.get(fname, []):
-                    writer.write(k.name, k.value)
-            except BaseException:
-                writer.abort()
-                raise
-            writer.close()
-            weight_map.update({s.name: fname for s in specs})
-            total_size += sum(s.nbytes for s in specs)
+                    yield k.name, k.value
+
+            total_size += _write_shard(tmp, fname, specs, f.metadata, tensors(), weight_map)
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, format)
         if source.is_dir():
             _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
@@ -512,16 +521,8 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
                 if prod(shape) != info.numel:
                     raise CheckpointError(f"{store.where(n)}: shape {list(info.shape)} cannot become {list(shape)}")
                 specs.append(TensorSpec(target, info.dtype, tuple(shape)))
-            writer = SafetensorsWriter(tmp / fname, specs, f.metadata or {"format": "pt"})
-            try:
-                for n in f.tensors:
-                    writer.write(renames.get(n, (n,))[0], f.read_bytes(n))
-            except BaseException:
-                writer.abort()
-                raise
-            writer.close()
-            weight_map.update({s.name: fname for s in specs})
-            total_size += sum(s.nbytes for s in specs)
+            items = ((renames.get(n, (n,))[0], f.read_bytes(n)) for n in f.tensors)
+            total_size += _write_shard(tmp, fname, specs, f.metadata, items, weight_map)
         config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, fmt)
         if checkpoint.path.is_dir():

@@ -141,3 +141,15 @@ def judge(params, inputs, got: np.ndarray) -> dict[str, np.ndarray]:
         used = np.where(dist == 0, 0.0, dist / err)
     used = np.where(iv["domain"] & ~np.isnan(g), used, np.nan)
     return {"within": within, "used": used}
+
+
+def record(result, excused: np.ndarray, used: np.ndarray, ulp: np.ndarray) -> None:
+    """Add one output's in-bound counts to a CaseResult: elements that differ from the exact result
+    but lie inside the bound, the largest ULP among them, and the largest fraction of the bound used."""
+    result.in_bound += int(excused.sum())
+    if excused.any():
+        result.in_bound_max_ulp = max(int(ulp[excused].max()), result.in_bound_max_ulp or 0)
+    finite = used[~np.isnan(used)]
+    if finite.size:
+        top = float(finite.max())
+        result.max_bound_used = top if result.max_bound_used is None else max(top, result.max_bound_used)

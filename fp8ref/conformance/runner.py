@@ -29,16 +29,6 @@ from .backend import load_backend
 from .xfails import Xfails
 
 
-@dataclass
-class LiveResult(CaseResult):
-    """A case's outcome in a live run, with the comparison rule that judged it."""
-
-    rule: str = "bit-exact"  # or "fp32-order bound"
-    in_bound: int = 0  # elements that differ from the exact result but lie inside the bound
-    in_bound_max_ulp: int | None = None
-    max_bound_used: float | None = None  # over every element in the bound's domain
-
-
 def accumulation_order(backend, op: str) -> str:
     """'declared' (bit-exact against fp8ref's model of the case) or 'unspecified'."""
     order = dict(getattr(backend, "accumulation_order", None) or {}).get(op, "declared")
@@ -119,7 +109,7 @@ def expected_outputs(backend, op, params, inputs) -> dict:
 
 
 def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseResult:
-    result = LiveResult(name, op.name, dict(params))
+    result = CaseResult(name, op.name, dict(params))
     bounded = accumulation_order(backend, op.name) == "unspecified"
     reason = backend.implements(op.name, params) or (_bound_reason(op.name, params) if bounded else None)
     if reason:
@@ -140,7 +130,7 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseRe
                 j = gemm_bound.judge(case.params, case.inputs, got_arr)
                 diff = differing(exp, got_arr, fmt, nan_rule)
                 excused, used = diff & j["within"], j["used"]
-                _record_bound(result, excused, used, ulp_distance(exp, got_arr, fmt))
+                gemm_bound.record(result, excused, used, ulp_distance(exp, got_arr, fmt))
             result.mismatches += mismatches(op, name, case.params, case.inputs, out_name, exp, got_arr, nan_rule,
                                             excused=excused, bound_used=used)
     except OutputError as exc:
@@ -148,17 +138,6 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseRe
     except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours
         result.status, result.reason, result.mismatches = "error", f"backend raised {type(exc).__name__}: {exc}", []
     return result
-
-
-def _record_bound(result: LiveResult, excused, used, ulp) -> None:
-    result.in_bound += int(excused.sum())
-    if excused.any():
-        top = int(ulp[excused].max())
-        result.in_bound_max_ulp = max(top, result.in_bound_max_ulp or 0)
-    finite = used[~np.isnan(used)]
-    if finite.size:
-        top = float(finite.max())
-        result.max_bound_used = top if result.max_bound_used is None else max(top, result.max_bound_used)
 
 
 def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple = (), nan_rule: str = "any") -> None:

@@ -222,14 +222,7 @@ def _bound_compare(result: CaseResult, op, case: Case, name: str, got: np.ndarra
     fmt = op.output_format(case.params, name)
     j = gemm_bound.judge(case.params, case.inputs, got)
     excused = differing(exact, got, fmt, nan_rule) & j["within"]
-    result.in_bound += int(excused.sum())
-    if excused.any():
-        top = int(ulp_distance(exact, got, fmt)[excused].max())
-        result.in_bound_max_ulp = max(top, result.in_bound_max_ulp or 0)
-    used = j["used"][~np.isnan(j["used"])]
-    if used.size:
-        top = float(used.max())
-        result.max_bound_used = top if result.max_bound_used is None else max(top, result.max_bound_used)
+    gemm_bound.record(result, excused, j["used"], ulp_distance(exact, got, fmt))
     result.mismatches += mismatches(op, case.name, case.params, case.inputs, name, exact, got, nan_rule,
                                     excused=excused, bound_used=j["used"])
 
