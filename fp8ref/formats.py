@@ -199,6 +199,88 @@ class FloatFormat:
         """Distance from 1.0 to the next larger value: 2**-mantissa_bits."""
         return 2.0 ** -self.mantissa_bits
 
+    # --- numpy.finfo-style names (ml_dtypes keeps them for its formats) ------------------
+    @property
+    def nmant(self) -> int:
+        return self.mantissa_bits
+
+    @property
+    def nexp(self) -> int:
+        return self.exponent_bits
+
+    @property
+    def machep(self) -> int:
+        """The exponent of ``eps``: eps == 2**machep."""
+        return -self.mantissa_bits
+
+    @cached_property
+    def epsneg(self) -> float:
+        """Distance from 1.0 down to the next smaller value (subnormal spacing where 1.0 is the
+        smallest normal, as in float4_e2m1fn)."""
+        below = [v for c in range(self.magnitude_mask + 1) if (v := self.exact_value(c)) is not None and v < 1]
+        return float(1 - max(below)) if below else 2.0 ** -(self.mantissa_bits + 1)  # (numpy's formula)
+
+    @property
+    def minexp(self) -> int:
+        return self.emin
+
+    @property
+    def maxexp(self) -> int:
+        """The smallest power of two that overflows (numpy's maxexp): emax + 1."""
+        return self.emax + 1
+
+    @property
+    def tiny(self) -> float:
+        return self.min_normal
+
+    @property
+    def smallest_normal(self) -> float:
+        return self.min_normal
+
+    @property
+    def smallest_subnormal(self) -> float:
+        """The smallest positive value (the smallest normal where there are no subnormals, as in
+        ml_dtypes' finfo of float8_e8m0fnu)."""
+        return self.min_positive
+
+    # --- gfloat-style code names (None where the format has no such code) ----------------
+    @property
+    def code_of_nan(self) -> int | None:
+        return self.nan_code
+
+    @property
+    def code_of_posinf(self) -> int | None:
+        return self.inf_code
+
+    @property
+    def code_of_neginf(self) -> int | None:
+        return None if self.inf_code is None else self.inf_code | self.sign_mask
+
+    @property
+    def code_of_zero(self) -> int | None:
+        return 0 if self.has_zero else None
+
+    @property
+    def code_of_negzero(self) -> int | None:
+        return self.sign_mask if self.has_negative_zero else None
+
+    @property
+    def code_of_max(self) -> int:
+        return self.max_code_magnitude
+
+    @property
+    def code_of_min(self) -> int | None:
+        """Code of the most negative finite value (-max), None for unsigned formats."""
+        return self.max_code_magnitude | self.sign_mask if self.signed else None
+
+    @property
+    def code_of_smallest_normal(self) -> int:
+        return (1 << self.mantissa_bits) if self.has_subnormals else 0
+
+    @property
+    def code_of_smallest_subnormal(self) -> int | None:
+        return 1 if self.has_subnormals and self.mantissa_bits else None
+
     @property
     def decode_dtype(self) -> str:
         """``float32`` when every value is exact in float32, else ``float64``."""
