@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._arrays import float64_values, is_torch
 from .errors import InputTypeError, ScaleError, ShapeError, SpecError
 from .formats import FloatFormat, get_format
 
@@ -65,16 +66,8 @@ def amax_state(granularity: str = "tensor", *, group_size: int | None = None) ->
 
 def _abs_max(x, state: AmaxState) -> np.ndarray:
     """amax of |x| reduced to the state's granularity, as float64 (NaN propagates)."""
-    if type(x).__module__.startswith("torch"):
-        import torch
-        name = str(x.dtype).removeprefix("torch.")
-        if name not in _FLOAT_DTYPES:
-            raise InputTypeError(f"x: expected a floating tensor ({', '.join(_FLOAT_DTYPES)}), got torch {name}")
-        x = x.detach().to(device="cpu", dtype=torch.float64).numpy()  # exact for every float dtype
-    elif isinstance(x, np.ndarray):
-        if x.dtype.name not in _FLOAT_DTYPES:
-            raise InputTypeError(f"x: expected a floating array ({', '.join(_FLOAT_DTYPES)}), got numpy {x.dtype.name}")
-        x = x.astype(np.float64)
+    if is_torch(x) or isinstance(x, np.ndarray):
+        x = float64_values(x, "x", _FLOAT_DTYPES)  # exact for every float dtype
     else:
         raise InputTypeError(f"x: expected a numpy array or torch tensor, got {type(x).__name__}")
     if x.ndim == 0 and state.granularity != "tensor":

@@ -25,6 +25,7 @@ import numpy as np
 from ._native import KERNELS as _KERNELS
 from ._native import kernels_available  # noqa: F401 (re-exported for tests and tools)
 from ._native import run_c as _run_c
+from ._arrays import float_input, is_torch, output_buffer, torch
 from .errors import EncodeError, FormatError, InputTypeError
 from .formats import FloatFormat, get_format
 
@@ -218,59 +219,14 @@ def _c_encode_params(fmt: FloatFormat, saturate: bool, rounding: str) -> _EncPar
 # Array plumbing: numpy or torch in, same library out, numpy bit views inside
 # --------------------------------------------------------------------------------------------
 _KIND_BITS = {"f16": np.uint16, "bf16": np.uint16, "f32": np.uint32, "f64": np.float64}
-
-
-def _torch():
-    import torch
-    return torch
-
-
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "device")
+_KIND_OF = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 
 
 def _input_bits(x, what: str = "x") -> tuple[str, np.ndarray, bool]:
     """(kind, flat contiguous numpy bit view, is_torch)."""
-    if _is_torch(x):
-        torch = _torch()
-        if x.device.type != "cpu":
-            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
-        kinds = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
-        if x.dtype not in kinds:
-            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got torch {x.dtype}")
-        kind = kinds[x.dtype]
-        t = x.detach().contiguous().reshape(-1)
-        if kind == "bf16":
-            t = t.view(torch.int16)
-        arr = t.numpy()
-        return kind, (arr.view(_KIND_BITS[kind]) if kind != "f64" else arr), True
-    if isinstance(x, (np.ndarray, np.generic)):
-        arr = np.ascontiguousarray(x).reshape(-1)
-        name = arr.dtype.name
-        kind = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}.get(name)
-        if kind is None:
-            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got numpy {name}")
-        return kind, (arr.view(_KIND_BITS[kind]) if kind != "f64" else arr), False
-    raise InputTypeError(f"{what}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
-
-
-def _output(out, shape: tuple, is_torch: bool, np_dtype, what: str):
-    """(user-facing output, flat numpy view to write)."""
-    if out is None:
-        if is_torch:
-            torch = _torch()
-            tdtype = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float32): torch.float32,
-                      np.dtype(np.float64): torch.float64}[np.dtype(np_dtype)]
-            out = torch.empty(shape, dtype=tdtype)
-        else:
-            out = np.empty(shape, dtype=np_dtype)
-    if _is_torch(out) != is_torch:
-        raise InputTypeError(f"out: expected a {'torch tensor' if is_torch else 'numpy array'} like the input")
-    flat = out.numpy() if is_torch else out
-    if flat.dtype != np_dtype or tuple(flat.shape) != tuple(shape) or not flat.flags.c_contiguous:
-        raise InputTypeError(f"out: expected a contiguous {np.dtype(np_dtype).name} array of shape "
-                             f"{tuple(shape)} for {what}, got {flat.dtype.name} {tuple(flat.shape)}")
-    return out, flat.reshape(-1)
+    arr, name, as_torch = float_input(x, what)
+    kind, flat = _KIND_OF[name], arr.reshape(-1)
+    return kind, (flat.view(_KIND_BITS[kind]) if kind != "f64" else flat), as_torch
 
 
 def _shape(x) -> tuple:
@@ -293,10 +249,10 @@ def encode(x, fmt: FloatFormat | str, *, saturate: bool = True, rounding: str = 
         raise FormatError(f"rounding: expected one of {', '.join(ROUNDING_MODES)}, got {rounding!r}")
     if not isinstance(saturate, bool):
         raise InputTypeError(f"saturate: expected True or False, got {saturate!r}")
-    kind, bits, is_torch = _input_bits(x)
+    kind, bits, as_torch = _input_bits(x)
     shape = _shape(x)
     rbits, nbits = _check_random_bits(random_bits, rounding, shape)
-    result, flat = _output(out, shape, is_torch, np.uint8, "encode")
+    result, flat = output_buffer(out, shape, as_torch, np.uint8, "encode")
     if fmt.specials == "none":
         _reject_unencodable(bits, kind, fmt, saturate)
     if bits.size == 0:
@@ -368,7 +324,7 @@ def _check_random_bits(random_bits, rounding: str, shape: tuple):
         return None, 0
     if random_bits is None:
         raise InputTypeError("random_bits: rounding='stochastic' needs an unsigned integer array of x's shape")
-    rb = random_bits.numpy() if _is_torch(random_bits) else random_bits
+    rb = random_bits.numpy() if is_torch(random_bits) else random_bits
     if not isinstance(rb, (np.ndarray, np.generic)) or np.dtype(rb.dtype) not in _RANDOM_BITS_DTYPES:
         got = getattr(random_bits, "dtype", type(random_bits).__name__)
         raise InputTypeError(f"random_bits: expected a uint8, uint16 or uint32 array, got {got}")
@@ -381,23 +337,22 @@ def decode(codes, fmt: FloatFormat | str, *, out=None):
     """Values of uint8 ``codes`` in ``fmt``: float32 (float64 where ``fmt.decode_dtype`` says),
     same shape and library as ``codes``."""
     fmt = get_format(fmt)
-    if _is_torch(codes):
-        torch = _torch()
-        if codes.dtype != torch.uint8:
+    if is_torch(codes):
+        if codes.dtype != torch().uint8:
             raise InputTypeError(f"codes: expected torch.uint8 codes, got {codes.dtype} "
                                  "(view float8 tensors with view_as_codes)")
-        is_torch, arr = True, codes.detach().contiguous().reshape(-1).numpy()
+        as_torch, arr = True, codes.detach().contiguous().reshape(-1).numpy()
     elif isinstance(codes, (np.ndarray, np.generic)):
         if codes.dtype != np.uint8:
             raise InputTypeError(f"codes: expected uint8 codes, got numpy {codes.dtype}")
-        is_torch, arr = False, np.ascontiguousarray(codes).reshape(-1)
+        as_torch, arr = False, np.ascontiguousarray(codes).reshape(-1)
     else:
         raise InputTypeError(f"codes: expected a numpy array or torch tensor of uint8, got {type(codes).__name__}")
     if fmt.bits < 8 and arr.size and int(arr.max()) >= fmt.n_codes:
         bad = int(arr[arr >= fmt.n_codes][0])
         raise FormatError(f"codes: {fmt.name} has {fmt.bits}-bit codes (< {fmt.n_codes:#x}), got {bad:#04x}")
     table = _decode_table(fmt)
-    result, flat = _output(out, _shape(codes), is_torch, table.dtype, "decode")
+    result, flat = output_buffer(out, _shape(codes), as_torch, table.dtype, "decode")
     if arr.size and _KERNELS is not None and table.dtype == np.float32:
         _run_c(_KERNELS.fp8ref_decode_f32, arr, flat, table)
     elif arr.size:
@@ -411,7 +366,7 @@ def decode(codes, fmt: FloatFormat | str, *, out=None):
 def torch_dtype(fmt: FloatFormat | str):
     """The torch float8 dtype holding ``fmt``'s codes, or None if torch has none."""
     fmt = get_format(fmt)
-    return getattr(_torch(), fmt.torch_dtype_name, None) if fmt.torch_dtype_name else None
+    return getattr(torch(), fmt.torch_dtype_name, None) if fmt.torch_dtype_name else None
 
 
 def view_as_float8(codes, fmt: FloatFormat | str):
@@ -419,13 +374,13 @@ def view_as_float8(codes, fmt: FloatFormat | str):
     dtype = torch_dtype(fmt)
     if dtype is None:
         raise FormatError(f"torch has no dtype for {get_format(fmt).name}")
-    if not _is_torch(codes) or codes.dtype != _torch().uint8:
+    if not is_torch(codes) or codes.dtype != torch().uint8:
         raise InputTypeError(f"codes: expected a torch.uint8 tensor, got {getattr(codes, 'dtype', type(codes))}")
     return codes.view(dtype)
 
 
 def view_as_codes(tensor):
     """View a torch float8 tensor as its uint8 codes (no copy)."""
-    if not _is_torch(tensor) or tensor.element_size() != 1 or not tensor.dtype.is_floating_point:
+    if not is_torch(tensor) or tensor.element_size() != 1 or not tensor.dtype.is_floating_point:
         raise InputTypeError(f"tensor: expected a torch float8 tensor, got {getattr(tensor, 'dtype', type(tensor))}")
-    return tensor.view(_torch().uint8)
+    return tensor.view(torch().uint8)

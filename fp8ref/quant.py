@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _native
+from ._arrays import bf16_bits_to_f32, deliver, float_input, is_torch, numpy_bf16, same_library, to_numpy
 from .codec import ROUNDING_MODES, _c_encode_params, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
-from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes, get_recipe, round_to
+from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes, get_recipe
+from .rounding import round_to
 from .scaling import (
     GRANULARITIES,
     MX_SCALE_RULES,
@@ -95,37 +97,11 @@ class QuantResult:
 _KINDS = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
 
 
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "device")
-
-
-def _to_numpy(x, what: str) -> tuple[np.ndarray, str, bool]:
-    """(numpy view, dtype name, is_torch); bfloat16 comes back as its uint16 bit pattern."""
-    if _is_torch(x):
-        import torch
-        if x.device.type != "cpu":
-            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
-        name = str(x.dtype).removeprefix("torch.")
-        if name not in _KINDS:
-            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got torch.{name}")
-        t = x.detach().contiguous()
-        arr = t.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else t.numpy()
-        return arr, name, True
-    if isinstance(x, (np.ndarray, np.generic)):
-        arr = np.ascontiguousarray(x)
-        name = arr.dtype.name
-        if name not in _KINDS:
-            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got numpy {name}")
-        return (arr.view(np.uint16) if name == "bfloat16" else arr), name, False
-    raise InputTypeError(f"{what}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
-
-
 def _widen(a: np.ndarray, dtype: str, cast16: str | None, buf: np.ndarray | None = None) -> np.ndarray:
     """Exact float32 values (float64 for float64) of a chunk; ``cast16`` rounds fp16 first.
     ``buf``: optional float32 buffer of a's shape for bfloat16/float16 input."""
     if dtype == "bfloat16":
-        u = np.left_shift(a, 16, dtype=np.uint32, out=None if buf is None else buf.view(np.uint32))
-        return u.view(np.float32)
+        return bf16_bits_to_f32(a, buf)
     if dtype == "float16":
         w = a.astype(np.float32) if buf is None else np.copyto(buf, a) or buf
         return round_to(w, cast16) if cast16 else w
@@ -134,16 +110,13 @@ def _widen(a: np.ndarray, dtype: str, cast16: str | None, buf: np.ndarray | None
 
 def _values(a: np.ndarray, dtype: str) -> np.ndarray:
     """Float values for reductions: bfloat16 bits viewed as ml_dtypes.bfloat16."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-        return a.view(ml_dtypes.bfloat16)
-    return a
+    return numpy_bf16(a) if dtype == "bfloat16" else a
 
 
 def _scale_array(value, what: str, expected: tuple) -> tuple[np.ndarray, str]:
     """A user scale/amax as float64 numpy of the layout shape (also [], [N] for [N,1]), and
     its dtype name."""
-    arr, dtype, _ = _to_numpy(value, what) if (_is_torch(value) or isinstance(value, np.ndarray)) else (
+    arr, dtype, _ = float_input(value, what) if (is_torch(value) or isinstance(value, np.ndarray)) else (
         np.asarray(value, np.float64), "float64", False)
     if dtype == "bfloat16":
         arr = _widen(arr, dtype, None)
@@ -192,7 +165,7 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
     """
     qa = as_args(args, role=role)
     rec = get_recipe(recipe if recipe is not None else qa.recipe)
-    arr, dtype, is_torch = _to_numpy(x, "x")
+    arr, dtype, as_torch = float_input(x, "x")
     fmt = get_format(qa.format)
     _check_recipe(rec, qa, fmt)
     if scale is not None and amax is not None:
@@ -210,7 +183,7 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
         res = (_quantize_mx if qa.granularity == "mx" else _quantize_nvfp4)(arr, dtype, qa, rec, fmt)
     else:
         res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax)
-    return _wrap(res, is_torch)
+    return _wrap(res, as_torch)
 
 
 def _check_recipe(rec: Recipe, qa: QuantArgs, fmt: FloatFormat) -> None:
@@ -498,48 +471,18 @@ def _quantize_nvfp4(arr, dtype, qa, rec, fmt) -> dict:
                 global_scale=np.array([s_glob], np.float32), _recipe=rec)
 
 
-def _wrap(res: dict, is_torch: bool) -> QuantResult:
-    if is_torch:
-        import torch
-        res["codes"] = torch.from_numpy(res["codes"])
-        res["scale"] = _torch_scale(res["scale"], res["scale_dtype"])
-        for k in ("scale_codes", "global_scale"):
-            if res.get(k) is not None:
-                res[k] = torch.from_numpy(np.ascontiguousarray(res[k]))
-    elif res["scale_dtype"] in ("bfloat16", "float16"):
-        res["scale"] = _numpy_in(res["scale"], res["scale_dtype"])
+def _wrap(res: dict, as_torch: bool) -> QuantResult:
+    res["codes"] = same_library(res["codes"], as_torch)
+    half = res["scale_dtype"] in ("bfloat16", "float16")  # other scales are float32 values
+    if half or as_torch:
+        res["scale"] = deliver(res["scale"], res["scale_dtype"] if half else "float32", as_torch)
+    for k in ("scale_codes", "global_scale"):
+        if res.get(k) is not None:
+            res[k] = same_library(res[k], as_torch)
     return QuantResult(**res)
 
 
-def _numpy_in(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values exact in ``dtype`` -> a numpy array of that dtype (bfloat16 via bits)."""
-    v = np.ascontiguousarray(values, np.float32)
-    if dtype == "float16":
-        return v.astype(np.float16)  # exact: the values are float16 values
-    import ml_dtypes
-    return (v.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(ml_dtypes.bfloat16)
-
-
-def _torch_scale(values: np.ndarray, dtype: str):
-    import torch
-    t = torch.from_numpy(np.ascontiguousarray(values, np.float32))
-    if dtype == "bfloat16":  # exact: the values are bfloat16 values; build from the bits
-        return torch.from_numpy((t.numpy().view(np.uint32) >> 16).astype(np.int16)).view(torch.bfloat16)
-    return t.to(torch.float16) if dtype == "float16" else t
-
-
 # --- dequantize ---------------------------------------------------------------------------
-def _as_np(a) -> np.ndarray:
-    if _is_torch(a):
-        import torch
-        if a.dtype == torch.bfloat16:
-            return _widen(a.contiguous().view(torch.int16).numpy().view(np.uint16), "bfloat16", None)
-        return a.detach().contiguous().numpy()
-    if getattr(a, "dtype", None) is not None and a.dtype.name == "bfloat16":
-        return _widen(np.ascontiguousarray(a).view(np.uint16), "bfloat16", None)
-    return np.asarray(a)
-
-
 def dequantize(q: QuantResult, *, dtype: str | None = None):
     """decode(codes) * scale, the exact product rounded once to ``dtype``.
 
@@ -553,34 +496,22 @@ def dequantize(q: QuantResult, *, dtype: str | None = None):
         dtype = q.dtype if q._recipe is not None and q._recipe.dequantize_dtype == "model" else "float32"
     if dtype not in _KINDS:
         raise InputTypeError(f"dtype: expected one of {', '.join(_KINDS)}, got {dtype!r}")
-    is_torch = _is_torch(q.codes)
-    codes = _as_np(q.codes)
+    as_torch = is_torch(q.codes)
+    codes = to_numpy(q.codes)
     vals = decode(codes, q.format).astype(np.float64)
     a = q.args
-    s = expand(_as_np(q.scale).astype(np.float64), codes.shape, q.granularity, group_size=a.group_size,
+    s = expand(to_numpy(q.scale).astype(np.float64), codes.shape, q.granularity, group_size=a.group_size,
                block_shape=a.block_shape)
     if q.global_scale is not None:
-        s = s * float(_as_np(q.global_scale)[0])
+        s = s * float(to_numpy(q.global_scale)[0])
     with np.errstate(invalid="ignore", over="ignore"):
         out = round_to(vals * s, dtype)
-    return _emit(out, dtype, is_torch)
-
-
-def _emit(values: np.ndarray, dtype: str, is_torch: bool):
-    if dtype in ("float32", "float64"):
-        v = values.astype(dtype)
-        if is_torch:
-            import torch
-            return torch.from_numpy(np.ascontiguousarray(v))
-        return v
-    if is_torch:
-        return _torch_scale(values, dtype)
-    return _numpy_in(values, dtype)
+    return deliver(out, dtype, as_torch)
 
 
 def fake_quant(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight"):
     """quantize then dequantize, in x's dtype (the recipe's dtypes for every step)."""
-    arr, dtype, _ = _to_numpy(x, "x")
+    arr, dtype, _ = float_input(x, "x")
     q = quantize(x, args, recipe=recipe, scale=scale, amax=amax, role=role)
     return dequantize(q, dtype=dtype)
 

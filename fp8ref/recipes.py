@@ -31,12 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from .errors import RecipeError, ScaleError
+from .exact import residual_sign
 from .formats import FloatFormat
 from .resources import SPECS_DIR
+from .rounding import eps_of, round_to
 from .scaling import GRANULARITIES, amax_over_max
 
 DTYPES = ("exact", "float32", "model")
-MODEL_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _SPEC_DIR = SPECS_DIR / "recipes"
 
 
@@ -71,39 +72,6 @@ class Recipe:
     saturate: str | bool           # from_args | True | False
     negative_zero: str             # keep | positive
     dequantize_dtype: str          # exact | model
-
-
-# --- dtype rounding ----------------------------------------------------------------------
-def round_to(v: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float32/float64 values once (RNE) to ``dtype``; float32 result (float64 for
-    float64), holding values exactly representable in ``dtype``."""
-    v = np.asarray(v)
-    if dtype == "float64":
-        return v.astype(np.float64)
-    if dtype == "float32":
-        return v.astype(np.float32)
-    if dtype == "float16":
-        with np.errstate(over="ignore"):  # overflow to +-inf is the IEEE result
-            return v.astype(np.float16).astype(np.float32)  # numpy's cast rounds once, from either width
-    if dtype != "bfloat16":
-        raise RecipeError(f"dtype: expected one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
-    if v.dtype == np.float32:
-        u = v.view(np.uint32)
-        lsb = (u >> np.uint32(16)) & np.uint32(1)
-        r = ((u + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000)).view(np.float32)
-        return np.where(np.isnan(v), v, r)  # NaN payloads must not carry into the exponent
-    # float64 -> bfloat16 in one rounding: rint on a grid of 2**(e-7), e = max(exponent, -126)
-    with np.errstate(over="ignore", invalid="ignore"):
-        finite = np.isfinite(v) & (v != 0)
-        _, e = np.frexp(np.where(finite, v, 1.0))
-        q = np.maximum(e.astype(np.int64) - 1, -126) - 7
-        r = np.ldexp(np.rint(np.ldexp(np.where(finite, v, 0.0), -q)), q)
-        r = np.where(np.abs(r) >= 2.0 ** 128, np.copysign(np.inf, v), r)
-        return np.where(finite, r, v).astype(np.float32)
-
-
-def eps_of(dtype: str) -> float:
-    return {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}[dtype]
 
 
 # --- scale step ---------------------------------------------------------------------------
@@ -208,7 +176,7 @@ def exact_quotient_codes(x: np.ndarray, s: np.ndarray, fmt: FloatFormat, *, enco
     at = np.unravel_index(idx, x.shape)
     qc, xc = q[at], x[at]
     with np.errstate(invalid="ignore", over="ignore"):
-        sign = _residual_sign(xc.astype(np.float64), qc.astype(np.float64),
+        sign = residual_sign(xc.astype(np.float64), qc.astype(np.float64),
                               np.broadcast_to(s, x.shape)[at].astype(np.float64))
     finite_x = np.isfinite(xc)
     sign = np.where(np.isinf(qc) & finite_x, -np.sign(qc), sign)  # overflowed q: x/s is finite
@@ -224,23 +192,6 @@ def _maybe_on_grid(q: np.ndarray, tail: int) -> np.ndarray:
     the decision points, and of zeros, infinities and exact quotients)."""
     bits = q.reshape(-1).view(np.uint64 if q.dtype == np.float64 else np.uint32)
     return np.flatnonzero((bits & bits.dtype.type((1 << tail) - 1)) == 0)
-
-
-def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    c = a * 134217729.0  # Veltkamp: 2**27 + 1
-    hi = c - (c - a)
-    return hi, a - hi
-
-
-def _residual_sign(x: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """sign(x - q*s) exactly: q*s = p + err (Dekker; err = 0 when q, s have <= 26 bits),
-    x - p exact (Sterbenz: p ~ x); NaN (0*inf, inf-inf) -> 0."""
-    p = q * s
-    qh, ql = _split(q)
-    sh, sl = _split(s)
-    err = ((qh * sh - p) + qh * sl + ql * sh) + ql * sl
-    d = (x - p) - err
-    return np.sign(np.where(np.isnan(d), 0.0, d))
 
 
 # --- loading (edge) -----------------------------------------------------------------------

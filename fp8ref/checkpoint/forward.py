@@ -49,7 +49,7 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
 
 def _round(v: np.ndarray, dtype: str) -> np.ndarray:
     """A torch CPU op in ``dtype`` on float32 data: computed in float32, rounded once to dtype."""
-    from ..recipes import round_to
+    from ..rounding import round_to
 
     return round_to(np.asarray(v, np.float32), dtype).astype(np.float32)
 
@@ -73,7 +73,7 @@ def _qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, posi
 
 def _dynamic_scale(x32: np.ndarray, mode: str, group: int | None, dtype: str) -> np.ndarray:
     """compressed-tensors' dynamic input scale: D(amax / 448), eps(D) where that is 0."""
-    from ..recipes import eps_of
+    from ..rounding import eps_of
 
     a = np.abs(x32)
     if mode == "dynamic-tensor":

@@ -14,6 +14,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from .. import rounding
+from .._arrays import numpy_bf16
 from ..formats import FloatFormat
 
 INPUT_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -66,11 +68,7 @@ class Stream:
 def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
     """View integer bit patterns as the input dtype (bfloat16 through ml_dtypes' dtype)."""
     bits = np.asarray(bits).astype(_UINT[dtype])
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return bits.view(ml_dtypes.bfloat16)
-    return bits.view(_FLOAT[dtype])
+    return numpy_bf16(bits) if dtype == "bfloat16" else bits.view(_FLOAT[dtype])
 
 
 def to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -78,16 +76,12 @@ def to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float64 -> bit patterns of ``dtype`` by IEEE round-to-nearest-even."""
+    """float64 -> bit patterns of ``dtype`` by IEEE round-to-nearest-even; bfloat16 inputs are
+    rounded to float32 first (double rounding, kept: it fixes the bytes of the committed suites)."""
     values = np.asarray(values, dtype=np.float64)
-    if dtype != "bfloat16":
-        with np.errstate(over="ignore"):
-            return values.astype(_FLOAT[dtype]).view(_UINT[dtype])
-    with np.errstate(over="ignore"):
-        u = values.astype(np.float32).view(np.uint32).astype(np.uint64)  # bf16 via f32 (inputs only)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+    if dtype == "bfloat16":
+        values = rounding.round_to(values, "float32")
+    return rounding.to_bits(rounding.round_to(values, dtype), dtype)
 
 
 def ulp_steps(bits: np.ndarray, steps: np.ndarray, dtype: str) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The fast paths of fp8ref.matmul against independent ones.
 
 fp32: the C loop of fp8ref/_kernels_matmul.c against the numpy loop (sequential over k, written
-separately in matmul._seq_sum) on shapes that cut every tile, panel, k-chunk and K-block, with
-NaN/Inf/-0 operands. exact: the one-matmul path for K-blocked scales (matmul._blocked) and its exact
+separately in matmul.fp32._seq_sum) on shapes that cut every tile, panel, k-chunk and K-block, with
+NaN/Inf/-0 operands. exact: the one-matmul path for K-blocked scales (matmul.exact._blocked) and its exact
 repair against the per-block path and a Fraction oracle.
 """
 
@@ -11,10 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import fp8ref.matmul as mm
+import fp8ref.matmul.exact as mm
+import fp8ref.matmul.fp32 as mm32
 from fp8ref import FORMATS, encode
 from fp8ref._native import kernels_available
 from fp8ref.matmul import OUT_FORMATS, scaled_mm
+from fp8ref.matmul.operands import _canonical_scales
 from tests.unit.test_matmul import fraction_oracle, rounded, same
 
 E4M3, E5M2 = FORMATS["float8_e4m3fn"], FORMATS["float8_e5m2"]
@@ -35,11 +37,11 @@ def codes(rng, shape, fmt=E4M3, specials=True):
 
 
 def numpy_path(*args, **kw):
-    saved, mm.KERNELS = mm.KERNELS, None
+    saved, mm32.KERNELS = mm32.KERNELS, None
     try:
         return scaled_mm(*args, **kw)
     finally:
-        mm.KERNELS = saved
+        mm32.KERNELS = saved
 
 
 def bits_equal(x, y):
@@ -98,7 +100,7 @@ def test_blocked_exact_path_matches_per_block_path(seed):
     a, b = codes(rng, (M, K), specials=False), codes(rng, (K, N), specials=False)
     sa = rng.uniform(0.01, 3, (M, 3)).astype(f32)
     sb = rng.uniform(0.01, 3, (3, 1)).astype(f32)
-    full_a, full_b, bk = mm._canonical_scales(sa.astype(np.float64), sb.astype(np.float64), M, K, N, 128, 128)
+    full_a, full_b, bk = _canonical_scales(sa.astype(np.float64), sb.astype(np.float64), M, K, N, 128, 128)
     pa = [(mm.decode(a, E4M3).astype(np.float64), 0)]
     pb = [(mm.decode(b, E4M3).astype(np.float64), 0)]
     out = OUT_FORMATS["bfloat16"]
@@ -116,7 +118,7 @@ def test_blocked_repair_against_fraction_oracle():
     sb = rng.uniform(0.1, 4, (3, 2)).astype(f32)
     ref = fraction_oracle(a, b, sa, sb, block_k=8, block_n=4)
     bias = np.array([-float(np.float32(float(ref[0, n]))) for n in range(N)], f32)  # near-cancellation
-    full_a, full_b, bk = mm._canonical_scales(sa.astype(np.float64), sb.astype(np.float64), M, K, N, 8, 4)
+    full_a, full_b, bk = _canonical_scales(sa.astype(np.float64), sb.astype(np.float64), M, K, N, 8, 4)
     pa = [(mm.decode(a, E4M3).astype(np.float64), 0)]
     pb = [(mm.decode(b, E4M3).astype(np.float64), 0)]
     idx = np.nonzero(np.ones((M, N), bool))

@@ -12,7 +12,8 @@ import torch
 
 from fp8ref.errors import RecipeError, SpecError
 from fp8ref.formats import FORMATS
-from fp8ref.recipes import _SPEC_DIR, apply_scaled, compute_scale, get_recipe, load_recipes, round_to
+from fp8ref.recipes import _SPEC_DIR, apply_scaled, compute_scale, get_recipe, load_recipes
+from fp8ref.rounding import round_to
 
 E4M3 = FORMATS["float8_e4m3fn"]
 BUILTIN = ("fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "fbgemm",

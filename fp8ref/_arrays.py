@@ -1,0 +1,158 @@
+"""The one numpy/torch boundary: arrays of either library in, numpy inside, the caller's library out.
+
+Core modules compute on numpy; what they accept and return is numpy or a torch CPU tensor.
+Everything that looks at which library an array comes from, imports torch, or moves bfloat16
+(which numpy has only through ml_dtypes' dtype) lives here. bfloat16 crosses as its uint16 bit
+pattern: no cast of another library produces or reads a bfloat16 value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputTypeError
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def torch():
+    """The torch module, imported on first use (fp8ref runs without torch)."""
+    import torch as _torch
+    return _torch
+
+
+def is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "device")
+
+
+def dtype_name(x) -> str:
+    """'float32', 'bfloat16', 'uint8', ... of a numpy array or torch tensor."""
+    return str(x.dtype).removeprefix("torch.") if is_torch(x) else np.dtype(x.dtype).name
+
+
+# --- bfloat16 bits ----------------------------------------------------------------------------
+def bf16_bits_to_f32(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 values of bfloat16 bit patterns (uint16): exact. ``out``: optional float32 buffer."""
+    u = np.left_shift(bits, 16, dtype=np.uint32, out=None if out is None else out.view(np.uint32))
+    return u.view(np.float32)
+
+
+def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """uint16 bit patterns of float32 values that bfloat16 holds exactly (the low half is zero)."""
+    return (np.ascontiguousarray(values, np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+def numpy_bf16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns viewed as numpy's bfloat16 dtype (ml_dtypes' dtype, no cast)."""
+    import ml_dtypes
+    return np.asarray(bits, np.uint16).view(ml_dtypes.bfloat16)
+
+
+# --- inputs -----------------------------------------------------------------------------------
+def float_input(x, what: str = "x") -> tuple[np.ndarray, str, bool]:
+    """(contiguous numpy array of x's shape, dtype name, is_torch) of a float16/bfloat16/float32/
+    float64 array or torch CPU tensor; bfloat16 comes back as its uint16 bit pattern."""
+    if is_torch(x):
+        t = torch()
+        if x.device.type != "cpu":
+            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
+        name = dtype_name(x)
+        if name not in FLOAT_DTYPES:
+            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got torch.{name}")
+        c = x.detach().contiguous()
+        arr = c.view(t.int16).numpy().view(np.uint16) if name == "bfloat16" else c.numpy()
+        return arr, name, True
+    if isinstance(x, (np.ndarray, np.generic)):
+        arr = np.ascontiguousarray(x)
+        name = arr.dtype.name
+        if name not in FLOAT_DTYPES:
+            raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got numpy {name}")
+        return (arr.view(np.uint16) if name == "bfloat16" else arr), name, False
+    raise InputTypeError(f"{what}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
+
+
+def float64_values(x, what: str, dtypes: tuple[str, ...]) -> np.ndarray:
+    """float64 numpy copy (exact) of a numpy/torch float array whose dtype is one of ``dtypes``;
+    a Python number where float32 is allowed must be a float32 value."""
+    if is_torch(x):
+        name = dtype_name(x)
+        if name not in dtypes:
+            raise InputTypeError(f"{what}: expected dtype {' or '.join(dtypes)}, got torch {name}")
+        return x.detach().cpu().to(dtype=torch().float64).numpy()
+    if type(x) in (float, int) and "float32" in dtypes:
+        if float(np.float32(x)) != float(x):
+            raise InputTypeError(f"{what}: the Python number {x!r} is not a float32 value; pass a float32 array")
+        return np.asarray(float(x), dtype=np.float64)
+    if isinstance(x, (np.ndarray, np.generic)):
+        if x.dtype.name not in dtypes:
+            raise InputTypeError(f"{what}: expected dtype {' or '.join(dtypes)}, got numpy {x.dtype.name}")
+        return np.asarray(x, dtype=np.float64)
+    raise InputTypeError(f"{what}: expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def code_input(x, what: str) -> tuple[np.ndarray, str | None, bool]:
+    """(numpy uint8 codes, the torch float8 dtype's name or None, is_torch) of uint8 codes or a
+    torch float8 tensor (viewed, not converted)."""
+    if is_torch(x):
+        t = torch()
+        if x.device.type != "cpu":
+            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
+        named = None
+        if x.dtype != t.uint8 and x.element_size() == 1 and x.dtype.is_floating_point:
+            named, x = dtype_name(x), x.view(t.uint8)
+        elif x.dtype != t.uint8:
+            raise InputTypeError(f"{what}: expected uint8 codes or a torch float8 tensor, got torch {x.dtype}")
+        return x.detach().contiguous().numpy(), named, True
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.uint8:
+            raise InputTypeError(f"{what}: expected uint8 codes, got numpy {x.dtype}")
+        return x, None, False
+    raise InputTypeError(f"{what}: expected a numpy uint8 array or a torch tensor, got {type(x).__name__}")
+
+
+def to_numpy(a) -> np.ndarray:
+    """A numpy array of a result array (torch or numpy): bfloat16 as exact float32 values."""
+    if is_torch(a):
+        if a.dtype == torch().bfloat16:
+            return bf16_bits_to_f32(a.detach().contiguous().view(torch().int16).numpy().view(np.uint16))
+        return a.detach().contiguous().numpy()
+    if getattr(a, "dtype", None) is not None and a.dtype.name == "bfloat16":
+        return bf16_bits_to_f32(np.ascontiguousarray(a).view(np.uint16))
+    return np.asarray(a)
+
+
+# --- outputs ----------------------------------------------------------------------------------
+def deliver(values: np.ndarray, dtype: str, as_torch: bool):
+    """float values that ``dtype`` (float16, bfloat16, float32, float64) holds exactly -> an array
+    of that dtype in the caller's library. Every conversion is exact; bfloat16 is built from bits."""
+    if dtype == "bfloat16":
+        bits = f32_to_bf16_bits(np.asarray(values).astype(np.float32))
+        if as_torch:
+            return torch().from_numpy(bits.view(np.int16)).view(torch().bfloat16)
+        return numpy_bf16(bits)
+    v = np.ascontiguousarray(np.asarray(values).astype(dtype))
+    return torch().from_numpy(v) if as_torch else v
+
+
+def same_library(arr: np.ndarray, as_torch: bool):
+    """A numpy array as is, or as a torch tensor sharing its memory."""
+    return torch().from_numpy(np.ascontiguousarray(arr)) if as_torch else arr
+
+
+def output_buffer(out, shape: tuple, as_torch: bool, np_dtype, what: str):
+    """(user-facing output, flat numpy view to write): ``out`` checked, or a new array."""
+    if out is None:
+        if as_torch:
+            t = torch()
+            tdtype = {np.dtype(np.uint8): t.uint8, np.dtype(np.float32): t.float32,
+                      np.dtype(np.float64): t.float64}[np.dtype(np_dtype)]
+            out = t.empty(shape, dtype=tdtype)
+        else:
+            out = np.empty(shape, dtype=np_dtype)
+    if is_torch(out) != as_torch:
+        raise InputTypeError(f"out: expected a {'torch tensor' if as_torch else 'numpy array'} like the input")
+    flat = out.numpy() if as_torch else out
+    if flat.dtype != np_dtype or tuple(flat.shape) != tuple(shape) or not flat.flags.c_contiguous:
+        raise InputTypeError(f"out: expected a contiguous {np.dtype(np_dtype).name} array of shape "
+                             f"{tuple(shape)} for {what}, got {flat.dtype.name} {tuple(flat.shape)}")
+    return out, flat.reshape(-1)

@@ -1,0 +1,93 @@
+"""scaled_mm operands: FP8 codes, float32 dequantization scales and their layouts, checked."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .._arrays import code_input, float64_values
+from ..codec import decode
+from ..errors import FormatError, ScaleError, ShapeError
+from ..formats import FloatFormat, get_format
+
+DEFAULT_FORMAT = "float8_e4m3fn"
+
+
+def _shape_text(shape) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def _operand(x, fmt, what: str) -> tuple[np.ndarray, FloatFormat]:
+    """2-D numpy uint8 codes and their format, from codes or a torch float8 tensor."""
+    x, named, _ = code_input(x, what)
+    if named is not None:
+        if fmt is not None and get_format(fmt).name != named:
+            raise FormatError(f"{what}: tensor dtype is {named} but fmt says {get_format(fmt).name}")
+        fmt = named
+    fmt = get_format(DEFAULT_FORMAT if fmt is None else fmt)
+    if fmt.decode_dtype != "float32":
+        raise FormatError(f"{what}: format {fmt.name} has values outside float32; scaled_mm needs a format "
+                          "whose values float32 holds exactly")
+    if x.ndim != 2:
+        raise ShapeError(f"{what}: expected a 2-D matrix, got shape {_shape_text(x.shape)}")
+    return x, fmt
+
+
+@lru_cache(maxsize=32)
+def _code_values(fmt: FloatFormat) -> np.ndarray:
+    """float64 value of each code of ``fmt`` (read-only)."""
+    values = decode(np.arange(fmt.n_codes, dtype=np.uint8), fmt).astype(np.float64)
+    values.setflags(write=False)
+    return values
+
+
+def _scale(x, what: str) -> np.ndarray:
+    s = float64_values(x, what, ("float32",))
+    bad = ~(np.isfinite(s) & (s > 0))
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ScaleError(f"{what}: dequantization scales must be finite and > 0, got {s[idx]!r} at index "
+                         f"{idx or '()'}")
+    return s
+
+
+def _canonical_scales(sa: np.ndarray, sb: np.ndarray, M: int, K: int, N: int, block_k: int,
+                      block_n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Scales as (M, KB) and (KB, N) arrays plus the K-block length (K when KB == 1).
+
+    scale_a: (), (1,), (1, 1) per tensor; (M, 1) per row; (M, ceil(K/block_k)) per 1 x block_k group.
+    scale_b: (), (1,), (1, 1) per tensor; (1, N) per column; (ceil(K/block_k), ceil(N/block_n)) blocks.
+    """
+    kb = -(-K // block_k) if K else 1
+    nb = -(-N // block_n) if N else 1
+    exp_a = {(): "per tensor", (1,): "per tensor", (1, 1): "per tensor", (M, 1): "per row",
+             (M, kb): f"1x{block_k} groups"}
+    exp_b = {(): "per tensor", (1,): "per tensor", (1, 1): "per tensor", (1, N): "per column",
+             (kb, nb): f"{block_k}x{block_n} blocks"}
+    for s, exp, what in ((sa, exp_a, "scale_a"), (sb, exp_b, "scale_b")):
+        if tuple(s.shape) not in exp:
+            listing = ", ".join(f"{_shape_text(k)} ({v})" for k, v in exp.items())
+            raise ShapeError(f"{what}: got shape {_shape_text(s.shape)}, expected one of {listing} "
+                             f"for a {M}x{K} @ {K}x{N} product")
+    a_groups = kb > 1 and sa.shape == (M, kb)
+    b_blocks = sb.shape == (kb, nb) and sb.size > 1 and sb.shape != (1, N)
+    kb_used = kb if (a_groups or (b_blocks and kb > 1)) else 1
+    full_a = np.broadcast_to(sa if a_groups else sa.reshape(-1, 1), (M, kb_used))
+    if b_blocks:
+        full_b = np.broadcast_to(np.repeat(sb, block_n, axis=1)[:, :N], (kb_used, N))
+    else:
+        full_b = np.broadcast_to(sb.reshape(1, -1), (kb_used, N))
+    return full_a, full_b, (block_k if kb_used > 1 else max(K, 1))
+
+
+def _check_codes(codes: np.ndarray, fmt: FloatFormat, what: str) -> bool:
+    """Reject codes past 2**bits (FormatError); True when a NaN or Inf code occurs."""
+    if fmt.bits < 8 and codes.size and int(codes.max()) >= fmt.n_codes:
+        bad = int(codes[codes >= fmt.n_codes].reshape(-1)[0])
+        raise FormatError(f"{what}: {fmt.name} has {fmt.bits}-bit codes (< {fmt.n_codes:#x}), got {bad:#04x}")
+    if fmt.specials == "fnuz":  # the one NaN sits at the negative-zero code
+        return bool((codes == fmt.sign_mask).any())
+    if fmt.specials in ("ieee", "fn"):  # Inf/NaN are the magnitudes above the largest finite one
+        return bool(((codes & fmt.magnitude_mask) > fmt.max_code_magnitude).any())
+    return False
