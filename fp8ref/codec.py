@@ -25,7 +25,7 @@ import numpy as np
 from ._native import KERNELS as _KERNELS
 from ._native import kernels_available  # noqa: F401 (re-exported for tests and tools)
 from ._native import run_c as _run_c
-from ._arrays import float_input, is_torch, output_buffer, torch
+from ._arrays import bf16_bits_to_f32, float_input, is_torch, output_buffer, torch
 from .errors import EncodeError, FormatError, InputTypeError
 from .formats import FloatFormat, get_format
 
@@ -134,7 +134,7 @@ def _widen(bits: np.ndarray, kind: str) -> np.ndarray:
     if kind == "f16":
         return bits.view(np.float16).astype(np.float64)
     if kind == "bf16":
-        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return bf16_bits_to_f32(bits).astype(np.float64)
     if kind == "f32":
         return bits.view(np.float32).astype(np.float64)
     return bits

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import codec
 from ..formats import get_format
+from ..rounding import round_to
 
 ORDERS = ("declared", "unspecified")
 U32 = Fraction(1, 2 ** 24)
@@ -39,14 +40,7 @@ def gamma(n: int) -> float:
 
 def _out_round(v: np.ndarray, out_dtype: str) -> np.ndarray:
     """r(v): RNE to fp32, then RNE to out_dtype (both monotone), as float64."""
-    v32 = v.astype(np.float32)
-    if out_dtype == "float32":
-        return v32.astype(np.float64)
-    if out_dtype == "bfloat16":
-        import ml_dtypes
-
-        return v32.astype(ml_dtypes.bfloat16).astype(np.float64)
-    return v32.astype(np.float16).astype(np.float64)
+    return round_to(round_to(v, "float32"), out_dtype).astype(np.float64)
 
 
 def applies(params) -> str | None:

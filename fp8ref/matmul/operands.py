@@ -8,8 +8,9 @@ import numpy as np
 
 from .._arrays import code_input, float64_values
 from ..codec import decode
-from ..errors import FormatError, ScaleError, ShapeError
+from ..errors import FormatError, ShapeError
 from ..formats import FloatFormat, get_format
+from ..recipes import check_scale
 
 DEFAULT_FORMAT = "float8_e4m3fn"
 
@@ -43,12 +44,9 @@ def _code_values(fmt: FloatFormat) -> np.ndarray:
 
 
 def _scale(x, what: str) -> np.ndarray:
+    """float64 copy of float32 dequantization scales, checked positive and finite."""
     s = float64_values(x, what, ("float32",))
-    bad = ~(np.isfinite(s) & (s > 0))
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ScaleError(f"{what}: dequantization scales must be finite and > 0, got {s[idx]!r} at index "
-                         f"{idx or '()'}")
+    check_scale(s, what)
     return s
 
 
