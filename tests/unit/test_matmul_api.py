@@ -119,3 +119,15 @@ def test_linear_dynamic_nonfinite_activations_refused():
         linear(x, w, f32(1), dynamic="tensor")
     y = linear(x, w, f32(1), input_scale=f32(1))  # static: NaN reaches the product, as torch's would
     assert np.isnan(y).all()
+
+
+def test_activation_recipe_is_a_valid_recipe():
+    # declared in code, so checked here against the vocabulary the YAML loader enforces
+    from dataclasses import fields
+
+    from fp8ref import recipes
+    from fp8ref.matmul import ACTIVATION_RECIPE
+    for f in fields(ACTIVATION_RECIPE):
+        if f.name in recipes._CHOICES:
+            assert getattr(ACTIVATION_RECIPE, f.name) in recipes._CHOICES[f.name], f.name
+    assert set(ACTIVATION_RECIPE.formats) <= set(FORMATS)
