@@ -22,10 +22,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from ._arrays import bf16_bits_to_f32, float_input, is_torch, output_buffer, torch
 from ._native import KERNELS as _KERNELS
 from ._native import kernels_available  # noqa: F401 (re-exported for tests and tools)
 from ._native import run_c as _run_c
-from ._arrays import bf16_bits_to_f32, float_input, is_torch, output_buffer, torch
 from .errors import EncodeError, FormatError, InputTypeError
 from .formats import FloatFormat, get_format
 
