@@ -163,7 +163,7 @@ def test_split_across_threads_matches_numpy(monkeypatch, recipe):
 def test_c_amax_matches_reduce_amax(dtype, gran, extra):
     x = weights((2, 11, 23), dtype, seed=9)
     x[0, 4, 6], x[1, 2, 0], x[1, 9, 22] = np.nan, -np.inf, np.inf
-    arr = x.view(np.uint16) if dtype == "bfloat16" else x  # what quantize hands over (quant._to_numpy)
+    arr = x.view(np.uint16) if dtype == "bfloat16" else x  # what quantize hands over (_arrays.float_input)
     got = quant._c_amax(arr, dtype, QuantArgs(granularity=gran, **extra))
     want = reduce_amax(x, gran, **extra)
     assert got.shape == want.shape and got.dtype == np.float64
