@@ -131,3 +131,27 @@ def test_activation_recipe_is_a_valid_recipe():
         if f.name in recipes._CHOICES:
             assert getattr(ACTIVATION_RECIPE, f.name) in recipes._CHOICES[f.name], f.name
     assert set(ACTIVATION_RECIPE.formats) <= set(FORMATS)
+
+
+@pytest.mark.parametrize("dynamic", ["tensor", "token", "group"])
+def test_linear_default_activation_rule_written_out(dynamic):
+    # s = fp32(amax) / fp32(448) per tensor / row / 1x8 group, 1.0 where amax == 0; q = e4m3(fp32(x / s))
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 20)).astype(f32)
+    x[1] = 0.0  # a zero row: its token/group scales are 1
+    w = encode(rng.standard_normal((4, 20)).astype(f32), E4M3)
+    ws = rng.uniform(0.01, 0.1, (4,)).astype(f32)
+    got = linear(x, w, ws, dynamic=dynamic, block_k=8)
+    ax = np.abs(x)
+    if dynamic == "tensor":
+        amax = ax.max().reshape(1, 1)
+    elif dynamic == "token":
+        amax = ax.max(axis=1, keepdims=True)
+    else:
+        amax = np.pad(ax, ((0, 0), (0, 4))).reshape(3, 3, 8).max(axis=2)
+    s = np.where(amax == 0, f32(1), (amax / f32(448)).astype(f32)).astype(f32)
+    s_full = s if dynamic != "group" else np.repeat(s, 8, axis=1)[:, :20]
+    q = encode((x / s_full).astype(f32), E4M3)
+    want = scaled_mm(q, np.ascontiguousarray(w.T), s.reshape(1) if dynamic == "tensor" else s, ws.reshape(1, 4),
+                     block_k=8)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
