@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fp8ref.checkpoint.safetensors_io import SafetensorsWriter, TensorSpec  # noqa: E402
+from fp8ref.io.safetensors import SafetensorsWriter, TensorSpec  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -41,7 +41,7 @@ if mode == "peer":
     save_file(load_file(src + "/model.safetensors"), dst)
 else:
     from fp8ref.checkpoint.export import export_checkpoint
-    from fp8ref.checkpoint.safetensors_io import open_store
+    from fp8ref.io.safetensors import open_store
     amax = {{n.removesuffix(".weight"): 4.0 for n in open_store(src)}}  # for static-input schemes
     export_checkpoint(src, dst, {{"scheme": sys.argv[4]}}, format=sys.argv[5], calibration=amax)
 elapsed = time.perf_counter() - t

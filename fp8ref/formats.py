@@ -351,3 +351,34 @@ def get_format(fmt: FloatFormat | str) -> FloatFormat:
     if not isinstance(fmt, str):
         raise UnknownFormatError(f"fmt must be a FloatFormat or a format name, got {type(fmt).__name__}")
     return FORMATS[fmt]
+
+
+# --- the one format <-> safetensors dtype map -------------------------------------------------
+
+@dataclass(frozen=True)
+class StorageDType:
+    """A safetensors dtype string: its width in bits, the numpy dtype string its elements are read
+    as (None for sub-byte packed dtypes) and, for the small float formats, the fp8ref format name.
+    Small floats are read as their uint8 codes (fp8ref decodes them itself); BF16 as its uint16 bits."""
+
+    name: str
+    bits: int
+    numpy: str | None
+    fmt: str | None = None
+
+
+def _storage_dtypes() -> dict[str, StorageDType]:
+    s = StorageDType
+    plain = [s("BOOL", 8, "|b1"), s("U8", 8, "|u1"), s("I8", 8, "|i1"), s("I16", 16, "<i2"), s("U16", 16, "<u2"),
+             s("I32", 32, "<i4"), s("U32", 32, "<u4"), s("I64", 64, "<i8"), s("U64", 64, "<u8"),
+             s("F16", 16, "<f2"), s("BF16", 16, "<u2"), s("F32", 32, "<f4"), s("F64", 64, "<f8"),
+             s("C64", 64, "<c8")]
+    small = [s(f.safetensors_dtype, f.bits, "|u1" if f.bits == 8 else None, f.name)
+             for f in FORMATS.values() if f.safetensors_dtype]
+    return {t.name: t for t in plain + small}
+
+
+SAFETENSORS_DTYPES: Mapping[str, StorageDType] = _storage_dtypes()
+WIDE_FLOAT_DTYPES: Mapping[str, str] = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+"""The wide float dtypes a model or a scale is stored in, by name -> safetensors dtype string."""
+

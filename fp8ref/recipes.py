@@ -306,7 +306,7 @@ def _path_of(field_name: str) -> tuple:
 @functools.cache
 def load_recipes(directory: str | None = None) -> dict[str, Recipe]:
     """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once."""
-    from .yamlio import load_yaml
+    from .io.yaml import load_yaml
     folder = Path(directory) if directory is not None else _SPEC_DIR
     recipes: dict[str, Recipe] = {}
     for path in sorted(folder.glob("*.yaml")):

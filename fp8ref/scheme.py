@@ -424,7 +424,7 @@ PRESETS: Mapping[str, QuantizationScheme | None] = _Presets()
 
 @lru_cache(maxsize=1)
 def _load_presets() -> tuple[dict, dict]:
-    from .yamlio import load_yaml
+    from .io.yaml import load_yaml
 
     doc = load_yaml(PRESETS_PATH)
     data = doc.data

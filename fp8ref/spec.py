@@ -36,7 +36,7 @@ from pathlib import Path
 
 from .errors import SpecError
 from .scheme import FIELDS, PRESETS, QuantizationScheme, SchemeFieldError, from_ct_args, preset_name, to_ct_args
-from .yamlio import YamlDocument, load_yaml, load_yaml_string
+from .io.yaml import YamlDocument, load_yaml, load_yaml_string
 
 SPEC_KEYS = ("name", "description", "strict", "scheme", "layer_config", "ignore")
 

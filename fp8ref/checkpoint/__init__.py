@@ -1,6 +1,6 @@
 """FP8 safetensors checkpoints: load (``load_checkpoint``) and write (``export_checkpoint``,
 ``write_checkpoint``) the formats compressed-tensors/llm-compressor, auto-round and Hugging Face
-fp8 use. Modules: safetensors_io (safe I/O), detect, one module per format, loader, forward,
+fp8 use. Modules: detect, one module per format, loader, forward,
 export, inspect."""
 
 from .export import export_checkpoint, load_calibration, write_checkpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import CheckpointError
 from . import autoround, compressed_tensors, hf_fp8
-from .safetensors_io import TensorStore
+from ..io.safetensors import TensorStore
 
 FORMAT_NAMES = (compressed_tensors.NAME, autoround.NAME, hf_fp8.NAME)
 _METHODS = {"compressed-tensors": compressed_tensors.NAME, "auto-round": autoround.NAME,

@@ -22,18 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, Fp8RefError
+from ..io.atomic import atomic_folder, atomic_write_text
+from ..io.files import read_json
+from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store
 from . import autoround, compressed_tensors, hf_fp8
 from .layout import D_DTYPES, LayerQuant, from_scheme, nan_count
-from .safetensors_io import (
-    INDEX_NAME,
-    SafetensorsWriter,
-    TensorSpec,
-    TensorStore,
-    atomic_folder,
-    atomic_write_text,
-    open_store,
-    read_json,
-)
 
 FORMATS = {compressed_tensors.NAME: compressed_tensors, autoround.NAME: autoround, hf_fp8.NAME: hf_fp8}
 _EMBEDDING = ("embed", "wte", "wpe")

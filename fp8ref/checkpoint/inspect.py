@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .loader import Checkpoint
-from .safetensors_io import open_store
+from ..io.safetensors import open_store
 
 
 def _stats(values: np.ndarray) -> dict:

@@ -15,7 +15,7 @@ from math import ceil
 import numpy as np
 
 from ..errors import CheckpointError
-from .safetensors_io import DTYPES, TensorStore
+from ..io.safetensors import DTYPES, TensorStore
 
 FLOAT_SCALE_DTYPES = ("F32", "BF16", "F16")
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")

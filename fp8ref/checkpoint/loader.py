@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
+from ..io.files import read_json
+from ..io.safetensors import TensorStore, open_store
 from . import autoround, compressed_tensors, hf_fp8
 from .detect import UNQUANTIZED, detect_format, fp8_weights, is_float
 from .layout import LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, nan_count, to_scheme
-from .safetensors_io import TensorStore, open_store, read_json
 
 # Tensor-name endings that only quantized checkpoints use; unclaimed ones are errors.
 QUANT_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "activation_scale", "weight_zero_point",

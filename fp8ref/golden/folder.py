@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import GoldenError
-from . import stio
+from ..io import safetensors as st
 from .compare import Mismatch, OutputError, check_output, differing, mismatches, ulp_distance
 from .ops import OPERATIONS, Case, build, cases
 from .suite import Suite, parse_suite
@@ -37,7 +37,12 @@ def dump_json(obj) -> bytes:
 
 
 def _spec(a: np.ndarray) -> dict:
-    return {"dtype": stio.dtype_name(a), "shape": list(a.shape)}
+    return {"dtype": st.dtype_name(a), "shape": list(a.shape)}
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    """A golden or outputs file, strictly read (another language may have written it)."""
+    return st.load(path, error=GoldenError, dtypes=st.PLAIN_DTYPES)
 
 
 def count_cases(suite: Suite, level: int) -> int:
@@ -68,8 +73,8 @@ def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
     out.mkdir(parents=True, exist_ok=True)
     files = {SUITE_FILE: suite.text.encode()}
     for op, (ins, exps) in sorted(per_op.items()):
-        files[f"{op}.inputs.safetensors"] = stio.dumps(ins, _META)
-        files[f"{op}.expected.safetensors"] = stio.dumps(exps, _META)
+        files[f"{op}.inputs.safetensors"] = st.dumps(ins, _META)
+        files[f"{op}.expected.safetensors"] = st.dumps(exps, _META)
     for name, data in files.items():
         (out / name).write_bytes(data)
     manifest = {
@@ -95,7 +100,7 @@ class Golden:
     def tensors(self, op: str, kind: str) -> dict[str, np.ndarray]:
         name = f"{op}.{kind}.safetensors"
         if name not in self._tensors:
-            self._tensors[name] = stio.load(self.path / name)
+            self._tensors[name] = _load(self.path / name)
         return self._tensors[name]
 
     def iter_cases(self):
@@ -239,7 +244,7 @@ def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
     if accumulation_order not in ACCUMULATION_ORDERS:
         raise GoldenError(f"accumulation_order: expected one of {ACCUMULATION_ORDERS}, got {accumulation_order!r}")
     golden = open_golden(path)
-    outputs = stio.load(outputs_file)
+    outputs = _load(outputs_file)
     known, results = set(), []
     for case, expected in golden.iter_cases():
         result = CaseResult(case.name, case.op, dict(case.params))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import SpecError
 from ..resources import SPECS_DIR
-from ..yamlio import YamlDocument, load_yaml_string
+from ..io.yaml import YamlDocument, load_yaml_string
 
 LEVELS = (1, 2)
 _TOP = {"suite": True, "description": False, "seed": True, "level": False, "operations": True}

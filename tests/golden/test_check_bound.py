@@ -15,7 +15,8 @@ import pytest
 
 from fp8ref.cli import golden as golden_cli
 from fp8ref.errors import Fp8RefError, GoldenError
-from fp8ref.golden import check, generate, parse_suite, stio
+from fp8ref.golden import check, generate, parse_suite
+from fp8ref.io import safetensors as st
 
 torch = pytest.importorskip("torch")
 
@@ -54,12 +55,12 @@ def _manifest(folder):
 def _stored(folder):
     out = {}
     for op in ("scaled_mm", "linear"):
-        out.update(stio.load(folder / f"{op}.expected.safetensors"))
+        out.update(st.load(folder / f"{op}.expected.safetensors"))
     return out
 
 
 def _inputs(folder, name):
-    ins = stio.load(folder / "scaled_mm.inputs.safetensors")
+    ins = st.load(folder / "scaled_mm.inputs.safetensors")
     return {k.split("/")[1]: v for k, v in ins.items() if k.split("/")[0] == name}
 
 
@@ -162,7 +163,7 @@ def _by_case(results):
 @pytest.mark.parametrize("gemm", [torch_scaled_mm, reversed_f32_gemm], ids=["torch", "numpy-reversed"])
 def test_a_correct_gemm_passes_unspecified_and_fails_bit_exact_where_it_differs(folder, tmp_path, gemm):
     outputs = _outputs(folder, gemm)
-    stio.save(tmp_path / "o.safetensors", outputs)
+    st.save(tmp_path / "o.safetensors", outputs)
     stored = _stored(folder)
     loose, problems = check(folder, tmp_path / "o.safetensors", accumulation_order="unspecified")
     strict, _ = check(folder, tmp_path / "o.safetensors")
@@ -199,7 +200,7 @@ def test_a_wrong_scale_or_transposed_operand_fails_both_modes(folder, tmp_path, 
         assert (sb != inp["scale_b"]).any()  # the bug changes the scale
         return torch_scaled_mm(inp, out_dtype, scale_b=sb)
 
-    stio.save(tmp_path / "o.safetensors", _outputs(folder, broken))
+    st.save(tmp_path / "o.safetensors", _outputs(folder, broken))
     for order in ("declared", "unspecified"):
         results, _ = check(folder, tmp_path / "o.safetensors", accumulation_order=order)
         results = _by_case(results)
@@ -224,7 +225,7 @@ def test_bound_covers_fp32_scaled_mm_only(folder, tmp_path):
         v = outputs[key].copy()
         _bits(v).reshape(-1)[0] += 1
         outputs[key] = v
-    stio.save(tmp_path / "o.safetensors", outputs)
+    st.save(tmp_path / "o.safetensors", outputs)
     results = _by_case(check(folder, tmp_path / "o.safetensors", accumulation_order="unspecified")[0])
     for name in names:
         r = results[name]
@@ -233,7 +234,7 @@ def test_bound_covers_fp32_scaled_mm_only(folder, tmp_path):
 
 
 def test_bad_accumulation_order_is_an_error(folder, tmp_path):
-    stio.save(tmp_path / "o.safetensors", _stored(folder))
+    st.save(tmp_path / "o.safetensors", _stored(folder))
     with pytest.raises(GoldenError, match="accumulation_order: expected one of .*got 'fp32'"):
         check(folder, tmp_path / "o.safetensors", accumulation_order="fp32")
 
@@ -251,8 +252,8 @@ def run(*argv):
 
 def test_cli_exit_codes(folder, tmp_path, capsys):
     good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
-    stio.save(good, _outputs(folder, torch_scaled_mm))
-    stio.save(bad, _outputs(folder, torch_scaled_mm, transpose_b=True))
+    st.save(good, _outputs(folder, torch_scaled_mm))
+    st.save(bad, _outputs(folder, torch_scaled_mm, transpose_b=True))
     report = tmp_path / "r.json"
     assert run("golden", "check", folder, "--outputs", good, "--accumulation-order", "unspecified",
                "--json", report) == 0

@@ -7,7 +7,7 @@ import pytest
 
 from fp8ref.cli import golden as golden_cli
 from fp8ref.errors import Fp8RefError
-from fp8ref.golden import stio
+from fp8ref.io import safetensors as st
 
 SUITE = """\
 suite: clitest
@@ -44,13 +44,13 @@ def test_generate_verify_check_round_trip(tmp_path, suite_file, capsys):
     assert run("golden", "generate", suite_file, "-o", out, "--quiet") == 0
     assert "2 cases" in capsys.readouterr().out
     assert run("golden", "verify", out, "--quiet") == 0
-    outputs = stio.load(out / "encode.expected.safetensors")
-    stio.save(tmp_path / "o.safetensors", outputs)
+    outputs = st.load(out / "encode.expected.safetensors")
+    st.save(tmp_path / "o.safetensors", outputs)
     assert run("golden", "check", out, "--outputs", tmp_path / "o.safetensors", "--json", tmp_path / "r.json") == 0
     assert "result: PASS" in capsys.readouterr().out
     key = "encode.float8_e4m3fn.rtz.nosat.float32/codes"
     outputs[key] = np.where(outputs[key] == 0x7E, np.uint8(0x7F), outputs[key])  # max -> NaN
-    stio.save(tmp_path / "o.safetensors", outputs)
+    st.save(tmp_path / "o.safetensors", outputs)
     assert run("golden", "check", out, "--outputs", tmp_path / "o.safetensors") == 1
     text = capsys.readouterr().out
     assert "encode float8_e4m3fn rtz nosat float32" in text and "expected 0x7e (+.1111.110 448)" in text

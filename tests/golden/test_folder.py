@@ -8,8 +8,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from fp8ref.errors import GoldenError
-from fp8ref.golden import check, generate, load_suite, parse_suite, stio, verify
+from fp8ref.golden import check, generate, load_suite, parse_suite, verify
 from fp8ref.golden.folder import MANIFEST
+from fp8ref.io import safetensors as st
 
 SUITE = """\
 suite: small
@@ -72,9 +73,9 @@ def test_manifest_records_hashes_and_provenance(folder, suite):
 
 
 def test_files_are_valid_safetensors_for_the_reference_reader(folder):
-    ours = stio.load(folder / "encode.inputs.safetensors")
+    ours = st.load(folder / "encode.inputs.safetensors")
     theirs = load_file(str(folder / "encode.expected.safetensors"))
-    expected = stio.load(folder / "encode.expected.safetensors")
+    expected = st.load(folder / "encode.expected.safetensors")
     assert set(theirs) == set(expected) and all(np.array_equal(theirs[k], expected[k]) for k in theirs)
     assert any(v.dtype.name == "bfloat16" for v in ours.values())
     assert any(k.endswith("/random_bits") for k in ours)
@@ -83,7 +84,7 @@ def test_files_are_valid_safetensors_for_the_reference_reader(folder):
 def test_decode_expected_matches_ml_dtypes(folder):
     import ml_dtypes
 
-    got = stio.load(folder / "decode.expected.safetensors")["decode.float8_e4m3fn/values"]
+    got = st.load(folder / "decode.expected.safetensors")["decode.float8_e4m3fn/values"]
     peer = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     nan = np.isnan(peer)
     assert np.array_equal(np.isnan(got), nan)
@@ -116,11 +117,11 @@ def test_verify_rederives_expected_outputs(folder):
     """A wrong expected output with a matching sha256 (a tampered manifest, or a different
     fp8ref) is caught by re-deriving it, and the case is named."""
     name = "encode.expected.safetensors"
-    tensors = stio.load(folder / name)
+    tensors = st.load(folder / name)
     key = "encode.float8_e4m3fn.rne.sat.float32/codes"
     tensors[key] = tensors[key].copy()
     tensors[key][0] ^= 1
-    data = stio.save(folder / name, tensors, {"producer": "fp8ref golden"})
+    data = st.save(folder / name, tensors, {"producer": "fp8ref golden"})
     m = json.loads((folder / MANIFEST).read_bytes())
     m["files"][name] = hashlib.sha256(data).hexdigest()
     (folder / MANIFEST).write_text(json.dumps(m))
@@ -132,12 +133,12 @@ def test_verify_rederives_expected_outputs(folder):
 def _outputs(folder):
     out = {}
     for op in ("encode", "decode", "quantize", "scaled_mm"):
-        out.update(stio.load(folder / f"{op}.expected.safetensors"))
+        out.update(st.load(folder / f"{op}.expected.safetensors"))
     return out
 
 
 def test_check_passes_the_expected_outputs(folder, tmp_path):
-    stio.save(tmp_path / "out.safetensors", _outputs(folder))
+    st.save(tmp_path / "out.safetensors", _outputs(folder))
     results, problems = check(folder, tmp_path / "out.safetensors")
     assert problems == [] and all(r.status == "compared" and not r.mismatches for r in results)
     assert sum(r.elements for r in results) > 1000
@@ -149,7 +150,7 @@ def test_check_finds_a_changed_code_and_names_it(folder, tmp_path):
     out[key] = out[key].copy()
     i = int(np.flatnonzero(out[key] == 0x3C)[0])  # 1.0
     out[key][i] = 0x3D
-    stio.save(tmp_path / "out.safetensors", out)
+    st.save(tmp_path / "out.safetensors", out)
     results, _ = check(folder, tmp_path / "out.safetensors")
     bad = [m for r in results for m in r.mismatches]
     assert len(bad) == 1 and bad[0].case == key.split("/")[0] and bad[0].index == (i,) and bad[0].ulp == 1
@@ -160,7 +161,7 @@ def test_check_reports_missing_unknown_and_misshapen_outputs(folder, tmp_path):
     del out["decode.float8_e4m3fn/values"]
     out["decode.float8_e4m3fx/values"] = np.zeros(3, np.float32)
     out["encode.float8_e4m3fn.rne.sat.float32/codes"] = np.zeros(2, np.uint8)
-    stio.save(tmp_path / "out.safetensors", out)
+    st.save(tmp_path / "out.safetensors", out)
     results, problems = check(folder, tmp_path / "out.safetensors")
     status = {r.case: r.status for r in results}
     assert status["decode.float8_e4m3fn"] == "missing"
@@ -178,7 +179,7 @@ def test_generate_refuses_a_non_empty_folder(folder, suite):
 
 def test_bad_outputs_file_is_a_clear_error(folder, tmp_path):
     (tmp_path / "out.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
-    with pytest.raises(GoldenError, match="header is not JSON"):
+    with pytest.raises(GoldenError, match="header is not valid JSON"):
         check(folder, tmp_path / "out.safetensors")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from fp8ref.checkpoint.safetensors_io import write_safetensors
+from fp8ref.io.safetensors import write_safetensors
 
 BF16 = ml_dtypes.bfloat16
 LAYERS = {"model.layers.0.self_attn.q_proj": (48, 32), "model.layers.0.mlp.down_proj": (32, 48)}

@@ -13,7 +13,7 @@ from checkpoint_builders import snapshot
 
 from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoint
 from fp8ref.checkpoint.inspect import quantization_error
-from fp8ref.checkpoint.safetensors_io import SafetensorsFile, write_safetensors
+from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 from fp8ref.cli import checkpoint as cli
 from fp8ref.errors import CheckpointError, Fp8RefError
 

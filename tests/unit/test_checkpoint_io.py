@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fp8ref.checkpoint.safetensors_io import (
+from fp8ref.io.atomic import atomic_folder
+from fp8ref.io.safetensors import (
     DTYPES,
     SafetensorsFile,
     SafetensorsWriter,
     TensorSpec,
-    atomic_folder,
     open_store,
     write_safetensors,
 )

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fp8ref.checkpoint import export_checkpoint, load_checkpoint
 from fp8ref.checkpoint.export import write_checkpoint
-from fp8ref.checkpoint.safetensors_io import SafetensorsFile, write_safetensors
+from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 from fp8ref.cli import checkpoint as cli
 from fp8ref.errors import CheckpointError
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import SpecError
+from ..errors import SpecError
 
 # An alias may point at a large subtree many times ("billion laughs"); cap the expansion.
 _MAX_NODES = 1_000_000

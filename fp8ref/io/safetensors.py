@@ -1,75 +1,47 @@
-"""safetensors reading and writing without pickle, without trusting the file.
+"""safetensors reading and writing without pickle, without trusting the file: the one reader and
+the one writer of fp8ref (checkpoints, golden folders, and the outputs other languages write).
 
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (space-padded),
 then the tensor data. The header is parsed with limits and checked completely before any
-tensor byte is touched: known dtypes, integer shapes, offsets that match the shapes and tile
-the data section exactly. Tensors are then read one at a time, on request, with a positioned
-read of exactly their bytes, so opening a 100 GB checkpoint reads headers only and a large
-tensor is freed as soon as the caller drops it.
+tensor byte is touched: unique names, known dtypes, integer shapes, offsets that match the
+shapes and tile the data section exactly (no overlap, no gap, no trailing byte). Tensors are
+then read one at a time, on request, with a positioned read of exactly their bytes, so opening
+a 100 GB checkpoint reads headers only and a large tensor is freed as soon as the caller drops it.
 
-Writing mirrors safetensors 0.8 byte for byte (tensors ordered by dtype rank then name,
-header padded with spaces to a multiple of 8), but streams: the header is laid out from the
-declared names, dtypes and shapes, then each tensor is written at its offset as it becomes
-available. Everything is written under a temporary name and renamed into place.
+Writing fixes every choice the format leaves open, in one of two orders:
+``"safetensors"`` mirrors safetensors 0.8's ``save_file`` byte for byte (tensors ordered by
+dtype rank then name, metadata only when given); ``"name"`` is the golden folders' canonical
+form (tensors in name order, every JSON key sorted, metadata always present). Either way the
+header is padded with spaces to a multiple of 8 and laid out from the declared names, dtypes
+and shapes, so a writer streams each tensor to its offset as it becomes available.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, Fp8RefError
+from ..formats import SAFETENSORS_DTYPES
+from .atomic import atomic_file, is_inside
+from .files import MAX_JSON_BYTES, no_duplicates, read_json
 
-MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
+MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 16
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+DTYPES = SAFETENSORS_DTYPES
+ORDERS = ("safetensors", "name")
+PLAIN_DTYPES = tuple(name for name, t in DTYPES.items() if t.fmt is None)
+"""dtypes that are plain numpy arrays (``dtype_name``'s range): what golden files hold."""
 
 
-@dataclass(frozen=True)
-class DType:
-    """A safetensors dtype string: its width in bits, the numpy dtype of its elements (None for
-    sub-byte packed dtypes) and, for the small float formats, the fp8ref format name."""
-
-    name: str
-    bits: int
-    numpy: np.dtype | None
-    fmt: str | None = None
-
-
-def _dtypes() -> dict[str, DType]:
-    d = DType
-    table = [
-        d("BOOL", 8, np.dtype(np.bool_)), d("U8", 8, np.dtype(np.uint8)), d("I8", 8, np.dtype(np.int8)),
-        d("I16", 16, np.dtype("<i2")), d("U16", 16, np.dtype("<u2")), d("I32", 32, np.dtype("<i4")),
-        d("U32", 32, np.dtype("<u4")), d("I64", 64, np.dtype("<i8")), d("U64", 64, np.dtype("<u8")),
-        # BF16 is stored as its bits; ``get`` views them as ml_dtypes.bfloat16 (imported on use).
-        d("F16", 16, np.dtype("<f2")), d("BF16", 16, np.dtype("<u2")),
-        d("F32", 32, np.dtype("<f4")), d("F64", 64, np.dtype("<f8")), d("C64", 64, np.dtype("<c8")),
-        # Small floats are read as their uint8 codes; fp8ref decodes them itself.
-        d("F8_E4M3", 8, np.dtype(np.uint8), "float8_e4m3fn"),
-        d("F8_E5M2", 8, np.dtype(np.uint8), "float8_e5m2"),
-        d("F8_E4M3FNUZ", 8, np.dtype(np.uint8), "float8_e4m3fnuz"),
-        d("F8_E5M2FNUZ", 8, np.dtype(np.uint8), "float8_e5m2fnuz"),
-        d("F8_E8M0", 8, np.dtype(np.uint8), "float8_e8m0fnu"),
-        # Packed sub-byte floats: the shape counts elements, the bytes are numel * bits / 8.
-        d("F4", 4, None, "float4_e2m1fn"),
-        d("F6_E2M3", 6, None, "float6_e2m3fn"),
-        d("F6_E3M2", 6, None, "float6_e3m2fn"),
-    ]
-    return {t.name: t for t in table}
-
-
-DTYPES: Mapping[str, DType] = _dtypes()
 @dataclass(frozen=True)
 class TensorInfo:
     """One header entry. ``begin``/``end`` are offsets into the data section."""
@@ -93,15 +65,6 @@ class TensorInfo:
         return DTYPES[self.dtype].fmt
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def _is_int(value: object) -> bool:
     return type(value) is int
 
@@ -109,7 +72,7 @@ def _is_int(value: object) -> bool:
 def parse_header(raw: bytes, where: str, data_size: int) -> tuple[dict[str, str], dict[str, TensorInfo]]:
     """Parse and validate a header's JSON against a data section of ``data_size`` bytes."""
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
     except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{where}: header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -229,7 +192,7 @@ class SafetensorsFile:
                                   f"packing; use read_bytes() for the raw bytes")
         if dt.name == "BF16":
             return raw.view(_bfloat16(f"{self.path}: tensor {name!r}")).reshape(info.shape)
-        return raw.view(dt.numpy).reshape(info.shape)
+        return raw.view(np.dtype(dt.numpy)).reshape(info.shape)
 
 
 def _bfloat16(where: str):
@@ -241,15 +204,9 @@ def _bfloat16(where: str):
     return ml_dtypes.bfloat16
 
 
+
+
 # --- index and file layout -------------------------------------------------------------------
-
-def _inside(child: Path, root: Path) -> bool:
-    try:
-        child.relative_to(root)
-        return True
-    except ValueError:
-        return False
-
 
 def safe_member(folder: Path, name: object, where: str, *, symlinks_out: bool = False) -> Path:
     """Resolve ``name`` (from an index file) inside ``folder``; anything leaving it is an error.
@@ -264,7 +221,7 @@ def safe_member(folder: Path, name: object, where: str, *, symlinks_out: bool = 
         raise CheckpointError(f"{where}: shard path {name!r} leaves the checkpoint folder {folder}")
     root = folder.resolve()
     target = (folder / pure).resolve()
-    if not _inside(target, root) and not (symlinks_out and _inside((folder / pure).parent.resolve(), root)):
+    if not is_inside(target, root) and not (symlinks_out and is_inside((folder / pure).parent.resolve(), root)):
         raise CheckpointError(f"{where}: shard path {name!r} resolves to {target}, outside the checkpoint "
                               f"folder {root} (symlink? pass symlinks_out=True if you trust it)")
     if not target.is_file():
@@ -311,22 +268,6 @@ class TensorStore:
         return sum(f.bytes_read for f in self.files.values())
 
 
-def _read_json(path: Path, what: str) -> object:
-    try:
-        size = path.stat().st_size
-        if size > MAX_HEADER_BYTES:
-            raise CheckpointError(f"{path}: {what} is {size} bytes, more than the {MAX_HEADER_BYTES} limit")
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: {what} is not valid JSON: {exc}") from None
-
-
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> object:
-    return _read_json(Path(path), what)
-
-
 def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> TensorStore:
     """Open a single safetensors file, or a folder with an index or one ``*.safetensors`` file
     (``symlinks_out``: see ``safe_member``)."""
@@ -352,7 +293,7 @@ def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> Tensor
 
 def _open_index(folder: Path, index_path: Path, symlinks_out: bool) -> TensorStore:
     where = str(index_path)
-    index = _read_json(index_path, "index")
+    index = read_json(index_path, "index")
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise CheckpointError(f"{where}: expected an object with a 'weight_map' object")
     weight_map = index["weight_map"]
@@ -370,6 +311,35 @@ def _open_index(folder: Path, index_path: Path, symlinks_out: bool) -> TensorSto
                 why = f"the index puts it in {other}" if other else "the index does not list it"
                 raise CheckpointError(f"{f.path}: tensor {name!r}: {why}")
     return TensorStore(folder, files, dict(weight_map), index)
+
+def load(path: str | os.PathLike, *, error: type[Fp8RefError] = CheckpointError,
+         dtypes: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of one file, strictly checked (see the module docstring), in header order;
+    ``dtypes`` limits the accepted safetensors dtypes. Errors are ``error`` (one line, naming the file)."""
+    try:
+        f = SafetensorsFile(path)
+        if dtypes is not None:
+            allowed = tuple(dtypes)
+            for info in f.tensors.values():
+                if info.dtype not in allowed:
+                    raise CheckpointError(f"{f.path}: tensor {info.name!r}: dtype {info.dtype} is not "
+                                          f"accepted here (expected one of {', '.join(allowed)})")
+        return {name: f.get(name) for name in f.tensors}
+    except CheckpointError as exc:
+        if error is CheckpointError:
+            raise
+        raise error(str(exc)) from None
+
+
+def dtype_name(array: np.ndarray) -> str:
+    """safetensors dtype string of a plain numpy array (ml_dtypes bfloat16 -> BF16; uint8 -> U8,
+    never a float8 dtype: codes say which format they hold only through the caller)."""
+    if array.dtype.name == "bfloat16":
+        return "BF16"
+    for name in PLAIN_DTYPES:
+        if name != "BF16" and np.dtype(DTYPES[name].numpy) == array.dtype:
+            return name
+    raise CheckpointError(f"dtype {array.dtype} has no safetensors dtype")
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -399,24 +369,28 @@ DTYPE_RANK = {name: i for i, name in enumerate(
     "F32 C64 F64 I64 U64".split())}
 
 
-def layout(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None) -> tuple[bytes, dict[str, int]]:
-    """Header bytes (length prefix included) and each tensor's absolute file offset, ordered as
-    safetensors 0.8 orders them: by its dtype enum rank descending, then by name."""
+def layout(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None,
+           order: str = "safetensors") -> tuple[bytes, dict[str, int]]:
+    """Header bytes (length prefix included) and each tensor's absolute file offset, in ``order``
+    (see the module docstring)."""
+    if order not in ORDERS:
+        raise CheckpointError(f"order must be one of {ORDERS}, got {order!r}")
     specs = list(specs)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise CheckpointError(f"duplicate tensor names {dup}")
-    ordered = sorted(specs, key=lambda s: (-DTYPE_RANK[s.dtype], s.name))
+    canonical = order == "name"
+    ordered = sorted(specs, key=(lambda s: s.name) if canonical else (lambda s: (-DTYPE_RANK[s.dtype], s.name)))
     header: dict[str, object] = {}
-    if metadata:
-        header["__metadata__"] = dict(metadata)
+    if metadata or canonical:
+        header["__metadata__"] = dict(metadata or {})
     offsets, position = {}, 0
     for s in ordered:
         header[s.name] = {"dtype": s.dtype, "shape": list(s.shape), "data_offsets": [position, position + s.nbytes]}
         offsets[s.name] = position
         position += s.nbytes
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=canonical, sort_keys=canonical).encode("utf-8")
     text += b" " * (-len(text) % 8)
     start = 8 + len(text)
     return len(text).to_bytes(8, "little") + text, {name: start + off for name, off in offsets.items()}
@@ -426,10 +400,10 @@ class SafetensorsWriter:
     """Streams tensors into ``path`` in any order; the header is fixed up front by ``specs``."""
 
     def __init__(self, path: str | os.PathLike, specs: Iterable[TensorSpec],
-                 metadata: Mapping[str, str] | None = None):
+                 metadata: Mapping[str, str] | None = None, *, order: str = "safetensors"):
         self.path = Path(path)
         self.specs = {s.name: s for s in specs}
-        head, self.offsets = layout(self.specs.values(), metadata)
+        head, self.offsets = layout(self.specs.values(), metadata, order)
         self.total = len(head) + sum(s.nbytes for s in self.specs.values())
         self._written: set[str] = set()
         self._file = open(self.path, "wb")
@@ -450,6 +424,8 @@ class SafetensorsWriter:
             if DTYPES[spec.dtype].numpy is not None and tuple(data.shape) != spec.shape:
                 raise CheckpointError(f"{self.path}: tensor {name!r}: shape {tuple(data.shape)}, "
                                       f"declared {spec.shape}")
+            if data.dtype.byteorder == ">":
+                data = data.astype(data.dtype.newbyteorder("<"))
             buf = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         else:
             buf = memoryview(data).cast("B")
@@ -470,13 +446,13 @@ class SafetensorsWriter:
 
 
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, tuple[str, np.ndarray]],
-                      metadata: Mapping[str, str] | None = None) -> None:
+                      metadata: Mapping[str, str] | None = None, *, order: str = "safetensors") -> None:
     """Write ``{name: (dtype, array)}`` atomically (temporary file, then rename)."""
     path = Path(path)
     specs = [TensorSpec(n, dt, tuple(a.shape) if DTYPES[dt].numpy is not None else _packed_shape(dt, a))
              for n, (dt, a) in tensors.items()]
     with atomic_file(path) as tmp:
-        w = SafetensorsWriter(tmp, specs, metadata)
+        w = SafetensorsWriter(tmp, specs, metadata, order=order)
         try:
             for name, (_, array) in tensors.items():
                 w.write(name, array if DTYPES[w.specs[name].dtype].numpy is not None else _pack(w.specs[name], array))
@@ -499,56 +475,28 @@ def _pack(spec: TensorSpec, codes: np.ndarray) -> np.ndarray:
     return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
 
 
-@contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it over ``path`` on success, delete it on failure."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def dumps(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
+          order: str = "name") -> bytes:
+    """The bytes of a file holding plain numpy arrays (dtype from ``dtype_name``), built in memory."""
+    arrays = {n: np.ascontiguousarray(a) for n, a in tensors.items()}
+    specs = [TensorSpec(n, dtype_name(a), tuple(a.shape)) for n, a in arrays.items()]
+    head, offsets = layout(specs, metadata, order)
+    out = bytearray(head)
+    for name in sorted(offsets, key=offsets.__getitem__):
+        a = arrays[name]
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        out += a.reshape(-1).view(np.uint8).tobytes()
+    return bytes(out)
+
+
+def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
+         order: str = "name") -> bytes:
+    """Write ``dumps(tensors, metadata, order)`` to ``path`` atomically; returns the bytes."""
+    data = dumps(tensors, metadata, order)
+    path = Path(path)
     with atomic_file(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
-@contextmanager
-def atomic_folder(dest: str | os.PathLike, *, force: bool = False,
-                  protect: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
-    """Yield an empty temporary folder beside ``dest``; on success it replaces ``dest``.
-
-    Refuses an existing ``dest`` unless ``force``, and any ``dest`` that is, contains or lies
-    inside a protected path (the source checkpoint). On any failure, interrupts included, the
-    temporary folder is removed and ``dest`` is left as it was.
-    """
-    dest = Path(dest)
-    real = dest.resolve()
-    for p in protect:
-        src = Path(p).resolve()
-        if real == src or _inside(real, src) or _inside(src, real):
-            raise CheckpointError(f"{dest}: output must not be, contain or lie inside the source {p}")
-    if dest.exists() or dest.is_symlink():
-        if not force:
-            raise CheckpointError(f"{dest}: already exists; pass force=True (CLI: --force) to replace it")
-        if not dest.is_dir() or dest.is_symlink():
-            raise CheckpointError(f"{dest}: exists and is not a folder; refusing to replace it")
-    if not dest.parent.is_dir():
-        raise CheckpointError(f"{dest}: parent folder {dest.parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial"))
-    try:
-        yield tmp
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".old"))
-            os.replace(dest, old / "x")
-            os.replace(tmp, dest)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        tmp.write_bytes(data)
+    return data
