@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import re
+import struct
 
 import numpy as np
 import pytest
@@ -181,6 +183,37 @@ def test_bad_outputs_file_is_a_clear_error(folder, tmp_path):
     (tmp_path / "out.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
     with pytest.raises(GoldenError, match="header is not valid JSON"):
         check(folder, tmp_path / "out.safetensors")
+
+
+def _crafted(header: dict | bytes, body: bytes) -> bytes:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + body
+
+
+_U8 = {"dtype": "U8", "shape": [4]}
+
+
+@pytest.mark.parametrize("raw, message", [
+    # two entries with one name: json.loads would keep the last one silently
+    (_crafted(b'{"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}, '
+              b'"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}', bytes(4)), "duplicate key 'a'"),
+    (_crafted({"a": {**_U8, "data_offsets": [0, 4]}, "b": {**_U8, "data_offsets": [2, 6]}}, bytes(6)),
+     "overlaps the previous tensor"),
+    (_crafted({"a": {**_U8, "data_offsets": [0, 4]}, "b": {**_U8, "data_offsets": [6, 10]}}, bytes(10)),
+     "leaves a gap"),
+    (_crafted({"a": {**_U8, "data_offsets": [0, 4]}}, bytes(7)), "3 unexpected bytes after the last tensor"),
+    (_crafted({"a": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}, bytes(4)),
+     "dtype F8_E4M3 is not accepted here"),
+])
+def test_check_reads_outputs_strictly(folder, tmp_path, raw, message):
+    # The outputs file comes from another language: golden check reads it with the checkpoint
+    # reader's rules, and every violation is one GoldenError line that names the file.
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(raw)
+    with pytest.raises(GoldenError, match=re.escape(message)) as err:
+        check(folder, out)
+    assert str(err.value).startswith(f"{out}: ") and "\n" not in str(err.value)
 
 
 def test_shipped_suites_generate_and_verify(tmp_path):
