@@ -93,12 +93,20 @@ class QuantizedLayer:
         return np.repeat(np.repeat(s, r, axis=0), c, axis=1)[:out, :inp]
 
     def dequantize(self, dtype: str = "float32") -> np.ndarray:
-        """decode(q) * s, computed exactly (float64 holds every product) and rounded once to
-        ``dtype`` (float64, float32, bfloat16 or float16)."""
-        from ..codec import decode
+        """decode(q) * s, computed exactly and rounded once to ``dtype`` (float64, float32,
+        bfloat16 or float16): ``fp8ref.quant.dequantize`` of the stored codes and scale."""
+        from ..quant import QuantArgs, QuantResult, dequantize
 
-        exact = decode(self.weight_codes, self.quant.weight_fmt).astype(np.float64) * self.expanded_scale()
-        return _cast(exact, dtype, f"{self.name}.dequantize")
+        if dtype not in DEQUANTIZE_DTYPES:
+            raise CheckpointError(f"{self.name}.dequantize: dtype {dtype!r}; expected one of "
+                                  f"{', '.join(DEQUANTIZE_DTYPES)}")
+        q, (out, _) = self.quant, self.shape
+        s = np.asarray(self.weight_scale).astype(np.float64)
+        granularity = q.weight_strategy  # tensor, channel or block: quant granularity names
+        s = s.reshape(()) if granularity == "tensor" else s.reshape(out, 1) if granularity == "channel" else s
+        args = QuantArgs(format=q.weight_fmt, granularity=granularity, block_shape=q.block)
+        stored = QuantResult(self.weight_codes, s, q.weight_fmt, granularity, self.producer, args, "float64", dtype)
+        return dequantize(stored, dtype=dtype)
 
     def forward(self, x, **kwargs):
         """What a correct W8A8 backend computes for this layer (see ``fp8ref.checkpoint.forward``)."""
@@ -107,13 +115,7 @@ class QuantizedLayer:
         return layer_forward(self, x, **kwargs)
 
 
-def _cast(values: np.ndarray, dtype: str, where: str) -> np.ndarray:
-    import ml_dtypes
-
-    table = {"float64": np.float64, "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-    if dtype not in table:
-        raise CheckpointError(f"{where}: dtype {dtype!r}; expected one of {', '.join(table)}")
-    return values.astype(table[dtype])
+DEQUANTIZE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
 class Checkpoint(Mapping):

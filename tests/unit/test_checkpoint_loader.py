@@ -48,7 +48,79 @@ def test_dequantize_is_exact_product(tmp_path):
             exact = fmt.exact_value(int(q[i, j])) * Fraction(float(s[i // 16, j // 16]))
             assert Fraction(float(got[i, j])) == exact
     as_bf16 = ckpt.dequantize(D, "bfloat16")
-    assert as_bf16.dtype == BF16 and np.array_equal(as_bf16, got.astype(BF16))
+    assert as_bf16.dtype == BF16
+    assert all(Fraction(float(v)) == _round_fraction(x, *_PRECISION["bfloat16"])
+               for v, x in zip(as_bf16.reshape(-1), got.reshape(-1), strict=True))
+
+
+# (significand bits, minimum normal exponent): round-to-nearest-even on Fractions, no float cast
+_PRECISION = {"bfloat16": (8, -126), "float16": (11, -14), "float32": (24, -126)}
+
+
+def _round_fraction(x, p: int, emin: int) -> Fraction:
+    x = Fraction(x)
+    if x == 0:
+        return x
+    e = max(emin, abs(x.numerator).bit_length() - x.denominator.bit_length())
+    while Fraction(2) ** e > abs(x):  # e = floor(log2 |x|), at least emin
+        e -= 1
+    while Fraction(2) ** (e + 1) <= abs(x):
+        e += 1
+    ulp = Fraction(2) ** (max(e, emin) - (p - 1))
+    return round(x / ulp) * ulp  # Fraction.__round__ rounds half to even
+
+
+def test_round_fraction_oracle_rounds_ties_to_even():
+    assert _round_fraction(1 + Fraction(1, 256), 8, -126) == 1  # tie, 1.0 is even
+    assert _round_fraction(1 + Fraction(3, 256), 8, -126) == 1 + Fraction(4, 256)
+    assert _round_fraction(1 + Fraction(1, 256) + Fraction(1, 2 ** 24), 8, -126) == 1 + Fraction(1, 128)
+
+
+# Scales chosen so that some products of an e4m3 code land exactly on, just above and just
+# below a bf16/fp16 midpoint: the first is the issue's example (code 0x3c = 1.5 times it is
+# 1 + 2**-8 + 2**-24, which bf16 rounds up but an fp32 intermediate rounds to the tie 1 + 2**-8).
+_SCALES = [11228502 * 2.0 ** -24, 2.0 ** -3, (2 ** 24 - 1) * 2.0 ** -30, 0x81 * 2.0 ** -12, 0xAAAAAB * 2.0 ** -28,
+           (1 + 2.0 ** -23) * 2.0 ** -5, 0x800001 * 2.0 ** -27, 0x7FFFFF * 2.0 ** -29, 3 * 2.0 ** -9,
+           0x8080 * 2.0 ** -20, 0xFFFF01 * 2.0 ** -28, 1.0]
+
+
+def _every_code_times_scales():
+    """An hf-fp8 checkpoint whose every 16x16 weight block holds all 256 codes (NaN -> 0) and
+    one scale of ``_SCALES``."""
+    tensors, cfg = build_hf()
+    block_codes = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    block_codes[(block_codes & 0x7F) == 0x7F] = 0
+    k = 0
+    for name in (Q, D):
+        out, inp = tensors[f"{name}.weight"][1].shape
+        tensors[f"{name}.weight"] = ("F8_E4M3", np.tile(block_codes, (out // 16, inp // 16)))
+        s = np.array(_SCALES[k:k + (out // 16) * (inp // 16)], np.float32).reshape(out // 16, inp // 16)
+        tensors[f"{name}.weight_scale_inv"] = ("F32", s)
+        k += s.size
+    assert k == len(_SCALES) and all(float(np.float32(v)) == v for v in _SCALES)
+    return tensors, cfg
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_dequantize_rounds_once_every_code_times_scales(tmp_path, dtype):
+    """Independent of any cast: each element equals the Fraction product rounded (RNE) to ``dtype``."""
+    tensors, cfg = _every_code_times_scales()
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    fmt = FORMATS["float8_e4m3fn"]
+    for name in (Q, D):
+        q, s = tensors[f"{name}.weight"][1], tensors[f"{name}.weight_scale_inv"][1]
+        got = ckpt.dequantize(name, dtype)
+        assert got.dtype == (BF16 if dtype == "bfloat16" else np.dtype(dtype))
+        for (i, j), v in np.ndenumerate(got.astype(np.float64)):
+            exact = fmt.exact_value(int(q[i, j])) * Fraction(float(s[i // 16, j // 16]))
+            assert Fraction(v) == _round_fraction(exact, *_PRECISION[dtype]), (name, i, j, hex(q[i, j]))
+
+
+def test_dequantize_bf16_issue_example(tmp_path):
+    tensors, cfg = _every_code_times_scales()
+    ckpt = load_checkpoint(write(tmp_path / "c", tensors, cfg))
+    got = ckpt.dequantize(Q, "bfloat16")
+    assert tensors[f"{Q}.weight"][1][3, 12] == 0x3C and float(got[3, 12]) == 1.0078125
 
 
 def test_sharded_load_reads_no_tensor_data(tmp_path):
