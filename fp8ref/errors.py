@@ -55,3 +55,15 @@ class GoldenError(Fp8RefError, ValueError):
 
 class BackendError(Fp8RefError, LookupError):
     """An unknown or unusable conformance backend."""
+
+
+def did_you_mean(value: object, choices, *, n: int = 1, cutoff: float = 0.6, clause: bool = False) -> str:
+    """The "did you mean" hint every unknown-name message ends with: `` (did you mean 'x'?)``, or
+    with ``clause`` ``; did you mean 'x' or 'y'?``; empty when nothing in ``choices`` is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=n, cutoff=cutoff)
+    if not close:
+        return ""
+    text = f"did you mean {' or '.join(map(repr, close))}?"
+    return f"; {text}" if clause else f" ({text})"

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from functools import lru_cache
 
 from .codec import ROUNDING_MODES
-from .errors import SpecError
+from .errors import SpecError, did_you_mean
 from .formats import FORMATS
 from .resources import SPECS_DIR
 
@@ -91,20 +91,25 @@ class UnknownFieldError(SchemeFieldError, KeyError):
     """``scheme[name]`` or a constructor keyword that is not a scheme field."""
 
     def __init__(self, field: str):
-        super().__init__(field, f"unknown field{_did_you_mean(field, FIELDS)}; valid fields: {', '.join(FIELDS)}")
+        super().__init__(field, f"unknown field{did_you_mean(field, FIELDS)}; valid fields: {', '.join(FIELDS)}")
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
 
 
-def _did_you_mean(value, choices) -> str:
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def default_format(family: str, bits: int) -> str:
+    """The element format a data_type family (fp, mx_fp, nv_fp) has at ``bits`` unless one is named."""
+    return _DEFAULT_FORMAT[(family, bits)]
+
+
+def default_scale_dtype(family: str) -> str:
+    """The scale dtype of a data_type family when none is given."""
+    return _SCALE[family][0]
 
 
 def _one_of(field: str, value, choices, extra: str = "") -> SchemeFieldError:
     shown = ", ".join(str(c) for c in choices)
-    return SchemeFieldError(field, f"expected one of {shown}{extra}, got {value!r}{_did_you_mean(value, choices)}")
+    return SchemeFieldError(field, f"expected one of {shown}{extra}, got {value!r}{did_you_mean(value, choices)}")
 
 
 # --- field checks ----------------------------------------------------------------------------
@@ -455,224 +460,3 @@ def preset_name(scheme: QuantizationScheme | None) -> str | None:
         if value == scheme:
             return name
     return None
-
-
-# --- auto-round vocabulary ------------------------------------------------------------------
-# auto-round layer_config dicts may also carry these (REFERENCE §7.1/§7.2).
-_AR_UNSUPPORTED = ("super_bits", "super_group_size", "rotation_config")
-_AR_SCALE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_AR_KEYS = AUTOROUND_FIELDS + _AR_UNSUPPORTED + ("scale_dtype", "fixed_by_user", "scheme")
-
-
-def to_autoround(scheme: QuantizationScheme) -> dict:
-    """auto-round's nine fields (``group_size`` (r, c) for blocks; activations of a weight-only
-    scheme as in its FPW8A16 preset: act_bits 16, act_data_type = data_type, the rest None).
-    ``scale_dtype`` is added only when it is not the family default. Fields auto-round cannot
-    express raise ``SchemeFieldError``."""
-    s = scheme
-    if s.rounding != "rne":
-        raise SchemeFieldError("rounding", f"auto-round rounds to nearest even only, got {s.rounding!r}")
-    if not s.saturate:
-        raise SchemeFieldError("saturate", "auto-round always clamps to the format's range, got False")
-    out = {k: s[k] for k in AUTOROUND_FIELDS}
-    out["data_type"] = _ar_data_type(s, "data_type", "weight_format", s.bits)
-    if s.quantizes_activations:
-        out["act_data_type"] = _ar_data_type(s, "act_data_type", "act_format", s.act_bits)
-    if s.scale_dtype != _SCALE[s.data_type][0]:
-        names = {v: k for k, v in _AR_SCALE_DTYPES.items()}
-        if s.scale_dtype not in names:
-            raise SchemeFieldError("scale_dtype", f"auto-round has no {s.scale_dtype} scales for data_type "
-                                   f"{s.data_type!r}")
-        out["scale_dtype"] = names[s.scale_dtype]
-    return out
-
-
-def _ar_data_type(s: QuantizationScheme, dt_field: str, fmt_field: str, bits: int) -> str:
-    family = "nv_fp" if s[dt_field] == "nv_fp4_with_static_gs" else s[dt_field]
-    if s[fmt_field] == _DEFAULT_FORMAT[(family, bits)]:
-        return s[dt_field]
-    if family == "fp" and s[fmt_field] == "float8_e5m2":
-        return "fp8_e5m2"
-    raise SchemeFieldError(fmt_field, f"auto-round has no data_type for {s[fmt_field]} "
-                           f"(with {dt_field} {s[dt_field]!r})")
-
-
-def from_autoround(value, *, base: QuantizationScheme | None = None,
-                   recipe: str | None = None) -> QuantizationScheme | None:
-    """auto-round scheme or ``layer_config`` value -> QuantizationScheme (None: unquantized).
-
-    ``value``: a preset name; a dict of auto-round fields, optionally with ``"scheme": PRESET``
-    whose fields the others override; or a QuantizationScheme. A dict without ``scheme`` overrides
-    ``base`` (auto-round: "missing fields come from the global scheme") or, without a base, the
-    scheme defaults. ``recipe`` defaults to the base's recipe, else "auto-round".
-    """
-    if isinstance(value, QuantizationScheme):
-        return value if recipe is None else value.replace(recipe=recipe)
-    if isinstance(value, str):
-        preset = PRESETS[value]
-        return preset if preset is None or recipe is None else preset.replace(recipe=recipe)
-    if not isinstance(value, Mapping):
-        raise SpecError(f"auto-round scheme: expected a preset name, a dict or a QuantizationScheme, "
-                        f"got {type(value).__name__}")
-    fields = dict(value)
-    for key in fields:
-        if key not in _AR_KEYS:
-            raise SchemeFieldError(str(key), f"not an auto-round field{_did_you_mean(key, _AR_KEYS)}; "
-                                   f"valid: {', '.join(_AR_KEYS)}")
-    for key in _AR_UNSUPPORTED:
-        if fields.pop(key, None) is not None:
-            raise SchemeFieldError(key, "GGUF double quantization and rotations have no fp8ref equivalent")
-    fields.pop("fixed_by_user", None)  # tuning bookkeeping, no numerics
-    if "scale_dtype" in fields and fields["scale_dtype"] is not None:
-        dtype = str(fields["scale_dtype"]).removeprefix("torch.")
-        fields["scale_dtype"] = _AR_SCALE_DTYPES.get(dtype, dtype)
-    if "group_size" in fields and isinstance(fields["group_size"], list):
-        fields["group_size"] = tuple(fields["group_size"])
-    if type(fields.get("act_bits")) is int and fields["act_bits"] >= UNQUANTIZED_ACT_BITS:
-        # auto-round ignores the other act fields then (its __eq__ does too); so does fp8ref.
-        fields = {k: v for k, v in fields.items() if not k.startswith("act_")}
-        fields["act_bits"] = UNQUANTIZED_ACT_BITS
-    if "scheme" in fields:
-        base = PRESETS[fields.pop("scheme")]
-        if base is None:
-            raise SchemeFieldError("scheme", "a preset that leaves the layer unquantized takes no overrides")
-    fields = {k: v for k, v in fields.items() if v is not None}
-    if recipe is not None:
-        fields["recipe"] = recipe
-    elif base is None:
-        fields["recipe"] = "auto-round"
-    return base.replace(**fields) if base is not None else QuantizationScheme(**fields)
-
-
-# --- compressed-tensors vocabulary ----------------------------------------------------------
-CT_ARGS_KEYS = ("actorder", "block_structure", "dynamic", "group_size", "num_bits", "observer",
-                "observer_kwargs", "scale_dtype", "strategy", "symmetric", "type", "zp_dtype")
-# Observers that compute a plain min/max (the only statistic a scheme can express).
-_CT_MINMAX = (None, "minmax", "memoryless_minmax", "static_minmax", "memoryless")
-_CT_STRATEGY = {"tensor": "tensor", "channel": "channel", "group": "group", "block": "block",
-                "tensor_group": "tensor_group", "token": "token"}
-_CT_SCALE = {"model": None, "float32": "torch.float32", "bfloat16": "torch.bfloat16", "float16": "torch.float16",
-             "float8_e8m0fnu": "torch.uint8", "float8_e4m3fn": "torch.float8_e4m3fn"}
-
-
-def to_ct_args(scheme: QuantizationScheme, part: str) -> dict | None:
-    """``QuantizationArgs`` dict of ``part`` ("weights" or "input_activations") with every key
-    compressed-tensors 0.19.0 writes (REFERENCE §5.2); None for unquantized activations."""
-    s = scheme
-    if part not in ("weights", "input_activations"):
-        raise SpecError(f"part: expected 'weights' or 'input_activations', got {part!r}")
-    for field, fmt in (("weight_format", s.weight_format), ("act_format", s.act_format)):
-        if fmt is not None and fmt not in ("float8_e4m3fn", "float4_e2m1fn"):
-            raise SchemeFieldError(field, f"compressed-tensors float types are e4m3fn (8 bits) and e2m1 "
-                                   f"(4 bits); {fmt} has no equivalent")
-    if s.scale_dtype == "float8_e8m0fnu" and s.data_type != "mx_fp":
-        raise SchemeFieldError("scale_dtype", "compressed-tensors marks MX by uint8 scales; float8_e8m0fnu "
-                               f"scales with data_type {s.data_type!r} would read back as MX")
-    if s.rounding != "rne":
-        raise SchemeFieldError("rounding", f"compressed-tensors rounds to nearest even only, got {s.rounding!r}")
-    if not s.saturate:
-        raise SchemeFieldError("saturate", "compressed-tensors always clamps to the format's range, got False")
-    if part == "weights":
-        gran, size = s.weight_granularity, s.group_size
-        args = _ct_args(s.bits, gran, size if gran in ("group", "tensor_group") else None, False, s)
-        args["block_structure"] = list(s.block_shape) if gran == "block" else None
-        args["observer"] = "memoryless_minmax"
-        return args
-    if not s.quantizes_activations:
-        return None
-    gran = s.act_granularity
-    dynamic = "local" if s.act_data_type == "nv_fp4_with_static_gs" else s.act_dynamic
-    args = _ct_args(s.act_bits, gran, s.act_group_size if gran in ("group", "tensor_group") else None, dynamic, s)
-    args["observer"] = {False: "static_minmax", True: None, "local": "minmax"}[dynamic]
-    return args
-
-
-def _ct_args(bits, gran, group_size, dynamic, s) -> dict:
-    return {"actorder": None, "block_structure": None, "dynamic": dynamic, "group_size": group_size,
-            "num_bits": bits, "observer": None, "observer_kwargs": {}, "scale_dtype": _CT_SCALE[s.scale_dtype],
-            "strategy": _CT_STRATEGY[gran], "symmetric": True, "type": "float", "zp_dtype": None}
-
-
-def from_ct_args(weights: Mapping, input_activations: Mapping | None, *,
-                 recipe: str = "compressed-tensors") -> QuantizationScheme:
-    """compressed-tensors ``weights`` + ``input_activations`` (0.19 all keys, or 0.20.1 with
-    null/default keys dropped) -> QuantizationScheme. Observers must be min/max ones (which one
-    is not kept: a scheme states the numerics, not the calibration statistic)."""
-    w = _ct_parse(weights, "weights")
-    fields = {"recipe": recipe, "bits": w["num_bits"], "weight_granularity": w["strategy"]}
-    fields["data_type"] = _ct_family(w, "weights")
-    if w["strategy"] in ("group", "tensor_group"):
-        fields["group_size"] = w["group_size"]
-    if w["strategy"] == "block":
-        fields["block_shape"] = w["block_structure"]
-    if w["dynamic"] is not False:
-        raise SchemeFieldError("weights.dynamic", f"fp8ref weights are quantized ahead of time, got {w['dynamic']!r}")
-    fields["scale_dtype"] = _ct_scale(w, "weights", fields["data_type"])
-    if input_activations is not None:
-        a = _ct_parse(input_activations, "input_activations")
-        family = _ct_family(a, "input_activations")
-        if _ct_scale(a, "input_activations", family) != fields["scale_dtype"]:
-            raise SchemeFieldError("input_activations.scale_dtype", "must equal weights.scale_dtype "
-                                   "(a scheme has one scale_dtype)")
-        fields.update(act_bits=a["num_bits"], act_granularity=a["strategy"], act_data_type=family)
-        if a["dynamic"] == "local":
-            if family != "nv_fp":
-                raise SchemeFieldError("input_activations.dynamic", "'local' is only expressible for NVFP4")
-            fields["act_data_type"] = "nv_fp4_with_static_gs"
-        else:
-            fields["act_dynamic"] = a["dynamic"]
-        if a["strategy"] in ("group", "tensor_group"):
-            fields["act_group_size"] = a["group_size"]
-        if a["strategy"] not in ACT_GRANULARITIES:
-            raise SchemeFieldError("input_activations.strategy", f"expected one of {', '.join(ACT_GRANULARITIES)}, "
-                                   f"got {a['strategy']!r}")
-    return QuantizationScheme(**fields)
-
-
-def _ct_parse(args: Mapping, part: str) -> dict:
-    if not isinstance(args, Mapping):
-        raise SpecError(f"{part}: expected a QuantizationArgs mapping, got {type(args).__name__}")
-    for key in args:
-        if key not in CT_ARGS_KEYS:
-            raise SchemeFieldError(f"{part}.{key}", f"not a QuantizationArgs key{_did_you_mean(key, CT_ARGS_KEYS)}")
-    a = {"num_bits": 8, "type": "int", "symmetric": True, "group_size": None, "strategy": None,
-         "block_structure": None, "dynamic": False, "actorder": None, "scale_dtype": None,
-         "zp_dtype": None, "observer": None, "observer_kwargs": {}}
-    a.update({k: v for k, v in args.items() if v is not None})
-    if a["strategy"] is None:  # CT's own inference (REFERENCE §7.3)
-        a["strategy"] = {None: "tensor", -1: "channel"}.get(a["group_size"], "group")
-    if a["strategy"] == "block" and a["block_structure"] is not None:
-        a["block_structure"] = tuple(a["block_structure"])
-    for key, ok, why in (("symmetric", a["symmetric"] is True, "asymmetric float quantization is not modelled"),
-                         ("actorder", a["actorder"] is None, "activation reordering is not modelled"),
-                         ("zp_dtype", a["zp_dtype"] is None, "symmetric schemes have no zero point"),
-                         ("observer", a["observer"] in _CT_MINMAX, "only min/max observers are expressible"),
-                         ("observer_kwargs", a["observer_kwargs"] == {}, "observer options are not modelled")):
-        if not ok:
-            raise SchemeFieldError(f"{part}.{key}", f"{why}, got {a[key]!r}")
-    if a["strategy"] not in _CT_STRATEGY:
-        raise SchemeFieldError(f"{part}.strategy", f"expected one of {', '.join(_CT_STRATEGY)}, got {a['strategy']!r}")
-    return a
-
-
-def _ct_family(a: dict, part: str) -> str:
-    if a["type"] != "float":
-        raise SchemeFieldError(f"{part}.type", f"fp8ref covers floating-point formats only, got {a['type']!r}")
-    if a["num_bits"] == 8:
-        return "mx_fp" if a["scale_dtype"] in ("torch.uint8", "uint8") else "fp"
-    if a["num_bits"] == 4:
-        return "nv_fp" if a["strategy"] == "tensor_group" else "mx_fp"
-    raise SchemeFieldError(f"{part}.num_bits",
-                           f"compressed-tensors float types have 8 or 4 bits, got {a['num_bits']!r}")
-
-
-def _ct_scale(a: dict, part: str, family: str) -> str:
-    if a["scale_dtype"] is None:  # CT's default: model dtype, e8m0 for MX, e4m3 for NVFP4
-        return _SCALE[family][0]
-    by_name = {v: k for k, v in _CT_SCALE.items() if v is not None}
-    name = str(a["scale_dtype"])
-    name = name if name.startswith("torch.") else "torch." + name
-    if name not in by_name:
-        raise SchemeFieldError(f"{part}.scale_dtype", f"expected one of {', '.join(by_name)} or null, "
-                               f"got {a['scale_dtype']!r}")
-    return by_name[name]

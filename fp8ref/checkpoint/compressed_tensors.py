@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 
 from ..errors import CheckpointError
-from .layout import D_DTYPES, LayerEntry, LayerQuant
+from ..producers import compressed_tensors as ct
+from .layout import D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
-NAME = "compressed-tensors"
+NAME = ct.NAME
 FORMATS = ("float-quantized", "naive-quantized", "mixed-precision")
 _ARGS_KEYS = {"num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
               "actorder", "observer", "observer_kwargs", "scale_dtype", "zp_dtype"}
@@ -172,12 +173,6 @@ def scale_shapes(quant: LayerQuant, out: int, inp: int) -> tuple[tuple[int, ...]
 
 
 KV_NAMES = ("k_scale", "v_scale")
-# kv_cache_scheme exactly as compressed-tensors 0.19.0 serialises a static per-tensor FP8 KV cache
-# (every QuantizationArgs key, observer null; measured with llm-compressor 0.14 oneshot + save_pretrained).
-# The scales it goes with: ``<attn>.k_scale`` / ``<attn>.v_scale``, [1], in the model dtype.
-KV_CACHE_SCHEME = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
-                   "observer": None, "observer_kwargs": {}, "scale_dtype": None, "strategy": "tensor",
-                   "symmetric": True, "type": "float", "zp_dtype": None}
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -197,37 +192,7 @@ def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) ->
     return plan
 
 
-def _args_out(q: LayerQuant) -> tuple[dict, dict | None]:
-    w = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": q.weight_strategy,
-         "group_size": None, "block_structure": list(q.block) if q.block else None}
-    if q.input is None:
-        return w, None
-    a = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None}
-    if q.input == "static":
-        a.update(dynamic=False, strategy="tensor")
-    else:
-        a.update(dynamic=True, strategy=q.input.removeprefix("dynamic-"), group_size=q.input_group)
-    return w, a
-
-
 def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool = False) -> dict:
-    """``quantization_config`` with one group per distinct scheme, targeting layers by name."""
-    by_quant: dict[LayerQuant, list[str]] = {}
-    for name, q in layers.items():
-        by_quant.setdefault(q, []).append(name)
-    groups = {}
-    for i, (q, names) in enumerate(by_quant.items()):
-        w, a = _args_out(q)
-        groups[f"group_{i}"] = {"targets": sorted(names), "weights": w, "input_activations": a,
-                                "output_activations": None,
-                                "format": "float-quantized" if q.input else "naive-quantized"}
-    all_inputs = all(q.input is not None for q in by_quant)
-    return {
-        "config_groups": groups,
-        "format": "float-quantized" if all_inputs else "naive-quantized" if not any(
-            q.input for q in by_quant) else "mixed-precision",
-        "ignore": sorted(ignore),
-        "kv_cache_scheme": {**KV_CACHE_SCHEME, "observer_kwargs": {}} if kv else None,
-        "quant_method": NAME,
-        "quantization_status": "compressed",
-    }
+    """``quantization_config`` of stored layers, written by the one compressed-tensors writer."""
+    resolved = {name: to_scheme(q, NAME) for name, q in layers.items()} | dict.fromkeys(ignore)
+    return ct.config_for_layers(resolved, kv=kv)

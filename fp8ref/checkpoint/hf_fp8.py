@@ -1,5 +1,5 @@
 """Hugging Face ``quant_method: fp8`` checkpoints (fine-grained FP8, DeepSeek-V3 style, and
-legacy AutoFP8), reference §5.5.
+legacy AutoFP8), reference §5.5; the config vocabulary is ``fp8ref.producers.hf_fp8``.
 
 Fine-grained: ``weight`` F8_E4M3; ``weight_scale_inv`` F32 (some files BF16) of shape
 [ceil(out/r), ceil(in/c)] for ``weight_block_size`` [r, c], or [] per tensor when the block size
@@ -12,48 +12,16 @@ Activations are ``dynamic`` (per 1 x c group for block weights, per tensor other
 from __future__ import annotations
 
 from ..errors import CheckpointError
+from ..producers import hf_fp8 as hf
 from .layout import LayerEntry, LayerQuant
 
-NAME = "hf-fp8"
-KNOWN_KEYS = {"quant_method", "activation_scheme", "weight_block_size", "fmt", "scale_fmt", "dequantize",
-              "modules_to_not_convert", "ignored_layers", "kv_cache_scheme"}
+NAME = hf.NAME
 
 
-class Config:
-    """A parsed ``quantization_config`` of ``quant_method: fp8``."""
-
-    def __init__(self, qc: dict, where: str, warnings: list[str]):
-        unknown = sorted(set(qc) - KNOWN_KEYS)
-        if unknown:
-            warnings.append(f"{where}: keys {unknown} are not part of the fp8 config and were ignored")
-        scheme = qc.get("activation_scheme", "dynamic")
-        if scheme not in ("dynamic", "static"):
-            raise CheckpointError(f"{where}.activation_scheme: {scheme!r}; expected 'dynamic' or 'static'")
-        fmt = qc.get("fmt", "e4m3")
-        if fmt != "e4m3":
-            raise CheckpointError(f"{where}.fmt: {fmt!r}; fp8ref loads e4m3 (float8_e4m3fn) weights")
-        block = qc.get("weight_block_size")
-        if block is not None and not (isinstance(block, list) and len(block) == 2
-                                      and all(type(b) is int and b > 0 for b in block)):
-            raise CheckpointError(f"{where}.weight_block_size: expected null or [rows, cols], got {block!r}")
-        self.block = tuple(block) if block else None
-        self.static = scheme == "static"
-        if self.static and self.block:
-            raise CheckpointError(f"{where}: static activations with weight_block_size {block} are not a "
-                                  f"combination any producer writes; expected dynamic")
-        skip = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or []
-        if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
-            raise CheckpointError(f"{where}.modules_to_not_convert: expected a list of strings, got {skip!r:.100}")
-        self.not_convert = skip
-        self.scale_fmt = qc.get("scale_fmt")
-
-    def quant(self) -> LayerQuant:
-        if self.block:
-            return LayerQuant("block", self.block, "dynamic-group", self.block[1])
-        return LayerQuant("tensor", None, "static" if self.static else "dynamic-tensor")
-
-    def skipped(self, name: str) -> bool:
-        return any(name == m or name.endswith("." + m) or name.startswith(m + ".") for m in self.not_convert)
+def layer_quant(cfg: hf.Config) -> LayerQuant:
+    if cfg.block:
+        return LayerQuant("block", cfg.block, "dynamic-group", cfg.block[1])
+    return LayerQuant("tensor", None, "static" if cfg.static else "dynamic-tensor")
 
 
 def layer_entry(name: str, quant: LayerQuant, legacy: bool) -> LayerEntry:
@@ -102,6 +70,4 @@ def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str]) -
         raise CheckpointError(f"hf fp8 configs hold one scheme for all layers, got {len(quants)}: "
                               f"{sorted(q.describe() for q in quants)}")
     q = quants.pop() if quants else LayerQuant("block", (128, 128), "dynamic-group", 128)
-    return {"activation_scheme": "static" if q.input == "static" else "dynamic", "fmt": "e4m3",
-            "modules_to_not_convert": sorted(unquantized), "quant_method": "fp8",
-            "weight_block_size": list(q.block) if q.block else None}
+    return hf.quantization_config(q.block, q.input == "static", unquantized)

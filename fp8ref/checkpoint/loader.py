@@ -20,6 +20,8 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.files import read_json
 from ..io.safetensors import TensorStore, open_store
+from ..producers import auto_round as ar
+from ..producers import hf_fp8 as hf
 from . import autoround, compressed_tensors, hf_fp8
 from .detect import UNQUANTIZED, detect_format, fp8_weights, is_float
 from .layout import LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, nan_count, to_scheme
@@ -343,18 +345,19 @@ def _infer_ct_config(store: TensorStore) -> dict:
         mode = "static" if has_input else "dynamic-group" if quant.block else "dynamic-token"
         group = block[1] if mode == "dynamic-group" else None
         layers[name] = LayerQuant(quant.weight_strategy, quant.block, mode, group)
-    return compressed_tensors.quantization_config(layers, [])
+    # what is stored unquantized is meant to be: the writer's ignore list says so
+    return compressed_tensors.quantization_config(layers, _unquantized_linears(store, set(layers)))
 
 
 def _ar_layers(qc, store, where, warnings):
     if qc is None:  # inferred: what is stored unquantized is meant to be
         plain = _unquantized_linears(store, set(fp8_weights(store)))
-        qc = {"quant_method": autoround.NAME, "packing_format": autoround.PACKING, **autoround.FP8_STATIC,
+        qc = {"quant_method": ar.NAME, "packing_format": ar.PACKING, **ar.FP8_STATIC,
               "extra_config": {m: {"bits": 16, "act_bits": 16} for m in plain}}
-    cfg = autoround.Config(qc, where, warnings)
+    cfg = ar.Config(qc, where, warnings)
     entries = []
     for name in fp8_weights(store):
-        quant = cfg.layer_quant(name, where)
+        quant = autoround.layer_quant(cfg, name, where)
         if quant is None:
             raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where} leaves "
                                   f"{name!r} unquantized ({cfg.resolve(name)[1]})")
@@ -367,27 +370,27 @@ def _ar_layers(qc, store, where, warnings):
     _scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
     for module in plain:
         scheme, source = cfg.resolve(module)
-        if not autoround._unquantized(scheme):
+        if not ar.unquantized(scheme):
             warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where} quantizes "
                             f"{module!r} ({source}); auto-round's loader would build an FP8 layer without "
                             f"scales. Fix: add extra_config[{module!r}] = {{\"bits\": 16, \"act_bits\": 16}}")
     kv = {}
     if qc.get("static_kv_dtype") or qc.get("static_attention_dtype"):
-        kv = {n: n for n in store if n.rsplit(".", 1)[-1] in autoround.KV_NAMES}
+        kv = {n: n for n in store if n.rsplit(".", 1)[-1] in ar.KV_NAMES}
     return entries, kv
 
 
 def _hf_layers(qc, store, where, warnings):
     if qc is None:
         qc = _infer_hf_config(store)
-    cfg = hf_fp8.Config(qc, where, warnings)
+    cfg = hf.Config(qc, where, warnings)
     entries = []
     for name in fp8_weights(store):
         if cfg.skipped(name):
             raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}."
                                   f"modules_to_not_convert lists {name!r}: config and tensors disagree")
         legacy = f"{name}.weight_scale_inv" not in store and f"{name}.weight_scale" in store
-        quant = cfg.quant()
+        quant = hf_fp8.layer_quant(cfg)
         if legacy and quant.weight_strategy == "block":
             raise CheckpointError(f"{store.where(name + '.weight_scale')}: AutoFP8-style per-tensor "
                                   f"weight_scale, but {where}.weight_block_size is {list(cfg.block)}; "
@@ -430,5 +433,4 @@ def _infer_block(store: TensorStore, suffix: str) -> tuple[int, int] | None:
 def _infer_hf_config(store: TensorStore) -> dict:
     block = _infer_block(store, "weight_scale_inv")
     static = any(n.endswith((".activation_scale", ".input_scale")) for n in store)
-    return {"quant_method": "fp8", "activation_scheme": "static" if static else "dynamic", "fmt": "e4m3",
-            "weight_block_size": list(block) if block else None}
+    return hf.quantization_config(block, static, [])

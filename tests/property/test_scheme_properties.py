@@ -8,14 +8,12 @@ from hypothesis import strategies as st
 
 from fp8ref.codec import ROUNDING_MODES
 from fp8ref.errors import SpecError
+from fp8ref.producers.auto_round import from_autoround, to_autoround
+from fp8ref.producers.compressed_tensors import from_ct_args, to_ct_args
 from fp8ref.scheme import (
     KNOWN_RECIPES,
     PRESETS,
     QuantizationScheme,
-    from_autoround,
-    from_ct_args,
-    to_autoround,
-    to_ct_args,
 )
 from fp8ref.spec import load_spec_dict, load_spec_string
 

@@ -6,6 +6,8 @@ import copy
 import pytest
 
 from fp8ref.errors import SpecError
+from fp8ref.producers.auto_round import from_autoround, to_autoround
+from fp8ref.producers.compressed_tensors import from_ct_args, to_ct_args
 from fp8ref.scheme import (
     AUTOROUND_FIELDS,
     FIELDS,
@@ -13,10 +15,6 @@ from fp8ref.scheme import (
     QuantizationScheme,
     SchemeFieldError,
     UnknownFieldError,
-    from_autoround,
-    from_ct_args,
-    to_autoround,
-    to_ct_args,
 )
 
 # --- presets: numbers typed from REFERENCE.md, not read from specs/presets.yaml -------------------

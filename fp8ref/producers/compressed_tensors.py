@@ -1,0 +1,285 @@
+"""The compressed-tensors vocabulary (llm-compressor, auto-round's ``llm_compressor`` export):
+``QuantizationArgs`` <-> ``QuantizationScheme`` and ``quantization_config`` <-> ``LayerConfig``.
+
+One reader and one writer, used by schemes, specs and checkpoints alike. What is written is
+what compressed-tensors 0.19.0 serialises (every ``QuantizationArgs`` key, REFERENCE §5.2;
+checked against the llm-compressor fixtures under tests/fixtures/interop/checkpoints); what is
+read is that or 0.20.1's form with null/default keys dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+from ..errors import SpecError, did_you_mean
+from ..scheme import ACT_GRANULARITIES, PRESETS, QuantizationScheme, SchemeFieldError, default_scale_dtype
+from ..spec import LayerConfig, Rule, Selector
+
+NAME = "compressed-tensors"
+# kv_cache_scheme exactly as compressed-tensors 0.19.0 serialises a static per-tensor FP8 KV cache
+# (every QuantizationArgs key, observer null; measured with llm-compressor 0.14 oneshot + save_pretrained).
+# The scales it goes with: ``<attn>.k_scale`` / ``<attn>.v_scale``, [1], in the model dtype.
+KV_CACHE_SCHEME = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
+                   "observer": None, "observer_kwargs": {}, "scale_dtype": None, "strategy": "tensor",
+                   "symmetric": True, "type": "float", "zp_dtype": None}
+
+
+# --- QuantizationArgs ------------------------------------------------------------------------
+CT_ARGS_KEYS = ("actorder", "block_structure", "dynamic", "group_size", "num_bits", "observer",
+                "observer_kwargs", "scale_dtype", "strategy", "symmetric", "type", "zp_dtype")
+# Observers that compute a plain min/max (the only statistic a scheme can express).
+_CT_MINMAX = (None, "minmax", "memoryless_minmax", "static_minmax", "memoryless")
+_CT_STRATEGY = {"tensor": "tensor", "channel": "channel", "group": "group", "block": "block",
+                "tensor_group": "tensor_group", "token": "token"}
+_CT_SCALE = {"model": None, "float32": "torch.float32", "bfloat16": "torch.bfloat16", "float16": "torch.float16",
+             "float8_e8m0fnu": "torch.uint8", "float8_e4m3fn": "torch.float8_e4m3fn"}
+
+
+def to_ct_args(scheme: QuantizationScheme, part: str) -> dict | None:
+    """``QuantizationArgs`` dict of ``part`` ("weights" or "input_activations") with every key
+    compressed-tensors 0.19.0 writes (REFERENCE §5.2); None for unquantized activations."""
+    s = scheme
+    if part not in ("weights", "input_activations"):
+        raise SpecError(f"part: expected 'weights' or 'input_activations', got {part!r}")
+    for field, fmt in (("weight_format", s.weight_format), ("act_format", s.act_format)):
+        if fmt is not None and fmt not in ("float8_e4m3fn", "float4_e2m1fn"):
+            raise SchemeFieldError(field, f"compressed-tensors float types are e4m3fn (8 bits) and e2m1 "
+                                   f"(4 bits); {fmt} has no equivalent")
+    if s.scale_dtype == "float8_e8m0fnu" and s.data_type != "mx_fp":
+        raise SchemeFieldError("scale_dtype", "compressed-tensors marks MX by uint8 scales; float8_e8m0fnu "
+                               f"scales with data_type {s.data_type!r} would read back as MX")
+    if s.rounding != "rne":
+        raise SchemeFieldError("rounding", f"compressed-tensors rounds to nearest even only, got {s.rounding!r}")
+    if not s.saturate:
+        raise SchemeFieldError("saturate", "compressed-tensors always clamps to the format's range, got False")
+    if part == "weights":
+        gran, size = s.weight_granularity, s.group_size
+        args = _ct_args(s.bits, gran, size if gran in ("group", "tensor_group") else None, False, s)
+        args["block_structure"] = list(s.block_shape) if gran == "block" else None
+        args["observer"] = "memoryless_minmax"
+        return args
+    if not s.quantizes_activations:
+        return None
+    gran = s.act_granularity
+    dynamic = "local" if s.act_data_type == "nv_fp4_with_static_gs" else s.act_dynamic
+    args = _ct_args(s.act_bits, gran, s.act_group_size if gran in ("group", "tensor_group") else None, dynamic, s)
+    args["observer"] = {False: "static_minmax", True: None, "local": "minmax"}[dynamic]
+    return args
+
+
+def _ct_args(bits, gran, group_size, dynamic, s) -> dict:
+    return {"actorder": None, "block_structure": None, "dynamic": dynamic, "group_size": group_size,
+            "num_bits": bits, "observer": None, "observer_kwargs": {}, "scale_dtype": _CT_SCALE[s.scale_dtype],
+            "strategy": _CT_STRATEGY[gran], "symmetric": True, "type": "float", "zp_dtype": None}
+
+
+def from_ct_args(weights: Mapping, input_activations: Mapping | None, *,
+                 recipe: str = "compressed-tensors") -> QuantizationScheme:
+    """compressed-tensors ``weights`` + ``input_activations`` (0.19 all keys, or 0.20.1 with
+    null/default keys dropped) -> QuantizationScheme. Observers must be min/max ones (which one
+    is not kept: a scheme states the numerics, not the calibration statistic)."""
+    w = _ct_parse(weights, "weights")
+    fields = {"recipe": recipe, "bits": w["num_bits"], "weight_granularity": w["strategy"]}
+    fields["data_type"] = _ct_family(w, "weights")
+    if w["strategy"] in ("group", "tensor_group"):
+        fields["group_size"] = w["group_size"]
+    if w["strategy"] == "block":
+        fields["block_shape"] = w["block_structure"]
+    if w["dynamic"] is not False:
+        raise SchemeFieldError("weights.dynamic", f"fp8ref weights are quantized ahead of time, got {w['dynamic']!r}")
+    fields["scale_dtype"] = _ct_scale(w, "weights", fields["data_type"])
+    if input_activations is not None:
+        a = _ct_parse(input_activations, "input_activations")
+        family = _ct_family(a, "input_activations")
+        if _ct_scale(a, "input_activations", family) != fields["scale_dtype"]:
+            raise SchemeFieldError("input_activations.scale_dtype", "must equal weights.scale_dtype "
+                                   "(a scheme has one scale_dtype)")
+        fields.update(act_bits=a["num_bits"], act_granularity=a["strategy"], act_data_type=family)
+        if a["dynamic"] == "local":
+            if family != "nv_fp":
+                raise SchemeFieldError("input_activations.dynamic", "'local' is only expressible for NVFP4")
+            fields["act_data_type"] = "nv_fp4_with_static_gs"
+        else:
+            fields["act_dynamic"] = a["dynamic"]
+        if a["strategy"] in ("group", "tensor_group"):
+            fields["act_group_size"] = a["group_size"]
+        if a["strategy"] not in ACT_GRANULARITIES:
+            raise SchemeFieldError("input_activations.strategy", f"expected one of {', '.join(ACT_GRANULARITIES)}, "
+                                   f"got {a['strategy']!r}")
+    return QuantizationScheme(**fields)
+
+
+def _ct_parse(args: Mapping, part: str) -> dict:
+    if not isinstance(args, Mapping):
+        raise SpecError(f"{part}: expected a QuantizationArgs mapping, got {type(args).__name__}")
+    for key in args:
+        if key not in CT_ARGS_KEYS:
+            raise SchemeFieldError(f"{part}.{key}", f"not a QuantizationArgs key{did_you_mean(key, CT_ARGS_KEYS)}")
+    a = {"num_bits": 8, "type": "int", "symmetric": True, "group_size": None, "strategy": None,
+         "block_structure": None, "dynamic": False, "actorder": None, "scale_dtype": None,
+         "zp_dtype": None, "observer": None, "observer_kwargs": {}}
+    a.update({k: v for k, v in args.items() if v is not None})
+    if a["strategy"] is None:  # CT's own inference (REFERENCE §7.3)
+        a["strategy"] = {None: "tensor", -1: "channel"}.get(a["group_size"], "group")
+    if a["strategy"] == "block" and a["block_structure"] is not None:
+        a["block_structure"] = tuple(a["block_structure"])
+    for key, ok, why in (("symmetric", a["symmetric"] is True, "asymmetric float quantization is not modelled"),
+                         ("actorder", a["actorder"] is None, "activation reordering is not modelled"),
+                         ("zp_dtype", a["zp_dtype"] is None, "symmetric schemes have no zero point"),
+                         ("observer", a["observer"] in _CT_MINMAX, "only min/max observers are expressible"),
+                         ("observer_kwargs", a["observer_kwargs"] == {}, "observer options are not modelled")):
+        if not ok:
+            raise SchemeFieldError(f"{part}.{key}", f"{why}, got {a[key]!r}")
+    if a["strategy"] not in _CT_STRATEGY:
+        raise SchemeFieldError(f"{part}.strategy", f"expected one of {', '.join(_CT_STRATEGY)}, got {a['strategy']!r}")
+    return a
+
+
+def _ct_family(a: dict, part: str) -> str:
+    if a["type"] != "float":
+        raise SchemeFieldError(f"{part}.type", f"fp8ref covers floating-point formats only, got {a['type']!r}")
+    if a["num_bits"] == 8:
+        return "mx_fp" if a["scale_dtype"] in ("torch.uint8", "uint8") else "fp"
+    if a["num_bits"] == 4:
+        return "nv_fp" if a["strategy"] == "tensor_group" else "mx_fp"
+    raise SchemeFieldError(f"{part}.num_bits",
+                           f"compressed-tensors float types have 8 or 4 bits, got {a['num_bits']!r}")
+
+
+def _ct_scale(a: dict, part: str, family: str) -> str:
+    if a["scale_dtype"] is None:  # CT's default: model dtype, e8m0 for MX, e4m3 for NVFP4
+        return default_scale_dtype(family)
+    by_name = {v: k for k, v in _CT_SCALE.items() if v is not None}
+    name = str(a["scale_dtype"])
+    name = name if name.startswith("torch.") else "torch." + name
+    if name not in by_name:
+        raise SchemeFieldError(f"{part}.scale_dtype", f"expected one of {', '.join(by_name)} or null, "
+                               f"got {a['scale_dtype']!r}")
+    return by_name[name]
+
+
+# --- quantization_config ---------------------------------------------------------------------
+def to_ct_config(config: LayerConfig, layer_names: Iterable[str] | None = None) -> dict:
+    """compressed-tensors ``quantization_config`` of a spec (see ``quantization_config``).
+
+    Without ``layer_names`` only a spec without ``layer_config`` rules can be written (one group
+    targeting ``Linear``; ``ignore`` selectors copied, ``re:`` has the same meaning in CT). With
+    ``layer_names`` the layers are resolved first (``config_for_layers``).
+    """
+    if layer_names is not None:
+        resolved = config.resolve_all(layer_names)
+        if not any(s is not None for s in resolved.values()):
+            raise SpecError("layer_names: no layer is quantized; nothing to write")
+        return config_for_layers(resolved)
+    if config.rules:
+        raise SpecError("layer_names: needed to write layer_config rules as exact compressed-tensors targets")
+    if config.default is None:
+        raise SpecError("scheme: the default scheme leaves every layer unquantized; nothing to write")
+    return quantization_config([group(config.default, ["Linear"])], [s.text for s in config.ignore])
+
+
+def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: bool = False) -> dict:
+    """``quantization_config`` for ``{layer: scheme or None (unquantized)}``: one distinct group
+    becomes a single ``Linear`` group plus an ``ignore`` list of the unquantized layers (what
+    llm-compressor writes), several become groups of exact layer names, so the result does not
+    depend on how compressed-tensors orders overlapping targets."""
+    ignore = [name for name, s in resolved.items() if s is None]
+    by_group: dict[str, tuple[QuantizationScheme, list[str]]] = {}
+    for name, s in resolved.items():
+        if s is not None:
+            key = json.dumps(group(s, []), sort_keys=True)  # schemes CT cannot tell apart share a group
+            by_group.setdefault(key, (s, []))[1].append(name)
+    if len(by_group) == 1:
+        groups = [group(next(iter(by_group.values()))[0], ["Linear"])]
+    else:
+        groups = [group(s, names) for s, names in by_group.values()]
+    return quantization_config(groups, ignore, kv=kv)
+
+
+def group(s: QuantizationScheme, targets: list[str]) -> dict:
+    """One ``config_groups`` entry (the five keys compressed-tensors 0.19.0 writes)."""
+    return {"format": _ct_format(s), "input_activations": to_ct_args(s, "input_activations"),
+            "output_activations": None, "targets": targets, "weights": to_ct_args(s, "weights")}
+
+
+def quantization_config(groups: list[dict], ignore: list[str], *, kv: bool = False) -> dict:
+    """The ONE compressed-tensors ``quantization_config`` writer: the nine top-level keys of
+    compressed-tensors 0.19.0 (``version`` left out: fp8ref is not compressed-tensors), groups
+    named ``group_0``... in order, ``kv_cache_scheme`` static per-tensor FP8 when ``kv``."""
+    formats = {g["format"] for g in groups}
+    return {"config_groups": {f"group_{i}": g for i, g in enumerate(groups)},
+            "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+            "global_compression_ratio": None, "ignore": list(ignore),
+            "kv_cache_scheme": dict(KV_CACHE_SCHEME, observer_kwargs={}) if kv else None,
+            "quant_method": NAME, "quantization_status": "compressed",
+            "sparsity_config": {}, "transform_config": {}}
+
+
+def _ct_format(s: QuantizationScheme) -> str:
+    # REFERENCE §7.3: float-quantized iff float weights and input activations; CT's packed 4-bit
+    # and MXFP8 formats carry their own names (CompressionFormat enum).
+    if s.data_type == "nv_fp":
+        return "nvfp4-pack-quantized"
+    if s.data_type == "mx_fp":
+        return "mxfp4-pack-quantized" if s.bits == 4 else "mxfp8-quantized"
+    return "float-quantized" if s.quantizes_activations else "naive-quantized"
+
+
+def from_ct_config(config: Mapping, *, recipe: str = "compressed-tensors",
+                   source: str = "quantization_config") -> LayerConfig:
+    """compressed-tensors ``quantization_config`` -> LayerConfig. A group targeting ``Linear``
+    becomes the default scheme; other targets (names, ``re:``) become rules in group order."""
+    if not isinstance(config, Mapping):
+        raise SpecError(f"{source}: expected a mapping, got {type(config).__name__}")
+    if config.get("quant_method", "compressed-tensors") != "compressed-tensors":
+        raise SpecError(f"{source}: quant_method: expected 'compressed-tensors', got {config['quant_method']!r}")
+    if config.get("kv_cache_scheme") is not None:
+        raise SpecError(f"{source}: kv_cache_scheme: KV-cache quantization is not part of a LayerConfig")
+    groups = config.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise SpecError(f"{source}: config_groups: expected a non-empty mapping")
+    default, rules = None, []
+    for gname, group in groups.items():
+        where = f"{source}: config_groups.{gname}"
+        scheme, targets = _ct_group(gname, group, where, recipe)
+        for target in targets:
+            if target == "Linear":
+                if default is not None:
+                    raise SpecError(f"{where}.targets: a second group targets 'Linear'")
+                default = scheme
+            elif target.startswith("re:") or not (target[:1].isupper() and target.isidentifier()):
+                rules.append(Rule(Selector(target), scheme))
+            else:  # CT matches CamelCase identifiers against module classes
+                raise SpecError(f"{where}.targets: class name {target!r} is not expressible; only 'Linear', "
+                                "layer names and 're:' patterns are")
+    ignore = config.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+        raise SpecError(f"{source}: ignore: expected a list of strings, got {ignore!r}")
+    return LayerConfig(default, rules, [Selector(i) for i in ignore], source=source)
+
+
+def _ct_group(gname, group, where: str, recipe: str):
+    if isinstance(group, list):  # {"FP8_DYNAMIC": ["Linear"]}: a preset name as the key expands
+        scheme = PRESETS[gname] if gname in PRESETS else None
+        if scheme is None:
+            raise SpecError(f"{where}: {gname!r} is not a quantizing preset fp8ref knows")
+        return scheme.replace(recipe=recipe), group
+    if not isinstance(group, Mapping):
+        raise SpecError(f"{where}: expected a mapping or a list of targets, got {type(group).__name__}")
+    allowed = ("targets", "weights", "input_activations", "output_activations", "format")
+    for key in group:
+        if key not in allowed:
+            raise SpecError(f"{where}.{key}: not a QuantizationScheme key; expected one of {', '.join(allowed)}")
+    if group.get("output_activations") is not None:
+        raise SpecError(f"{where}.output_activations: output quantization is not modelled")
+    targets = group.get("targets")
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise SpecError(f"{where}.targets: expected a non-empty list of strings, got {targets!r}")
+    if group.get("weights") is None:
+        raise SpecError(f"{where}.weights: activation-only quantization is not modelled")
+    try:
+        scheme = from_ct_args(group["weights"], group.get("input_activations"), recipe=recipe)
+    except SchemeFieldError as exc:
+        raise SpecError(f"{where}.{exc}") from None
+    return scheme, targets

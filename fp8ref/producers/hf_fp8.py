@@ -1,0 +1,50 @@
+"""The Hugging Face ``quant_method: fp8`` vocabulary (transformers' FineGrainedFP8 / DeepSeek-V3
+style, legacy AutoFP8), reference §5.5: the ``quantization_config`` it reads and writes."""
+
+from __future__ import annotations
+
+from ..errors import CheckpointError
+
+NAME = "hf-fp8"
+METHOD = "fp8"  # its quant_method
+KNOWN_KEYS = {"quant_method", "activation_scheme", "weight_block_size", "fmt", "scale_fmt", "dequantize",
+              "modules_to_not_convert", "ignored_layers", "kv_cache_scheme"}
+
+
+class Config:
+    """A parsed ``quantization_config`` of ``quant_method: fp8``."""
+
+    def __init__(self, qc: dict, where: str, warnings: list[str]):
+        unknown = sorted(set(qc) - KNOWN_KEYS)
+        if unknown:
+            warnings.append(f"{where}: keys {unknown} are not part of the fp8 config and were ignored")
+        scheme = qc.get("activation_scheme", "dynamic")
+        if scheme not in ("dynamic", "static"):
+            raise CheckpointError(f"{where}.activation_scheme: {scheme!r}; expected 'dynamic' or 'static'")
+        fmt = qc.get("fmt", "e4m3")
+        if fmt != "e4m3":
+            raise CheckpointError(f"{where}.fmt: {fmt!r}; fp8ref loads e4m3 (float8_e4m3fn) weights")
+        block = qc.get("weight_block_size")
+        if block is not None and not (isinstance(block, list) and len(block) == 2
+                                      and all(type(b) is int and b > 0 for b in block)):
+            raise CheckpointError(f"{where}.weight_block_size: expected null or [rows, cols], got {block!r}")
+        self.block = tuple(block) if block else None
+        self.static = scheme == "static"
+        if self.static and self.block:
+            raise CheckpointError(f"{where}: static activations with weight_block_size {block} are not a "
+                                  f"combination any producer writes; expected dynamic")
+        skip = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or []
+        if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
+            raise CheckpointError(f"{where}.modules_to_not_convert: expected a list of strings, got {skip!r:.100}")
+        self.not_convert = skip
+        self.scale_fmt = qc.get("scale_fmt")
+
+    def skipped(self, name: str) -> bool:
+        return any(name == m or name.endswith("." + m) or name.startswith(m + ".") for m in self.not_convert)
+
+
+def quantization_config(block: tuple[int, int] | None, static: bool, unquantized: list[str]) -> dict:
+    """The config for one scheme: ``weight_block_size`` (None: per tensor) and static or dynamic inputs."""
+    return {"activation_scheme": "static" if static else "dynamic", "fmt": "e4m3",
+            "modules_to_not_convert": sorted(unquantized), "quant_method": METHOD,
+            "weight_block_size": list(block) if block else None}
