@@ -19,7 +19,8 @@ _EXPORTS = {
     "formats": ("FORMATS", "FloatFormat", "get_format"),
     "matmul": ("linear", "scaled_mm"),
     "quant": ("QuantArgs", "QuantResult", "dequantize", "fake_quant", "quantize"),
-    "recipes": ("Recipe", "get_recipe", "load_recipes"),
+    "recipes": ("Recipe",),
+    "registry": ("get_recipe", "load_recipes"),
     "scheme": ("KNOWN_RECIPES", "PRESETS", "QuantizationScheme"),
     "spec": ("LayerConfig", "load_spec", "load_spec_dict"),
 }

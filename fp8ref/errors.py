@@ -57,12 +57,17 @@ class BackendError(Fp8RefError, LookupError):
     """An unknown or unusable conformance backend."""
 
 
-def did_you_mean(value: object, choices, *, n: int = 1, cutoff: float = 0.6, clause: bool = False) -> str:
+def did_you_mean(value: object, choices, *, n: int = 1, cutoff: float = 0.6, clause: bool = False,
+                 fold=None) -> str:
     """The "did you mean" hint every unknown-name message ends with: `` (did you mean 'x'?)``, or
-    with ``clause`` ``; did you mean 'x' or 'y'?``; empty when nothing in ``choices`` is close."""
+    with ``clause`` ``; did you mean 'x' or 'y'?``; empty when nothing in ``choices`` is close.
+    ``fold`` (e.g. ``str.upper``) compares case-insensitively and still names the choice as spelled."""
     import difflib
 
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=n, cutoff=cutoff)
+    fold = fold or (lambda text: text)
+    spelled = {fold(str(c)): str(c) for c in reversed(list(choices))}  # the first spelling wins
+    matches = difflib.get_close_matches(fold(str(value)), list(spelled)[::-1], n=n, cutoff=cutoff)
+    close = [spelled[c] for c in matches]
     if not close:
         return ""
     text = f"did you mean {' or '.join(map(repr, close))}?"

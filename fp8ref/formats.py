@@ -15,13 +15,12 @@ Special-value styles (``specials``), following the naming of LLVM/ml_dtypes:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from .errors import FormatError, UnknownFormatError
+from .errors import FormatError, UnknownFormatError, did_you_mean
 
 SPECIALS = ("ieee", "fn", "fnuz", "none")
 
@@ -329,8 +328,7 @@ class _Registry(Mapping):
         try:
             return self._formats[name]
         except (KeyError, TypeError):
-            close = difflib.get_close_matches(str(name), self._formats, n=3, cutoff=0.6)
-            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            hint = did_you_mean(name, self._formats, n=3, clause=True)
             raise UnknownFormatError(
                 f"unknown format {name!r}{hint} (known: {', '.join(self._formats)})") from None
 

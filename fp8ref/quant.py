@@ -23,7 +23,8 @@ from ._arrays import bf16_bits_to_f32, deliver, float_input, is_torch, numpy_bf1
 from .codec import ROUNDING_MODES, _c_encode_params, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
-from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes, get_recipe
+from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes
+from .registry import get_recipe
 from .rounding import round_to
 from .scaling import (
     GRANULARITIES,

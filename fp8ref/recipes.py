@@ -17,28 +17,24 @@ A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
 dtypes: ``exact`` (no rounding: the fp8ref ideal), ``float32``, ``model`` (x's dtype, D).
 A D op on float32 data is modelled as torch computes it on CPU: in float32, then rounded to D.
 
-This module is pure; ``load_recipes`` (the only file reader) parses specs/recipes/*.yaml once.
+This module is pure: ``recipe_from_document`` builds a Recipe from a loaded YAML document;
+``fp8ref.registry`` reads the packaged specs/recipes/*.yaml (``load_recipes``, ``get_recipe``).
 """
 
 from __future__ import annotations
 
-import difflib
-import functools
 from dataclasses import dataclass, fields
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 
-from .errors import RecipeError, ScaleError
+from .errors import RecipeError, ScaleError, did_you_mean
 from .exact import residual_sign
 from .formats import FloatFormat
-from .resources import SPECS_DIR
 from .rounding import eps_of, round_to
 from .scaling import GRANULARITIES, amax_over_max
 
 DTYPES = ("exact", "float32", "model")
-_SPEC_DIR = SPECS_DIR / "recipes"
 
 
 @dataclass(frozen=True)
@@ -241,8 +237,7 @@ def _exact_keys(doc, path, mapping, keys):
         raise doc.error(path, f"expected a mapping, got {type(mapping).__name__}")
     unknown = [k for k in mapping if k not in keys]
     if unknown:
-        hint = difflib.get_close_matches(str(unknown[0]), keys, n=1)
-        raise doc.error(tuple(path) + (unknown[0],), "unknown key" + (f"; did you mean {hint[0]!r}?" if hint else "")
+        raise doc.error(tuple(path) + (unknown[0],), "unknown key" + did_you_mean(unknown[0], keys, clause=True)
                         + f" (expected {', '.join(keys)})")
     missing = [k for k in keys if k not in mapping]
     if missing:
@@ -250,7 +245,7 @@ def _exact_keys(doc, path, mapping, keys):
 
 
 def recipe_from_document(doc) -> Recipe:
-    """Validate a loaded recipe YAML document (fp8ref.yamlio.YamlDocument) strictly."""
+    """Validate a loaded recipe YAML document (fp8ref.io.yaml.YamlDocument) strictly."""
     data = doc.data
     _exact_keys(doc, (), data, _TOP)
     values: dict = {}
@@ -301,31 +296,3 @@ def _path_of(field_name: str) -> tuple:
             if name == field_name:
                 return ("steps", step, key)
     return ()
-
-
-@functools.cache
-def load_recipes(directory: str | None = None) -> dict[str, Recipe]:
-    """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once."""
-    from .io.yaml import load_yaml
-    folder = Path(directory) if directory is not None else _SPEC_DIR
-    recipes: dict[str, Recipe] = {}
-    for path in sorted(folder.glob("*.yaml")):
-        doc = load_yaml(path)
-        recipe = recipe_from_document(doc)
-        if recipe.name != path.stem:
-            raise doc.error(("name",), f"expected the file name {path.stem!r}, got {recipe.name!r}")
-        recipes[recipe.name] = recipe
-    return recipes
-
-
-def get_recipe(recipe: Recipe | str | None) -> Recipe:
-    """A Recipe, or a built-in recipe's name (None -> 'fp8ref')."""
-    if isinstance(recipe, Recipe):
-        return recipe
-    name = "fp8ref" if recipe is None else recipe
-    known = load_recipes()
-    if not isinstance(name, str) or name not in known:
-        close = difflib.get_close_matches(str(name), known, n=2)
-        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-        raise RecipeError(f"recipe: unknown recipe {name!r}{hint} (known: {', '.join(known)})")
-    return known[name]

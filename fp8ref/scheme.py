@@ -15,14 +15,13 @@ docs/schemes.md. Translation to and from auto-round dicts and compressed-tensors
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 
 from .codec import ROUNDING_MODES
 from .errors import SpecError, did_you_mean
 from .formats import FORMATS
-from .resources import SPECS_DIR
+from .registry import presets_document, recipe_names
 
 FIELDS = (
     "bits", "group_size", "sym", "data_type",
@@ -44,7 +43,7 @@ WEIGHT_GRANULARITIES = ("tensor", "channel", "group", "block", "tensor_group")
 ACT_GRANULARITIES = ("tensor", "token", "group", "tensor_group")
 SCALE_DTYPES = ("model", "float32", "bfloat16", "float16", "float8_e8m0fnu", "float8_e4m3fn")
 # One recipe per file of specs/recipes (fp8ref.recipes loads them; the file name is the recipe name).
-KNOWN_RECIPES = tuple(sorted(path.stem for path in (SPECS_DIR / "recipes").glob("*.yaml")))
+KNOWN_RECIPES = recipe_names()
 UNQUANTIZED_ACT_BITS = 16
 
 _ELEMENT_FORMATS = {
@@ -386,9 +385,6 @@ def _from_values(values: dict) -> QuantizationScheme:
 
 
 # --- presets --------------------------------------------------------------------------------
-PRESETS_PATH = SPECS_DIR / "presets.yaml"
-
-
 class _Presets(Mapping):
     """name -> QuantizationScheme | None (None: left unquantized), loaded once from presets.yaml.
 
@@ -404,10 +400,7 @@ class _Presets(Mapping):
             if canonical.upper() == key:
                 return table[canonical]
         names = list(table) + list(aliases)
-        close = difflib.get_close_matches(str(name).upper(), [n.upper() for n in names], n=1, cutoff=0.5)
-        hint = ""
-        if close:
-            hint = f"; did you mean {next(n for n in names if n.upper() == close[0])!r}?"
+        hint = did_you_mean(name, names, cutoff=0.5, clause=True, fold=str.upper)
         raise SchemeFieldError("scheme", f"unknown preset {name!r}{hint} (known: {', '.join(names)})")
 
     def __contains__(self, name) -> bool:
@@ -429,9 +422,7 @@ PRESETS: Mapping[str, QuantizationScheme | None] = _Presets()
 
 @lru_cache(maxsize=1)
 def _load_presets() -> tuple[dict, dict]:
-    from .io.yaml import load_yaml
-
-    doc = load_yaml(PRESETS_PATH)
+    doc = presets_document()
     data = doc.data
     if not isinstance(data, dict) or set(data) != {"presets", "aliases"}:
         raise doc.error((), "expected a mapping with exactly the keys 'presets' and 'aliases'")

@@ -27,14 +27,13 @@ unquantized); fields derived from an overridden field are re-derived (``Quantiza
 
 from __future__ import annotations
 
-import difflib
 import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecError
+from .errors import SpecError, did_you_mean
 from .scheme import FIELDS, PRESETS, QuantizationScheme, SchemeFieldError, preset_name
 from .io.yaml import YamlDocument, load_yaml, load_yaml_string
 
@@ -184,7 +183,7 @@ def _build(doc: YamlDocument, strict: bool | None) -> LayerConfig:
         errors.raise_if_any()
     for key in data:
         if key not in SPEC_KEYS:
-            errors.add((key,), f"unknown key{_hint(key, SPEC_KEYS)}; expected one of {', '.join(SPEC_KEYS)}")
+            errors.add((key,), f"unknown key{did_you_mean(key, SPEC_KEYS)}; expected one of {', '.join(SPEC_KEYS)}")
     meta = {}
     for key in ("name", "description"):
         if data.get(key) is not None and not isinstance(data[key], str):
@@ -241,11 +240,6 @@ def _build(doc: YamlDocument, strict: bool | None) -> LayerConfig:
     return LayerConfig(default, rules, ignore, strict=strict, source=doc.source, **meta)
 
 
-def _hint(value, choices) -> str:
-    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _selector(key, path: tuple, errors: _Errors) -> Selector | None:
     if not isinstance(key, str) or not key:
         errors.add(path, f"expected a layer name or 're:PATTERN', got {key!r}")
@@ -288,7 +282,7 @@ def _scheme_value(value, path: tuple, base: QuantizationScheme | None, errors: _
                 return base, True
         for key in overrides:
             if key not in FIELDS:
-                errors.add(path + (key,), f"unknown field{_hint(key, FIELDS + ('scheme',))}; "
+                errors.add(path + (key,), f"unknown field{did_you_mean(key, FIELDS + ('scheme',))}; "
                                           f"valid fields: scheme, {', '.join(FIELDS)}")
                 return None, False
         if base is None:

@@ -152,7 +152,8 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
     (or float32 for a recipe that stores float32 scales), as compressed-tensors writes it.
     """
     from ..formats import FORMATS as FLOAT_FORMATS
-    from ..recipes import compute_scale, get_recipe
+    from ..recipes import compute_scale
+    from ..registry import get_recipe
 
     if not kv:
         return []
@@ -217,7 +218,7 @@ def _candidates(store: TensorStore) -> list[str]:
 def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None,
                 calibration: Mapping[str, float] | None = None) -> dict[str, LayerPlan]:
     """Resolve the spec over the source's linear layers and check the format can hold each."""
-    from ..recipes import get_recipe
+    from ..registry import get_recipe
 
     module = FORMATS[fmt]
     config = _layer_config(spec)
@@ -286,7 +287,8 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     """Bytes of the layer's output tensors, by tensor name."""
     from ..formats import FORMATS as FLOAT_FORMATS
     from ..quant import quantize
-    from ..recipes import compute_scale, get_recipe
+    from ..recipes import compute_scale
+    from ..registry import get_recipe
 
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
     w = store.file_of(f"{plan.name}.weight").view(f"{plan.name}.weight", raw)

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import codec, matmul, quant
 from ..formats import get_format
-from ..recipes import get_recipe
+from ..registry import get_recipe
 from ..scaling import reduce_amax
 from ..scheme import PRESETS
 from . import values

@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import registry
 from ..errors import SpecError
-from ..resources import SPECS_DIR
+from ..io.files import read_text
 from ..io.yaml import YamlDocument, load_yaml_string
 
 LEVELS = (1, 2)
@@ -61,22 +62,18 @@ Checker = Callable[[YamlDocument, tuple, object], object]
 def load_suite(path: str | Path) -> Suite:
     """Load a suite from a path, or a bare name of a shipped suite (``formats``)."""
     resolved = resolve_suite_path(path)
-    return parse_suite(resolved.read_text(encoding="utf-8"), source=str(resolved))
+    return parse_suite(read_text(resolved, error=SpecError), source=str(resolved))
 
 
 def resolve_suite_path(path: str | Path) -> Path:
     p = Path(path)
     if p.is_file():
         return p
-    shipped = suites_dir() / f"{p.name}.yaml" if p.suffix == "" and p.parent == Path(".") else None
-    if shipped is not None and shipped.is_file():
+    shipped = registry.suite_path(str(path))
+    if shipped is not None:
         return shipped
-    known = ", ".join(sorted(q.stem for q in suites_dir().glob("*.yaml")))
+    known = ", ".join(registry.suite_names())
     raise SpecError(f"suite {str(path)!r}: no such file and no shipped suite of that name (shipped: {known})")
-
-
-def suites_dir() -> Path:
-    return SPECS_DIR / "suites"
 
 
 def parse_suite(text: str, *, source: str = "<string>") -> Suite:

@@ -18,7 +18,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from fp8ref.errors import ShapeError  # noqa: E402
 from fp8ref.formats import FORMATS  # noqa: E402
 from fp8ref.quant import QuantArgs, dequantize, fake_quant, quantize  # noqa: E402
-from fp8ref.recipes import compute_scale, get_recipe  # noqa: E402
+from fp8ref.recipes import compute_scale  # noqa: E402
+from fp8ref.registry import get_recipe  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "recipes"
 MANIFEST = json.loads((HERE / "manifest.json").read_text()) if (HERE / "manifest.json").exists() else {"cases": []}

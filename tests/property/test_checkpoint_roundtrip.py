@@ -29,7 +29,8 @@ from fp8ref.errors import CheckpointError
 from fp8ref.formats import FORMATS
 from fp8ref.matmul import linear
 from fp8ref.quant import as_args, quantize
-from fp8ref.recipes import compute_scale, get_recipe
+from fp8ref.recipes import compute_scale
+from fp8ref.registry import get_recipe
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 ST = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}

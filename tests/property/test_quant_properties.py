@@ -71,7 +71,7 @@ def test_negation_flips_only_the_sign_bit(x, args):
 def test_producer_recipes_stay_within_one_step_of_fp8ref(x, args, recipe):
     """A producer's extra roundings can move a code by at most one grid step from the ideal when
     both use the same scale; codes from different scales are not compared."""
-    from fp8ref.recipes import get_recipe
+    from fp8ref.registry import get_recipe
     rec = get_recipe(recipe)
     if args.granularity not in rec.granularities:
         return

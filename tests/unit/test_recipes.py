@@ -12,7 +12,8 @@ import torch
 
 from fp8ref.errors import RecipeError, SpecError
 from fp8ref.formats import FORMATS
-from fp8ref.recipes import _SPEC_DIR, apply_scaled, compute_scale, get_recipe, load_recipes
+from fp8ref.recipes import apply_scaled, compute_scale
+from fp8ref.registry import RECIPES_DIR, get_recipe, load_recipes
 from fp8ref.rounding import round_to
 
 E4M3 = FORMATS["float8_e4m3fn"]
@@ -28,7 +29,7 @@ def test_builtin_recipes_load():
 
 
 def _copy(tmp_path: Path, name: str, edit) -> str:
-    src = (_SPEC_DIR / f"{name}.yaml").read_text()
+    src = (RECIPES_DIR / f"{name}.yaml").read_text()
     (tmp_path / f"{name}.yaml").write_text(edit(src))
     return str(tmp_path)
 
@@ -66,7 +67,7 @@ def test_unknown_recipe_suggests():
 
 def test_every_builtin_recipe_round_trips_through_a_copy(tmp_path):
     for name in BUILTIN:
-        shutil.copy(_SPEC_DIR / f"{name}.yaml", tmp_path / f"{name}.yaml")
+        shutil.copy(RECIPES_DIR / f"{name}.yaml", tmp_path / f"{name}.yaml")
     assert load_recipes(str(tmp_path)) == load_recipes()
 
 

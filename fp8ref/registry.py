@@ -1,0 +1,80 @@
+"""The packaged declarative files: the only reader of ``specs/``.
+
+``specs/`` sits at the repository root; the package reaches it through the ``fp8ref/specs``
+symlink, which wheels turn into real files. Presets (``presets.yaml``), producer recipes
+(``recipes/*.yaml``) and golden suites (``suites/*.yaml``) are found and loaded here, strictly
+(``fp8ref.io.yaml``); the records they become are built by the modules that own them
+(``recipes.recipe_from_document``, ``scheme.PRESETS``, ``golden.suite.parse_suite``).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from .errors import RecipeError, did_you_mean
+from .io.yaml import YamlDocument, load_yaml
+from .recipes import Recipe, recipe_from_document
+
+SPECS_DIR = Path(__file__).resolve().parent / "specs"
+RECIPES_DIR = SPECS_DIR / "recipes"
+SUITES_DIR = SPECS_DIR / "suites"
+PRESETS_PATH = SPECS_DIR / "presets.yaml"
+DEFAULT_RECIPE = "fp8ref"
+
+
+# --- presets -------------------------------------------------------------------------------
+
+@functools.cache
+def presets_document() -> YamlDocument:
+    """``presets.yaml`` as loaded (``scheme.PRESETS`` validates it and builds the schemes)."""
+    return load_yaml(PRESETS_PATH)
+
+
+# --- recipes -------------------------------------------------------------------------------
+
+@functools.cache
+def recipe_names() -> tuple[str, ...]:
+    """The names of the built-in recipes (file names, sorted), without parsing them."""
+    return tuple(sorted(path.stem for path in RECIPES_DIR.glob("*.yaml")))
+
+
+@functools.cache
+def load_recipes(directory: str | None = None) -> dict[str, Recipe]:
+    """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once."""
+    folder = Path(directory) if directory is not None else RECIPES_DIR
+    recipes: dict[str, Recipe] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        doc = load_yaml(path)
+        recipe = recipe_from_document(doc)
+        if recipe.name != path.stem:
+            raise doc.error(("name",), f"expected the file name {path.stem!r}, got {recipe.name!r}")
+        recipes[recipe.name] = recipe
+    return recipes
+
+
+def get_recipe(recipe: Recipe | str | None) -> Recipe:
+    """A Recipe, or a built-in recipe's name (None -> 'fp8ref')."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    name = DEFAULT_RECIPE if recipe is None else recipe
+    known = load_recipes()
+    if not isinstance(name, str) or name not in known:
+        raise RecipeError(f"recipe: unknown recipe {name!r}{did_you_mean(name, known, n=2, clause=True)} "
+                          f"(known: {', '.join(known)})")
+    return known[name]
+
+
+# --- golden suites -------------------------------------------------------------------------
+
+def suite_names() -> list[str]:
+    return sorted(q.stem for q in SUITES_DIR.glob("*.yaml"))
+
+
+def suite_path(name: str) -> Path | None:
+    """The shipped suite called ``name`` (a bare name, no suffix or folder), None if there is none."""
+    p = Path(name)
+    if p.suffix or p.parent != Path("."):
+        return None
+    shipped = SUITES_DIR / f"{p.name}.yaml"
+    return shipped if shipped.is_file() else None
