@@ -7,8 +7,13 @@ Tensors: ``weight`` F8_E4M3 [out, in]; ``weight_scale`` in the model dtype, shap
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import CheckpointError
+from ..io.safetensors import TensorStore
 from ..producers import auto_round as ar
+from .base import fp8_weights, register, scale_on_float_weight, unquantized_linears, weight_shape
+from .forward import qdq
 from .layout import D_DTYPES, LayerEntry, LayerQuant
 
 NAME = ar.NAME
@@ -25,6 +30,46 @@ def layer_quant(cfg: ar.Config, name: str, where: str) -> LayerQuant | None:
         raise CheckpointError(f"{where}: layer {name!r} ({source}) has {diff}; the {ar.PACKING} format "
                               f"holds FP8_STATIC only, which needs {want}")
     return FP8_STATIC_QUANT
+
+
+def layers(qc, store, where, warnings):
+    if qc is None:  # inferred: what is stored unquantized is meant to be
+        plain = unquantized_linears(store, set(fp8_weights(store)))
+        qc = {"quant_method": ar.NAME, "packing_format": ar.PACKING, **ar.FP8_STATIC,
+              "extra_config": {m: {"bits": 16, "act_bits": 16} for m in plain}}
+    cfg = ar.Config(qc, where, warnings)
+    entries = []
+    for name in fp8_weights(store):
+        quant = layer_quant(cfg, name, where)
+        if quant is None:
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where} leaves "
+                                  f"{name!r} unquantized ({cfg.resolve(name)[1]})")
+        scheme, source = cfg.resolve(name)
+        entry = layer_entry(name, quant, source)
+        out, inp = weight_shape(store, name)
+        entry.accepted_scale_shapes = scale_shapes(quant, out, inp)
+        entries.append(entry)
+    plain = unquantized_linears(store, {e.name for e in entries})
+    scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
+    for module in plain:
+        scheme, source = cfg.resolve(module)
+        if not ar.unquantized(scheme):
+            warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where} quantizes "
+                            f"{module!r} ({source}); auto-round's loader would build an FP8 layer without "
+                            f"scales. Fix: add extra_config[{module!r}] = {{\"bits\": 16, \"act_bits\": 16}}")
+    kv = {}
+    if qc.get("static_kv_dtype") or qc.get("static_attention_dtype"):
+        kv = {n: n for n in store if n.rsplit(".", 1)[-1] in ar.KV_NAMES}
+    return entries, kv
+
+
+def validate(store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
+    for e in entries:
+        name = e.tensors["input_scale"]
+        if name in store and np.all(store.get(name).astype(np.float64) == 1.0):
+            warnings.append(f"{store.where(e.tensors['input_scale'])}: exactly 1.0, the value auto-round "
+                            f"writes for a layer that saw no calibration data (intel/auto-round #1390). "
+                            f"Fix: calibrate this layer or re-export with its activation amax")
 
 
 def layer_entry(name: str, quant: LayerQuant, source: str) -> LayerEntry:
@@ -52,5 +97,45 @@ def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) ->
             ("input_scale", f"{name}.input_scale", d, (1,))]
 
 
-def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str]) -> dict:
+def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False) -> dict:
+    if kv:
+        raise CheckpointError(f"{NAME}: {KV_REFUSAL}")
     return ar.quantization_config(layers, unquantized)
+
+
+KV_REFUSAL = ("fp8ref does not write auto-round's KV-cache form (static_kv_dtype with {q,k,v}_scale "
+              "tensors), which is not verified against auto-round's exporter")
+
+
+def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """mode="producer": auto-round's loader fake-quantizes the input with the stored scale (the
+    division rounded to D, negative zero kept) and uses the D weight as is."""
+    s_in = np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0])
+    return w, qdq(x32, s_in, dtype, d_division=True, positive_zero=False)
+
+
+class AutoRound:
+    name = NAME
+    methods = ("auto-round", "intel/auto-round")
+    detect_rank = 1
+    scheme_scale_dtype = "model"
+    scales_follow_recipe = True
+    kv_refusal = KV_REFUSAL
+
+    def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
+        """1-D per-row ``weight_scale`` tensors are auto-round's."""
+        first = f"{fp8_layers[0]}.weight_scale"
+        return first in store and len(store.info(first).shape) == 1 and store.info(first).shape[0] > 1
+
+    layers = staticmethod(layers)
+    validate = staticmethod(validate)
+    cannot_express = staticmethod(cannot_express)
+    tensor_plan = staticmethod(tensor_plan)
+    quantization_config = staticmethod(quantization_config)
+    emulate = staticmethod(emulate)
+
+    def extra_files(self, qc: dict) -> dict[str, dict]:
+        return {"quantization_config.json": qc}  # auto-round writes the config twice
+
+
+register(AutoRound())

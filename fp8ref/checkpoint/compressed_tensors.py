@@ -10,8 +10,20 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from ..errors import CheckpointError
+from ..io.safetensors import TensorStore
 from ..producers import compressed_tensors as ct
+from .base import (
+    fp8_weights,
+    infer_block,
+    register,
+    scale_on_float_weight,
+    unquantized_linears,
+    weight_shape,
+)
+from .forward import dynamic_scale, qdq
 from .layout import D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
 NAME = ct.NAME
@@ -175,6 +187,81 @@ def scale_shapes(quant: LayerQuant, out: int, inp: int) -> tuple[tuple[int, ...]
 KV_NAMES = ("k_scale", "v_scale")
 
 
+# --- load ------------------------------------------------------------------------------------
+
+def layers(qc, store, where, warnings):
+    if qc is None:
+        qc = _inferred_config(store)
+    cfg = Config(qc, where)
+    entries = []
+    for name in fp8_weights(store):
+        if cfg.ignored(name):
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}.ignore lists "
+                                  f"{name!r}: config and tensors disagree")
+        match = cfg.resolve(name)
+        if match is None:
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but no config group in "
+                                  f"{where}.config_groups targets {name!r}")
+        group, quant, _ = match
+        entry = layer_entry(name, quant, group)
+        out, inp = weight_shape(store, name)
+        entry.accepted_scale_shapes = scale_shapes(quant, out, inp)
+        entries.append(entry)
+    quantized = {e.name for e in entries}
+    plain = unquantized_linears(store, quantized)
+    scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
+    for module in plain:
+        if cfg.ignored(module):
+            continue
+        match = cfg.resolve(module)
+        if match is None:
+            continue
+        if match[2] != "class":
+            raise CheckpointError(f"{store.where(module + '.weight')}: stored unquantized "
+                                  f"({store.info(module + '.weight').dtype}), but config group {match[0]!r} "
+                                  f"targets {module!r} by name or regex")
+        warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where}.ignore does not "
+                        f"list {module!r}, so compressed-tensors loaders treat it as quantized (transformers "
+                        f"initialises missing scales: NaN or huge outputs). Fix: add {module!r} to ignore")
+    kv = {}
+    if cfg.kv is not None:
+        for n in store:
+            if n.endswith((".k_scale", ".v_scale", ".k_proj.output_scale", ".v_proj.output_scale")):
+                kv[n] = n
+        attn = sorted({e.name.rsplit(".", 1)[0] for e in entries if e.name.endswith((".k_proj", ".v_proj"))})
+        for a in attn:
+            for which in ("k", "v"):
+                if f"{a}.{which}_scale" not in kv and f"{a}.{which}_proj.output_scale" not in kv:
+                    warnings.append(f"{store.root}: kv_cache_scheme is set but {a}.{which}_scale is missing; "
+                                    f"vLLM then uses 1.0 (vllm-project/llm-compressor #2176). Fix: calibrate "
+                                    f"the KV cache or drop kv_cache_scheme")
+    return entries, kv
+
+
+def _inferred_config(store: TensorStore) -> dict:
+    layers = {}
+    block = infer_block(store, "weight_scale")
+    for name in fp8_weights(store):
+        w = store.info(name + ".weight")
+        s = store.info(name + ".weight_scale") if name + ".weight_scale" in store else None
+        if s is None or len(w.shape) != 2:
+            layers[name] = LayerQuant("tensor", None, "static")  # check_layer reports what is missing
+            continue
+        out, inp = w.shape
+        if s.shape in ((), (1,)):
+            quant = LayerQuant("tensor")
+        elif s.shape == (out, 1):
+            quant = LayerQuant("channel")
+        else:
+            quant = LayerQuant("block", block)
+        has_input = name + ".input_scale" in store
+        mode = "static" if has_input else "dynamic-group" if quant.block else "dynamic-token"
+        group = block[1] if mode == "dynamic-group" else None
+        layers[name] = LayerQuant(quant.weight_strategy, quant.block, mode, group)
+    # what is stored unquantized is meant to be: the writer's ignore list says so
+    return quantization_config(layers, unquantized_linears(store, set(layers)))
+
+
 # --- export ----------------------------------------------------------------------------------
 
 def cannot_express(quant: LayerQuant) -> str | None:
@@ -196,3 +283,49 @@ def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bo
     """``quantization_config`` of stored layers, written by the one compressed-tensors writer."""
     resolved = {name: to_scheme(q, NAME) for name, q in layers.items()} | dict.fromkeys(ignore)
     return ct.config_for_layers(resolved, kv=kv)
+
+
+def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """mode="producer": transformers decompresses to D, then CT's forward fake-quantizes the weight
+    again with the same scale (a no-op on the codes, but rounded to D once more) and the input."""
+    s_w = np.asarray(layer.expanded_scale(), np.float32)
+    w = qdq(w, s_w, dtype, d_division=True, positive_zero=True)
+    q = layer.quant
+    if q.input == "static":
+        x32 = qdq(x32, np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0]), dtype,
+                  d_division=True, positive_zero=True)
+    elif q.input is not None:
+        if q.input == "dynamic-group" and x32.shape[-1] % q.input_group:
+            raise CheckpointError(f"{layer.name}: compressed-tensors' dynamic group quantization needs the "
+                                  f"input width {x32.shape[-1]} to be a multiple of {q.input_group} (its "
+                                  f"loader raises here); mode='reference' pads the last group")
+        x32 = qdq(x32, dynamic_scale(x32, q.input, q.input_group, dtype), dtype, d_division=True,
+                  positive_zero=True)
+    return w, x32
+
+
+class CompressedTensors:
+    name = NAME
+    methods = ("compressed-tensors",)
+    detect_rank = 2  # the fallback: float8 weights with plain weight_scale tensors
+    scheme_scale_dtype = "model"
+    scales_follow_recipe = True
+    kv_refusal = None
+
+    def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
+        return True
+
+    layers = staticmethod(layers)
+    cannot_express = staticmethod(cannot_express)
+    tensor_plan = staticmethod(tensor_plan)
+    quantization_config = staticmethod(quantization_config)
+    emulate = staticmethod(emulate)
+
+    def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
+        pass
+
+    def extra_files(self, qc: dict) -> dict[str, dict]:
+        return {}
+
+
+register(CompressedTensors())

@@ -25,10 +25,9 @@ from ..errors import CheckpointError, Fp8RefError
 from ..io.atomic import atomic_folder, atomic_write_text
 from ..io.files import read_json
 from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store
-from . import autoround, compressed_tensors, hf_fp8
+from . import base
 from .layout import D_DTYPES, LayerQuant, from_scheme, nan_count
 
-FORMATS = {compressed_tensors.NAME: compressed_tensors, autoround.NAME: autoround, hf_fp8.NAME: hf_fp8}
 _EMBEDDING = ("embed", "wte", "wpe")
 _STORE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
@@ -101,12 +100,6 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
 # applied to outputs; what a forward hook on k_proj/v_proj records). vLLM and compressed-tensors
 # quantize K after RoPE, so the amax of the rotated keys is the faithful value for ``k``.
 KV_KEYS = (("k_scale", "k"), ("v_scale", "v"), ("k_proj.output_amax", "k"), ("v_proj.output_amax", "v"))
-# Formats that cannot carry KV-cache scales in fp8ref's export, and why.
-NO_KV = {hf_fp8.NAME: "its quantization_config (quant_method 'fp8') has no KV-cache field and its loaders read "
-                      "no k_scale/v_scale",
-         autoround.NAME: "fp8ref does not write auto-round's KV-cache form (static_kv_dtype with {q,k,v}_scale "
-                         "tensors), which is not verified against auto-round's exporter"}
-
 
 def split_calibration(calibration: Mapping[str, float], where: str = "calibration"
                       ) -> tuple[dict[str, float], dict[str, dict[str, tuple[str, float]]]]:
@@ -159,9 +152,10 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
         return []
     first = next(iter(kv.values()))
     example = next(iter(first.values()))[0]
-    if fmt in NO_KV:
+    refusal = base.get(fmt).kv_refusal
+    if refusal:
         raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} attention module(s) (e.g. {example!r}), but "
-                              f"the {fmt} format cannot express KV-cache scales: {NO_KV[fmt]}. Export to "
+                              f"the {fmt} format cannot express KV-cache scales: {refusal}. Export to "
                               f"compressed-tensors, or drop the KV-cache entries")
     attention = sorted(n[: -len(".k_proj.weight")] for n in store
                        if n.endswith(".k_proj.weight") and n.replace(".k_proj.weight", ".v_proj.weight") in store)
@@ -220,7 +214,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
     """Resolve the spec over the source's linear layers and check the format can hold each."""
     from ..registry import get_recipe
 
-    module = FORMATS[fmt]
+    module = base.get(fmt)
     config = _layer_config(spec)
     f8 = [n for n in store if store.info(n).dtype.startswith(("F8_", "F4", "F6"))]
     if f8:
@@ -250,7 +244,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         scale_dtype = D_DTYPES[dtype] if rec.scale_store_dtype == "model" else "F32"
         tensors = []
         for role, tname, tdtype, shape in module.tensor_plan(name, quant, *info.shape, dtype):
-            if role in ("weight_scale", "input_scale") and fmt != hf_fp8.NAME:
+            if role in ("weight_scale", "input_scale") and module.scales_follow_recipe:
                 tdtype = scale_dtype
             tensors.append((role, tname, tdtype, shape))
         amax = None
@@ -344,16 +338,16 @@ def _write_shard(folder: Path, fname: str, specs: list, metadata, items, weight_
 
 
 def _write_metadata(tmp: Path, sharded: bool, weight_map: dict, total_size: int, config: dict, qc: dict,
-                    fmt: str) -> None:
+                    fmt: base.CheckpointFormat) -> None:
     """The shard index (when the source had one), config.json with ``qc`` as its
-    quantization_config, and auto-round's separate quantization_config.json."""
+    quantization_config, and the other files the format keeps its config in."""
     if sharded:
         index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
         atomic_write_text(tmp / INDEX_NAME, json.dumps(index, indent=2) + "\n")
     config["quantization_config"] = qc
     atomic_write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if fmt == autoround.NAME:
-        atomic_write_text(tmp / "quantization_config.json", json.dumps(qc, indent=2, sort_keys=True) + "\n")
+    for name, document in fmt.extra_files(qc).items():
+        atomic_write_text(tmp / name, json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
 def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
@@ -369,7 +363,7 @@ def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec, *,
-                      format: str = compressed_tensors.NAME, calibration=None, recipe: str | None = None,
+                      format: str = "compressed-tensors", calibration=None, recipe: str | None = None,
                       force: bool = False, progress: bool = False, symlinks_out: bool = False) -> Path:
     """Quantize ``source`` (a safetensors file or folder, sharded or not) per ``spec`` (YAML path,
     mapping or LayerConfig) into a complete ``format`` checkpoint at ``output``.
@@ -383,8 +377,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     existing ``output`` unless ``force``. ``symlinks_out``: accept source files that link out of
     the folder (a Hugging Face cache snapshot).
     """
-    if format not in FORMATS:
-        raise CheckpointError(f"format: {format!r}; expected one of {', '.join(FORMATS)}")
+    module = base.get(format)
     source = Path(source)
     store = open_store(source, symlinks_out=symlinks_out)
     folder = source if source.is_dir() else source.parent
@@ -395,14 +388,13 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     kv_amax = {}
     if calibration is not None:
         calibration, kv_amax = split_calibration(calibration, where)
-    if kv_amax and format in NO_KV:  # before the spec is resolved: the format is the first thing wrong
+    if kv_amax and module.kv_refusal:  # before the spec is resolved: the format is the first thing wrong
         plan_kv(store, kv_amax, format, {}, where=where)
     plans = plan_layers(store, spec, format, recipe=recipe, calibration=calibration)
     kv_plans = plan_kv(store, kv_amax, format, plans, recipe=recipe, where=where)
     kv_by_file: dict[str, list[KVPlan]] = {}
     for k in kv_plans:
         kv_by_file.setdefault(k.file, []).append(k)
-    module = FORMATS[format]
     config = {}
     if (folder / "config.json").is_file():
         config = read_json(folder / "config.json", "config")
@@ -412,8 +404,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
     layers = {n: p.quant for n, p in plans.items()}
     unquantized = [m for m in _candidates(store) if m not in plans]
-    qc = module.quantization_config(layers, unquantized, kv=True) if kv_plans else module.quantization_config(
-        layers, unquantized)
+    qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans))
     bar = _progress(len(store), progress)
     with atomic_folder(output, force=force, protect=[folder if source.is_dir() else source]) as tmp:
         weight_map, total_size = {}, 0
@@ -440,7 +431,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                     yield k.name, k.value
 
             total_size += _write_shard(tmp, fname, specs, f.metadata, tensors(), weight_map)
-        _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, format)
+        _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if source.is_dir():
             _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
     bar.close()
@@ -480,9 +471,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     every layer: codes and scale values are copied bit for bit (scales keep their dtype and
     are only reshaped/renamed to the target layout); other tensors and files are copied."""
     fmt = format or checkpoint.format
-    if fmt not in FORMATS:
-        raise CheckpointError(f"format: {fmt!r}; expected one of {', '.join(FORMATS)}")
-    module = FORMATS[fmt]
+    module = base.get(fmt)
     store = checkpoint.store
     renames: dict[str, tuple[str, tuple]] = {}  # source tensor -> (target name, target shape)
     for name, layer in checkpoint.items():
@@ -494,8 +483,8 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
             if role in layer.tensors:
                 renames[layer.tensors[role]] = (tname, shape)
     for kname in sorted(checkpoint.kv_scales.values()):
-        if fmt in NO_KV or kname.endswith(".q_scale"):
-            why = NO_KV.get(fmt, "compressed-tensors' kv_cache_scheme has no query scale")
+        if module.kv_refusal or kname.endswith(".q_scale"):
+            why = module.kv_refusal or "compressed-tensors' kv_cache_scheme has no query scale"
             raise CheckpointError(f"{store.where(kname)}: a KV-cache scale, but the {fmt} format cannot express "
                                   f"it: {why}")
         # old compressed-tensors names become the current ones; [] becomes [1] as compressed-tensors writes
@@ -504,8 +493,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         renames[kname] = (target, shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in _candidates(store) if m not in layers]
-    qc = (module.quantization_config(layers, unquantized, kv=True) if checkpoint.kv_scales
-          else module.quantization_config(layers, unquantized))
+    qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
     with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:
         weight_map, total_size = {}, 0
@@ -519,7 +507,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
             items = ((renames.get(n, (n,))[0], f.read_bytes(n)) for n in f.tensors)
             total_size += _write_shard(tmp, fname, specs, f.metadata, items, weight_map)
         config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
-        _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, fmt)
+        _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if checkpoint.path.is_dir():
             _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
     return Path(output)

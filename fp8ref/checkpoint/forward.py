@@ -54,7 +54,7 @@ def _round(v: np.ndarray, dtype: str) -> np.ndarray:
     return round_to(np.asarray(v, np.float32), dtype).astype(np.float32)
 
 
-def _qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, positive_zero: bool) -> np.ndarray:
+def qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, positive_zero: bool) -> np.ndarray:
     """Fake-quantize: q = e4m3(clamp(x / s)) with the division rounded to D (compressed-tensors,
     auto-round's loader) or kept in fp32; then D(decode(q) * s)."""
     from ..codec import decode, encode
@@ -71,7 +71,7 @@ def _qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, posi
     return _round(decode(codes, fmt) * s32, dtype)
 
 
-def _dynamic_scale(x32: np.ndarray, mode: str, group: int | None, dtype: str) -> np.ndarray:
+def dynamic_scale(x32: np.ndarray, mode: str, group: int | None, dtype: str) -> np.ndarray:
     """compressed-tensors' dynamic input scale: D(amax / 448), eps(D) where that is 0."""
     from ..rounding import eps_of
 
@@ -90,12 +90,23 @@ def _dynamic_scale(x32: np.ndarray, mode: str, group: int | None, dtype: str) ->
     return np.where(s == 0, np.float32(eps_of(dtype)), s).astype(np.float32)
 
 
+def producer_weight(layer, dtype: str) -> np.ndarray:
+    """The producer-side dequantization step, named because it rounds twice: decode(q) * s as a
+    float32 product (what the transformers / compressed-tensors / auto-round loaders compute),
+    then rounded to the model dtype D. ``QuantizedLayer.dequantize`` rounds the exact product once."""
+    from ..codec import decode
+
+    s_w = np.asarray(layer.expanded_scale(), np.float32)
+    return _round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, dtype)  # D(fp32(q * s))
+
+
 def _producer_forward(layer, x):
     import torch
 
-    from ..codec import decode
+    from . import base
 
-    if layer.producer not in ("compressed-tensors", "auto-round"):
+    emulate = base.get(layer.producer).emulate
+    if emulate is None:
         raise CheckpointError(f"{layer.name}: no producer emulation for {layer.producer!r} checkpoints; "
                               f"use mode='reference'")
     if not isinstance(x, torch.Tensor):
@@ -103,27 +114,7 @@ def _producer_forward(layer, x):
     dtype = str(x.dtype).removeprefix("torch.")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise CheckpointError(f"{layer.name}: x dtype {dtype}; expected bfloat16, float16 or float32")
-    x32 = x.detach().to(torch.float32).numpy()
-    s_w = np.asarray(layer.expanded_scale(), np.float32)
-    w = _round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, dtype)  # D(q * s)
-    q = layer.quant
-    if layer.producer == "compressed-tensors":
-        # transformers decompresses to D, then CT's forward fake-quantizes the weight again
-        # with the same scale (a no-op on the codes, but rounded to D once more) and the input.
-        w = _qdq(w, s_w, dtype, d_division=True, positive_zero=True)
-        if q.input == "static":
-            x32 = _qdq(x32, np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0]), dtype,
-                       d_division=True, positive_zero=True)
-        elif q.input is not None:
-            if q.input == "dynamic-group" and x32.shape[-1] % q.input_group:
-                raise CheckpointError(f"{layer.name}: compressed-tensors' dynamic group quantization needs the "
-                                      f"input width {x32.shape[-1]} to be a multiple of {q.input_group} (its "
-                                      f"loader raises here); mode='reference' pads the last group")
-            x32 = _qdq(x32, _dynamic_scale(x32, q.input, q.input_group, dtype), dtype, d_division=True,
-                       positive_zero=True)
-    else:
-        s_in = np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0])
-        x32 = _qdq(x32, s_in, dtype, d_division=True, positive_zero=False)
+    w, x32 = emulate(layer, producer_weight(layer, dtype), x.detach().to(torch.float32).numpy(), dtype)
     tdtype = getattr(torch, dtype)
     xt = torch.from_numpy(np.ascontiguousarray(x32)).to(tdtype)
     wt = torch.from_numpy(np.ascontiguousarray(w)).to(tdtype)

@@ -12,7 +12,9 @@ Activations are ``dynamic`` (per 1 x c group for block weights, per tensor other
 from __future__ import annotations
 
 from ..errors import CheckpointError
+from ..io.safetensors import TensorStore
 from ..producers import hf_fp8 as hf
+from .base import fp8_weights, infer_block, register, scale_on_float_weight, unquantized_linears, weight_shape
 from .layout import LayerEntry, LayerQuant
 
 NAME = hf.NAME
@@ -22,6 +24,41 @@ def layer_quant(cfg: hf.Config) -> LayerQuant:
     if cfg.block:
         return LayerQuant("block", cfg.block, "dynamic-group", cfg.block[1])
     return LayerQuant("tensor", None, "static" if cfg.static else "dynamic-tensor")
+
+
+def layers(qc, store, where, warnings):
+    if qc is None:
+        qc = _inferred_config(store)
+    cfg = hf.Config(qc, where, warnings)
+    entries = []
+    for name in fp8_weights(store):
+        if cfg.skipped(name):
+            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}."
+                                  f"modules_to_not_convert lists {name!r}: config and tensors disagree")
+        legacy = f"{name}.weight_scale_inv" not in store and f"{name}.weight_scale" in store
+        quant = layer_quant(cfg)
+        if legacy and quant.weight_strategy == "block":
+            raise CheckpointError(f"{store.where(name + '.weight_scale')}: AutoFP8-style per-tensor "
+                                  f"weight_scale, but {where}.weight_block_size is {list(cfg.block)}; "
+                                  f"block scales are named weight_scale_inv")
+        entry = layer_entry(name, quant, legacy)
+        out, inp = weight_shape(store, name)
+        entry.accepted_scale_shapes = scale_shapes(quant, out, inp)
+        entries.append(entry)
+    plain = unquantized_linears(store, {e.name for e in entries})
+    scale_on_float_weight(store, plain, ("weight_scale_inv", "weight_scale"))
+    for module in plain:
+        if not cfg.skipped(module) and not module.endswith("lm_head"):
+            warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where}."
+                            f"modules_to_not_convert does not list {module!r}; transformers would replace it "
+                            f"with an FP8 layer. Fix: add {module!r} to modules_to_not_convert")
+    return entries, {}
+
+
+def _inferred_config(store: TensorStore) -> dict:
+    block = infer_block(store, "weight_scale_inv")
+    static = any(n.endswith((".activation_scale", ".input_scale")) for n in store)
+    return hf.quantization_config(block, static, [])
 
 
 def layer_entry(name: str, quant: LayerQuant, legacy: bool) -> LayerEntry:
@@ -64,10 +101,43 @@ def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) ->
     return plan
 
 
-def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str]) -> dict:
+def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False) -> dict:
+    if kv:
+        raise CheckpointError(f"{NAME}: {KV_REFUSAL}")
     quants = set(layers.values())
     if len(quants) > 1:
         raise CheckpointError(f"hf fp8 configs hold one scheme for all layers, got {len(quants)}: "
                               f"{sorted(q.describe() for q in quants)}")
     q = quants.pop() if quants else LayerQuant("block", (128, 128), "dynamic-group", 128)
     return hf.quantization_config(q.block, q.input == "static", unquantized)
+
+
+KV_REFUSAL = ("its quantization_config (quant_method 'fp8') has no KV-cache field and its loaders read "
+              "no k_scale/v_scale")
+
+
+class HfFp8:
+    name = NAME
+    methods = (hf.METHOD,)
+    detect_rank = 0
+    scheme_scale_dtype = "float32"
+    scales_follow_recipe = False  # weight_scale_inv / activation_scale are F32 whatever the recipe
+    kv_refusal = KV_REFUSAL
+    emulate = None  # no producer-side forward is modelled for hf fp8 (its loaders run FP8 kernels)
+
+    def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
+        return any(f"{n}.weight_scale_inv" in store for n in fp8_layers)
+
+    layers = staticmethod(layers)
+    cannot_express = staticmethod(cannot_express)
+    tensor_plan = staticmethod(tensor_plan)
+    quantization_config = staticmethod(quantization_config)
+
+    def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
+        pass
+
+    def extra_files(self, qc: dict) -> dict[str, dict]:
+        return {}
+
+
+register(HfFp8())

@@ -11,7 +11,6 @@ a plain unquantized tensor; anything else that looks like quantization data is a
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -20,17 +19,14 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.files import read_json
 from ..io.safetensors import TensorStore, open_store
-from ..producers import auto_round as ar
-from ..producers import hf_fp8 as hf
-from . import autoround, compressed_tensors, hf_fp8
-from .detect import UNQUANTIZED, detect_format, fp8_weights, is_float
+from . import base
+from .detect import UNQUANTIZED, detect_format
 from .layout import LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, nan_count, to_scheme
 
 # Tensor-name endings that only quantized checkpoints use; unclaimed ones are errors.
 QUANT_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "activation_scale", "weight_zero_point",
                   "input_zero_point", "weight_global_scale", "input_global_scale", "output_scale", "k_scale",
                   "v_scale", "q_scale", "weight_g_idx")
-_SCALE_DTYPE = {compressed_tensors.NAME: "model", autoround.NAME: "model", hf_fp8.NAME: "float32"}
 
 
 class QuantizedLayer:
@@ -43,7 +39,7 @@ class QuantizedLayer:
         self.quant: LayerQuant = entry.quant
         self.producer = entry.producer
         store = checkpoint.store
-        self.scheme = to_scheme(entry.quant, entry.producer, _SCALE_DTYPE[entry.producer])
+        self.scheme = to_scheme(entry.quant, entry.producer, base.get(entry.producer).scheme_scale_dtype)
         self.tensors = {role: n for role, n in entry.tensors.items() if n in store}
         self.shape = store.info(self.tensors["weight"]).shape
 
@@ -214,9 +210,8 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
         warnings.append(f"{folder}: float8 weights but no quantization_config; layout inferred from tensor "
                         f"names and shapes as {fmt}. Fix: add the producer's quantization_config to config.json")
     where = f"{where}: quantization_config"
-    builder = {compressed_tensors.NAME: _ct_layers, autoround.NAME: _ar_layers, hf_fp8.NAME: _hf_layers,
-               UNQUANTIZED: _no_layers}[fmt]
-    entries, kv = builder(qc, store, where, warnings)
+    producer = None if fmt == UNQUANTIZED else base.get(fmt)
+    entries, kv = ([], {}) if producer is None else producer.layers(qc, store, where, warnings)
     for entry in entries:
         check_layer(store, entry, check_values=check_values)
     for name in kv.values():
@@ -227,13 +222,8 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
         if check_values:
             check_scale_values(store, name)
     _check_leftovers(store, entries, kv)
-    if check_values and fmt == autoround.NAME:
-        for e in entries:
-            name = e.tensors["input_scale"]
-            if name in store and np.all(store.get(name).astype(np.float64) == 1.0):
-                warnings.append(f"{store.where(e.tensors['input_scale'])}: exactly 1.0, the value auto-round "
-                                f"writes for a layer that saw no calibration data (intel/auto-round #1390). "
-                                f"Fix: calibrate this layer or re-export with its activation amax")
+    if check_values and producer is not None:
+        producer.validate(store, entries, warnings)
     return Checkpoint(folder if path.is_dir() else path, fmt, config, qc, store, entries, kv, warnings)
 
 
@@ -251,186 +241,3 @@ def _check_leftovers(store: TensorStore, entries: list[LayerEntry], kv: dict[str
             layer = name.rsplit(".", 1)[0]
             raise CheckpointError(f"{store.where(name)}: unexpected tensor: no quantized layer or config entry "
                                   f"uses a {suffix!r} for {layer!r}")
-
-
-def _unquantized_linears(store: TensorStore, quantized: set[str]) -> list[str]:
-    """2-D float ``.weight`` tensors (linear-like) of modules that are not quantized, embeddings excluded."""
-    out = []
-    for n in store:
-        if n.endswith(".weight") and is_float(store, n) and len(store.info(n).shape) == 2:
-            module = n[: -len(".weight")]
-            if module not in quantized and not re.search(r"embed|(^|\.)(wte|wpe)$", module):
-                out.append(module)
-    return sorted(out)
-
-
-def _scale_on_float_weight(store: TensorStore, modules: list[str], names: tuple[str, ...]) -> None:
-    for m in modules:
-        for suffix in names:
-            if f"{m}.{suffix}" in store:
-                raise CheckpointError(f"{store.where(m + '.weight')}: dtype {store.info(m + '.weight').dtype} "
-                                      f"but {m}.{suffix} exists; a quantized weight must be float8")
-
-
-def _no_layers(qc, store, where, warnings):
-    return [], {}
-
-
-def _ct_layers(qc, store, where, warnings):
-    if qc is None:
-        qc = _infer_ct_config(store)
-    cfg = compressed_tensors.Config(qc, where)
-    entries = []
-    for name in fp8_weights(store):
-        if cfg.ignored(name):
-            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}.ignore lists "
-                                  f"{name!r}: config and tensors disagree")
-        match = cfg.resolve(name)
-        if match is None:
-            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but no config group in "
-                                  f"{where}.config_groups targets {name!r}")
-        group, quant, _ = match
-        entry = compressed_tensors.layer_entry(name, quant, group)
-        out, inp = store.info(name + ".weight").shape if len(store.info(name + ".weight").shape) == 2 else (0, 0)
-        entry.accepted_scale_shapes = compressed_tensors.scale_shapes(quant, out, inp)
-        entries.append(entry)
-    quantized = {e.name for e in entries}
-    plain = _unquantized_linears(store, quantized)
-    _scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
-    for module in plain:
-        if cfg.ignored(module):
-            continue
-        match = cfg.resolve(module)
-        if match is None:
-            continue
-        if match[2] != "class":
-            raise CheckpointError(f"{store.where(module + '.weight')}: stored unquantized "
-                                  f"({store.info(module + '.weight').dtype}), but config group {match[0]!r} "
-                                  f"targets {module!r} by name or regex")
-        warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where}.ignore does not "
-                        f"list {module!r}, so compressed-tensors loaders treat it as quantized (transformers "
-                        f"initialises missing scales: NaN or huge outputs). Fix: add {module!r} to ignore")
-    kv = {}
-    if cfg.kv is not None:
-        for n in store:
-            if n.endswith((".k_scale", ".v_scale", ".k_proj.output_scale", ".v_proj.output_scale")):
-                kv[n] = n
-        attn = sorted({e.name.rsplit(".", 1)[0] for e in entries if e.name.endswith((".k_proj", ".v_proj"))})
-        for a in attn:
-            for which in ("k", "v"):
-                if f"{a}.{which}_scale" not in kv and f"{a}.{which}_proj.output_scale" not in kv:
-                    warnings.append(f"{store.root}: kv_cache_scheme is set but {a}.{which}_scale is missing; "
-                                    f"vLLM then uses 1.0 (vllm-project/llm-compressor #2176). Fix: calibrate "
-                                    f"the KV cache or drop kv_cache_scheme")
-    return entries, kv
-
-
-def _infer_ct_config(store: TensorStore) -> dict:
-    layers = {}
-    block = _infer_block(store, "weight_scale")
-    for name in fp8_weights(store):
-        w = store.info(name + ".weight")
-        s = store.info(name + ".weight_scale") if name + ".weight_scale" in store else None
-        if s is None or len(w.shape) != 2:
-            layers[name] = LayerQuant("tensor", None, "static")  # check_layer reports what is missing
-            continue
-        out, inp = w.shape
-        if s.shape in ((), (1,)):
-            quant = LayerQuant("tensor")
-        elif s.shape == (out, 1):
-            quant = LayerQuant("channel")
-        else:
-            quant = LayerQuant("block", block)
-        has_input = name + ".input_scale" in store
-        mode = "static" if has_input else "dynamic-group" if quant.block else "dynamic-token"
-        group = block[1] if mode == "dynamic-group" else None
-        layers[name] = LayerQuant(quant.weight_strategy, quant.block, mode, group)
-    # what is stored unquantized is meant to be: the writer's ignore list says so
-    return compressed_tensors.quantization_config(layers, _unquantized_linears(store, set(layers)))
-
-
-def _ar_layers(qc, store, where, warnings):
-    if qc is None:  # inferred: what is stored unquantized is meant to be
-        plain = _unquantized_linears(store, set(fp8_weights(store)))
-        qc = {"quant_method": ar.NAME, "packing_format": ar.PACKING, **ar.FP8_STATIC,
-              "extra_config": {m: {"bits": 16, "act_bits": 16} for m in plain}}
-    cfg = ar.Config(qc, where, warnings)
-    entries = []
-    for name in fp8_weights(store):
-        quant = autoround.layer_quant(cfg, name, where)
-        if quant is None:
-            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where} leaves "
-                                  f"{name!r} unquantized ({cfg.resolve(name)[1]})")
-        scheme, source = cfg.resolve(name)
-        entry = autoround.layer_entry(name, quant, source)
-        out, inp = store.info(name + ".weight").shape if len(store.info(name + ".weight").shape) == 2 else (0, 0)
-        entry.accepted_scale_shapes = autoround.scale_shapes(quant, out, inp)
-        entries.append(entry)
-    plain = _unquantized_linears(store, {e.name for e in entries})
-    _scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
-    for module in plain:
-        scheme, source = cfg.resolve(module)
-        if not ar.unquantized(scheme):
-            warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where} quantizes "
-                            f"{module!r} ({source}); auto-round's loader would build an FP8 layer without "
-                            f"scales. Fix: add extra_config[{module!r}] = {{\"bits\": 16, \"act_bits\": 16}}")
-    kv = {}
-    if qc.get("static_kv_dtype") or qc.get("static_attention_dtype"):
-        kv = {n: n for n in store if n.rsplit(".", 1)[-1] in ar.KV_NAMES}
-    return entries, kv
-
-
-def _hf_layers(qc, store, where, warnings):
-    if qc is None:
-        qc = _infer_hf_config(store)
-    cfg = hf.Config(qc, where, warnings)
-    entries = []
-    for name in fp8_weights(store):
-        if cfg.skipped(name):
-            raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}."
-                                  f"modules_to_not_convert lists {name!r}: config and tensors disagree")
-        legacy = f"{name}.weight_scale_inv" not in store and f"{name}.weight_scale" in store
-        quant = hf_fp8.layer_quant(cfg)
-        if legacy and quant.weight_strategy == "block":
-            raise CheckpointError(f"{store.where(name + '.weight_scale')}: AutoFP8-style per-tensor "
-                                  f"weight_scale, but {where}.weight_block_size is {list(cfg.block)}; "
-                                  f"block scales are named weight_scale_inv")
-        entry = hf_fp8.layer_entry(name, quant, legacy)
-        out, inp = store.info(name + ".weight").shape if len(store.info(name + ".weight").shape) == 2 else (0, 0)
-        entry.accepted_scale_shapes = hf_fp8.scale_shapes(quant, out, inp)
-        entries.append(entry)
-    plain = _unquantized_linears(store, {e.name for e in entries})
-    _scale_on_float_weight(store, plain, ("weight_scale_inv", "weight_scale"))
-    for module in plain:
-        if not cfg.skipped(module) and not module.endswith("lm_head"):
-            warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where}."
-                            f"modules_to_not_convert does not list {module!r}; transformers would replace it "
-                            f"with an FP8 layer. Fix: add {module!r} to modules_to_not_convert")
-    return entries, {}
-
-
-def _infer_block(store: TensorStore, suffix: str) -> tuple[int, int] | None:
-    """The block size that explains every 2-D scale shape: the first of 128, 64, ..., 8 (per
-    dimension) with ceil(n / b) == scale size; None when no layer has 2-D scales."""
-    pairs = []
-    for name in fp8_weights(store):
-        w, s = store.info(f"{name}.weight"), store.info(f"{name}.{suffix}") if f"{name}.{suffix}" in store else None
-        if s is not None and len(s.shape) == 2 and len(w.shape) == 2 and s.shape != (w.shape[0], 1):
-            pairs.append((w.shape, s.shape))
-    if not pairs:
-        return None
-    sizes = (128, 64, 32, 16, 8, 256)
-    block = []
-    for dim in (0, 1):
-        fits = [b for b in sizes if all(-(-ws[dim] // b) == ss[dim] for ws, ss in pairs)]
-        if not fits:
-            raise CheckpointError(f"{store.root}: no quantization_config, and the {suffix} shapes fit no block "
-                                  f"size; add the producer's quantization_config to config.json")
-        block.append(fits[0])
-    return block[0], block[1]
-
-
-def _infer_hf_config(store: TensorStore) -> dict:
-    block = _infer_block(store, "weight_scale_inv")
-    static = any(n.endswith((".activation_scale", ".input_scale")) for n in store)
-    return hf.quantization_config(block, static, [])

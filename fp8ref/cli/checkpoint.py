@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from ..checkpoint.detect import FORMAT_NAMES
+from ..checkpoint import base as checkpoint_formats
 
 
 def register(sub) -> None:
@@ -15,7 +15,7 @@ def register(sub) -> None:
     q.add_argument("source", metavar="SRC", help="original checkpoint: a .safetensors file or a folder")
     q.add_argument("output", metavar="OUT", help="output folder (written atomically)")
     q.add_argument("--spec", required=True, metavar="SPEC.yaml", help="which layers get which scheme/recipe")
-    q.add_argument("--format", choices=FORMAT_NAMES, default="compressed-tensors", help="checkpoint format")
+    q.add_argument("--format", choices=checkpoint_formats.names(), default="compressed-tensors", help="checkpoint format")
     q.add_argument("--calibration", metavar="FILE",
                    help="per-layer activation amax (JSON or safetensors), needed for static inputs")
     q.add_argument("--recipe", help="override every scheme's producer recipe")

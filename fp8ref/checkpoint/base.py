@@ -1,0 +1,147 @@
+"""The ``CheckpointFormat`` protocol and the registry of formats.
+
+A format is one object, registered once with ``register``: how to recognise its checkpoints
+(``methods``: the ``quant_method`` values of its config; ``detect``: from tensor names alone),
+which layers a checkpoint holds (``layers``), what else to check once the layout is valid
+(``validate``), how a layer is stored (``cannot_express``, ``tensor_plan``: the export plan) and
+what config it writes (``quantization_config``, ``extra_files``). Loader, export, CLI and forward
+ask the registry; nothing else dispatches on a format's name. A new format is one module in
+``fp8ref.producers`` (its config vocabulary) plus one registered class here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Protocol
+
+from ..errors import CheckpointError
+from ..io.safetensors import TensorStore
+from .layout import LayerEntry, LayerQuant
+
+Plan = list[tuple[str, str, str, tuple]]  # (role, tensor name, safetensors dtype, shape)
+
+
+class CheckpointFormat(Protocol):
+    name: str
+    methods: tuple[str, ...]  # quant_method values that name this format in a config
+    detect_rank: int  # order of the config-less guesses (``detect``), lowest first
+    scheme_scale_dtype: str  # the scale_dtype field of its layers' schemes: "model" or "float32"
+    scales_follow_recipe: bool  # export stores scales in the recipe's dtype (False: the plan's own)
+    kv_refusal: str | None  # why fp8ref cannot write KV-cache scales in this format (None: it can)
+    # mode="producer" forward: (layer, D weight from forward.producer_weight, fp32 input, D) -> (weight,
+    # input) as the producer's loader prepares them; None when no producer emulation is modelled
+    emulate: Callable | None
+
+    def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
+        """Without a config: do float8 weights with these tensor names look like this format?"""
+
+    def layers(self, qc: dict | None, store: TensorStore, where: str,
+               warnings: list[str]) -> tuple[list[LayerEntry], dict[str, str]]:
+        """The quantized layers and KV-cache scales (name -> tensor) ``qc`` describes (None: inferred)."""
+
+    def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
+        """Value checks after the layout is valid (producer quirks become warnings)."""
+
+    def cannot_express(self, quant: LayerQuant) -> str | None:
+        """Why this format cannot store ``quant`` (None: it can)."""
+
+    def tensor_plan(self, name: str, quant: LayerQuant, out: int, inp: int, dtype: str) -> Plan:
+        """The tensors of one layer (export and rewrite write exactly these)."""
+
+    def quantization_config(self, layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False) -> dict:
+        """The config for ``layers``, ``unquantized`` linear layers left in the model dtype."""
+
+    def extra_files(self, qc: dict) -> dict[str, dict]:
+        """Files besides config.json that carry the config (file name -> JSON object)."""
+
+
+_FORMATS: dict[str, CheckpointFormat] = {}
+
+
+def register(fmt: CheckpointFormat) -> CheckpointFormat:
+    if fmt.name in _FORMATS:
+        raise CheckpointError(f"checkpoint format {fmt.name!r} is registered twice")
+    _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_FORMATS)
+
+
+def get(name: str) -> CheckpointFormat:
+    try:
+        return _FORMATS[name]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"format: {name!r}; expected one of {', '.join(_FORMATS)}") from None
+
+
+def by_method(method: object) -> CheckpointFormat | None:
+    return next((f for f in _FORMATS.values() if method in f.methods), None)
+
+
+def methods() -> list[str]:
+    return [m for f in _FORMATS.values() for m in f.methods]
+
+
+def by_detection() -> list[CheckpointFormat]:
+    return sorted(_FORMATS.values(), key=lambda f: f.detect_rank)
+
+
+# --- what the formats share -----------------------------------------------------------------
+
+def fp8_weights(store: TensorStore) -> list[str]:
+    """Module names whose ``.weight`` is stored in a float8 dtype."""
+    return sorted(n[: -len(".weight")] for n in store
+                  if n.endswith(".weight") and store.info(n).dtype.startswith("F8_"))
+
+
+def is_float(store: TensorStore, name: str) -> bool:
+    return store.info(name).dtype in ("F32", "BF16", "F16", "F64")
+
+
+def unquantized_linears(store: TensorStore, quantized: set[str]) -> list[str]:
+    """2-D float ``.weight`` tensors (linear-like) of modules that are not quantized, embeddings excluded."""
+    out = []
+    for n in store:
+        if n.endswith(".weight") and is_float(store, n) and len(store.info(n).shape) == 2:
+            module = n[: -len(".weight")]
+            if module not in quantized and not re.search(r"embed|(^|\.)(wte|wpe)$", module):
+                out.append(module)
+    return sorted(out)
+
+
+def scale_on_float_weight(store: TensorStore, modules: list[str], names: tuple[str, ...]) -> None:
+    for m in modules:
+        for suffix in names:
+            if f"{m}.{suffix}" in store:
+                raise CheckpointError(f"{store.where(m + '.weight')}: dtype {store.info(m + '.weight').dtype} "
+                                      f"but {m}.{suffix} exists; a quantized weight must be float8")
+
+
+def weight_shape(store: TensorStore, name: str) -> tuple[int, int]:
+    """[out, in] of a layer's weight ((0, 0) when it is not 2-D: check_layer reports that)."""
+    shape = store.info(name + ".weight").shape
+    return shape if len(shape) == 2 else (0, 0)
+
+
+def infer_block(store: TensorStore, suffix: str) -> tuple[int, int] | None:
+    """The block size that explains every 2-D scale shape: the first of 128, 64, ..., 8 (per
+    dimension) with ceil(n / b) == scale size; None when no layer has 2-D scales."""
+    pairs = []
+    for name in fp8_weights(store):
+        w, s = store.info(f"{name}.weight"), store.info(f"{name}.{suffix}") if f"{name}.{suffix}" in store else None
+        if s is not None and len(s.shape) == 2 and len(w.shape) == 2 and s.shape != (w.shape[0], 1):
+            pairs.append((w.shape, s.shape))
+    if not pairs:
+        return None
+    sizes = (128, 64, 32, 16, 8, 256)
+    block = []
+    for dim in (0, 1):
+        fits = [b for b in sizes if all(-(-ws[dim] // b) == ss[dim] for ws, ss in pairs)]
+        if not fits:
+            raise CheckpointError(f"{store.root}: no quantization_config, and the {suffix} shapes fit no block "
+                                  f"size; add the producer's quantization_config to config.json")
+        block.append(fits[0])
+    return block[0], block[1]
