@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import auto_round as ar
-from .base import fp8_weights, register, scale_on_float_weight, unquantized_linears, weight_shape
+from .base import Defaults, accept, fp8_weights, plain_linears, register, unquantized_linears
 from .forward import qdq
 from .layout import D_DTYPES, LayerEntry, LayerQuant
 
@@ -45,12 +45,8 @@ def layers(qc, store, where, warnings):
             raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where} leaves "
                                   f"{name!r} unquantized ({cfg.resolve(name)[1]})")
         scheme, source = cfg.resolve(name)
-        entry = layer_entry(name, quant, source)
-        out, inp = weight_shape(store, name)
-        entry.accepted_scale_shapes = scale_shapes(quant, out, inp)
-        entries.append(entry)
-    plain = unquantized_linears(store, {e.name for e in entries})
-    scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
+        entries.append(accept(store, layer_entry(name, quant, source), scale_shapes))
+    plain = plain_linears(store, entries, ("weight_scale", "input_scale"))
     for module in plain:
         scheme, source = cfg.resolve(module)
         if not ar.unquantized(scheme):
@@ -114,7 +110,7 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     return w, qdq(x32, s_in, dtype, d_division=True, positive_zero=False)
 
 
-class AutoRound:
+class AutoRound(Defaults):
     name = NAME
     methods = ("auto-round", "intel/auto-round")
     detect_rank = 1

@@ -56,6 +56,18 @@ class CheckpointFormat(Protocol):
         """Files besides config.json that carry the config (file name -> JSON object)."""
 
 
+class Defaults:
+    """What a format without producer quirks, extra config files or producer emulation inherits."""
+
+    emulate = None
+
+    def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
+        pass
+
+    def extra_files(self, qc: dict) -> dict[str, dict]:
+        return {}
+
+
 _FORMATS: dict[str, CheckpointFormat] = {}
 
 
@@ -120,10 +132,19 @@ def scale_on_float_weight(store: TensorStore, modules: list[str], names: tuple[s
                                       f"but {m}.{suffix} exists; a quantized weight must be float8")
 
 
-def weight_shape(store: TensorStore, name: str) -> tuple[int, int]:
-    """[out, in] of a layer's weight ((0, 0) when it is not 2-D: check_layer reports that)."""
-    shape = store.info(name + ".weight").shape
-    return shape if len(shape) == 2 else (0, 0)
+def accept(store: TensorStore, entry: LayerEntry, scale_shapes) -> LayerEntry:
+    """``entry`` with the scale shapes its format's loaders read correctly for its weight's
+    [out, in] ((0, 0) when the weight is not 2-D: check_layer reports that)."""
+    shape = store.info(entry.name + ".weight").shape
+    entry.accepted_scale_shapes = scale_shapes(entry.quant, *(shape if len(shape) == 2 else (0, 0)))
+    return entry
+
+
+def plain_linears(store: TensorStore, entries: list[LayerEntry], scale_suffixes: tuple[str, ...]) -> list[str]:
+    """The linear layers stored unquantized; none of them may carry a scale tensor."""
+    plain = unquantized_linears(store, {e.name for e in entries})
+    scale_on_float_weight(store, plain, scale_suffixes)
+    return plain
 
 
 def infer_block(store: TensorStore, suffix: str) -> tuple[int, int] | None:

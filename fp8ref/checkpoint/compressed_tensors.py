@@ -15,14 +15,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import compressed_tensors as ct
-from .base import (
-    fp8_weights,
-    infer_block,
-    register,
-    scale_on_float_weight,
-    unquantized_linears,
-    weight_shape,
-)
+from .base import Defaults, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
 from .forward import dynamic_scale, qdq
 from .layout import D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
@@ -203,13 +196,8 @@ def layers(qc, store, where, warnings):
             raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but no config group in "
                                   f"{where}.config_groups targets {name!r}")
         group, quant, _ = match
-        entry = layer_entry(name, quant, group)
-        out, inp = weight_shape(store, name)
-        entry.accepted_scale_shapes = scale_shapes(quant, out, inp)
-        entries.append(entry)
-    quantized = {e.name for e in entries}
-    plain = unquantized_linears(store, quantized)
-    scale_on_float_weight(store, plain, ("weight_scale", "input_scale"))
+        entries.append(accept(store, layer_entry(name, quant, group), scale_shapes))
+    plain = plain_linears(store, entries, ("weight_scale", "input_scale"))
     for module in plain:
         if cfg.ignored(module):
             continue
@@ -304,7 +292,7 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     return w, x32
 
 
-class CompressedTensors:
+class CompressedTensors(Defaults):
     name = NAME
     methods = ("compressed-tensors",)
     detect_rank = 2  # the fallback: float8 weights with plain weight_scale tensors
@@ -321,11 +309,6 @@ class CompressedTensors:
     quantization_config = staticmethod(quantization_config)
     emulate = staticmethod(emulate)
 
-    def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
-        pass
-
-    def extra_files(self, qc: dict) -> dict[str, dict]:
-        return {}
 
 
 register(CompressedTensors())

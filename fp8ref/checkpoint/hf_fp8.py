@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import hf_fp8 as hf
-from .base import fp8_weights, infer_block, register, scale_on_float_weight, unquantized_linears, weight_shape
+from .base import Defaults, accept, fp8_weights, infer_block, plain_linears, register
 from .layout import LayerEntry, LayerQuant
 
 NAME = hf.NAME
@@ -41,12 +41,8 @@ def layers(qc, store, where, warnings):
             raise CheckpointError(f"{store.where(name + '.weight_scale')}: AutoFP8-style per-tensor "
                                   f"weight_scale, but {where}.weight_block_size is {list(cfg.block)}; "
                                   f"block scales are named weight_scale_inv")
-        entry = layer_entry(name, quant, legacy)
-        out, inp = weight_shape(store, name)
-        entry.accepted_scale_shapes = scale_shapes(quant, out, inp)
-        entries.append(entry)
-    plain = unquantized_linears(store, {e.name for e in entries})
-    scale_on_float_weight(store, plain, ("weight_scale_inv", "weight_scale"))
+        entries.append(accept(store, layer_entry(name, quant, legacy), scale_shapes))
+    plain = plain_linears(store, entries, ("weight_scale_inv", "weight_scale"))
     for module in plain:
         if not cfg.skipped(module) and not module.endswith("lm_head"):
             warnings.append(f"{store.where(module + '.weight')}: stored unquantized, but {where}."
@@ -116,14 +112,14 @@ KV_REFUSAL = ("its quantization_config (quant_method 'fp8') has no KV-cache fiel
               "no k_scale/v_scale")
 
 
-class HfFp8:
+class HfFp8(Defaults):
     name = NAME
     methods = (hf.METHOD,)
     detect_rank = 0
     scheme_scale_dtype = "float32"
     scales_follow_recipe = False  # weight_scale_inv / activation_scale are F32 whatever the recipe
     kv_refusal = KV_REFUSAL
-    emulate = None  # no producer-side forward is modelled for hf fp8 (its loaders run FP8 kernels)
+    # no emulate: no producer-side forward is modelled for hf fp8 (its loaders run FP8 kernels)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return any(f"{n}.weight_scale_inv" in store for n in fp8_layers)
@@ -133,11 +129,6 @@ class HfFp8:
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
 
-    def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
-        pass
-
-    def extra_files(self, qc: dict) -> dict[str, dict]:
-        return {}
 
 
 register(HfFp8())

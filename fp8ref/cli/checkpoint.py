@@ -15,7 +15,8 @@ def register(sub) -> None:
     q.add_argument("source", metavar="SRC", help="original checkpoint: a .safetensors file or a folder")
     q.add_argument("output", metavar="OUT", help="output folder (written atomically)")
     q.add_argument("--spec", required=True, metavar="SPEC.yaml", help="which layers get which scheme/recipe")
-    q.add_argument("--format", choices=checkpoint_formats.names(), default="compressed-tensors", help="checkpoint format")
+    q.add_argument("--format", choices=checkpoint_formats.names(), default="compressed-tensors",
+                   help="checkpoint format")
     q.add_argument("--calibration", metavar="FILE",
                    help="per-layer activation amax (JSON or safetensors), needed for static inputs")
     q.add_argument("--recipe", help="override every scheme's producer recipe")
