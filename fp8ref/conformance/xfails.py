@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecError
+from ..io.files import read_text
 
 TAGS = ("overflow", "inf-input", "nan-input", "subnormal", "tie", "double-rounding", "zero", "negative",
         "input-subnormal", "nan-code", "error")
@@ -81,11 +82,7 @@ def parse_xfails(text: str, source: str = "<xfails>") -> Xfails:
 
 def load_xfails(path: str | Path) -> Xfails:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read xfails file ({exc.strerror})") from None
-    return parse_xfails(text, str(path))
+    return parse_xfails(read_text(path, error=SpecError), str(path))
 
 
 def default_xfails(backend_name: str) -> Xfails | None:

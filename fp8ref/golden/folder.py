@@ -20,6 +20,7 @@ import numpy as np
 from .. import __version__
 from ..errors import GoldenError
 from ..io import safetensors as st
+from ..io.files import read_bytes, read_json, read_text, write_bytes
 from .compare import Mismatch, OutputError, check_output, differing, mismatches, ulp_distance
 from .ops import OPERATIONS, Case, build, cases
 from .suite import Suite, parse_suite
@@ -76,14 +77,14 @@ def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
         files[f"{op}.inputs.safetensors"] = st.dumps(ins, _META)
         files[f"{op}.expected.safetensors"] = st.dumps(exps, _META)
     for name, data in files.items():
-        (out / name).write_bytes(data)
+        write_bytes(out / name, data)
     manifest = {
         "layout": LAYOUT, "fp8ref_version": __version__, "suite": suite.name,
         "suite_file": SUITE_FILE, "suite_sha256": suite.sha256, "seed": suite.seed, "level": level,
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
         "cases": entries,
     }
-    (out / MANIFEST).write_bytes(dump_json(manifest))
+    write_bytes(out / MANIFEST, dump_json(manifest))
     return manifest
 
 
@@ -123,23 +124,20 @@ def open_golden(path: str | Path) -> Golden:
     if not path.is_dir():
         raise GoldenError(f"{path}: not a folder (expected a golden folder written by 'fp8ref golden generate')")
     mpath = path / MANIFEST
-    try:
-        manifest = json.loads(mpath.read_bytes())
-    except FileNotFoundError:
-        raise GoldenError(f"{mpath}: missing (every golden folder has a {MANIFEST})") from None
-    except (OSError, ValueError) as exc:
-        raise GoldenError(f"{mpath}: unreadable or not JSON ({exc})") from None
+    if not mpath.is_file():
+        raise GoldenError(f"{mpath}: missing (every golden folder has a {MANIFEST})")
+    manifest = read_json(mpath, MANIFEST, error=GoldenError)
     _check_manifest(mpath, manifest)
     listed = set(manifest["files"])
     present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
     problems = [f"missing file {n!r}" for n in sorted(listed - present)]
     problems += [f"extra file {n!r} (not listed in {MANIFEST})" for n in sorted(present - listed)]
     for name in sorted(listed & present):
-        if hashlib.sha256((path / name).read_bytes()).hexdigest() != manifest["files"][name]:
+        if hashlib.sha256(read_bytes(path / name, error=GoldenError)).hexdigest() != manifest["files"][name]:
             problems.append(f"modified file {name!r} (sha256 differs from {MANIFEST})")
     if problems:
         raise GoldenError(f"{path}: " + "; ".join(problems))
-    text = (path / manifest["suite_file"]).read_text(encoding="utf-8")
+    text = read_text(path / manifest["suite_file"], error=GoldenError)
     suite = parse_suite(text, source=str(path / manifest["suite_file"]))
     if suite.sha256 != manifest["suite_sha256"] or suite.seed != manifest["seed"]:
         raise GoldenError(f"{mpath}: suite_sha256/seed do not match {manifest['suite_file']}")

@@ -1,5 +1,5 @@
-"""Reading small text and JSON files strictly: size-capped, UTF-8, duplicate JSON keys refused,
-every failure a one-line ``Fp8RefError`` that names the file."""
+"""Plain files: reading text and JSON strictly (size-capped JSON, UTF-8, duplicate JSON keys
+refused), reading and writing bytes; every failure a one-line ``Fp8RefError`` that names the file."""
 
 from __future__ import annotations
 
@@ -47,3 +47,19 @@ def read_text(path: str | os.PathLike, *, error: type[Fp8RefError]) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{path}: cannot read: {exc}") from None
+
+
+def read_bytes(path: str | os.PathLike, *, error: type[Fp8RefError]) -> bytes:
+    path = Path(path)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` atomically (a temporary file beside ``path``, then renamed)."""
+    from .atomic import atomic_file
+
+    with atomic_file(Path(path)) as tmp:
+        tmp.write_bytes(data)
