@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SpecError, did_you_mean
-from .scheme import FIELDS, PRESETS, QuantizationScheme, SchemeFieldError, preset_name
 from .io.yaml import YamlDocument, load_yaml, load_yaml_string
+from .scheme import FIELDS, PRESETS, QuantizationScheme, SchemeFieldError, preset_name
 
 SPEC_KEYS = ("name", "description", "strict", "scheme", "layer_config", "ignore")
 

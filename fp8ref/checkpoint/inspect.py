@@ -9,8 +9,8 @@ import os
 import numpy as np
 
 from ..errors import CheckpointError
-from .loader import Checkpoint
 from ..io.safetensors import open_store
+from .loader import Checkpoint
 
 
 def _stats(values: np.ndarray) -> dict:

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from fp8ref.checkpoint import load_checkpoint
 from fp8ref.checkpoint.export import export_checkpoint, write_checkpoint
 from fp8ref.checkpoint.layout import LayerQuant, to_scheme
-from fp8ref.io.safetensors import write_safetensors
 from fp8ref.errors import CheckpointError
 from fp8ref.formats import FORMATS
+from fp8ref.io.safetensors import write_safetensors
 from fp8ref.matmul import linear
 from fp8ref.quant import as_args, quantize
 from fp8ref.recipes import compute_scale

@@ -13,9 +13,9 @@ from checkpoint_builders import snapshot
 
 from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoint
 from fp8ref.checkpoint.inspect import quantization_error
-from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 from fp8ref.cli import checkpoint as cli
 from fp8ref.errors import CheckpointError, Fp8RefError
+from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 
 BF16 = ml_dtypes.bfloat16
 LAYERS = {"model.layers.0.self_attn.q_proj": (32, 48), "model.layers.0.mlp.down_proj": (48, 32),

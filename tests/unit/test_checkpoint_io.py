@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from fp8ref.errors import CheckpointError
 from fp8ref.io.atomic import atomic_folder
 from fp8ref.io.safetensors import (
     DTYPES,
@@ -20,7 +21,6 @@ from fp8ref.io.safetensors import (
     open_store,
     write_safetensors,
 )
-from fp8ref.errors import CheckpointError
 
 TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,

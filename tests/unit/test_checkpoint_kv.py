@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from fp8ref.checkpoint import export_checkpoint, load_checkpoint
 from fp8ref.checkpoint.export import write_checkpoint
-from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 from fp8ref.cli import checkpoint as cli
 from fp8ref.errors import CheckpointError
+from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 
 BF16 = ml_dtypes.bfloat16
 NP = {"bfloat16": BF16, "float16": np.float16, "float32": np.float32}

@@ -10,9 +10,9 @@ from safetensors.numpy import save_file
 
 from fp8ref.cli import spec as spec_cli
 from fp8ref.errors import SpecError
-from fp8ref.scheme import PRESETS
 from fp8ref.io.yaml import format_path, load_yaml_string
 from fp8ref.producers.compressed_tensors import from_ct_config, to_ct_config
+from fp8ref.scheme import PRESETS
 from fp8ref.spec import SpecWarning, load_spec, load_spec_dict, load_spec_string
 
 ROOT = Path(__file__).resolve().parents[2]
