@@ -145,7 +145,8 @@ class SafetensorsFile:
             raise CheckpointError(f"{where}: cannot read: {exc.strerror or exc}") from None
         self.header_size = n
         self.data_start = 8 + n
-        self.metadata, self.tensors = parse_header(raw, where, size - 8 - n)
+        self.data_size = size - 8 - n
+        self.metadata, self.tensors = parse_header(raw, where, self.data_size)
         self.bytes_read = 0  # tensor data bytes read so far (headers excluded)
 
     def __contains__(self, name: object) -> bool:
@@ -171,6 +172,21 @@ class SafetensorsFile:
             raise CheckpointError(f"{self.path}: tensor {name!r}: file changed while reading "
                                   f"(got {got} of {info.nbytes} bytes)")
         self.bytes_read += info.nbytes
+        return out
+
+    def read_data(self) -> np.ndarray:
+        """The whole data section as one uint8 array (one read: for small files read whole)."""
+        size = self.data_size
+        out = np.empty(size, dtype=np.uint8)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.data_start)
+                got = f.readinto(memoryview(out))
+        except OSError as exc:
+            raise CheckpointError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        if got != size:
+            raise CheckpointError(f"{self.path}: file changed while reading (got {got} of {size} data bytes)")
+        self.bytes_read += size
         return out
 
     def get(self, name: str) -> np.ndarray:
@@ -324,7 +340,8 @@ def load(path: str | os.PathLike, *, error: type[Fp8RefError] = CheckpointError,
                 if info.dtype not in allowed:
                     raise CheckpointError(f"{f.path}: tensor {info.name!r}: dtype {info.dtype} is not "
                                           f"accepted here (expected one of {', '.join(allowed)})")
-        return {name: f.get(name) for name in f.tensors}
+        data = f.read_data()
+        return {name: f.view(name, data[info.begin:info.end].copy()) for name, info in f.tensors.items()}
     except CheckpointError as exc:
         if error is CheckpointError:
             raise
