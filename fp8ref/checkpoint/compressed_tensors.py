@@ -21,8 +21,7 @@ from .layout import D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
 NAME = ct.NAME
 FORMATS = ("float-quantized", "naive-quantized", "mixed-precision")
-_ARGS_KEYS = {"num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
-              "actorder", "observer", "observer_kwargs", "scale_dtype", "zp_dtype"}
+_ARGS_KEYS = set(ct.CT_ARGS_KEYS)
 
 
 def _args(args: object, where: str) -> dict:
@@ -41,10 +40,7 @@ def _args(args: object, where: str) -> dict:
 
 def _strategy(args: dict) -> str:
     strategy = args.get("strategy")
-    if strategy is None:  # inferred from group_size as compressed-tensors does
-        gs = args.get("group_size")
-        strategy = "tensor" if gs is None else "channel" if gs == -1 else "group"
-    return strategy
+    return ct.infer_strategy(args.get("group_size")) if strategy is None else strategy
 
 
 def weight_quant(weights: dict, inputs: dict | None, where: str) -> LayerQuant:

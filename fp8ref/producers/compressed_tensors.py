@@ -120,8 +120,8 @@ def _ct_parse(args: Mapping, part: str) -> dict:
          "block_structure": None, "dynamic": False, "actorder": None, "scale_dtype": None,
          "zp_dtype": None, "observer": None, "observer_kwargs": {}}
     a.update({k: v for k, v in args.items() if v is not None})
-    if a["strategy"] is None:  # CT's own inference (REFERENCE §7.3)
-        a["strategy"] = {None: "tensor", -1: "channel"}.get(a["group_size"], "group")
+    if a["strategy"] is None:
+        a["strategy"] = infer_strategy(a["group_size"])
     if a["strategy"] == "block" and a["block_structure"] is not None:
         a["block_structure"] = tuple(a["block_structure"])
     for key, ok, why in (("symmetric", a["symmetric"] is True, "asymmetric float quantization is not modelled"),
@@ -134,6 +134,11 @@ def _ct_parse(args: Mapping, part: str) -> dict:
     if a["strategy"] not in _CT_STRATEGY:
         raise SchemeFieldError(f"{part}.strategy", f"expected one of {', '.join(_CT_STRATEGY)}, got {a['strategy']!r}")
     return a
+
+
+def infer_strategy(group_size) -> str:
+    """The strategy of args that give none: compressed-tensors' own inference from group_size (REFERENCE §7.3)."""
+    return {None: "tensor", -1: "channel"}.get(group_size, "group")
 
 
 def _ct_family(a: dict, part: str) -> str:
