@@ -239,3 +239,14 @@ def test_reference_forward_uses_linear_with_stored_tensors(tmp_path):
     assert np.array_equal(ckpt[Q].forward(x, out_dtype="float32"), expect)
     with pytest.raises(CheckpointError, match="mode"):
         ckpt[Q].forward(x, mode="fast")
+
+
+def test_producer_weight_is_the_named_double_rounding(tmp_path):
+    """forward.producer_weight is D(fp32(q * s)) (what the producers' loaders compute): on the issue's
+    example the fp32 product is the tie 1 + 2**-8, which bf16 rounds to even, 1.0; dequantize gives 1.0078125."""
+    from fp8ref.checkpoint.forward import producer_weight
+
+    tensors, cfg = _every_code_times_scales()
+    layer = load_checkpoint(write(tmp_path / "c", tensors, cfg))[Q]
+    assert float(producer_weight(layer, "bfloat16")[3, 12]) == 1.0
+    assert float(layer.dequantize("bfloat16")[3, 12]) == 1.0078125
