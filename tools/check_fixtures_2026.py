@@ -239,7 +239,8 @@ def check_fp8_tensor(name: str, sd: dict, refs: dict, orig: dict, tool: str) -> 
             "e4m3(fp32(W) * fp32(1/s))": e4m3_codes(w.to(F32) * (1.0 / s0)),
             "e4m3(fp32(W) * fp32(448/amax))": e4m3_codes(w.to(F32) * (448.0 / amax)),
         }
-        row["code_mismatch"] = {k: rate(neg_zero_to_pos(v, 0x80), neg_zero_to_pos(codes, 0x80)) for k, v in cand.items()}
+        stored = neg_zero_to_pos(codes, 0x80)  # -0 policies differ; counted separately as codes_0x80
+        row["code_mismatch"] = {k: rate(neg_zero_to_pos(v, 0x80), stored) for k, v in cand.items()}
         row["codes_0x80"] = int((codes == 0x80).sum())
         qdq = refs.get(lin + ".qdq_in_memory")
         if qdq is not None:

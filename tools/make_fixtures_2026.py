@@ -230,8 +230,10 @@ def llmc_job(preset: str):
                 refs[f"{lin}.in_memory_input_global_scale"] = mod.input_global_scale.detach().clone()
         export = work / "export"
         model.save_pretrained(str(export), save_compressed=True)
-        meta = {"tool": "llmcompressor", "function": "llmcompressor.oneshot + model.save_pretrained(save_compressed=True)",
-                "arguments": {"recipe": f"QuantizationModifier(targets='Linear', scheme='{preset}', ignore=['lm_head'])",
+        recipe_text = f"QuantizationModifier(targets='Linear', scheme='{preset}', ignore=['lm_head'])"
+        meta = {"tool": "llmcompressor",
+                "function": "llmcompressor.oneshot + model.save_pretrained(save_compressed=True)",
+                "arguments": {"recipe": recipe_text,
                               "calibration": "4 random token batches of 16 tokens (seed 77), datasets.Dataset"},
                 "in_memory": {"layers": in_mem, "weight_qparams": qparams,
                               "qdq_in_memory": "compressed_tensors.quantization.lifecycle.forward.fake_quantize("

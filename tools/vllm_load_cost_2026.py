@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 D = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "interop" / "checkpoints"
 L = "model.layers.0."
-FUSED = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "gate_up": ["mlp.gate_proj", "mlp.up_proj"]}
+FUSED = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+         "gate_up": ["mlp.gate_proj", "mlp.up_proj"]}
 
 
 def main() -> None:
