@@ -395,11 +395,11 @@ def calib_batches(n: int = 4, seq: int = 16) -> list[torch.Tensor]:
     return [torch.randint(0, LLAMA["vocab_size"], (1, seq), generator=g) for _ in range(n)]
 
 
-def probe_inputs() -> dict[str, torch.Tensor]:
+def probe_inputs(layers: tuple[str, ...] = PROBE_LAYERS) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(99)
     h, i = LLAMA["hidden_size"], LLAMA["intermediate_size"]
     xs = {}
-    for name in PROBE_LAYERS:
+    for name in layers:
         k = i if name.endswith("down_proj") else h
         x = torch.randn(1, 4, k, generator=g) * torch.exp(torch.randn(1, 4, k, generator=g))
         x[0, 1, 0] = -0.0
@@ -451,12 +451,14 @@ def autoround_export(fmt: str, folder: Path) -> dict:
             "arguments": {"scheme": "FP8_STATIC", "iters": 0, "nsamples": 4, "seqlen": 16, "format": fmt}}
 
 
-def reload_outputs(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+def reload_outputs(folder: Path, layers: tuple[str, ...] = PROBE_LAYERS,
+                   model=None) -> tuple[dict[str, torch.Tensor], dict]:
     """Load the checkpoint with the tool's own loader (transformers dispatches on quant_method)
-    and run each probe Linear on its fixed input."""
+    and run each probe Linear on its fixed input. `model`: an already loaded model (another loader)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).eval()
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).eval()
     desc: dict = {}
     with torch.no_grad():
         # compressed-tensors decompresses in a model-level forward pre-hook on the first call;
@@ -468,15 +470,16 @@ def reload_outputs(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
             desc["warmup_forward"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     out = {}
     with torch.no_grad():
-        for name, x in probe_inputs().items():
+        for name, x in probe_inputs(layers).items():
             mod = model.get_submodule(name)
-            w = mod.weight
+            w = getattr(mod, "weight", None)  # packed formats (CT weight_packed) may hold none
             d = {"module_class": f"{type(mod).__module__}.{type(mod).__name__}",
-                 "weight_dtype": str(w.dtype), "buffers": sorted(n for n, _ in mod.named_buffers()),
+                 "weight_dtype": None if w is None else str(w.dtype),
+                 "buffers": sorted(n for n, _ in mod.named_buffers()),
                  "parameters": sorted(n for n, _ in mod.named_parameters())}
             desc[name] = d
             out[f"{name}.x"] = x
-            if name == PROBE_LAYERS[0] and w.dtype != torch.float8_e4m3fn:
+            if name == layers[0] and w is not None and w.dtype not in (torch.float8_e4m3fn, torch.uint8):
                 out[f"{name}.reloaded_weight"] = w.detach()  # one layer only (size budget)
             try:
                 y = mod(x)

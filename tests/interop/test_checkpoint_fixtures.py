@@ -33,6 +33,9 @@ EXPECTED = {  # fixture -> (format, layout of every layer)
     "autoround_fp8_static_llmc": ("compressed-tensors", "W float8_e4m3fn channel, input static"),
 }
 FIXTURES = sorted(EXPECTED)
+# written by tools/make_fixtures_2026.py (NVFP4, MX, ModelOpt, Quark): formats fp8ref does not read yet (issue #13)
+NOT_YET_READ = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "modelopt_fp8", "modelopt_fp8_pc_pt",
+                "modelopt_mxfp8", "modelopt_nvfp4", "quark_fp8", "quark_mxfp4"]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -48,7 +51,7 @@ def _layer_cases():
 
 
 def test_all_fixtures_present():
-    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == FIXTURES
+    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(FIXTURES + NOT_YET_READ)
 
 
 @pytest.mark.parametrize("name", FIXTURES)
