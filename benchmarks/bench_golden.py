@@ -32,7 +32,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from fp8ref.conformance import default_xfails, run
     from fp8ref.golden import DEFAULT_SUITES, generate, load_suite, verify
-    from fp8ref.golden.ops import OPERATIONS, build
+    from fp8ref.golden.ops import OPERATIONS
+    from fp8ref.golden.suite import build
 
     suites = [load_suite(s) for s in DEFAULT_SUITES]
     total_gen = 0.0

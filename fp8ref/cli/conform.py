@@ -10,8 +10,8 @@ from pathlib import Path
 from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
 from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, results_json, summarize, table
 from ..golden import DEFAULT_SUITES, load_suite
-from ..golden.compare import NAN_RULES
-from ..golden.suite import LEVELS
+from ..golden.judge import NAN_RULES
+from ..golden.fields import LEVELS
 from .golden import progress_bar
 
 

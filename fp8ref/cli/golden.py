@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 from ..golden import check, generate, load_suite, verify
-from ..golden.compare import NAN_RULES
-from ..golden.folder import ACCUMULATION_ORDERS
-from ..golden.ops import cases
-from ..golden.suite import LEVELS
+from ..golden.fields import LEVELS
+from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
+from ..golden.suite import cases
 
 
 def register(sub) -> None:

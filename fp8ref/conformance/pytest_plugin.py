@@ -50,7 +50,7 @@ class _Collector(pytest.Collector):
 
 def _items(collector, backend, spec: str, config):
     from ..golden import DEFAULT_SUITES, load_suite
-    from ..golden.ops import cases
+    from ..golden.suite import cases
     from .xfails import default_xfails, load_xfails
 
     path = config.getoption("fp8ref_xfails")
@@ -139,7 +139,7 @@ class _HypothesisItem(pytest.Item):
         from hypothesis.extra.numpy import arrays
 
         from ..formats import get_format
-        from ..golden.compare import check_output, mismatches
+        from ..golden.judge import check_output, mismatches
         from ..golden.ops import OPERATIONS
         from .report import mismatch_line
 

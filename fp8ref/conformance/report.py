@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..formats import get_format
-from ..golden.compare import Mismatch
+from ..golden.judge import Mismatch
 
 _HEX_WIDTH = {"float64": 16, "float32": 8, "float16": 4, "bfloat16": 4, "uint8": 2, "uint16": 4, "uint32": 8}
 _DTYPE_TAG = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}

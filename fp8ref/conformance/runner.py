@@ -7,7 +7,7 @@ run goes on. Mismatches are then matched against the backend's xfails file.
 
 A backend that declares ``accumulation_order = {"scaled_mm": "unspecified"}`` (its fp32
 sum follows an order it does not specify, as BLAS does) has its fp32 scaled_mm cases judged
-by the fp32-order bound instead (``gemm_bound``): expected is fp8ref's exact result, elements
+by the fp32-order bound instead (``fp8ref.golden.judge``): expected is fp8ref's exact result, elements
 equal to it match, elements inside the proven bound are counted as "in bound" (never as
 matches), and only elements outside it are mismatches.
 """
@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BackendError
-from ..golden.compare import NAN_RULES, OutputError, check_output, differing, mismatches, ulp_distance
-from ..golden.folder import CaseResult
-from ..golden.ops import cases
-from ..golden.suite import Suite, load_suite
-from . import gemm_bound
+from ..golden.judge import (ACCUMULATION_ORDERS, NAN_RULES, CaseResult, OutputError, bound_interval, bound_reason,
+                            exact_params, judge_output)
+from ..golden.suite import Suite, cases, load_suite
 from .backend import load_backend
 from .xfails import Xfails
 
@@ -32,9 +30,9 @@ from .xfails import Xfails
 def accumulation_order(backend, op: str) -> str:
     """'declared' (bit-exact against fp8ref's model of the case) or 'unspecified'."""
     order = dict(getattr(backend, "accumulation_order", None) or {}).get(op, "declared")
-    if order not in gemm_bound.ORDERS:
+    if order not in ACCUMULATION_ORDERS:
         raise BackendError(f"backend {backend.name!r}: accumulation_order[{op!r}]: expected one of "
-                           f"{gemm_bound.ORDERS}, got {order!r}")
+                           f"{ACCUMULATION_ORDERS}, got {order!r}")
     return order
 
 
@@ -94,24 +92,18 @@ def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str 
     return out
 
 
-def _bound_reason(op_name: str, params) -> str | None:
-    if op_name != "scaled_mm":
-        return f"an unspecified accumulation order is judged for scaled_mm only, not {op_name}"
-    return gemm_bound.applies(params)
-
-
 def expected_outputs(backend, op, params, inputs) -> dict:
     """fp8ref's outputs the backend is compared with: the case's model, or the exact result
     when the backend's accumulation order is unspecified."""
     if accumulation_order(backend, op.name) == "unspecified":
-        params = dict(params, accumulate="exact", scale_order="epilogue")
+        params = exact_params(params)
     return op.reference(params, inputs)
 
 
 def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseResult:
     result = CaseResult(name, op.name, dict(params))
     bounded = accumulation_order(backend, op.name) == "unspecified"
-    reason = backend.implements(op.name, params) or (_bound_reason(op.name, params) if bounded else None)
+    reason = backend.implements(op.name, params) or (bound_reason(op.name, params) if bounded else None)
     if reason:
         result.status, result.reason = "not-implemented", reason
         return result
@@ -122,17 +114,8 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseRe
     try:
         got = op.call(backend, case.params, {k: v.copy() for k, v in case.inputs.items()})
         for out_name, exp in expected.items():
-            fmt = op.output_format(case.params, out_name)
-            got_arr = check_output(out_name, exp, got[out_name], fmt)
-            result.elements += exp.size
-            excused = used = None
-            if bounded:
-                j = gemm_bound.judge(case.params, case.inputs, got_arr)
-                diff = differing(exp, got_arr, fmt, nan_rule)
-                excused, used = diff & j["within"], j["used"]
-                gemm_bound.record(result, excused, used, ulp_distance(exp, got_arr, fmt))
-            result.mismatches += mismatches(op, name, case.params, case.inputs, out_name, exp, got_arr, nan_rule,
-                                            excused=excused, bound_used=used)
+            judge_output(result, op, name, case.params, case.inputs, out_name, exp, got[out_name], nan_rule,
+                         bounded=bounded)
     except OutputError as exc:
         result.status, result.reason, result.mismatches = "error", f"wrong output: {exc}", []
     except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours
@@ -156,7 +139,7 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
             g = np.asarray(got[out_name])
             print(f"  {out_name}: expected {exp[index]!r}, got {g[index]!r}")
             if accumulation_order(be, op.name) == "unspecified":
-                iv = gemm_bound.interval(c.params, c.inputs)
+                iv = bound_interval(c.params, c.inputs)
                 print(f"  fp32-order bound: exact {iv['x'][index]!r}, allowed [{iv['lo'][index]!r}, "
                       f"{iv['hi'][index]!r}]" + ("" if iv["domain"][index] else " (outside the bound's domain)"))
         return

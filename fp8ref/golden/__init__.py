@@ -5,7 +5,8 @@ expected outputs as safetensors with a MANIFEST.json; ``verify(dir)`` re-derives
 ``check(dir, outputs_file)`` judges a backend's outputs written by any language.
 """
 
-from .folder import CaseResult, check, generate, open_golden, verify
+from .folder import check, generate, open_golden, verify
+from .judge import CaseResult
 from .suite import Suite, load_suite, parse_suite
 
 DEFAULT_SUITES = ("formats", "fp8-static-w8a8")

@@ -21,9 +21,10 @@ from .. import __version__
 from ..errors import GoldenError
 from ..io import safetensors as st
 from ..io.files import read_bytes, read_json, read_text, write_bytes
-from .compare import Mismatch, OutputError, check_output, differing, mismatches, ulp_distance
-from .ops import OPERATIONS, Case, build, cases
-from .suite import Suite, parse_suite
+from .case import Case
+from .judge import ACCUMULATION_ORDERS, CaseResult, OutputError, bound_reason, exact_params, judge_output
+from .ops import OPERATIONS
+from .suite import Suite, build, count_cases, parse_suite
 
 MANIFEST = "MANIFEST.json"
 SUITE_FILE = "suite.yaml"
@@ -44,10 +45,6 @@ def _spec(a: np.ndarray) -> dict:
 def _load(path: Path) -> dict[str, np.ndarray]:
     """A golden or outputs file, strictly read (another language may have written it)."""
     return st.load(path, error=GoldenError, dtypes=st.PLAIN_DTYPES)
-
-
-def count_cases(suite: Suite, level: int) -> int:
-    return sum(1 for _ in cases(suite, level))
 
 
 def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
@@ -164,23 +161,6 @@ def _check_manifest(where: Path, manifest) -> None:
 
 
 # --- verify and check -----------------------------------------------------------------------------
-@dataclass
-class CaseResult:
-    """The outcome of one case against one implementation."""
-
-    case: str
-    op: str
-    params: dict
-    elements: int = 0
-    mismatches: list[Mismatch] = field(default_factory=list)
-    status: str = "compared"  # compared | not-implemented | error | missing
-    reason: str = ""
-    rule: str = "bit-exact"  # or "fp32-order bound" (fp8ref.conformance.gemm_bound)
-    in_bound: int = 0  # elements that differ from the exact result but lie inside the bound
-    in_bound_max_ulp: int | None = None
-    max_bound_used: float | None = None  # over every element in the bound's domain
-
-
 def verify(path: str | Path, *, progress: Progress | None = None) -> tuple[list[str], list[str]]:
     """Integrity check (GoldenError naming a missing, extra or modified file) plus
     re-derivation of every expected output. Returns (problems, notes): no problems means
@@ -201,33 +181,6 @@ def verify(path: str | Path, *, progress: Progress | None = None) -> tuple[list[
         if progress:
             progress(done, total, case.name)
     return problems, notes
-
-
-ACCUMULATION_ORDERS = ("declared", "unspecified")
-
-
-def bound_reason(op: str, params) -> str | None:
-    """None when an unspecified accumulation order is judged by the fp32-order bound for this
-    case, else why the case stays bit-exact."""
-    from ..conformance import gemm_bound  # judging outputs sits above the golden core
-
-    if op != "scaled_mm":
-        return f"the fp32-order bound covers scaled_mm only, not {op}"
-    return gemm_bound.applies(params)
-
-
-def _bound_compare(result: CaseResult, op, case: Case, name: str, got: np.ndarray, nan_rule: str) -> None:
-    """Judge ``got`` with the fp32-order bound: against fp8ref's exact result (re-derived from
-    the stored inputs), differences inside the bound counted as in bound, never as matches."""
-    from ..conformance import gemm_bound
-
-    exact = op.reference(dict(case.params, accumulate="exact", scale_order="epilogue"), case.inputs)[name]
-    fmt = op.output_format(case.params, name)
-    j = gemm_bound.judge(case.params, case.inputs, got)
-    excused = differing(exact, got, fmt, nan_rule) & j["within"]
-    gemm_bound.record(result, excused, j["used"], ulp_distance(exact, got, fmt))
-    result.mismatches += mismatches(op, case.name, case.params, case.inputs, name, exact, got, nan_rule,
-                                    excused=excused, bound_used=j["used"])
 
 
 def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
@@ -256,16 +209,13 @@ def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
             if key not in outputs:
                 result.status, result.reason = "missing", f"no tensor {key!r} in {outputs_file}"
                 continue
+            if bounded:  # judged against fp8ref's exact result, re-derived from the stored inputs
+                exp = op.reference(exact_params(case.params), case.inputs)[name]
             try:
-                got = check_output(key, exp, outputs[key], op.output_format(case.params, name))
+                judge_output(result, op, case.name, case.params, case.inputs, name, exp, outputs[key], nan_rule,
+                             bounded=bounded, label=key)
             except OutputError as exc:
                 result.status, result.reason = "error", str(exc)
-                continue
-            result.elements += exp.size
-            if bounded:
-                _bound_compare(result, op, case, name, got, nan_rule)
-            else:
-                result.mismatches += mismatches(op, case.name, case.params, case.inputs, name, exp, got, nan_rule)
         results.append(result)
     problems = [f"unknown tensor {n!r} in {outputs_file} (no such case output)" for n in sorted(set(outputs) - known)]
     if not allow_missing:

@@ -18,7 +18,7 @@ SpecError naming ``FILE:LINE: key.path``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,18 +26,11 @@ from .. import registry
 from ..errors import SpecError
 from ..io.files import read_text
 from ..io.yaml import YamlDocument, load_yaml_string
+from .case import Case, OpEntry, Operation
+from .fields import check_level, check_str
+from .ops import OPERATIONS
 
-LEVELS = (1, 2)
 _TOP = {"suite": True, "description": False, "seed": True, "level": False, "operations": True}
-
-
-@dataclass(frozen=True)
-class OpEntry:
-    """One validated ``operations`` item: the operation name and its typed fields."""
-
-    op: str
-    fields: Mapping[str, object]
-    index: int
 
 
 @dataclass(frozen=True)
@@ -53,10 +46,6 @@ class Suite:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
-
-
-# A field checker takes (document, key path, value) and returns the typed value or raises.
-Checker = Callable[[YamlDocument, tuple, object], object]
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -77,8 +66,6 @@ def resolve_suite_path(path: str | Path) -> Path:
 
 
 def parse_suite(text: str, *, source: str = "<string>") -> Suite:
-    from .ops import OPERATIONS  # ops import this module for the checkers
-
     doc = load_yaml_string(text, source=source)
     data = doc.data
     if not isinstance(data, dict):
@@ -119,77 +106,22 @@ def _check_keys(doc: YamlDocument, path: tuple, data: dict, allowed: dict[str, b
             raise doc.error(path, f"missing required field {key!r}")
 
 
-# --- field checkers shared by the operations --------------------------------------------------
-def check_str(doc: YamlDocument, path: tuple, value) -> str:
-    if not isinstance(value, str) or not value:
-        raise doc.error(path, f"expected a non-empty string, got {value!r}")
-    return value
+def cases(suite: Suite, level: int) -> Iterator[tuple[Operation, OpEntry, str, dict]]:
+    """Every (operation, entry, case name, params) of a suite at a level, without inputs."""
+    seen = set()
+    for entry in suite.entries:
+        op = OPERATIONS[entry.op]
+        for name, params in op.expand(entry, level):
+            if name in seen:  # two entries may overlap; the first one wins
+                continue
+            seen.add(name)
+            yield op, entry, name, params
 
 
-def check_level(doc: YamlDocument, path: tuple, value) -> int:
-    if value not in LEVELS or type(value) is not int:
-        raise doc.error(path, f"expected a level in {list(LEVELS)}, got {value!r}")
-    return value
+def build(suite: Suite, level: int) -> Iterator[Case]:
+    for op, entry, name, params in cases(suite, level):
+        yield op.make_case(name, params, entry, suite, level)
 
 
-def choices(options: tuple, *, allow_all: bool = True, kind: type = str, allow_empty: bool = False) -> Checker:
-    """A list drawn from ``options`` (or the word ``all``), kept in the written order."""
-
-    def check(doc: YamlDocument, path: tuple, value):
-        if allow_all and value == "all":
-            return tuple(options)
-        if not isinstance(value, list) or not (value or allow_empty):
-            raise doc.error(path, f"expected a {'' if allow_empty else 'non-empty '}list from {list(options)}"
-                            + (" or 'all'" if allow_all else "") + f", got {value!r}")
-        for i, v in enumerate(value):
-            if type(v) is not kind or v not in options:
-                raise doc.error(path + (i,), f"expected one of {list(options)}, got {v!r}")
-        if len(set(value)) != len(value):
-            raise doc.error(path, f"duplicate entries in {value!r}")
-        return tuple(value)
-
-    return check
-
-
-def per_level(item: Checker) -> Checker:
-    """``{level: value}``; the value for level L is the one under the largest key <= L."""
-
-    def check(doc: YamlDocument, path: tuple, value):
-        if not isinstance(value, dict) or not value:
-            raise doc.error(path, f"expected a mapping from level {list(LEVELS)} to a value, got {value!r}")
-        out = {}
-        for key, v in value.items():
-            out[check_level(doc, path + (key,), key)] = item(doc, path + (key,), v)
-        if min(out) != 1:
-            raise doc.error(path, "level 1 must be given (higher levels inherit from lower ones)")
-        return out
-
-    return check
-
-
-def count(limit: int) -> Checker:
-    def check(doc: YamlDocument, path: tuple, value):
-        if type(value) is not int or not 0 <= value <= limit:
-            raise doc.error(path, f"expected an integer count in [0, {limit}], got {value!r}")
-        return value
-
-    return check
-
-
-def shapes(rank: int, limit: int = 4096) -> Checker:
-    """A list of shapes, each a list of ``rank`` positive integers."""
-
-    def check(doc: YamlDocument, path: tuple, value):
-        if not isinstance(value, list) or not value:
-            raise doc.error(path, f"expected a non-empty list of shapes [{', '.join('d' * rank)}], got {value!r}")
-        for i, s in enumerate(value):
-            if (not isinstance(s, list) or len(s) != rank
-                    or any(type(d) is not int or not 1 <= d <= limit for d in s)):
-                raise doc.error(path + (i,), f"expected {rank} integers in [1, {limit}], got {s!r}")
-        return tuple(tuple(s) for s in value)
-
-    return check
-
-
-def at_level(table: Mapping[int, object], level: int):
-    return table[max(k for k in table if k <= level)]
+def count_cases(suite: Suite, level: int) -> int:
+    return sum(1 for _ in cases(suite, level))

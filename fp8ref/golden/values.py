@@ -178,3 +178,11 @@ def heavy_tailed(stream: Stream, n: int, *, centre_exp: int = 0, outlier_rate: f
     outlier = stream.uniform(n) < outlier_rate
     boost = np.where(outlier, np.ldexp(1.0, stream.integers(n, 4, 13)), 1.0)
     return np.ldexp(tail * boost, centre_exp)
+
+
+def tensor(stream: Stream, shape: tuple, dtype: str) -> np.ndarray:
+    """A heavy-tailed tensor in ``dtype`` whose rows differ in magnitude by powers of two."""
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    v = heavy_tailed(stream, rows * shape[-1]).reshape(rows, shape[-1])
+    v = np.ldexp(v, stream.integers(rows, -3, 4)[:, None]).reshape(shape)
+    return from_bits(round_to(v, dtype), dtype)

@@ -1,4 +1,4 @@
-"""The fp32-order bound (fp8ref.conformance.gemm_bound): it accepts every fp32 summation
+"""The fp32-order bound (fp8ref.golden.judge): it accepts every fp32 summation
 order (checked against real fp32 sums in many orders and a Fraction oracle), it catches
 broken GEMMs with a minimal counterexample, and torch passes it with no scaled_mm xfail."""
 
@@ -13,10 +13,11 @@ import pytest
 from broken_backends import Fp16AccumulationMM, ReverseOrderMM, TransposedB, WrongScaleB
 
 from fp8ref import codec
-from fp8ref.conformance import default_xfails, gemm_bound, load_backend, run
+from fp8ref.conformance import default_xfails, load_backend, run
 from fp8ref.conformance.report import SUMMARY_COLUMNS, mismatch_line, summarize, table
 from fp8ref.errors import BackendError
 from fp8ref.golden import load_suite, parse_suite
+from fp8ref.golden.judge import bound_interval, bound_judge
 
 SHAPES = [[1, 1, 1], [1, 2, 2], [2, 3, 3], [5, 40, 40]]
 SUITE = parse_suite(f"""\
@@ -171,7 +172,7 @@ def test_every_fp32_order_lies_inside_the_bound(out_dtype, bias):
         params, inputs = _random_case(rng, 3, K, 4, out_dtype, bias)
         a32 = codec.decode(inputs["a"], "float8_e4m3fn") * inputs["scale_a"]
         b32 = codec.decode(inputs["b"], "float8_e4m3fn") * inputs["scale_b"]
-        iv = gemm_bound.interval(params, inputs)
+        iv = bound_interval(params, inputs)
         assert iv["domain"].all()
         for m in range(3):
             for n in range(4):
@@ -182,7 +183,7 @@ def test_every_fp32_order_lies_inside_the_bound(out_dtype, bias):
                         got = got.astype(ml_dtypes.bfloat16)
                     full = np.zeros((3, 4), got.dtype)
                     full[m, n] = got[0, 0]
-                    j = gemm_bound.judge(params, inputs, full)
+                    j = bound_judge(params, inputs, full)
                     assert j["within"][m, n], (K, m, n, v, iv["lo"][m, n], iv["hi"][m, n])
                     worst = max(worst, float(j["used"][m, n]))
     assert worst <= 1.0
@@ -197,7 +198,7 @@ def test_interval_matches_a_fraction_oracle():
     rng = np.random.default_rng(5)
     for out_dtype in ("float32", "bfloat16"):
         params, inputs = _random_case(rng, 2, 33, 3, out_dtype, True)
-        iv = gemm_bound.interval(params, inputs)
+        iv = bound_interval(params, inputs)
         av = codec.decode(inputs["a"], "float8_e4m3fn").astype(np.float64)
         bv = codec.decode(inputs["b"], "float8_e4m3fn").astype(np.float64)
         g = Fraction(35, 2 ** 24 - 35)

@@ -4,7 +4,7 @@ import pytest
 
 from fp8ref.errors import SpecError
 from fp8ref.golden import DEFAULT_SUITES, load_suite, parse_suite
-from fp8ref.golden.ops import cases
+from fp8ref.golden.suite import cases
 
 GOOD = """\
 suite: tiny

@@ -27,7 +27,7 @@ class TorchBackend(Backend):
                       "scale_order": ("operands",), "bias": (False, True)},
     }
     # BLAS sums in its own order: judged against the exact result by the fp32-order bound
-    # (fp8ref.conformance.gemm_bound), never bit for bit against fp8ref's sequential model
+    # (fp8ref.golden.judge), never bit for bit against fp8ref's sequential model
     accumulation_order = {"scaled_mm": "unspecified"}
 
     def unavailable(self) -> str | None:

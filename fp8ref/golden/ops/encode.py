@@ -1,87 +1,26 @@
-"""Operations a suite can declare: how each expands into cases, generates inputs, computes
-its expected outputs with fp8ref's core, and calls a backend.
-
-A case is the unit of golden files and conformance runs: one operation with fixed
-parameters (format, mode, ...) applied to a batch of inputs. Its name is stable and names
-its tensors (``<case>/<input or output>``) in the golden safetensors files.
-"""
+"""encode and decode: every format x rounding x saturation x input dtype, on the special-value
+table, seeded random values and (optionally) every 16-bit input; decode on every code."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
 
-from .. import codec
-from ..formats import FORMATS, get_format
-from . import values
-from .suite import OpEntry, Suite, at_level, choices, count, per_level
+from ... import codec
+from ...formats import FORMATS, get_format
+from .. import values
+from ..case import Case, OpEntry, Operation
+from ..fields import at_level, choices, count, per_level
 
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    op: str
-    params: Mapping[str, object]  # JSON-able; with the inputs, all the reference needs
-    inputs: Mapping[str, np.ndarray] = field(repr=False)
-    n_special: int = 0  # leading elements from the special-value table (the rest are random)
-
-
-class Operation:
-    """Base of the operations; subclasses fill in the class attributes and methods."""
-
-    name: str
-    fields: dict  # YAML field -> (checker, default); default None means required
-    outputs: tuple[str, ...]
-
-    def expand(self, entry: OpEntry, level: int) -> list[tuple[str, dict]]:
-        """(case name, params) for every combination the entry declares at ``level``, in a fixed order."""
-        raise NotImplementedError
-
-    def make_case(self, name: str, params: dict, entry: OpEntry, suite: Suite, level: int) -> Case:
-        raise NotImplementedError
-
-    def reference(self, params: Mapping, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
-    def call(self, backend, params: Mapping, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
-    def output_format(self, params: Mapping, output: str) -> str | None:
-        """Name of the format whose codes ``output`` holds, or None for float outputs."""
-        return None
-
-    def element_inputs(self, params: Mapping, inputs: Mapping[str, np.ndarray], index: tuple) -> dict:
-        """The inputs that produced output element ``index`` (for mismatch lines and repros)."""
-        return {}
-
-
-def cases(suite: Suite, level: int) -> Iterator[tuple[Operation, OpEntry, str, dict]]:
-    """Every (operation, entry, case name, params) of a suite at a level, without inputs."""
-    seen = set()
-    for entry in suite.entries:
-        op = OPERATIONS[entry.op]
-        for name, params in op.expand(entry, level):
-            if name in seen:  # two entries may overlap; the first one wins
-                continue
-            seen.add(name)
-            yield op, entry, name, params
-
-
-def build(suite: Suite, level: int) -> Iterator[Case]:
-    for op, entry, name, params in cases(suite, level):
-        yield op.make_case(name, params, entry, suite, level)
-
-
-# --- encode / decode ------------------------------------------------------------------------
 _BITS_DTYPES = {"uint8": 8, "uint16": 16, "uint32": 32}
 
 
 class Encode(Operation):
     name = "encode"
+    params = ("format", "rounding", "saturate", "dtype", "random_bits")
     outputs = ("codes",)
+    signature = "encode(x, fmt, *, rounding, saturate, random_bits=None) -> uint8 codes"
     fields = {
         "formats": (choices(tuple(FORMATS)), tuple(FORMATS)),
         "rounding": (choices(codec.ROUNDING_MODES), codec.ROUNDING_MODES),
@@ -207,7 +146,9 @@ class Encode(Operation):
 
 class Decode(Operation):
     name = "decode"
+    params = ("format",)
     outputs = ("values",)
+    signature = "decode(codes, fmt) -> float32 values"
     fields = {"formats": (choices(tuple(FORMATS)), tuple(FORMATS))}
 
     def expand(self, entry, level):
@@ -225,9 +166,3 @@ class Decode(Operation):
 
     def element_inputs(self, params, inputs, index):
         return {"codes": inputs["codes"][index]}
-
-
-from .ops_quant import Dequantize, Linear, Quantize, ScaledMM  # noqa: E402 - they subclass Operation
-
-OPERATIONS: dict[str, Operation] = {op.name: op for op in (Encode(), Decode(), Quantize(), Dequantize(),
-                                                           ScaledMM(), Linear())}

@@ -1,0 +1,90 @@
+"""The field types of a suite's ``operations`` entries: each checker takes (document, key path,
+value), returns the typed value or raises SpecError naming ``FILE:LINE: key.path``.
+
+An operation declares its fields as ``{name: (checker, default)}`` (default None: required).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from ..io.yaml import YamlDocument
+
+LEVELS = (1, 2)
+
+Checker = Callable[[YamlDocument, tuple, object], object]
+
+
+def check_str(doc: YamlDocument, path: tuple, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise doc.error(path, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def check_level(doc: YamlDocument, path: tuple, value) -> int:
+    if value not in LEVELS or type(value) is not int:
+        raise doc.error(path, f"expected a level in {list(LEVELS)}, got {value!r}")
+    return value
+
+
+def choices(options: tuple, *, allow_all: bool = True, kind: type = str, allow_empty: bool = False) -> Checker:
+    """A list drawn from ``options`` (or the word ``all``), kept in the written order."""
+
+    def check(doc: YamlDocument, path: tuple, value):
+        if allow_all and value == "all":
+            return tuple(options)
+        if not isinstance(value, list) or not (value or allow_empty):
+            raise doc.error(path, f"expected a {'' if allow_empty else 'non-empty '}list from {list(options)}"
+                            + (" or 'all'" if allow_all else "") + f", got {value!r}")
+        for i, v in enumerate(value):
+            if type(v) is not kind or v not in options:
+                raise doc.error(path + (i,), f"expected one of {list(options)}, got {v!r}")
+        if len(set(value)) != len(value):
+            raise doc.error(path, f"duplicate entries in {value!r}")
+        return tuple(value)
+
+    return check
+
+
+def per_level(item: Checker) -> Checker:
+    """``{level: value}``; the value for level L is the one under the largest key <= L."""
+
+    def check(doc: YamlDocument, path: tuple, value):
+        if not isinstance(value, dict) or not value:
+            raise doc.error(path, f"expected a mapping from level {list(LEVELS)} to a value, got {value!r}")
+        out = {}
+        for key, v in value.items():
+            out[check_level(doc, path + (key,), key)] = item(doc, path + (key,), v)
+        if min(out) != 1:
+            raise doc.error(path, "level 1 must be given (higher levels inherit from lower ones)")
+        return out
+
+    return check
+
+
+def count(limit: int) -> Checker:
+    def check(doc: YamlDocument, path: tuple, value):
+        if type(value) is not int or not 0 <= value <= limit:
+            raise doc.error(path, f"expected an integer count in [0, {limit}], got {value!r}")
+        return value
+
+    return check
+
+
+def shapes(rank: int, limit: int = 4096) -> Checker:
+    """A list of shapes, each a list of ``rank`` positive integers."""
+
+    def check(doc: YamlDocument, path: tuple, value):
+        if not isinstance(value, list) or not value:
+            raise doc.error(path, f"expected a non-empty list of shapes [{', '.join('d' * rank)}], got {value!r}")
+        for i, s in enumerate(value):
+            if (not isinstance(s, list) or len(s) != rank
+                    or any(type(d) is not int or not 1 <= d <= limit for d in s)):
+                raise doc.error(path + (i,), f"expected {rank} integers in [1, {limit}], got {s!r}")
+        return tuple(tuple(s) for s in value)
+
+    return check
+
+
+def at_level(table: Mapping[int, object], level: int):
+    return table[max(k for k in table if k <= level)]

@@ -1,0 +1,154 @@
+"""scaled_mm with an accumulation model, and a W8A8 linear layer, on heavy-tailed tensors whose
+rows differ in magnitude by powers of two, as real weights and activations do."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import codec, matmul, quant
+from ...formats import get_format
+from ...scaling import reduce_amax
+from ...scheme import PRESETS
+from .. import values
+from ..case import Case, Operation, shape_name
+from ..fields import at_level, choices, per_level, shapes
+from .quantize import DTYPES, RECIPES
+
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _codes(stream, shape, fmt) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of a heavy-tailed tensor quantized per row, and the per-row dequant scales."""
+    v = values.heavy_tailed(stream, shape[0] * shape[1]).reshape(shape)
+    amax = np.abs(v).max(axis=1, keepdims=True)
+    scale = (amax / np.float64(get_format(fmt).max)).astype(np.float32)
+    return codec.encode((v / scale).astype(np.float32), fmt), scale
+
+
+class ScaledMM(Operation):
+    name = "scaled_mm"
+    params = ("format", "scales", "out_dtype", "accumulate", "scale_order", "bias", "shape")
+    outputs = ("out",)
+    signature = ("scaled_mm(a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order) "
+                 "-> out in out_dtype")
+    fields = {
+        "formats": (choices(_FP8), ("float8_e4m3fn",)),
+        "shapes": (per_level(shapes(3)), None),
+        "scales": (choices(("tensor", "row"), allow_all=False), ("tensor", "row")),
+        "out_dtypes": (choices(("float32", "bfloat16", "float16")), ("float32",)),
+        "accumulate": (choices(matmul.ACCUMULATIONS), ("exact",)),
+        "scale_order": (choices(matmul.SCALE_ORDERS, allow_all=False), ("epilogue",)),
+        "bias": (choices((False, True), allow_all=False, kind=bool), (False,)),
+    }
+
+    def expand(self, entry, level):
+        f, out = entry.fields, []
+        shapes_all = at_level(f["shapes"], level)
+        for fmt in f["formats"]:
+            for scales in f["scales"]:
+                for od in f["out_dtypes"]:
+                    for acc in f["accumulate"]:
+                        for order in (f["scale_order"] if acc == "fp32" else ("epilogue",)):
+                            for bias in f["bias"]:
+                                for shape in shapes_all:
+                                    params = {"format": fmt, "scales": scales, "out_dtype": od, "accumulate": acc,
+                                              "scale_order": order, "bias": bias, "shape": list(shape)}
+                                    name = (f"scaled_mm.{fmt}.{scales}.{od}.{acc}"
+                                            + (f"-{order}" if acc == "fp32" else "")
+                                            + (".bias" if bias else "") + f".{shape_name(shape)}")
+                                    out.append((name, params))
+        return out
+
+    def make_case(self, name, params, entry, suite, level) -> Case:
+        stream = values.Stream(suite.seed, name)
+        M, K, N = params["shape"]
+        a, sa = _codes(stream, (M, K), params["format"])
+        bt, sb = _codes(stream, (N, K), params["format"])
+        if params["scales"] == "tensor":
+            sa, sb = sa.max().reshape(1), sb.max().reshape(1)
+        else:
+            sb = sb.reshape(1, N)
+        inputs = {"a": a, "b": np.ascontiguousarray(bt.T), "scale_a": sa, "scale_b": sb}
+        if params["bias"]:
+            bias = values.heavy_tailed(stream, N)
+            inputs["bias"] = values.from_bits(values.round_to(bias, params["out_dtype"]), params["out_dtype"])
+        return Case(name, self.name, params, inputs)
+
+    def reference(self, params, inputs):
+        return {"out": matmul.scaled_mm(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"],
+                                        bias=inputs.get("bias"), out_dtype=params["out_dtype"],
+                                        accumulate=params["accumulate"], fmt_a=params["format"],
+                                        fmt_b=params["format"], scale_order=params["scale_order"])}
+
+    def call(self, backend, params, inputs):
+        return {"out": backend.scaled_mm(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"],
+                                         bias=inputs.get("bias"), fmt=params["format"],
+                                         out_dtype=params["out_dtype"], accumulate=params["accumulate"],
+                                         scale_order=params["scale_order"])}
+
+    def element_inputs(self, params, inputs, index):
+        m, n = index
+        return {"a_row": m, "b_col": n}
+
+
+class Linear(Operation):
+    name = "linear"
+    params = ("scheme", "recipe", "dtype", "accumulate", "shape")
+    outputs = ("y",)
+    signature = "linear(x, weight, weight_scale, *, input_scale, dynamic, accumulate) -> y in x's dtype"
+    fields = {
+        "schemes": (choices(("FP8_STATIC", "FP8_DYNAMIC", "FP8"), allow_all=False), ("FP8_STATIC",)),
+        "recipes": RECIPES,
+        "dtypes": (choices(DTYPES), ("bfloat16",)),
+        "shapes": (per_level(shapes(3)), None),
+        "accumulate": (choices(matmul.ACCUMULATIONS), ("exact",)),
+    }
+
+    def expand(self, entry, level):
+        f, out = entry.fields, []
+        shapes_all = at_level(f["shapes"], level)
+        for scheme in f["schemes"]:
+            for recipe in f["recipes"]:
+                for dtype in f["dtypes"]:
+                    for acc in f["accumulate"]:
+                        for shape in shapes_all:
+                            params = {"scheme": scheme, "recipe": recipe, "dtype": dtype, "accumulate": acc,
+                                      "shape": list(shape)}
+                            out.append((f"linear.{scheme}.{recipe}.{dtype}.{acc}.{shape_name(shape)}", params))
+        return out
+
+    def make_case(self, name, params, entry, suite, level) -> Case:
+        """x (T, K); W (N, K) quantized with the scheme's weight args and the recipe; for a
+        static scheme, input_scale = fp32(amax of a calibration batch / max)."""
+        stream = values.Stream(suite.seed, name)
+        T, K, N = params["shape"]
+        scheme = PRESETS[params["scheme"]]
+        x = values.tensor(stream, (T, K), params["dtype"])
+        w = values.tensor(stream, (N, K), params["dtype"])
+        qa = quant.as_args(scheme)
+        q = quant.quantize(w, scheme, recipe=params["recipe"],
+                           amax=reduce_amax(w, qa.granularity, block_shape=qa.block_shape))
+        inputs = {"x": x, "weight": q.codes, "weight_scale": q.scale}
+        if not scheme["act_dynamic"]:
+            amax = reduce_amax(values.tensor(stream, (T, K), params["dtype"]), "tensor")
+            inputs["input_scale"] = (amax / np.float64(448.0)).astype(np.float32)
+        return Case(name, self.name, params, inputs)
+
+    @staticmethod
+    def _dynamic(params, inputs):
+        return None if "input_scale" in inputs else PRESETS[params["scheme"]]["act_granularity"]
+
+    def reference(self, params, inputs):
+        # a loader widens a stored bf16/fp16 weight scale to fp32 (exact) for the GEMM
+        return {"y": matmul.linear(inputs["x"], inputs["weight"], inputs["weight_scale"].astype(np.float32),
+                                   input_scale=inputs.get("input_scale"), dynamic=self._dynamic(params, inputs),
+                                   accumulate=params["accumulate"])}
+
+    def call(self, backend, params, inputs):
+        return {"y": backend.linear(inputs["x"], inputs["weight"], inputs["weight_scale"],
+                                    input_scale=inputs.get("input_scale"), dynamic=self._dynamic(params, inputs),
+                                    accumulate=params["accumulate"])}
+
+    def element_inputs(self, params, inputs, index):
+        t, n = index
+        return {"token": t, "out_channel": n}

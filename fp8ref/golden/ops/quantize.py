@@ -1,0 +1,129 @@
+"""quantize and dequantize with a scheme and a producer recipe, on heavy-tailed tensors.
+
+Static quantization gets its amax from a separate calibration sample, so some values exceed
+it and clip, as in deployment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import quant
+from ...registry import get_recipe, recipe_names
+from ...scaling import reduce_amax
+from ...scheme import PRESETS
+from .. import values
+from ..case import Case, Operation, shape_name
+from ..fields import at_level, choices, per_level, shapes
+
+DTYPES = ("bfloat16", "float16", "float32")
+# every recipe of the registry (a suite names the producers it covers)
+RECIPES = (choices(recipe_names(), allow_all=False), ("fp8ref",))
+
+
+def _args(params):
+    return quant.as_args(PRESETS[params["scheme"]], role=params["role"])
+
+
+def _amax(stream, params, x, qa):
+    """Weights: their own amax. Static activations: a calibration sample's. Dynamic: none."""
+    if params["role"] == "weight":
+        return reduce_amax(x, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
+    if qa.dynamic:
+        return None
+    calib = values.tensor(stream, x.shape, params["dtype"])
+    return reduce_amax(calib, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
+
+
+class _QuantBase(Operation):
+    params = ("scheme", "recipe", "role", "dtype", "shape")
+    fields = {
+        "schemes": (choices(tuple(PRESETS), allow_all=False), None),
+        "recipes": RECIPES,
+        "roles": (choices(("weight", "activation"), allow_all=False), ("weight",)),
+        "dtypes": (choices(DTYPES), ("bfloat16",)),
+        "shapes": (per_level(shapes(2)), None),
+    }
+
+    def expand(self, entry, level):
+        """Combinations whose scheme and recipe fit (a recipe covers some granularities
+        and formats; a weight-only scheme has no activation role)."""
+        f, out = entry.fields, []
+        shapes_all = at_level(f["shapes"], level)
+        for scheme in f["schemes"]:
+            for role in f["roles"]:
+                try:
+                    qa = quant.as_args(PRESETS[scheme], role=role)
+                except Exception:  # noqa: BLE001 - e.g. a weight-only scheme has no activation args
+                    continue
+                for recipe in f["recipes"]:
+                    rec = get_recipe(recipe)
+                    if qa.granularity not in rec.granularities or qa.format not in rec.formats:
+                        continue
+                    for dtype in f["dtypes"]:
+                        for shape in shapes_all:
+                            params = {"scheme": scheme, "recipe": recipe, "role": role, "dtype": dtype,
+                                      "shape": list(shape)}
+                            out.append((f"{self.name}.{scheme}.{recipe}.{role}.{dtype}.{shape_name(shape)}",
+                                        params))
+        return out
+
+    def _quantized(self, name, params, suite):
+        stream = values.Stream(suite.seed, name)
+        x = values.tensor(stream, tuple(params["shape"]), params["dtype"])
+        qa = _args(params)
+        amax = _amax(stream, params, x, qa)
+        return x, amax
+
+
+class Quantize(_QuantBase):
+    name = "quantize"
+    outputs = ("codes", "scale")
+    signature = "quantize(x, *, scheme, recipe, role, amax=None) -> {'codes': uint8, 'scale': ...}"
+
+    def make_case(self, name, params, entry, suite, level) -> Case:
+        x, amax = self._quantized(name, params, suite)
+        inputs = {"x": x} if amax is None else {"x": x, "amax": amax.astype(np.float64)}
+        return Case(name, self.name, params, inputs)
+
+    def reference(self, params, inputs):
+        q = quant.quantize(inputs["x"], PRESETS[params["scheme"]], recipe=params["recipe"],
+                           amax=inputs.get("amax"), role=params["role"])
+        return {"codes": q.codes, "scale": q.scale}
+
+    def call(self, backend, params, inputs):
+        return backend.quantize(inputs["x"], scheme=params["scheme"], recipe=params["recipe"], role=params["role"],
+                                amax=inputs.get("amax"))
+
+    def output_format(self, params, output):
+        return _args(params).format if output == "codes" else None
+
+    def element_inputs(self, params, inputs, index):
+        if len(index) == len(params["shape"]):
+            return {"x": inputs["x"][index]}
+        return {}
+
+
+class Dequantize(_QuantBase):
+    name = "dequantize"
+    outputs = ("values",)
+    signature = "dequantize(codes, scale, *, scheme, recipe, role, dtype) -> values in dtype"
+
+    def make_case(self, name, params, entry, suite, level) -> Case:
+        x, amax = self._quantized(name, params, suite)
+        q = quant.quantize(x, PRESETS[params["scheme"]], recipe=params["recipe"], amax=amax, role=params["role"])
+        return Case(name, self.name, params, {"codes": q.codes, "scale": q.scale})
+
+    def reference(self, params, inputs):
+        qa, rec = _args(params), get_recipe(params["recipe"])
+        scale = inputs["scale"]
+        q = quant.QuantResult(inputs["codes"], scale, qa.format, qa.granularity, rec.name, qa,
+                              scale.dtype.name, params["dtype"], _recipe=rec)
+        return {"values": quant.dequantize(q)}
+
+    def call(self, backend, params, inputs):
+        return {"values": backend.dequantize(inputs["codes"], inputs["scale"], scheme=params["scheme"],
+                                             recipe=params["recipe"], role=params["role"], dtype=params["dtype"])}
+
+    def element_inputs(self, params, inputs, index):
+        return {"codes": inputs["codes"][index]}
