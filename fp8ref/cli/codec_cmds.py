@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from ..codec import ROUNDING_MODES, decode, encode
+from ..codefields import fields_text
 from ..errors import InputTypeError
 from ..formats import FORMATS, get_format
 
@@ -51,16 +52,9 @@ def _parse_code(text: str) -> int:
     return code
 
 
-def _fields(code: int, fmt) -> str:
-    m = fmt.mantissa_bits
-    e = (code & fmt.magnitude_mask) >> m
-    sign = f"{code >> (fmt.exponent_bits + m)}." if fmt.signed else ""
-    return f"{sign}{e:0{fmt.exponent_bits}b}.{code & ((1 << m) - 1):0{m}b}" if m else f"{sign}{e:0{fmt.exponent_bits}b}"
-
-
 def _rows(codes: np.ndarray, fmt) -> list[dict]:
     values = decode(codes, fmt)
-    return [{"code": f"{int(c):#04x}", "fields": _fields(int(c), fmt), "value": float(v)}
+    return [{"code": f"{int(c):#04x}", "fields": fields_text(int(c), fmt), "value": float(v)}
             for c, v in zip(codes, values)]
 
 

@@ -13,12 +13,11 @@ class MyCast(Backend):
     def encode(self, x, fmt, *, rounding, saturate, random_bits=None): ...  # -> uint8 codes
 ```
 
-Operation signatures (numpy in, numpy out; ``fmt`` is a format name):
-
-- ``encode(x, fmt, *, rounding, saturate, random_bits=None) -> uint8 codes``
-- ``decode(codes, fmt) -> float32 values``
-- ``quantize(x, *, scheme, recipe, dtype) -> dict`` and ``dequantize(...)``, ``scaled_mm(...)``,
-  ``linear(...)``: see ``fp8ref.golden.ops``.
+The protocol is derived from the operations table (``fp8ref.golden.ops.OPERATIONS``): an
+operation's row gives its method's signature (``OPERATIONS[op].signature``, listed by
+``protocol()``) and the case parameters a capability may restrict (``OPERATIONS[op].params``).
+``check_capabilities`` rejects an unknown operation or parameter, or a declared operation
+without its method, when the backend is loaded or run.
 
 Backends are found by built-in name, by the ``fp8ref.backends`` entry point group (the entry
 point loads a Backend subclass, a factory or an instance), or as ``module:object``.
@@ -109,7 +108,32 @@ def load_backend(name: str):
     reason = getattr(backend, "unavailable", lambda: None)()
     if reason:
         raise BackendUnavailable(f"backend {name!r} is unavailable: {reason}")
+    check_capabilities(backend)
     return backend
+
+
+def protocol() -> dict[str, str]:
+    """Operation -> the backend method's signature, from the operations table."""
+    from ..golden.ops import OPERATIONS  # the table imports the core: loaded on first use
+
+    return {name: op.signature for name, op in OPERATIONS.items()}
+
+
+def check_capabilities(backend) -> None:
+    """BackendError when ``capabilities`` names an operation or a parameter the operations
+    table does not have, or an operation whose method the backend lacks."""
+    from ..golden.ops import OPERATIONS
+
+    for op, caps in dict(getattr(backend, "capabilities", None) or {}).items():
+        where = f"backend {backend.name!r}: capabilities[{op!r}]"
+        if op not in OPERATIONS:
+            raise BackendError(f"{where}: unknown operation; expected one of {sorted(OPERATIONS)}")
+        row = OPERATIONS[op]
+        for key in caps:
+            if key not in row.params:
+                raise BackendError(f"{where}: unknown parameter {key!r}; {op} cases have {list(row.params)}")
+        if not callable(getattr(backend, op, None)):
+            raise BackendError(f"{where}: declared but the backend has no method {row.signature}")
 
 
 def _instantiate(spec: str, name: str):

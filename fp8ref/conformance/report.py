@@ -16,8 +16,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ..codefields import fields_text
 from ..formats import get_format
 from ..golden.judge import Mismatch
+from ..golden.ops import OPERATIONS
 
 _HEX_WIDTH = {"float64": 16, "float32": 8, "float16": 4, "bfloat16": 4, "uint8": 2, "uint16": 4, "uint32": 8}
 _DTYPE_TAG = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -50,10 +52,7 @@ def code_text(code: int, fmt_name: str) -> str:
     """``0x7e (+.1111.110 448)``: the code, its sign/exponent/mantissa fields and its value."""
     fmt = get_format(fmt_name)
     code = int(code)
-    e = (code & fmt.magnitude_mask) >> fmt.mantissa_bits
-    m = code & ((1 << fmt.mantissa_bits) - 1)
-    fields = ("-" if code & fmt.sign_mask else "+") if fmt.signed else ""
-    fields += f".{e:0{fmt.exponent_bits}b}" + (f".{m:0{fmt.mantissa_bits}b}" if fmt.mantissa_bits else "")
+    fields = fields_text(code, fmt, sign="symbol")
     value = fmt.exact_value(code)
     if value is None:
         text = "nan" if code in fmt.nan_codes else ("-inf" if code & fmt.sign_mask else "inf")
@@ -66,14 +65,12 @@ def output_text(v, fmt_name: str | None) -> str:
     return code_text(int(v), fmt_name) if fmt_name else value_text(v)
 
 
-_PARAM_ORDER = ("format", "scheme", "recipe", "role", "rounding", "saturate", "scales", "dtype", "out_dtype",
-                "accumulate", "scale_order", "bias", "shape")
-
-
-def _param_text(params) -> str:
-    """Parameters in a fixed order (live runs and manifests order their keys differently)."""
+def _param_text(op: str, params) -> str:
+    """Parameters in the operation's declared order (live runs and manifests order their keys
+    differently)."""
+    order = OPERATIONS[op].params
     parts = []
-    keys = [k for k in _PARAM_ORDER if k in params] + sorted(set(params) - set(_PARAM_ORDER))
+    keys = [k for k in order if k in params] + sorted(set(params) - set(order))
     for k, v in ((k, params[k]) for k in keys):
         if k == "saturate":
             parts.append("sat" if v else "nosat")
@@ -96,7 +93,7 @@ def mismatch_line(m: Mismatch, fmt_name: str | None) -> str:
     if m.bound_used is not None:  # judged by the fp32-order bound against the exact result
         bound = ("  outside the fp32-order bound's domain" if math.isnan(m.bound_used)
                  else f"  fp32-order bound used {m.bound_used:.4g}x")
-    return (f"{m.op} {_param_text(m.params)}{out}  {where}{inputs}  expected {output_text(m.expected, fmt_name)}"
+    return (f"{m.op} {_param_text(m.op, m.params)}{out}  {where}{inputs}  expected {output_text(m.expected, fmt_name)}"
             f"  got {output_text(m.got, fmt_name)}  ulp {ulp}{bound}{tags}")
 
 
@@ -154,8 +151,6 @@ SUMMARY_COLUMNS = (("cases", "cases"), ("not_implemented", "not impl."), ("error
 
 
 def _fmt_of(m: Mismatch) -> str | None:
-    from ..golden.ops import OPERATIONS
-
     return OPERATIONS[m.op].output_format(m.params, m.output)
 
 

@@ -23,7 +23,7 @@ from ..errors import BackendError
 from ..golden.judge import (ACCUMULATION_ORDERS, NAN_RULES, CaseResult, OutputError, bound_interval, bound_reason,
                             exact_params, judge_output)
 from ..golden.suite import Suite, cases, load_suite
-from .backend import load_backend
+from .backend import check_capabilities, load_backend
 from .xfails import Xfails
 
 
@@ -74,6 +74,8 @@ def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str 
     or a name for ``load_backend``)."""
     if isinstance(backend, str):
         backend = load_backend(backend)
+    else:
+        check_capabilities(backend)
     if isinstance(suite, str):
         suite = load_suite(suite)
     if nan_rule not in NAN_RULES:

@@ -97,3 +97,33 @@ def test_cli_conform_prints_lines_table_and_json(tmp_path, capsys):
     assert '"exit_code": 1' in (tmp_path / "r.json").read_text()
     assert cli("conform", "--backend", "torch", "--suite", "formats", "--case",
                "encode.float8_e4m3fn.rne.nosat.float32") == 0
+
+
+@pytest.mark.parametrize("caps, message", [
+    ({"encdoe": {}}, r"capabilities\['encdoe'\]: unknown operation; expected one of \['decode', 'dequantize', "
+                     r"'encode'"),
+    ({"encode": {"fomat": ("float8_e4m3fn",)}},
+     r"capabilities\['encode'\]: unknown parameter 'fomat'; encode cases have \['format', 'rounding'"),
+    ({"decode": {"format": ("float8_e4m3fn",)}}, r"capabilities\['decode'\]: declared but the backend has no "
+                                                  r"method decode\(codes, fmt\)"),
+])
+def test_capabilities_are_checked_against_the_operations_table(caps, message):
+    from fp8ref.conformance import Backend
+
+    class Typo(Backend):
+        name = "typo"
+        capabilities = caps
+
+        def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
+            raise AssertionError("never called")
+
+    with pytest.raises(BackendError, match=message):
+        run(Typo(), load_suite("formats"))
+
+
+def test_every_builtin_adapter_declares_only_what_the_table_has():
+    from fp8ref.conformance.backend import BUILTIN, check_capabilities
+    from fp8ref.conformance.backend import _instantiate as instantiate
+
+    for name, target in BUILTIN.items():
+        check_capabilities(instantiate(target, name))  # no peer needed: capabilities are class data
