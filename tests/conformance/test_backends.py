@@ -1,26 +1,14 @@
 """Finding backends, and the built-in adapters against the real peers installed here."""
 
-import argparse
 import importlib.util
 from importlib import metadata
 
 import pytest
 
-from fp8ref.cli import conform as conform_cli
 from fp8ref.conformance import BackendUnavailable, default_xfails, known_backends, load_backend, run
-from fp8ref.errors import BackendError, Fp8RefError
+from fp8ref.errors import BackendError
 from fp8ref.golden import load_suite
-
-
-def cli(*argv):
-    parser = argparse.ArgumentParser(prog="fp8ref")
-    conform_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(list(map(str, argv)))
-    try:
-        return args.handler(args)
-    except Fp8RefError as exc:
-        print(f"fp8ref: error: {exc}")
-        return 1
+from tests.support.cli import run_cli
 
 
 def test_unknown_backend_lists_the_known_ones():
@@ -29,21 +17,21 @@ def test_unknown_backend_lists_the_known_ones():
 
 
 def test_module_object_and_dashed_names():
-    assert load_backend("broken_backends:instance").name == "round-half-up"
-    assert load_backend("broken_backends:FlushSubnormals").name == "flush-subnormals"
+    assert load_backend("tests.support.broken_backends:instance").name == "round-half-up"
+    assert load_backend("tests.support.broken_backends:FlushSubnormals").name == "flush-subnormals"
     assert load_backend("ml-dtypes").name == "ml_dtypes"
     with pytest.raises(BackendError, match="has no attribute 'Nope'"):
-        load_backend("broken_backends:Nope")
+        load_backend("tests.support.broken_backends:Nope")
     with pytest.raises(BackendError, match="cannot import module 'no_such_mod'"):
         load_backend("no_such_mod:x")
 
 
 def test_entry_point_group_registers_third_party_backends(monkeypatch):
-    ep = metadata.EntryPoint("broken", "broken_backends:OffByOneExponent", "fp8ref.backends")
+    ep = metadata.EntryPoint("broken", "tests.support.broken_backends:OffByOneExponent", "fp8ref.backends")
     real = metadata.entry_points
     monkeypatch.setattr(metadata, "entry_points",
                         lambda **kw: [ep] if kw.get("group") == "fp8ref.backends" else real(**kw))
-    assert known_backends()["broken"] == "broken_backends:OffByOneExponent"
+    assert known_backends()["broken"] == "tests.support.broken_backends:OffByOneExponent"
     assert load_backend("broken").name == "off-by-one-exponent"
 
 
@@ -56,9 +44,9 @@ def test_missing_peers_are_unavailable_with_a_reason(name, module):
 
 
 def test_cli_unknown_backend_and_missing_peer_exit_nonzero(capsys):
-    assert cli("conform", "--backend", "nope") == 1
-    assert "known: auto_round, compressed_tensors, gfloat, ml_dtypes, torch" in capsys.readouterr().out
-    assert cli("conform", "--list-backends") == 0
+    assert run_cli("conform", "--backend", "nope") == 1
+    assert "known: auto_round, compressed_tensors, gfloat, ml_dtypes, torch" in capsys.readouterr().err
+    assert run_cli("conform", "--list-backends") == 0
 
 
 @pytest.mark.parametrize("name", ["torch", "ml_dtypes", "gfloat"])
@@ -87,7 +75,7 @@ def test_torch_findings_are_real_and_minimal():
 
 
 def test_cli_conform_prints_lines_table_and_json(tmp_path, capsys):
-    code = cli("conform", "--backend", "torch", "--suite", "formats", "--no-xfails", "--case",
+    code = run_cli("conform", "--backend", "torch", "--suite", "formats", "--no-xfails", "--case",
                "encode.float8_e4m3fn.rne.nosat.float32", "--json", tmp_path / "r.json", "--max-errors", "2")
     text = capsys.readouterr().out
     assert code == 1
@@ -95,7 +83,7 @@ def test_cli_conform_prints_lines_table_and_json(tmp_path, capsys):
     assert "repro: python -c" in text and "more unexpected mismatches not shown" in text
     assert "operation  cases  not impl." in text
     assert '"exit_code": 1' in (tmp_path / "r.json").read_text()
-    assert cli("conform", "--backend", "torch", "--suite", "formats", "--case",
+    assert run_cli("conform", "--backend", "torch", "--suite", "formats", "--case",
                "encode.float8_e4m3fn.rne.nosat.float32") == 0
 
 

@@ -29,7 +29,7 @@ def _plugin_args() -> list[str]:
 
 def pytest_in(tmp_path, *args):
     (tmp_path / "test_own.py").write_text("def test_own():\n    assert sum([1, 1]) == 2\n")
-    env_path = {"PYTHONPATH": f"{ROOT}:{Path(__file__).parent}"}
+    env_path = {"PYTHONPATH": str(ROOT)}
     import os
 
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(), *args],
@@ -55,7 +55,7 @@ def test_runs_cases_and_hypothesis_against_a_backend(tmp_path):
 
 def test_a_broken_backend_fails_with_mismatch_lines(tmp_path):
     (tmp_path / "plug.yaml").write_text(SUITE.replace("[true, false]", "[true]"))
-    code, out = pytest_in(tmp_path, "--fp8ref-backend=broken_backends:FlushSubnormals",
+    code, out = pytest_in(tmp_path, "--fp8ref-backend=tests.support.broken_backends:FlushSubnormals",
                           f"--fp8ref-suite={tmp_path / 'plug.yaml'}", "--fp8ref-max-examples=30")
     assert code == 1
     assert "elements differ; simplest first" in out and "x=f32:0x3b000000" in out  # 2**-9 first

@@ -24,7 +24,7 @@ def test_encode_repro_runs_and_prints_expected_then_got():
 def test_generic_repro_reruns_one_element(capsys):
     """A scaled_mm outside the fp32-order bound: the repro shows the exact result and the
     allowed interval, and got outside it."""
-    spec = "broken_backends:WrongScaleB"
+    spec = "tests.support.broken_backends:WrongScaleB"
     r = run(spec, load_suite("fp8-static-w8a8"), select=lambda n: n.startswith("scaled_mm") and "fp32-op" in n)
     m = next(m for x in r.results for m in x.mismatches)
     line = repro_line(m, spec, "fp8-static-w8a8", 1)

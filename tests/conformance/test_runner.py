@@ -5,12 +5,12 @@ import struct
 
 import numpy as np
 import pytest
-from broken_backends import FlushSubnormals, Nothing, OffByOneExponent, Raises, RoundHalfUp
 
 from fp8ref.conformance import run
 from fp8ref.conformance.xfails import parse_xfails
 from fp8ref.errors import SpecError
 from fp8ref.golden import parse_suite
+from tests.support.broken_backends import FlushSubnormals, Nothing, OffByOneExponent, Raises, RoundHalfUp
 
 SUITE = parse_suite("""\
 suite: meta

@@ -10,7 +10,6 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from broken_backends import Fp16AccumulationMM, ReverseOrderMM, TransposedB, WrongScaleB
 
 from fp8ref import codec
 from fp8ref.conformance import default_xfails, load_backend, run
@@ -18,6 +17,7 @@ from fp8ref.conformance.report import SUMMARY_COLUMNS, mismatch_line, summarize,
 from fp8ref.errors import BackendError
 from fp8ref.golden import load_suite, parse_suite
 from fp8ref.golden.judge import bound_interval, bound_judge
+from tests.support.broken_backends import Fp16AccumulationMM, ReverseOrderMM, TransposedB, WrongScaleB
 
 SHAPES = [[1, 1, 1], [1, 2, 2], [2, 3, 3], [5, 40, 40]]
 SUITE = parse_suite(f"""\

@@ -1,4 +1,4 @@
-"""Exhaustive agreement of fp8ref.codec with the Fraction oracle (tests/oracle.py).
+"""Exhaustive agreement of fp8ref.codec with the Fraction oracle (tests/support/oracle.py).
 
 (a) every code of every registered format: decode, and encode(decode(code)) in every mode;
 (b) all 65 536 float16 and bfloat16 inputs x every format x deterministic mode x saturate;
@@ -25,7 +25,7 @@ import torch
 from fp8ref.codec import decode, encode
 from fp8ref.errors import EncodeError
 from fp8ref.formats import FORMATS
-from tests import oracle
+from tests.support import oracle
 
 FMT_NAMES = list(FORMATS)
 SATURATE = (True, False)

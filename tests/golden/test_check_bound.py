@@ -5,7 +5,6 @@ Backend outputs come from torch's CPU ``_scaled_mm`` (BLAS order) and from a num
 GEMM summing in reverse; the exact results they are compared with come from a Fraction
 oracle over ml_dtypes' decoding, not from fp8ref."""
 
-import argparse
 import json
 from fractions import Fraction
 
@@ -13,10 +12,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8ref.cli import golden as golden_cli
-from fp8ref.errors import Fp8RefError, GoldenError
+from fp8ref.errors import GoldenError
 from fp8ref.golden import check, generate, parse_suite
 from fp8ref.io import safetensors as st
+from tests.support.cli import run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -239,23 +238,12 @@ def test_bad_accumulation_order_is_an_error(folder, tmp_path):
         check(folder, tmp_path / "o.safetensors", accumulation_order="fp32")
 
 
-def run(*argv):
-    parser = argparse.ArgumentParser(prog="fp8ref")
-    golden_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(list(map(str, argv)))
-    try:
-        return args.handler(args)
-    except Fp8RefError as exc:
-        print(f"fp8ref: error: {exc}")
-        return 1
-
-
 def test_cli_exit_codes(folder, tmp_path, capsys):
     good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
     st.save(good, _outputs(folder, torch_scaled_mm))
     st.save(bad, _outputs(folder, torch_scaled_mm, transpose_b=True))
     report = tmp_path / "r.json"
-    assert run("golden", "check", folder, "--outputs", good, "--accumulation-order", "unspecified",
+    assert run_cli("golden", "check", folder, "--outputs", good, "--accumulation-order", "unspecified",
                "--json", report) == 0
     text = capsys.readouterr().out
     assert "result: PASS" in text and "in bound" in text and "judged by the fp32-order bound" in text
@@ -265,11 +253,11 @@ def test_cli_exit_codes(folder, tmp_path, capsys):
     assert rows["in_bound"] > 0 and rows["mismatches"] == 0
     assert rows["exact"] + rows["in_bound"] == rows["elements"]
     assert {c["rule"] for c in data["cases"] if ".fp32-" in c["case"]} == {"fp32-order bound"}
-    assert run("golden", "check", folder, "--outputs", good) == 1  # default: bit-exact
+    assert run_cli("golden", "check", folder, "--outputs", good) == 1  # default: bit-exact
     assert "result: FAIL" in capsys.readouterr().out
-    assert run("golden", "check", folder, "--outputs", bad, "--accumulation-order", "unspecified") == 1
+    assert run_cli("golden", "check", folder, "--outputs", bad, "--accumulation-order", "unspecified") == 1
     assert "fp32-order bound used" in capsys.readouterr().out
-    assert run("golden", "check", folder, "--outputs", bad, "--accumulation-order", "declared") == 1
+    assert run_cli("golden", "check", folder, "--outputs", bad, "--accumulation-order", "declared") == 1
     with pytest.raises(SystemExit) as exc:
-        run("golden", "check", folder, "--outputs", good, "--accumulation-order", "any")
+        run_cli("golden", "check", folder, "--outputs", good, "--accumulation-order", "any")
     assert exc.value.code == 2

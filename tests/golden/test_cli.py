@@ -1,13 +1,11 @@
 """``fp8ref golden ...`` handlers: exit codes and messages (the lead wires them into fp8ref.cli)."""
 
-import argparse
 
 import numpy as np
 import pytest
 
-from fp8ref.cli import golden as golden_cli
-from fp8ref.errors import Fp8RefError
 from fp8ref.io import safetensors as st
+from tests.support.cli import run_cli
 
 SUITE = """\
 suite: clitest
@@ -21,17 +19,6 @@ operations:
 """
 
 
-def run(*argv):
-    parser = argparse.ArgumentParser(prog="fp8ref")
-    golden_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(list(map(str, argv)))
-    try:
-        return args.handler(args)
-    except Fp8RefError as exc:  # what fp8ref.cli.main does: one line, exit 1
-        print(f"fp8ref: error: {exc}")
-        return 1
-
-
 @pytest.fixture
 def suite_file(tmp_path):
     path = tmp_path / "clitest.yaml"
@@ -41,17 +28,17 @@ def suite_file(tmp_path):
 
 def test_generate_verify_check_round_trip(tmp_path, suite_file, capsys):
     out = tmp_path / "g"
-    assert run("golden", "generate", suite_file, "-o", out, "--quiet") == 0
+    assert run_cli("golden", "generate", suite_file, "-o", out, "--quiet") == 0
     assert "2 cases" in capsys.readouterr().out
-    assert run("golden", "verify", out, "--quiet") == 0
+    assert run_cli("golden", "verify", out, "--quiet") == 0
     outputs = st.load(out / "encode.expected.safetensors")
     st.save(tmp_path / "o.safetensors", outputs)
-    assert run("golden", "check", out, "--outputs", tmp_path / "o.safetensors", "--json", tmp_path / "r.json") == 0
+    assert run_cli("golden", "check", out, "--outputs", tmp_path / "o.safetensors", "--json", tmp_path / "r.json") == 0
     assert "result: PASS" in capsys.readouterr().out
     key = "encode.float8_e4m3fn.rtz.nosat.float32/codes"
     outputs[key] = np.where(outputs[key] == 0x7E, np.uint8(0x7F), outputs[key])  # max -> NaN
     st.save(tmp_path / "o.safetensors", outputs)
-    assert run("golden", "check", out, "--outputs", tmp_path / "o.safetensors") == 1
+    assert run_cli("golden", "check", out, "--outputs", tmp_path / "o.safetensors") == 1
     text = capsys.readouterr().out
     assert "encode float8_e4m3fn rtz nosat float32" in text and "expected 0x7e (+.1111.110 448)" in text
     assert "got 0x7f (+.1111.111 nan)" in text
@@ -59,19 +46,19 @@ def test_generate_verify_check_round_trip(tmp_path, suite_file, capsys):
 
 def test_verify_of_a_damaged_folder_names_the_file(tmp_path, suite_file, capsys):
     out = tmp_path / "g"
-    run("golden", "generate", suite_file, "-o", out, "--quiet")
+    run_cli("golden", "generate", suite_file, "-o", out, "--quiet")
     (out / "suite.yaml").write_text(SUITE + "# edited\n")
-    assert run("golden", "verify", out) == 1
-    assert "modified file 'suite.yaml'" in capsys.readouterr().out
+    assert run_cli("golden", "verify", out) == 1
+    assert "modified file 'suite.yaml'" in capsys.readouterr().err
 
 
 def test_bad_suite_exits_1_with_file_and_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(SUITE.replace("random:", "randum:"))
-    assert run("golden", "generate", bad, "-o", tmp_path / "g") == 1
-    assert f"{bad}:8: operations[0].randum: unknown field 'randum'" in capsys.readouterr().out
+    assert run_cli("golden", "generate", bad, "-o", tmp_path / "g") == 1
+    assert f"{bad}:8: operations[0].randum: unknown field 'randum'" in capsys.readouterr().err
 
 
 def test_list_prints_case_names(capsys):
-    assert run("golden", "list", "fp8-static-w8a8") == 0
+    assert run_cli("golden", "list", "fp8-static-w8a8") == 0
     assert "linear.FP8_STATIC.auto-round.bfloat16.exact.8x256x64" in capsys.readouterr().out

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fp8ref.codec import decode, encode
 from fp8ref.formats import FORMATS
-from tests import oracle
+from tests.support import oracle
 
 FMT_NAMES = list(FORMATS)
 DET = oracle.DETERMINISTIC

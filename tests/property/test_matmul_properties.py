@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fp8ref import FORMATS
 from fp8ref.matmul import scaled_mm
-from tests.unit.test_matmul import OUT, code_value, fraction_oracle, rounded, same
+from tests.support.matmul_oracle import OUT, code_value, fraction_oracle, rounded, same
 
 FMTS = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"]
 FINITE = {n: [c for c in range(256) if FORMATS[n].exact_value(c) is not None] for n in FMTS}

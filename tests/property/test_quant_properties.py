@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 from fp8ref.codec import decode
 from fp8ref.formats import FORMATS
 from fp8ref.quant import QuantArgs, dequantize, expand, quantize
-from tests.unit.test_quant import oracle_codes
+from tests.support.quant_oracle import oracle_codes
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FORMAT_NAMES = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float6_e2m3fn",

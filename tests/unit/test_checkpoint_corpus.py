@@ -9,10 +9,10 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-from checkpoint_builders import BF16, build_autoround, build_ct, build_hf, snapshot, write
 
 from fp8ref.checkpoint import load_checkpoint
 from fp8ref.errors import CheckpointError, Fp8RefError
+from tests.support.checkpoint_builders import BF16, build_autoround, build_ct, build_hf, snapshot, write
 
 Q = "model.layers.0.self_attn.q_proj"
 D = "model.layers.0.mlp.down_proj"

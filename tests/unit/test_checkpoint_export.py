@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import re
 
 import ml_dtypes
 import numpy as np
 import pytest
-from checkpoint_builders import snapshot
 
 from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoint
 from fp8ref.checkpoint.inspect import quantization_error
-from fp8ref.cli import checkpoint as cli
-from fp8ref.errors import CheckpointError, Fp8RefError
+from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
+from tests.support.checkpoint_builders import snapshot
+from tests.support.cli import run_cli
 
 BF16 = ml_dtypes.bfloat16
 LAYERS = {"model.layers.0.self_attn.q_proj": (32, 48), "model.layers.0.mlp.down_proj": (48, 32),
@@ -161,42 +161,35 @@ def test_quantization_error_against_independent_sums(tmp_path):
                             rel_tol=1e-12)
 
 
-def _cli(argv):
-    parser = argparse.ArgumentParser(prog="fp8ref")
-    cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    return args.handler(args)
-
-
 def test_cli_quantize_and_inspect(tmp_path, capsys):
     make_source(tmp_path / "src")
     (tmp_path / "spec.yaml").write_text("scheme: FP8_STATIC\nignore: [lm_head]\n")
     (tmp_path / "cal.json").write_text(json.dumps(CAL))
     argv = ["quantize", str(tmp_path / "src"), str(tmp_path / "out"), "--spec", str(tmp_path / "spec.yaml"),
             "--format", "auto-round", "--calibration", str(tmp_path / "cal.json"), "--json"]
-    assert _cli(argv) == 0
+    assert run_cli(*argv) == 0
     assert json.loads(capsys.readouterr().out)["format"] == "auto-round"
-    with pytest.raises(CheckpointError, match="force"):
-        _cli(argv)
-    assert _cli(argv + ["--force"]) == 0
+    assert run_cli(*argv) == 1
+    assert re.fullmatch(r"fp8ref: error: .*force.*\n", capsys.readouterr().err)
+    assert run_cli(*argv, "--force") == 0
     capsys.readouterr()
-    assert _cli(["inspect", str(tmp_path / "out"), "--original", str(tmp_path / "src"), "--json"]) == 0
+    assert run_cli("inspect", tmp_path / "out", "--original", tmp_path / "src", "--json") == 0
     info = json.loads(capsys.readouterr().out)
     assert info["format"] == "auto-round" and len(info["layers"]) == 3 and len(info["error"]) == 3
     assert info["layers"]["model.layers.0.self_attn.q_proj"]["weight_scale"]["shape"] == [32]
-    assert _cli(["inspect", str(tmp_path / "out")]) == 0
+    assert run_cli("inspect", tmp_path / "out") == 0
     text = capsys.readouterr().out
     assert "auto-round" in text and "model.layers.1.mlp.up_proj" in text
 
 
-def test_cli_errors_are_fp8ref_errors(tmp_path):
-    """The lead's main() prints these as one line; nothing here may escape as another type."""
+def test_cli_errors_are_fp8ref_errors(tmp_path, capsys):
+    """main() prints these as one line and exits 1; nothing here may escape as another type."""
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.safetensors").write_bytes(b"\xff" * 16)
-    with pytest.raises(Fp8RefError, match="model.safetensors"):
-        _cli(["inspect", str(tmp_path / "bad")])
-    with pytest.raises(Fp8RefError, match="no such file"):
-        _cli(["inspect", str(tmp_path / "missing")])
+    assert run_cli("inspect", tmp_path / "bad") == 1
+    assert re.fullmatch(r"fp8ref: error: .*model\.safetensors.*\n", capsys.readouterr().err)
+    assert run_cli("inspect", tmp_path / "missing") == 1
+    assert re.fullmatch(r"fp8ref: error: .*no such file.*\n", capsys.readouterr().err)
 
 
 def test_a_recipe_scale_no_loader_accepts_is_refused_before_writing(tmp_path):

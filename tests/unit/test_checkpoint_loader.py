@@ -7,11 +7,11 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from checkpoint_builders import BF16, build_autoround, build_ct, build_hf, codes, scales, write
 
 from fp8ref.checkpoint import load_checkpoint
 from fp8ref.errors import CheckpointError
 from fp8ref.formats import FORMATS
+from tests.support.checkpoint_builders import BF16, build_autoround, build_ct, build_hf, codes, scales, write
 
 Q = "model.layers.0.self_attn.q_proj"
 D = "model.layers.0.mlp.down_proj"

@@ -2,7 +2,7 @@
 user-defined formats, bad input and array plumbing (library, shape, out=).
 
 Expected codes come from three independent places: hand-written contract tables below, the
-Fraction oracle (tests/oracle.py), and the vectors REFERENCE.md measured on ONNX/ml_dtypes.
+Fraction oracle (tests/support/oracle.py), and the vectors REFERENCE.md measured on ONNX/ml_dtypes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from fp8ref.codec import ROUNDING_MODES, decode, encode
 from fp8ref.errors import EncodeError, FormatError, InputTypeError, UnknownFormatError
 from fp8ref.formats import FORMATS, FloatFormat
-from tests import oracle
+from tests.support import oracle
 
 FMT_NAMES = list(FORMATS)
 DET = [m for m in ROUNDING_MODES if m != "stochastic"]

@@ -2,8 +2,8 @@
 
 Oracle: the exact value as a ``fractions.Fraction`` (from FloatFormat.exact_value of the codes),
 divided or multiplied by scale_result, rounded on the format's grid continued above max with
-Fraction arithmetic (written here; the grid spacing comes from tests/oracle.py's own grid), and
-the overflow/special rules of tests/oracle.py applied to that exact grid point. Neither uses fp8ref.codec.
+Fraction arithmetic (written here; the grid spacing comes from tests/support/oracle.py's own grid), and
+the overflow/special rules of tests/support/oracle.py applied to that exact grid point. Neither uses fp8ref.codec.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from fp8ref import FORMATS
 from fp8ref.errors import FormatError, Fp8RefError, InputTypeError, ScaleError, ShapeError
 from fp8ref.matmul import scaled_mm
-from tests import oracle
+from tests.support import oracle
 
 E4M3 = FORMATS["float8_e4m3fn"]
 OUT_NAMES = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float6_e2m3fn",

@@ -17,7 +17,7 @@ from fp8ref import FORMATS, encode
 from fp8ref._native import kernels_available
 from fp8ref.matmul import OUT_FORMATS, scaled_mm
 from fp8ref.matmul.operands import _canonical_scales
-from tests.unit.test_matmul import fraction_oracle, rounded, same
+from tests.support.matmul_oracle import fraction_oracle, rounded, same
 
 E4M3, E5M2 = FORMATS["float8_e4m3fn"], FORMATS["float8_e5m2"]
 f32 = np.float32

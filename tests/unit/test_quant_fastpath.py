@@ -16,7 +16,8 @@ from fp8ref import _native, quant
 from fp8ref.formats import FORMATS
 from fp8ref.quant import QuantArgs, quantize
 from fp8ref.scaling import reduce_amax
-from tests.unit.test_quant import MODES, oracle_codes
+from tests.support.oracle import DETERMINISTIC as MODES
+from tests.support.quant_oracle import oracle_codes
 
 pytestmark = pytest.mark.skipif(not _native.kernels_available(), reason="C loops not built or FP8REF_NO_KERNELS set")
 

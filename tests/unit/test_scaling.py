@@ -11,7 +11,7 @@ import pytest
 from fp8ref.errors import ShapeError
 from fp8ref.formats import FORMATS
 from fp8ref.scaling import amax_over_max, e8m0_value, expand, layout, mx_scale_exponent, nvfp4_global_scale, reduce_amax
-from tests.unit.test_quant import fp32_nearest
+from tests.support.quant_oracle import fp32_nearest
 
 E4M3 = FORMATS["float8_e4m3fn"]
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from fp8ref.cli import spec as spec_cli
 from fp8ref.errors import SpecError
 from fp8ref.io.yaml import format_path, load_yaml_string
 from fp8ref.producers.compressed_tensors import from_ct_config, to_ct_config
 from fp8ref.scheme import PRESETS
 from fp8ref.spec import SpecWarning, load_spec, load_spec_dict, load_spec_string
+from tests.support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "specs" / "examples").glob("*.yaml"))
@@ -164,23 +164,14 @@ def test_ct_config_preset_key_and_errors():
 
 
 # --- CLI ------------------------------------------------------------------------------------
-def _run(argv):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    spec_cli.register(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    return args.handler(args)
-
-
 def test_cli_validate(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("scheme: FP8\nscheme: FP8\n")
-    assert _run(["spec", "validate", str(EXAMPLES[0])]) == 0
-    assert _run(["spec", "validate", str(EXAMPLES[0]), str(bad)]) == 1
+    assert run_cli("spec", "validate", str(EXAMPLES[0])) == 0
+    assert run_cli("spec", "validate", str(EXAMPLES[0]), str(bad)) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [f"{bad}:2: scheme: duplicate key (first defined on line 1)"]
-    assert _run(["spec", "validate", "--json", str(bad)]) == 1
+    assert run_cli("spec", "validate", "--json", str(bad)) == 1
     assert json.loads(capsys.readouterr().out)["files"][0]["ok"] is False
 
 
@@ -188,18 +179,18 @@ def test_cli_show_layers_and_checkpoint(tmp_path, capsys):
     names = tmp_path / "names.txt"
     names.write_text("# llama\nmodel.layers.0.self_attn.k_proj\nlm_head\n")
     mixed = str(ROOT / "specs/examples/mixed.yaml")
-    assert _run(["spec", "show", mixed, "--layers", str(names), "--json"]) == 0
+    assert run_cli("spec", "show", mixed, "--layers", str(names), "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["lm_head"] is None and out["model.layers.0.self_attn.k_proj"] == PRESETS["FP8"].to_dict()
     save_file({"model.layers.0.self_attn.k_proj.weight": np.zeros((4, 8), np.float32),
                "model.layers.0.input_layernorm.weight": np.zeros(8, np.float32),
                "lm_head.weight": np.zeros((2, 8), np.float32)}, str(tmp_path / "model.safetensors"))
-    assert _run(["spec", "show", mixed, "--checkpoint", str(tmp_path)]) == 0
+    assert run_cli("spec", "show", mixed, "--checkpoint", str(tmp_path)) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[0].split()[:3] == ["layer", "preset", "weight"]
     assert [line.split()[:2] for line in lines[1:]] == [["lm_head", "BF16"],
                                                         ["model.layers.0.self_attn.k_proj", "FP8"]]
     assert "selectors match no layer" in captured.err
-    assert _run(["spec", "show", mixed]) == 0
+    assert run_cli("spec", "show", mixed) == 0
     assert "(default)" in capsys.readouterr().out
