@@ -14,7 +14,7 @@ from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoi
 from fp8ref.checkpoint.inspect import quantization_error
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
-from tests.support.checkpoint_builders import snapshot
+from tests.support.checkpoint_builders import snapshot, write
 from tests.support.cli import run_cli
 
 BF16 = ml_dtypes.bfloat16
@@ -30,17 +30,7 @@ def make_source(folder, shards: int = 1):
     tensors["model.embed_tokens.weight"] = ("BF16", rng.standard_normal((16, 32)).astype(BF16))
     tensors["model.norm.weight"] = ("BF16", np.ones(32, BF16))
     tensors["model.layers.0.mlp.down_proj.bias"] = ("F32", rng.standard_normal(48).astype(np.float32))
-    if shards == 1:
-        write_safetensors(folder / "model.safetensors", tensors, {"format": "pt"})
-    else:
-        names = sorted(tensors)
-        weight_map = {}
-        for i in range(shards):
-            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-            write_safetensors(folder / fname, {n: tensors[n] for n in names[i::shards]}, {"format": "pt"})
-            weight_map.update(dict.fromkeys(names[i::shards], fname))
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16", "vocab_size": 16}))
+    write(folder, tensors, {"model_type": "llama", "dtype": "bfloat16", "vocab_size": 16}, shards=shards)
     (folder / "tokenizer.json").write_text('{"t": 1}')
     (folder / "extra").mkdir()
     (folder / "extra" / "notes.txt").write_text("kept")

@@ -20,7 +20,7 @@ from fp8ref.checkpoint import export_checkpoint, load_checkpoint
 from fp8ref.checkpoint.export import write_checkpoint
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
-from tests.support.checkpoint_builders import snapshot
+from tests.support.checkpoint_builders import snapshot, write
 from tests.support.cli import run_cli
 
 BF16 = ml_dtypes.bfloat16
@@ -44,17 +44,7 @@ def make_source(folder, dtype: str = "bfloat16", shards: int = 1):
     shapes["lm_head"] = (8, 32)
     tensors = {f"{n}.weight": (ST[dtype], rng.standard_normal(s).astype(NP[dtype])) for n, s in shapes.items()}
     tensors["model.norm.weight"] = (ST[dtype], np.ones(32, NP[dtype]))
-    if shards == 1:
-        write_safetensors(folder / "model.safetensors", tensors, {"format": "pt"})
-    else:
-        names = sorted(tensors)
-        weight_map = {}
-        for i in range(shards):
-            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-            write_safetensors(folder / fname, {n: tensors[n] for n in names[i::shards]}, {"format": "pt"})
-            weight_map.update(dict.fromkeys(names[i::shards], fname))
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": dtype}))
+    write(folder, tensors, {"model_type": "llama", "dtype": dtype}, shards=shards)
     return tensors
 
 
