@@ -4,6 +4,7 @@ table, seeded random values and (optionally) every 16-bit input; decode on every
 from __future__ import annotations
 
 from fractions import Fraction
+from itertools import product
 
 import numpy as np
 
@@ -34,14 +35,11 @@ class Encode(Operation):
     def expand(self, entry: OpEntry, level: int) -> list[tuple[str, dict]]:
         f = entry.fields
         out = []
-        for fmt in f["formats"]:
-            for rounding in f["rounding"]:
-                for sat in f["saturate"]:
-                    for dtype in f["input_dtypes"]:
-                        params = {"format": fmt, "rounding": rounding, "saturate": sat, "dtype": dtype}
-                        if rounding == "stochastic":
-                            params["random_bits"] = f["random_bits"][0]
-                        out.append((f"encode.{fmt}.{rounding}.{'sat' if sat else 'nosat'}.{dtype}", params))
+        for fmt, rounding, sat, dtype in product(f["formats"], f["rounding"], f["saturate"], f["input_dtypes"]):
+            params = {"format": fmt, "rounding": rounding, "saturate": sat, "dtype": dtype}
+            if rounding == "stochastic":
+                params["random_bits"] = f["random_bits"][0]
+            out.append((f"encode.{fmt}.{rounding}.{'sat' if sat else 'nosat'}.{dtype}", params))
         return out
 
     def make_case(self, name, params, entry, suite, level) -> Case:

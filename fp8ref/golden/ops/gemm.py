@@ -3,6 +3,8 @@ rows differ in magnitude by powers of two, as real weights and activations do.""
 
 from __future__ import annotations
 
+from itertools import product
+
 import numpy as np
 
 from ... import codec, matmul, quant
@@ -44,19 +46,14 @@ class ScaledMM(Operation):
     def expand(self, entry, level):
         f, out = entry.fields, []
         shapes_all = at_level(f["shapes"], level)
-        for fmt in f["formats"]:
-            for scales in f["scales"]:
-                for od in f["out_dtypes"]:
-                    for acc in f["accumulate"]:
-                        for order in (f["scale_order"] if acc == "fp32" else ("epilogue",)):
-                            for bias in f["bias"]:
-                                for shape in shapes_all:
-                                    params = {"format": fmt, "scales": scales, "out_dtype": od, "accumulate": acc,
-                                              "scale_order": order, "bias": bias, "shape": list(shape)}
-                                    name = (f"scaled_mm.{fmt}.{scales}.{od}.{acc}"
-                                            + (f"-{order}" if acc == "fp32" else "")
-                                            + (".bias" if bias else "") + f".{shape_name(shape)}")
-                                    out.append((name, params))
+        for fmt, scales, od, acc in product(f["formats"], f["scales"], f["out_dtypes"], f["accumulate"]):
+            for order in (f["scale_order"] if acc == "fp32" else ("epilogue",)):  # orders matter in fp32 only
+                for bias, shape in product(f["bias"], shapes_all):
+                    params = {"format": fmt, "scales": scales, "out_dtype": od, "accumulate": acc,
+                              "scale_order": order, "bias": bias, "shape": list(shape)}
+                    name = (f"scaled_mm.{fmt}.{scales}.{od}.{acc}" + (f"-{order}" if acc == "fp32" else "")
+                            + (".bias" if bias else "") + f".{shape_name(shape)}")
+                    out.append((name, params))
         return out
 
     def make_case(self, name, params, entry, suite, level) -> Case:
@@ -107,14 +104,10 @@ class Linear(Operation):
     def expand(self, entry, level):
         f, out = entry.fields, []
         shapes_all = at_level(f["shapes"], level)
-        for scheme in f["schemes"]:
-            for recipe in f["recipes"]:
-                for dtype in f["dtypes"]:
-                    for acc in f["accumulate"]:
-                        for shape in shapes_all:
-                            params = {"scheme": scheme, "recipe": recipe, "dtype": dtype, "accumulate": acc,
-                                      "shape": list(shape)}
-                            out.append((f"linear.{scheme}.{recipe}.{dtype}.{acc}.{shape_name(shape)}", params))
+        for scheme, recipe, dtype, acc, shape in product(f["schemes"], f["recipes"], f["dtypes"], f["accumulate"],
+                                                         shapes_all):
+            params = {"scheme": scheme, "recipe": recipe, "dtype": dtype, "accumulate": acc, "shape": list(shape)}
+            out.append((f"linear.{scheme}.{recipe}.{dtype}.{acc}.{shape_name(shape)}", params))
         return out
 
     def make_case(self, name, params, entry, suite, level) -> Case:

@@ -6,6 +6,8 @@ it and clip, as in deployment.
 
 from __future__ import annotations
 
+from itertools import product
+
 import numpy as np
 
 from ... import quant
@@ -60,12 +62,10 @@ class _QuantBase(Operation):
                     rec = get_recipe(recipe)
                     if qa.granularity not in rec.granularities or qa.format not in rec.formats:
                         continue
-                    for dtype in f["dtypes"]:
-                        for shape in shapes_all:
-                            params = {"scheme": scheme, "recipe": recipe, "role": role, "dtype": dtype,
-                                      "shape": list(shape)}
-                            out.append((f"{self.name}.{scheme}.{recipe}.{role}.{dtype}.{shape_name(shape)}",
-                                        params))
+                    for dtype, shape in product(f["dtypes"], shapes_all):
+                        params = {"scheme": scheme, "recipe": recipe, "role": role, "dtype": dtype,
+                                  "shape": list(shape)}
+                        out.append((f"{self.name}.{scheme}.{recipe}.{role}.{dtype}.{shape_name(shape)}", params))
         return out
 
     def _quantized(self, name, params, suite):
