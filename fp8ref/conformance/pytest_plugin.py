@@ -50,6 +50,7 @@ class _Collector(pytest.Collector):
 
 def _items(collector, backend, spec: str, config):
     from ..golden import DEFAULT_SUITES, load_suite
+    from ..golden.ops import OPERATIONS
     from ..golden.suite import cases
     from .xfails import default_xfails, load_xfails
 
@@ -70,9 +71,9 @@ def _items(collector, backend, spec: str, config):
                 encode_params.append(key)
     for key in encode_params:
         yield _HypothesisItem.from_parent(
-            collector, name=f"hypothesis::encode.{key['format']}.{key['rounding']}."
-            f"{'sat' if key['saturate'] else 'nosat'}.float32", backend=backend, params=key, xfails=xfails,
-            nan_rule=nan_rule, max_examples=config.getoption("fp8ref_max_examples"))
+            collector, name=f"hypothesis::{OPERATIONS['encode'].case_name({**key, 'dtype': 'float32'})}",
+            backend=backend, params=key, xfails=xfails, nan_rule=nan_rule,
+            max_examples=config.getoption("fp8ref_max_examples"))
 
 
 class _Skip(pytest.Item):
@@ -145,7 +146,7 @@ class _HypothesisItem(pytest.Item):
 
         op, p = OPERATIONS["encode"], {**self.params, "dtype": "float32"}
         f = get_format(p["format"])
-        name = f"encode.{f.name}.{p['rounding']}.{'sat' if p['saturate'] else 'nosat'}.float32"
+        name = op.case_name(p)
         known = self.xfails.match if self.xfails else (lambda case, tags: False)
         # the contract rejects NaN (and unsaturated Inf) for formats without NaN (fp4/fp6)
         anything = st.floats(width=32, allow_nan=f.has_nan, allow_infinity=f.has_nan or p["saturate"])

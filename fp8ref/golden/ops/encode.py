@@ -39,8 +39,13 @@ class Encode(Operation):
             params = {"format": fmt, "rounding": rounding, "saturate": sat, "dtype": dtype}
             if rounding == "stochastic":
                 params["random_bits"] = f["random_bits"][0]
-            out.append((f"encode.{fmt}.{rounding}.{'sat' if sat else 'nosat'}.{dtype}", params))
+            out.append((self.case_name(params), params))
         return out
+
+    @staticmethod
+    def case_name(params) -> str:
+        sat = "sat" if params["saturate"] else "nosat"
+        return f"encode.{params['format']}.{params['rounding']}.{sat}.{params['dtype']}"
 
     def make_case(self, name, params, entry, suite, level) -> Case:
         fmt, dtype = get_format(params["format"]), params["dtype"]
