@@ -10,8 +10,9 @@ from pathlib import Path
 from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
 from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, results_json, summarize, table
 from ..golden import DEFAULT_SUITES, load_suite
-from ..golden.judge import NAN_RULES
 from ..golden.fields import LEVELS
+from ..golden.judge import NAN_RULES
+from ..io.files import write_bytes
 from .golden import progress_bar
 
 
@@ -77,8 +78,8 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
                                         if compared == 0 else f"FAIL: {unexpected} unexpected mismatch(es)/error(s)")
     print(f"result: {verdict}; {compared} case(s) compared", file=out)
     if json_out:
-        Path(json_out).write_text(json.dumps({
+        write_bytes(json_out, json.dumps({
             "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
             "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
-            "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1))
+            "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1).encode())
     return code

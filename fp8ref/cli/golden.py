@@ -11,6 +11,7 @@ from ..golden import check, generate, load_suite, verify
 from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
+from ..io.files import write_bytes
 
 
 def register(sub) -> None:
@@ -111,10 +112,10 @@ def cmd_check(args) -> int:
         print(f"ERROR {problem}")
     compared = sum(r.status == "compared" for r in results)
     if args.json:
-        args.json.write_text(json.dumps({"folder": str(args.folder), "outputs": str(args.outputs),
-                                         "nan_rule": args.nan_rule, "accumulation_order": args.accumulation_order,
-                                         "summary": rows, "problems": problems,
-                                         "cases": results_json(results, never)}, sort_keys=True, indent=1))
+        write_bytes(args.json, json.dumps({"folder": str(args.folder), "outputs": str(args.outputs),
+                                           "nan_rule": args.nan_rule, "accumulation_order": args.accumulation_order,
+                                           "summary": rows, "problems": problems,
+                                           "cases": results_json(results, never)}, sort_keys=True, indent=1).encode())
     ok = unexpected == 0 and not problems and compared > 0
     print("result: " + ("PASS" if ok else f"FAIL ({unexpected} unexpected, {len(problems)} problem(s), "
                                           f"{compared} case(s) compared)"))
