@@ -1,0 +1,8 @@
+"""What the hardware computes: bit-exact tensor-core instruction models (``mma``), kernel-level
+GEMMs built from them (``kernel_mm``, ``KERNELS``) and the probe that infers which model an
+unknown GEMM follows. docs/accumulation.md describes every rule."""
+
+from .isa import Datapath, Instruction, instruction, names
+from .mma import mma
+
+__all__ = ["Datapath", "Instruction", "instruction", "mma", "names"]
