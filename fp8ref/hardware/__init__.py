@@ -3,6 +3,6 @@ GEMMs built from them (``kernel_mm``, ``KERNELS``) and the probe that infers whi
 unknown GEMM follows. docs/accumulation.md describes every rule."""
 
 from .isa import Datapath, Instruction, instruction, names
-from .mma import mma
+from .instructions import dot_add, mma
 
-__all__ = ["Datapath", "Instruction", "instruction", "mma", "names"]
+__all__ = ["Datapath", "Instruction", "dot_add", "instruction", "mma", "names"]
