@@ -4,5 +4,7 @@ unknown GEMM follows. docs/accumulation.md describes every rule."""
 
 from .isa import Datapath, Instruction, instruction, names
 from .instructions import dot_add, mma
+from .kernels import KERNELS, Kernel, get_kernel, kernel_mm
 
-__all__ = ["Datapath", "Instruction", "dot_add", "instruction", "mma", "names"]
+__all__ = ["KERNELS", "Datapath", "Instruction", "Kernel", "dot_add", "get_kernel", "instruction", "kernel_mm", "mma",
+           "names"]
