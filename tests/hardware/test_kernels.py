@@ -129,3 +129,23 @@ def test_kernel_declared_as_a_dict_round_trips_and_is_strict():
         Kernel("x", ("wgmma", "hopper", "m64n8k32.f32.e4m3.e4m3"), promote_every=100)
     with pytest.raises(SpecError, match="instruction:"):
         Kernel("x", ("wgmma", "hopper", "m64n8k16.f32.e4m3.e4m3"))
+
+
+def test_scaled_mm_runs_the_registered_kernel_models():
+    from fp8ref import scaled_mm
+    from fp8ref.errors import InputTypeError
+
+    rng = np.random.default_rng(10)
+    A, B = _codes(rng, (64, 256)), _codes(rng, (256, 16))
+    sa = rng.uniform(0.1, 1, (64, 1)).astype(np.float32)
+    sb = rng.uniform(0.1, 1, (1, 16)).astype(np.float32)
+    for name in ("hopper-fast-accum", "hopper-promoted", "blackwell-fp8"):
+        want = kernel_mm(A, B, sa, sb, kernel=name)
+        assert np.array_equal(scaled_mm(A, B, sa, sb, accumulate=name).view(np.uint32), want.view(np.uint32))
+    ga = rng.uniform(0.1, 1, (64, 2)).astype(np.float32)
+    gb = rng.uniform(0.1, 1, (2, 1)).astype(np.float32)
+    want = kernel_mm(A, B, ga, gb, kernel="deepgemm-1x128-128x128")
+    got = scaled_mm(A, B, ga, gb, accumulate="deepgemm-1x128-128x128")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(InputTypeError, match="kernel_mm"):
+        scaled_mm(A, B, sa, sb, accumulate="blackwell-mxfp8")
