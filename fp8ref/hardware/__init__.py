@@ -2,8 +2,8 @@
 GEMMs built from them (``kernel_mm``, ``KERNELS``) and the probe that infers which model an
 unknown GEMM follows. docs/accumulation.md describes every rule."""
 
-from .isa import Datapath, Instruction, instruction, names
 from .instructions import dot_add, mma
+from .isa import Datapath, Instruction, instruction, names
 from .kernels import KERNELS, Kernel, get_kernel, kernel_mm
 
 __all__ = ["KERNELS", "Datapath", "Instruction", "Kernel", "dot_add", "get_kernel", "instruction", "kernel_mm", "mma",

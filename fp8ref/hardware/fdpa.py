@@ -18,7 +18,7 @@ give NaN (canonical 0x7FFFFFFF / 0x7FFF); otherwise an Inf gives that Inf. NVIDI
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -31,7 +31,7 @@ _FLOAT = {"float32": (np.float32, np.uint32, 8, 23), "float16": (np.float16, np.
 FINITE, NAN, POS_INF, NEG_INF = 0, 1, 2, 3
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_fields(fmt: FloatFormat, ignore_sign: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sig int64, e int64, special int8) for each of the 256 codes of ``fmt`` (from the format's
     parameters, not from a decode). ``ignore_sign`` reads the sign bit as 0 (UE4M3 scales)."""
@@ -84,7 +84,7 @@ def _exps(e: np.ndarray, sig: np.ndarray) -> np.ndarray:
     return np.where(sig == 0, -(1 << 20), e).astype(np.int32)
 
 
-@lru_cache(maxsize=None)
+@cache
 def value_fields(fmt: FloatFormat, ignore_sign: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(float64 value with NaN/Inf, int32 alignment exponent) per code; exact."""
     sig, e, special = code_fields(fmt, ignore_sign)
@@ -209,7 +209,8 @@ def pairwise_step(dp: Datapath, a, b, fa, fb, c):
         (S0, E0), (S1, E1) = halves
         e_dot = np.maximum(E0, E1)
         # combine the halves: floor to F bits at e_dot
-        Sd = np.floor(np.ldexp(S0, (E0 - e_dot).astype(np.int32))) + np.floor(np.ldexp(S1, (E1 - e_dot).astype(np.int32)))
+        Sd = np.floor(np.ldexp(S0, (E0 - e_dot).astype(np.int32))) + \
+            np.floor(np.ldexp(S1, (E1 - e_dot).astype(np.int32)))
         sig_c, e_c, sp_c, _ = float_fields(c, "float32")
         e_c = np.where(sp_c != FINITE, -1, e_c)  # a NaN/Inf C aligns with exponent -1 (frexp's)
         cv = c.astype(np.float64)

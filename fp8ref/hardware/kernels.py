@@ -186,8 +186,8 @@ def _epilogue_scale(scale_a, scale_b, M: int, N: int) -> np.ndarray:
     sa, sb = _float32(scale_a, "scale_a"), _float32(scale_b, "scale_b")
     for what, s, ok in (("scale_a", sa, ((1,), (M, 1), (1, 1))), ("scale_b", sb, ((1,), (1, N), (1, 1)))):
         if s.shape not in ok and s.size != 1:
-            raise ShapeError(f"{what}: expected one scale or per-{'row (M, 1)' if what == 'scale_a' else 'column (1, N)'}"
-                             f", got shape {tuple(s.shape)}")
+            per = "row (M, 1)" if what == "scale_a" else "column (1, N)"
+            raise ShapeError(f"{what}: expected one scale or per-{per}, got shape {tuple(s.shape)}")
     sa = sa.reshape(-1, 1) if sa.size > 1 else sa.reshape(1, 1)
     sb = sb.reshape(1, -1) if sb.size > 1 else sb.reshape(1, 1)
     return np.broadcast_to(sa * sb, (M, N)).astype(np.float32)

@@ -110,28 +110,17 @@ def probe(gemm: Callable[[np.ndarray, np.ndarray], np.ndarray], K: int = K_PROBE
                           "evidence": f"+-0.75 ulp at F bits gave {key[0]:+g} / {key[1]:+g} ulp"}
     # block and promotion: t lost beside B -------------------------------------------------
     jt = min(F + 1, MAX_J)
-    batch = _Batch(K)
-    ps = list(range(2, K))
-    for p in ps:
-        batch.add({0: _product(BIG), 1: _product(BIG, -1.0), p: _product(BIG - jt)})
-    out = batch.run(gemm)
-    survive = [p for p, v in zip(ps, out) if v == 2.0 ** (BIG - jt)]
-    L = survive[0] if survive else None
-    result["block"] = {"value": (1 if L == 2 else L),
-                       "evidence": "t after B - B survives first at k = %s" % L + (" (every addition normalises)"
-                                                                                  if L == 2 else "")}
+    L = _first_hit(gemm, K, 2, lambda p: {0: _product(BIG), 1: _product(BIG, -1.0), p: _product(BIG - jt)},
+                   lambda v: v == 2.0 ** (BIG - jt))
+    note = " (every addition normalises)" if L == 2 else ""
+    result["block"] = {"value": (1 if L == 2 else L), "evidence": f"t after B - B survives first at k = {L}{note}"}
     if F < 22:
         jp = F + 1
-        batch = _Batch(K)
-        ps = list(range(1, K))
-        for p in ps:
-            batch.add({0: _product(BIG), p: _product(BIG - jp)})
-        out = batch.run(gemm)
         want = np.float32(2.0 ** BIG + 2.0 ** (BIG - jp))
-        hits = [p for p, v in zip(ps, out) if v == want]
-        P = hits[0] if hits else None
-        result["promote_every"] = {"value": P, "evidence": (f"B + 2**-{jp}B kept first at k = {P}" if P else
-                                                            f"B + 2**-{jp}B never kept up to k = {K - 1}: no promotion")}
+        P = _first_hit(gemm, K, 1, lambda p: {0: _product(BIG), p: _product(BIG - jp)}, lambda v: v == want)
+        evidence = (f"B + 2**-{jp}B kept first at k = {P}" if P else
+                    f"B + 2**-{jp}B never kept up to k = {K - 1}: no promotion")
+        result["promote_every"] = {"value": P, "evidence": evidence}
     else:
         result["promote_every"] = {"value": None, "evidence": f"F = {F} >= 22: an FP32 promotion would not show"}
     # C aligned with the products ----------------------------------------------------------
@@ -149,6 +138,26 @@ def probe(gemm: Callable[[np.ndarray, np.ndarray], np.ndarray], K: int = K_PROBE
         result["c_aligned"] = {"value": None, "evidence": "needs F <= 29 and a second step"}
     result["order"] = _order(gemm, K, F)
     return result
+
+
+def _first_hit(gemm, K: int, start: int, case, hit) -> int | None:
+    """The first k >= start where ``hit(out)`` holds for the case ``case(k)``: every k up to 16,
+    then every 16th, then every k before the first coarse hit (the effects probed are monotone:
+    once a new step or promotion interval starts, every later k is in one too)."""
+    def run(ks):
+        batch = _Batch(K)
+        for k in ks:
+            batch.add(case(k))
+        return [k for k, v in zip(ks, batch.run(gemm)) if hit(v)]
+
+    coarse = sorted(set(range(start, min(K, 17))) | set(range(16, K, 16)))
+    hits = run(coarse)
+    if not hits:
+        return None
+    before = [k for k in coarse if k < hits[0]]
+    fine = list(range(before[-1] + 1, hits[0])) if before else []
+    found = run(fine) if fine else []
+    return found[0] if found else hits[0]
 
 
 def _order(gemm, K: int, F: int | None) -> dict:

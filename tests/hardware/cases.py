@@ -45,28 +45,29 @@ def crafted(ins, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     tiny_b, big_b = _extremes(fb)
     one_b = _code_of(fb, 1.0)
     fin_a, fin_b = finite_codes(fa), finite_codes(fb)
-    rows = []
+    def row(base, **at):
+        r = np.array(base, np.uint8)
+        for key, code in at.items():
+            r[int(key[1:])] = code
+        return r
+
     half = k // 2
     x = rng.choice(fin_a, half)
-    rows.append(np.concatenate([x, x ^ fa.sign_mask]))  # cancellation against a column of ones
-    r = np.concatenate([x, x ^ fa.sign_mask]); r[-1] = tiny_a
-    rows.append(r)  # cancellation leaving the smallest product
-    r = np.full(k, tiny_a); r[0] = big_a
-    rows.append(r)  # exponent spread wider than F
-    r = np.full(k, tiny_a); r[1::2] = _neg(fa, tiny_a)
-    rows.append(r)  # underflow edge, cancelling
-    rows.append(np.full(k, _neg(fa, 0)))  # negative zeros
-    rows.append(np.zeros(k, np.uint8))  # zeros
-    r = rng.choice(fin_a, k); r[3] = big_a; r[4] = _neg(fa, big_a)
-    rows.append(r)
+    pair = np.concatenate([x, x ^ fa.sign_mask])
+    rows = [
+        pair,  # cancellation against a column of ones
+        row(pair, **{f"k{k - 1}": tiny_a}),  # cancellation leaving the smallest product
+        row(np.full(k, tiny_a), k0=big_a),  # exponent spread wider than F
+        np.where(np.arange(k) % 2 == 1, _neg(fa, tiny_a), tiny_a).astype(np.uint8),  # underflow edge, cancelling
+        np.full(k, _neg(fa, 0), np.uint8),  # negative zeros
+        np.zeros(k, np.uint8),  # zeros
+        row(rng.choice(fin_a, k), k3=big_a, k4=_neg(fa, big_a)),
+    ]
     for special in sorted(fa.nan_codes)[:1] + ([fa.inf_code, _neg(fa, fa.inf_code)] if fa.has_inf else []):
-        r = rng.choice(fin_a, k); r[5] = special
-        rows.append(r)
+        rows.append(row(rng.choice(fin_a, k), k5=special))
     if fa.has_inf:  # +Inf and -Inf in one dot product; Inf times zero
-        r = np.zeros(k, np.uint8); r[0] = fa.inf_code; r[1] = _neg(fa, fa.inf_code)
-        rows.append(r)
-        r = rng.choice(fin_a, k); r[2] = fa.inf_code
-        rows.append(r)
+        rows.append(row(np.zeros(k), k0=fa.inf_code, k1=_neg(fa, fa.inf_code)))
+        rows.append(row(rng.choice(fin_a, k), k2=fa.inf_code))
     while len(rows) < m:
         rows.append(rng.choice(fin_a, k))
     A = np.stack(rows[:m]).astype(np.uint8)

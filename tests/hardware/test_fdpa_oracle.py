@@ -14,7 +14,6 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fp8ref.formats import FORMATS
 from fp8ref.hardware import instruction, mma
 from tests.hardware import cases
 

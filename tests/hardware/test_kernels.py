@@ -27,7 +27,8 @@ def _chain(op, arch, s, A, B, m, n, k, c0=None):
     for i in range(0, M, m):
         for j in range(0, N, n):
             for k0 in range(0, K, k):
-                D[i:i + m, j:j + n] = mma(op, arch, s, A[i:i + m, k0:k0 + k], B[k0:k0 + k, j:j + n], D[i:i + m, j:j + n])
+                D[i:i + m, j:j + n] = mma(op, arch, s, A[i:i + m, k0:k0 + k], B[k0:k0 + k, j:j + n],
+                                          D[i:i + m, j:j + n])
     return D
 
 

@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("mmasim")
 
 from fp8ref.hardware import instruction, mma, names  # noqa: E402
-
 from tests.hardware import cases  # noqa: E402
 from tests.hardware.mmasim_support import run, simulator  # noqa: E402
 

@@ -61,3 +61,18 @@ def test_torch_cpu_scaled_mm_is_an_fp32_gemm():
     if found["fraction_bits"]["value"] == 23:
         assert found["rounding"]["value"] == "nearest"
     assert matching_models(found) == []
+
+
+def test_probe_cli_json_and_errors(capsys):
+    import json
+
+    from fp8ref.cli import main
+
+    assert main(["probe", "--model", "hopper-fast-accum", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["subject"] == "model hopper-fast-accum"
+    assert report["fraction_bits"]["value"] == 13 and report["promote_every"]["value"] is None
+    assert "hopper-fast-accum" in report["matches"]
+    assert main(["probe", "--backend", "no_such_backend"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fp8ref: error: unknown backend") and "Traceback" not in err
