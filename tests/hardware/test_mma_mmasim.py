@@ -53,3 +53,33 @@ def test_instruction_matches_mmasim(op, arch, s):
     for SA, SB in cases.scale_cases(ins, rng):
         _assert_same(ins, mma(op, arch, s, A, B, C, scale_a=SA, scale_b=SB), run(sim, op, arch, s, A, B, C, SA, SB),
                      f"scale codes {SA.min():#x}..{SA.max():#x} x {SB.min():#x}..{SB.max():#x}")
+
+
+def test_probe_reads_mmasim_wgmma_chained_over_k():
+    """The probe run on MMA-Sim itself (wgmma m64nNk32 e4m3 chained over K, fast accumulation)
+    finds Hopper's published parameters and names fp8ref's matching preset."""
+    from fp8ref.codec import encode
+    from fp8ref.hardware.probe import matching_models, probe
+
+    def gemm(A, B):
+        a = encode(A.astype(np.float32), "float8_e4m3fn", saturate=False)
+        b = encode(B.astype(np.float32), "float8_e4m3fn", saturate=False)
+        M, K = a.shape
+        N = B.shape[1]
+        Mp = -(-M // 64) * 64
+        a = np.pad(a, ((0, Mp - M), (0, 0)))
+        s = f"m64n{N}k32.f32.e4m3.e4m3"
+        sim = simulator("wgmma", "hopper", s)
+        D = np.zeros((Mp, N), np.float32)
+        for i in range(0, Mp, 64):
+            for k0 in range(0, K, 32):
+                D[i:i + 64] = run(sim, "wgmma", "hopper", s, a[i:i + 64, k0:k0 + 32], b[k0:k0 + 32], D[i:i + 64])
+        return D[:M]
+
+    found = probe(gemm)
+    assert found["fraction_bits"]["value"] == 13
+    assert found["rounding"]["value"] == "truncate"
+    assert found["block"]["value"] == 32
+    assert found["promote_every"]["value"] is None
+    assert found["c_aligned"]["value"] is True
+    assert "hopper-fast-accum" in matching_models(found)
