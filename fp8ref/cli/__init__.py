@@ -8,10 +8,10 @@ import sys
 
 from ..errors import Fp8RefError
 from . import checkpoint as checkpoint_cmds
-from . import codec_cmds, conform, golden, main_job
+from . import codec_cmds, conform, golden, main_job, probe
 from . import spec as spec_cmds
 
-COMMAND_MODULES = (codec_cmds, spec_cmds, checkpoint_cmds, golden, conform)
+COMMAND_MODULES = (codec_cmds, spec_cmds, checkpoint_cmds, golden, conform, probe)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,144 @@
+"""fp8ref.hardware speed, as ratios measured in the same run (best of N; say if the machine is loaded).
+
+1. Instruction models against MMA-Sim (``mmasim``, the peer): the same operands, one instruction
+   call each (wgmma m64n256k32 e4m3, tcgen05 mxf8f6f4 m128n256k32, mfma 32x32x16), and the same
+   instruction issued over a K loop (a 128 x 256 x 1024 GEMM: mmasim instruction by instruction,
+   fp8ref's kernel model vectorised over all tiles).
+2. The Hopper kernel model (hopper-promoted) on M x N x K (default 256 x 4096 x 4096) against a
+   float32 torch matmul of the same shape.
+
+    python benchmarks/bench_hardware.py [--shape 256x4096x4096] [--repeat 3]
+    python benchmarks/bench_hardware.py --accuracy     # docs/accumulation.md's accuracy table
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._util import best_time  # noqa: E402
+from fp8ref.hardware import instruction, kernel_mm, mma  # noqa: E402
+
+INSTRUCTIONS = [("wgmma", "Hopper", "m64n256k32.f32.e4m3.e4m3"),
+                ("tcgen05.mma", "Blackwell", "m128n256k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0"),
+                ("mfma", "CDNA3", "f32_32x32x16_fp8_fp8")]
+
+
+def _operands(ins, rng):
+    finite = np.array([c for c in range(ins.a_fmt.n_codes) if ins.a_fmt.exact_value(c) is not None], np.uint8)
+    A = rng.choice(finite, (ins.m, ins.k))
+    B = rng.choice(finite, (ins.k, ins.n))
+    C = rng.standard_normal((ins.m, ins.n)).astype(np.float32)
+    SA = SB = None
+    if ins.scale_fmt is not None:
+        SA = rng.integers(120, 134, (ins.m, ins.k // ins.block)).astype(np.uint8)
+        SB = rng.integers(120, 134, (ins.k // ins.block, ins.n)).astype(np.uint8)
+    return A, B, C, SA, SB
+
+
+def bench_instructions(repeat: int) -> None:
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "hardware"))
+        from tests.hardware.mmasim_support import run, simulator
+    except ImportError as exc:
+        print(f"instructions: mmasim not installed ({exc}); pip install mmasim==2.1.1")
+        return
+    rng = np.random.default_rng(0)
+    for op, arch, s in INSTRUCTIONS:
+        ins = instruction(op, arch, s)
+        A, B, C, SA, SB = _operands(ins, rng)
+        sim = simulator(op, arch, s)
+        ref = run(sim, op, arch, s, A, B, C, SA, SB)
+        mine = mma(op, arch, s, A, B, C, scale_a=SA, scale_b=SB)
+        assert np.array_equal(ref.view(np.uint32), mine.view(np.uint32))
+        args = (op, arch, s, A, B, C)
+        t_sim = best_time(lambda args=args, sim=sim, SA=SA, SB=SB: run(sim, *args, SA, SB), repeat)
+        t_me = best_time(lambda args=args, SA=SA, SB=SB: mma(*args, scale_a=SA, scale_b=SB), repeat)
+        print(f"instruction {op} {s}: mmasim {t_sim * 1e3:.1f} ms, fp8ref {t_me * 1e3:.1f} ms, "
+              f"ratio {t_sim / t_me:.1f}x (bit-identical)")
+    # a K loop of wgmma: mmasim instruction by instruction vs the vectorised kernel model
+    op, arch, s = "wgmma", "Hopper", "m64n256k32.f32.e4m3.e4m3"
+    ins = instruction(op, arch, s)
+    M, N, K = 128, 256, 1024
+    finite = np.array([c for c in range(256) if ins.a_fmt.exact_value(c) is not None], np.uint8)
+    A, B = rng.choice(finite, (M, K)), rng.choice(finite, (K, N))
+    sim = simulator(op, arch, s)
+
+    def looped():
+        D = np.zeros((M, N), np.float32)
+        for i in range(0, M, 64):
+            for k0 in range(0, K, 32):
+                D[i:i + 64] = run(sim, op, arch, s, A[i:i + 64, k0:k0 + 32], B[k0:k0 + 32], D[i:i + 64])
+        return D
+
+    ref = looped()
+    mine = kernel_mm(A, B, kernel="hopper-fast-accum")
+    assert np.array_equal(ref.view(np.uint32), mine.view(np.uint32))
+    t_sim = best_time(looped, 1)
+    t_me = best_time(lambda: kernel_mm(A, B, kernel="hopper-fast-accum"), repeat)
+    print(f"K loop {M}x{N}x{K} of {s}: mmasim {t_sim:.2f} s, fp8ref kernel model {t_me:.3f} s, "
+          f"ratio {t_sim / t_me:.1f}x (bit-identical)")
+
+
+def bench_kernel(shape: str, repeat: int) -> None:
+    import torch
+
+    M, N, K = (int(x) for x in shape.split("x"))
+    rng = np.random.default_rng(1)
+    A = rng.integers(0, 0x7E, (M, K)).astype(np.uint8)
+    B = rng.integers(0, 0x7E, (K, N)).astype(np.uint8)
+    ta, tb = torch.randn(M, K), torch.randn(K, N)
+    t_torch = best_time(lambda: ta @ tb, max(repeat, 3))
+    t_me = best_time(lambda: kernel_mm(A, B, kernel="hopper-promoted"), 1)
+    print(f"kernel hopper-promoted {M}x{N}x{K}: fp8ref {t_me:.2f} s, torch float32 matmul {t_torch * 1e3:.1f} ms "
+          f"({torch.get_num_threads()} threads), ratio {t_me / t_torch:.0f}x slower (target: within 10x)")
+
+
+def accuracy() -> None:
+    """docs/accumulation.md's table: error against the exact sum, relative to sum |a*b|."""
+    from fp8ref import decode, encode
+
+    rng = np.random.default_rng(0)
+    M = N = 32
+    names = ("hopper-fast-accum", "hopper-promoted", "ada-fast-accum", "blackwell-fp8")
+    for K in (4096, 16384):
+        for dist in ("signed", "positive"):
+            x, w = rng.standard_normal((M, K)), rng.standard_normal((K, N))
+            if dist == "positive":
+                x, w = np.abs(x), np.abs(w)
+            a = encode((x * 64).astype(np.float32), "float8_e4m3fn")
+            b = encode((w * 64).astype(np.float32), "float8_e4m3fn")
+            A, B = decode(a, "float8_e4m3fn").astype(np.float64), decode(b, "float8_e4m3fn").astype(np.float64)
+            exact, l1 = A @ B, np.abs(A) @ np.abs(B)  # exact: multiples of 2**-18 below 2**34 (< 53 bits)
+            cells = []
+            for name in names:
+                err = np.abs(kernel_mm(a, b, kernel=name) - exact) / l1
+                cells.append(f"{name} {err.max():.1e}/{err.mean():.1e}")
+            acc = np.zeros((M, N), np.float32)
+            A32, B32 = A.astype(np.float32), B.astype(np.float32)
+            for k in range(K):
+                acc = (acc + A32[:, k:k + 1] * B32[k:k + 1, :]).astype(np.float32)
+            err = np.abs(acc - exact) / l1
+            cells.append(f"fp32-sequential {err.max():.1e}/{err.mean():.1e}")
+            print(f"accuracy K={K} {dist}: " + ", ".join(cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="256x4096x4096", help="M x N x K of the kernel benchmark")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--accuracy", action="store_true", help="print the accuracy table instead")
+    args = ap.parse_args()
+    if args.accuracy:
+        accuracy()
+        return
+    bench_instructions(args.repeat)
+    bench_kernel(args.shape, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
