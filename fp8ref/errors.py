@@ -57,6 +57,10 @@ class BackendError(Fp8RefError, LookupError):
     """An unknown or unusable conformance backend."""
 
 
+class ModelError(Fp8RefError, ValueError):
+    """A whole model that cannot be built, swapped or run (missing extra, unplaced layer, bad mode)."""
+
+
 def did_you_mean(value: object, choices, *, n: int = 1, cutoff: float = 0.6, clause: bool = False,
                  fold=None) -> str:
     """The "did you mean" hint every unknown-name message ends with: `` (did you mean 'x'?)``, or

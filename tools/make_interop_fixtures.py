@@ -537,7 +537,22 @@ def write_checkpoints(out: Path, vers: dict[str, str]) -> None:
         (dest / "fixture.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         size = sum(p.stat().st_size for p in dest.iterdir())
         print(f"wrote checkpoints/{name}: {sorted(p.name for p in dest.iterdir())} ({size} bytes)")
+    write_original(cdir / "original_bf16", vers)
 
+
+def write_original(dest: Path, vers: dict[str, str]) -> None:
+    """The unquantized tiny Llama every checkpoint above was made from (``fp8ref verify --original``,
+    ``compare --modes original``): transformers' save_pretrained, config.json and model.safetensors."""
+    with tempfile.TemporaryDirectory() as work:
+        tiny_llama().save_pretrained(work)
+        dest.mkdir()
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy2(Path(work) / f, dest / f)
+    meta = {"tool": "transformers", "function": "tiny_llama().save_pretrained(folder)", "versions": vers,
+            "model": {"class": "LlamaForCausalLM", "config": LLAMA, "dtype": "bfloat16", "seed": 1234,
+                      "weight_edit_seed": 4321}}
+    (dest / "fixture.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"wrote checkpoints/{dest.name}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,167 @@
+"""``Fp8RefLinear``: a checkpoint layer as a torch ``nn.Module``, and ``swap_linears``, which puts
+one in place of every quantized ``nn.Linear`` of a model by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+from .modes import Mode, backend_forward, parse_mode
+from .tensors import dtype_name, to_numpy, to_torch
+
+
+class Fp8RefLinear(torch.nn.Module):
+    """``y = layer(x)`` for a ``QuantizedLayer`` in one of the modes of ``fp8ref.nn.modes``.
+
+    accumulate: the accumulation of plain ``mode="reference"``. backend: the backend object of a
+    ``backend:NAME`` mode, or a mapping name -> backend for several. original_weight /
+    original_bias: the unquantized tensors (torch) that ``mode="original"`` multiplies by.
+    The module holds no parameters: its tensors are the checkpoint's, read on first use.
+    """
+
+    def __init__(self, layer, mode="reference", *, accumulate: str = "exact", backend=None,
+                 original_weight=None, original_bias=None):
+        super().__init__()
+        self.layer = layer
+        self.name = layer.name
+        self.out_features, self.in_features = (int(n) for n in layer.shape)
+        self.accumulate = accumulate
+        if backend is None:
+            self.backends = {}
+        elif isinstance(backend, dict):
+            self.backends = dict(backend)
+        else:
+            self.backends = {backend.name: backend}
+        self.original_weight = original_weight
+        self.original_bias = original_bias
+        self.last_backend_params: dict | None = None
+        self.mode = mode
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value) -> None:
+        self._mode = self.check_mode(value)
+
+    def check_mode(self, value) -> Mode:
+        """``value`` parsed, with what it needs present (original weight, backend object)."""
+        mode = parse_mode(value, accumulate=self.accumulate)
+        if mode.kind == "original" and self.original_weight is None:
+            raise ModelError(f"{self.name}: mode 'original' needs the original weights (--original SRC)")
+        if mode.kind == "backend" and mode.arg not in self.backends:
+            raise ModelError(f"{self.name}: mode {mode} needs its backend object (backend=load_backend("
+                             f"{mode.arg!r})); have {sorted(self.backends) or 'none'}")
+        return mode
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run(x, self._mode)
+
+    @torch.no_grad()
+    def run(self, x: torch.Tensor, mode=None) -> torch.Tensor:
+        """The output in ``mode`` (default: the module's), in x's dtype."""
+        mode = self._mode if mode is None else self.check_mode(mode)
+        if x.shape[-1] != self.in_features:
+            raise ModelError(f"{self.name}: input of shape {list(x.shape)}, expected (..., {self.in_features})")
+        x = x.detach()
+        if mode.kind == "original":
+            w = self.original_weight.to(x.dtype)
+            b = None if self.original_bias is None else self.original_bias.to(x.dtype)
+            return torch.nn.functional.linear(x, w, b)
+        if mode.kind == "reference":
+            return self.layer.forward(x.contiguous(), mode="reference", accumulate=mode.arg)
+        if mode.kind == "producer":
+            return self.layer.forward(x.contiguous(), mode="producer")
+        lead = x.shape[:-1]
+        x2 = to_numpy(x.reshape(-1, self.in_features)).astype(np.float32)
+        y, self.last_backend_params = backend_forward(self.layer, x2, self.backends[mode.arg], dtype_name(x))
+        return to_torch(y).reshape(*lead, self.out_features)
+
+
+@dataclass
+class SwapReport:
+    """What ``swap_linears`` did: layer names swapped and (name, reason) for each it could not place."""
+
+    swapped: list[str] = field(default_factory=list)
+    unplaced: list[tuple[str, str]] = field(default_factory=list)
+
+    def raise_unplaced(self, where: str) -> None:
+        if self.unplaced:
+            shown = "; ".join(f"{n}: {why}" for n, why in self.unplaced[:3])
+            more = f" (and {len(self.unplaced) - 3} more)" if len(self.unplaced) > 3 else ""
+            raise ModelError(f"{where}: {len(self.unplaced)} quantized layers could not be placed in the model: "
+                             f"{shown}{more}")
+
+
+def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumulate: str = "exact",
+                 backend=None, original=None) -> SwapReport:
+    """Replace every ``nn.Linear`` named like a quantized layer of ``checkpoint`` with an
+    ``Fp8RefLinear``. original: an unquantized Checkpoint (``load_checkpoint(SRC)``) or a mapping
+    tensor name -> tensor, for ``mode="original"``. Layers without a matching ``nn.Linear`` (absent,
+    another module type, another shape) are reported, not raised: see ``SwapReport.raise_unplaced``."""
+    report = SwapReport()
+    for name in checkpoint:
+        layer = checkpoint[name]
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            report.unplaced.append((name, "no module of that name"))
+            continue
+        if not isinstance(module, torch.nn.Linear):
+            report.unplaced.append((name, f"is a {type(module).__name__}, not an nn.Linear"))
+            continue
+        if (module.out_features, module.in_features) != tuple(layer.shape):
+            report.unplaced.append((name, f"nn.Linear is [{module.out_features}, {module.in_features}], "
+                                          f"the checkpoint's weight {list(layer.shape)}"))
+            continue
+        if (module.bias is not None) != (layer.tensors.get("bias") is not None):
+            report.unplaced.append((name, "bias in one of the model and the checkpoint only"))
+            continue
+        w, b = _original(original, name, tuple(layer.shape))
+        new = Fp8RefLinear(layer, "reference", accumulate=accumulate, backend=backend, original_weight=w,
+                           original_bias=b)
+        new.mode = mode
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, new)
+        report.swapped.append(name)
+    return report
+
+
+def _original(original, name: str, shape: tuple[int, int]):
+    if original is None:
+        return None, None
+
+    def get(key):
+        if hasattr(original, "store"):  # a Checkpoint
+            return to_torch(original.tensor(key)) if key in original.store else None
+        v = original.get(key)
+        return None if v is None else (v if isinstance(v, torch.Tensor) else to_torch(np.asarray(v)))
+
+    w = get(f"{name}.weight")
+    if w is None:
+        raise ModelError(f"{getattr(original, 'path', 'original')}: no tensor {name}.weight for the "
+                         f"quantized layer {name!r}")
+    if tuple(w.shape) != shape:
+        raise ModelError(f"{getattr(original, 'path', 'original')}: {name}.weight is {list(w.shape)}, the "
+                         f"checkpoint's weight {list(shape)}")
+    return w, get(f"{name}.bias")
+
+
+def fp8ref_layers(model: torch.nn.Module) -> dict[str, Fp8RefLinear]:
+    """Name -> Fp8RefLinear of every swapped layer, in module order."""
+    return {m.name: m for m in model.modules() if isinstance(m, Fp8RefLinear)}
+
+
+def set_mode(model: torch.nn.Module, mode) -> None:
+    """Put every Fp8RefLinear of ``model`` in ``mode`` (checked for every layer before any changes)."""
+    layers = list(fp8ref_layers(model).values())
+    parsed = [m.check_mode(mode) for m in layers]
+    for m, p in zip(layers, parsed):
+        m._mode = p

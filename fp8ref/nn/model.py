@@ -1,0 +1,85 @@
+"""``build_model``: a whole model from a checkpoint folder, with transformers (the optional extra
+``fp8ref[hf]``) and never a hub download: the architecture comes from the folder's config.json
+(``AutoModelForCausalLM.from_config``), every unquantized tensor from the checkpoint through
+fp8ref's own safetensors reader, and every quantized layer becomes an ``Fp8RefLinear``. A tensor
+the model does not have, or a model tensor the checkpoint lacks (tied weights aside), is an error."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ModelError
+from .linear import swap_linears
+from .tensors import to_torch
+
+INSTALL_HINT = "pip install 'fp8ref[hf]' (or: pip install transformers)"
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError(f"build_model needs transformers, which is not installed: {INSTALL_HINT}") from None
+    return transformers
+
+
+def _checkpoint(source, what: str):
+    from ..checkpoint import Checkpoint, load_checkpoint
+
+    if source is None or isinstance(source, Checkpoint):
+        return source
+    return load_checkpoint(source)
+
+
+def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", backend=None, original=None):
+    """The model of ``checkpoint`` (a folder or a loaded Checkpoint) in ``mode``, in eval mode.
+
+    original: the unquantized source (folder or Checkpoint) that ``mode="original"`` needs.
+    backend: the backend object of a ``backend:NAME`` mode (or a mapping name -> backend).
+    """
+    tf = _transformers()
+    ckpt = _checkpoint(checkpoint, "checkpoint")
+    orig = _checkpoint(original, "original")
+    cfg = dict(ckpt.config)
+    where = f"{ckpt.path}/config.json" if ckpt.path.is_dir() else str(ckpt.path)
+    if not cfg:
+        raise ModelError(f"{where}: no config.json; build_model needs the model's configuration")
+    cfg.pop("quantization_config", None)  # the layers are fp8ref's; transformers must not quantize
+    model_type = cfg.pop("model_type", None)
+    if not isinstance(model_type, str):
+        raise ModelError(f"{where}: no 'model_type'; expected e.g. \"llama\"")
+    try:
+        config = tf.AutoConfig.for_model(model_type, **cfg)
+    except (ValueError, KeyError) as exc:
+        raise ModelError(f"{where}: model_type {model_type!r}: transformers {tf.__version__} cannot build it "
+                         f"({exc})") from None
+    dtype = getattr(torch, ckpt.dtype)
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    report = swap_linears(model, ckpt, mode=mode, accumulate=accumulate, backend=backend, original=orig)
+    report.raise_unplaced(str(ckpt.path))
+    load_unquantized(model, ckpt)
+    return model.eval()
+
+
+def load_unquantized(model: torch.nn.Module, ckpt) -> None:
+    """Copy every unquantized tensor of ``ckpt`` into ``model`` by name; a checkpoint tensor without a
+    model tensor, or a model tensor that neither the checkpoint nor a tied weight supplies, is an error."""
+    state = model.state_dict()
+    given = set(ckpt.unquantized)
+    extra = sorted(given - set(state))
+    if extra:
+        raise ModelError(f"{ckpt.path}: {len(extra)} tensors the model has no place for, e.g. {extra[:3]}")
+    shared: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(p.data_ptr(), set()).add(name)
+    tied = {n for names in shared.values() if names & given for n in names}
+    missing = sorted(set(state) - given - tied)
+    if missing:
+        raise ModelError(f"{ckpt.path}: {len(missing)} model tensors missing from the checkpoint, e.g. {missing[:3]}")
+    with torch.no_grad():
+        for name in sorted(given):
+            t = to_torch(ckpt.tensor(name))
+            if tuple(t.shape) != tuple(state[name].shape):
+                raise ModelError(f"{ckpt.store.where(name)}: shape {list(t.shape)}, the model's "
+                                 f"{list(state[name].shape)}")
+            state[name].copy_(t)
