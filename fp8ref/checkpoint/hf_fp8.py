@@ -11,6 +11,8 @@ Activations are ``dynamic`` (per 1 x c group for block weights, per tensor other
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import hf_fp8 as hf
@@ -112,6 +114,18 @@ KV_REFUSAL = ("its quantization_config (quant_method 'fp8') has no KV-cache fiel
               "no k_scale/v_scale")
 
 
+def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """mode="producer": transformers 5.x without CUDA/XPU loads quant_method fp8 with
+    ``dequantize=True`` (``Fp8Dequantize``): W = D(fp32(q * s)), the block size taken as the weight
+    shape over the scale grid (so a grid that does not divide the weight raises there, and here);
+    the input is not quantized, then nn.Linear's D matmul."""
+    s = np.asarray(layer.weight_scale)
+    if s.ndim == 2 and (layer.shape[0] % s.shape[0] or layer.shape[1] % s.shape[1]):
+        raise CheckpointError(f"{layer.name}: weight {list(layer.shape)} is not divisible by the scale grid "
+                              f"{list(s.shape)}; transformers' Fp8Dequantize raises here")
+    return w, x32
+
+
 class HfFp8(Defaults):
     name = NAME
     methods = (hf.METHOD,)
@@ -119,7 +133,7 @@ class HfFp8(Defaults):
     scheme_scale_dtype = "float32"
     scales_follow_recipe = False  # weight_scale_inv / activation_scale are F32 whatever the recipe
     kv_refusal = KV_REFUSAL
-    # no emulate: no producer-side forward is modelled for hf fp8 (its loaders run FP8 kernels)
+    emulate = staticmethod(emulate)  # the CPU loader's dequantized path; CUDA loaders run FP8 kernels
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return any(f"{n}.weight_scale_inv" in store for n in fp8_layers)
