@@ -8,10 +8,11 @@ import sys
 
 from ..errors import Fp8RefError
 from . import checkpoint as checkpoint_cmds
-from . import codec_cmds, conform, golden, main_job, probe
+from . import codec_cmds, compare, conform, golden, main_job, probe, verify
+from . import eval as eval_cmds
 from . import spec as spec_cmds
 
-COMMAND_MODULES = (codec_cmds, spec_cmds, checkpoint_cmds, golden, conform, probe)
+COMMAND_MODULES = (codec_cmds, spec_cmds, checkpoint_cmds, golden, conform, probe, compare, eval_cmds, verify)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,98 @@
+"""``fp8ref compare``: one checkpoint run in several modes (per-layer teacher-forced and
+free-running errors, the first divergent layer, end-to-end logit agreement)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (bytes -> ids "
+              "modulo the vocabulary; not the model's tokenizer) or --random BxT (default 2x16, seed 0)")
+
+
+def add_input_args(p, *, random: bool = True) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tokens", metavar="FILE", help="whitespace-separated token ids, one sequence per line")
+    g.add_argument("--text", metavar="FILE", help="text file: each byte b -> id b %% vocab (no tokenizer)")
+    if random:
+        g.add_argument("--random", metavar="BxT", help="B random sequences of T ids (seed 0); the default, 2x16")
+    p.add_argument("--seq-len", type=int, default=128, metavar="T", help="--text: ids per sequence (default 128)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="run a checkpoint's model in several modes and compare them layer by layer",
+                       description=f"The first mode is the baseline. Needs transformers (fp8ref[hf]). {INPUT_HELP}.")
+    p.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder (config.json + safetensors)")
+    p.add_argument("--original", metavar="SRC", help="original (unquantized) weights, for mode 'original'")
+    p.add_argument("--modes", default="reference,producer",
+                   help="comma-separated: reference[:ACCUMULATION], producer, original, backend:NAME "
+                        "(default reference,producer)")
+    add_input_args(p)
+    p.add_argument("--json", metavar="OUT", help="write the full report as JSON to OUT ('-': stdout)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(handler=cmd_compare)
+
+
+def token_ids(args, vocab: int):
+    from ..nn.tokens import random_tokens, read_tokens, text_tokens
+
+    if args.tokens:
+        return read_tokens(args.tokens, vocab), f"tokens {args.tokens}"
+    if args.text:
+        return text_tokens(args.text, vocab, args.seq_len), f"text {args.text} (bytes mod {vocab})"
+    spec = getattr(args, "random", None) or "2x16"
+    return random_tokens(spec, vocab), f"random {spec} (seed 0)"
+
+
+def backends_for(modes) -> dict:
+    from ..conformance.backend import load_backend
+
+    return {m.arg: load_backend(m.arg) for m in modes if m.kind == "backend"}
+
+
+def write_json(report: dict, out: str) -> None:
+    from ..nn.metrics import json_safe
+
+    text = json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n"
+    if out == "-":
+        sys.stdout.write(text)
+    else:
+        Path(out).write_text(text)
+
+
+def cmd_compare(args) -> int:
+    from ..checkpoint import load_checkpoint
+    from ..nn import build_model, parse_modes
+    from ..nn.compare import compare
+
+    modes = parse_modes(args.modes)
+    ckpt = load_checkpoint(args.checkpoint)
+    model = build_model(ckpt, mode=modes[0], original=args.original, backend=backends_for(modes))
+    ids, source = token_ids(args, int(model.config.vocab_size))
+    progress = not args.no_progress and sys.stderr.isatty()
+    report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress)
+    report = {"checkpoint": str(ckpt.path), "format": ckpt.format, "input": source, **report}
+    if args.json:
+        write_json(report, args.json)
+    if args.json != "-":
+        _print_summary(report)
+    return 0
+
+
+def _print_summary(r: dict) -> None:
+    print(f"{r['checkpoint']}: {r['format']}, {len(r['layers'])} layers, input {r['input']}, "
+          f"baseline {r['baseline']}")
+    for mode, e in r["end_to_end"].items():
+        ppl = f"  perplexity {e['perplexity']:.4f}" if "perplexity" in e else ""
+        if mode == r["baseline"]:
+            print(f"  {mode:<16} (baseline){ppl}")
+            continue
+        first = r["first_divergent"][mode]
+        print(f"  {mode:<16} KL {e['kl']:.3e}  top-1 {e['top1_agree']:.4f}  max|diff| {e['max_abs_diff']:.4g}{ppl}  "
+              f"first divergent: {first['teacher_forced'] or 'none'} (teacher-forced), "
+              f"{first['free_running'] or 'none'} (free-running)")
+    for mode in r["modes"][1:]:
+        worst = sorted(r["layers"], key=lambda x: -x["teacher_forced"][mode]["rel_rms"])[:3]
+        shown = ", ".join(f"{x['name']} {x['teacher_forced'][mode]['rel_rms']:.3g}" for x in worst)
+        print(f"  {mode}: worst teacher-forced relative RMS: {shown}")
