@@ -68,6 +68,9 @@ def compare(model, ids: torch.Tensor, modes: list, *, with_perplexity: bool = Fa
     modes = [parse_mode(m) for m in modes]
     base = modes[0]
     layers = fp8ref_layers(model)
+    for mode in modes:  # what a mode needs (original weights, a backend) is checked before any run
+        for lin in layers.values():
+            lin.check_mode(mode)
     logits0, in0, out0, order = capture(model, ids, base)
     end = {str(base): {"perplexity": perplexity(logits0, ids)} if with_perplexity else {}}
     per_layer = {name: {"name": name, "teacher_forced": {}, "free_running": {}} for name in order}

@@ -31,11 +31,14 @@ def _checkpoint(source, what: str):
     return load_checkpoint(source)
 
 
-def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", backend=None, original=None):
+def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", backend=None, original=None,
+                kv_cache: bool = True):
     """The model of ``checkpoint`` (a folder or a loaded Checkpoint) in ``mode``, in eval mode.
 
     original: the unquantized source (folder or Checkpoint) that ``mode="original"`` needs.
     backend: the backend object of a ``backend:NAME`` mode (or a mapping name -> backend).
+    kv_cache: quantize K and V with the checkpoint's KV-cache scales, if it has any
+    (``fp8ref.nn.attention``); False leaves attention unquantized in every mode.
     """
     tf = _transformers()
     ckpt = _checkpoint(checkpoint, "checkpoint")
@@ -58,6 +61,10 @@ def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", back
     report = swap_linears(model, ckpt, mode=mode, accumulate=accumulate, backend=backend, original=orig)
     report.raise_unplaced(str(ckpt.path))
     load_unquantized(model, ckpt)
+    if kv_cache:
+        from .attention import install_kv_attention
+
+        install_kv_attention(model, ckpt, mode)
     return model.eval()
 
 
