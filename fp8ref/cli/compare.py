@@ -30,6 +30,8 @@ def register(sub) -> None:
                         "(default reference,producer)")
     add_input_args(p)
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON to OUT ('-': stdout)")
+    p.add_argument("--html", metavar="OUT", help="write a self-contained HTML report (needs matplotlib: "
+                                                 "fp8ref[report])")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=cmd_compare)
 
@@ -67,6 +69,10 @@ def cmd_compare(args) -> int:
     from ..nn.compare import compare
 
     modes = parse_modes(args.modes)
+    if args.html:
+        from ..nn.html import _pyplot
+
+        _pyplot()  # a missing matplotlib fails before the model runs
     ckpt = load_checkpoint(args.checkpoint)
     model = build_model(ckpt, mode=modes[0], original=args.original, backend=backends_for(modes))
     ids, source = token_ids(args, int(model.config.vocab_size))
@@ -75,6 +81,11 @@ def cmd_compare(args) -> int:
     report = {"checkpoint": str(ckpt.path), "format": ckpt.format, "input": source, **report}
     if args.json:
         write_json(report, args.json)
+    if args.html:
+        from ..nn.html import render
+        from ..nn.metrics import json_safe
+
+        Path(args.html).write_text(render(json_safe(report), ckpt), encoding="utf-8")
     if args.json != "-":
         _print_summary(report)
     return 0

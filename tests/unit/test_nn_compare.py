@@ -197,3 +197,24 @@ def test_compare_and_eval_cli(tmp_path, capsys):
 def test_bf16_scale_edit_is_one_ulp():  # the fixture edit above changes a value, not a dtype
     s = fp8ref.load_checkpoint(CKPTS / "llmc_fp8")["model.layers.0.self_attn.o_proj"].weight_scale
     assert s.dtype == ml_dtypes.bfloat16 and s.size == 1
+
+
+def test_html_report_is_self_contained(tmp_path):
+    """--html: PNG plots inline, no script, no network resource (a browser check is not part of this suite)."""
+    pytest.importorskip("matplotlib")
+    import base64
+    import re
+
+    from fp8ref.nn.html import render
+    from fp8ref.nn.metrics import json_safe
+
+    ckpt = fp8ref.load_checkpoint(CKPTS / "llmc_fp8")
+    r = compare(_model(backend=PlantedBackend()), IDS, ["reference", "backend:planted", "reference:fp32"])
+    page = render(json_safe({"checkpoint": "c", "format": ckpt.format, "input": "ids", **r}), ckpt)
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page
+    srcs = re.findall(r'<img alt="[^"]+" src="([^"]+)">', page)
+    assert len(srcs) == 2 * 2 + 1 == page.count("<img")
+    for s in srcs:
+        assert s.startswith("data:image/png;base64,")
+        assert base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "model.layers.0.mlp.down_proj" in page and "first divergent (teacher-forced)" in page
