@@ -98,13 +98,18 @@ def render(report: dict, ckpt=None) -> str:
         ax.legend()
         parts.append(f'<img alt="relative RMS per layer, {html.escape(mode)}" src="{_png(fig)}">')
         fig, ax = plt.subplots(figsize=(6, 3))
+        plotted = False
         for label, vals in (("teacher-forced", tf), ("free-running", fr)):
             logs = [math.log10(v) for v in vals if 0 < v < math.inf]
             if logs:
                 ax.hist(logs, bins=20, alpha=0.6, label=label)
+                plotted = True
         ax.set_xlabel("log10 relative RMS error")
         ax.set_ylabel("layers")
-        ax.legend()
+        if plotted:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "every layer bit-identical to the baseline", ha="center", transform=ax.transAxes)
         parts.append(f'<img alt="error histogram, {html.escape(mode)}" src="{_png(fig)}">')
         parts.append(_table(["layer", "rel. RMS (tf)", "max ULP (tf)", "SNR dB (tf)", "rel. RMS (fr)",
                              "codes differ (fr)"],
