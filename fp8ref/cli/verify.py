@@ -29,7 +29,9 @@ def cmd_verify(args) -> int:
         write_json(res, args.json)
     if args.json != "-":
         for x in res["layers"]:
-            if x["code_mismatches"] or x["scale_mismatches"]:
+            if "error" in x:
+                print(f"{x['name']}: recipe {x['recipe']!r} cannot produce this layer: {x['error']}")
+            elif x["code_mismatches"] or x["scale_mismatches"]:
                 print(f"{x['name']}: {x['code_mismatches']}/{x['codes']} codes differ (first at "
                       f"{x['first_code_mismatch']}), {x['scale_mismatches']}/{x['scales']} scales differ (first at "
                       f"{x['first_scale_mismatch']}){'; ' + x['scale_note'] if 'scale_note' in x else ''}")

@@ -36,6 +36,7 @@ FIXTURES = sorted(EXPECTED)
 # written by tools/make_fixtures_2026.py (NVFP4, MX, ModelOpt, Quark): formats fp8ref does not read yet (issue #13)
 NOT_YET_READ = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "modelopt_fp8", "modelopt_fp8_pc_pt",
                 "modelopt_mxfp8", "modelopt_nvfp4", "quark_fp8", "quark_mxfp4"]
+ORIGINAL = "original_bf16"  # the unquantized tiny Llama the tools were given (verify, compare --original)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -51,7 +52,8 @@ def _layer_cases():
 
 
 def test_all_fixtures_present():
-    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(FIXTURES + NOT_YET_READ)
+    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(FIXTURES + NOT_YET_READ + [ORIGINAL])
+    assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 
 @pytest.mark.parametrize("name", FIXTURES)

@@ -218,3 +218,18 @@ def test_html_report_is_self_contained(tmp_path):
         assert s.startswith("data:image/png;base64,")
         assert base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     assert "model.layers.0.mlp.down_proj" in page and "first divergent (teacher-forced)" in page
+
+
+def test_verify_a_recipe_that_cannot_have_produced_the_layer(tmp_path, capsys):
+    """hf-fp8's recipe needs 128 x 128 blocks to divide the weight: with it, a 64-wide block checkpoint
+    is unexplained (every byte counted), not an error; the recipe that made it verifies."""
+    out = tmp_path / "hf"
+    orig = CKPTS / "original_bf16"
+    fp8ref.export_checkpoint(orig, out, {"scheme": {"scheme": "FP8_BLOCK"}, "ignore": ["lm_head"]}, format="hf-fp8")
+    assert main(["verify", str(out), "--original", str(orig), "--json", "-"]) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert all("requires the block (128, 128) to divide the shape" in x["error"] for x in r["layers"])
+    assert main(["verify", str(out), "--original", str(orig), "--recipe", "compressed-tensors", "--json", "-"]) == 0
+    r = json.loads(capsys.readouterr().out)  # bf16 scales stored widened to F32 by the export
+    assert r["ok"] and {x["scale_note"] for x in r["layers"]} == {
+        "derived bfloat16, compared widened to the stored float32"}
