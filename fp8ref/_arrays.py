@@ -121,6 +121,23 @@ def to_numpy(a) -> np.ndarray:
     return np.asarray(a)
 
 
+def torch_of(a: np.ndarray):
+    """A torch tensor (a copy) with the same dtype and bytes as numpy array ``a``: checkpoint tensors
+    into a torch model (bfloat16 and float16 cross as bits; float8 stays uint8 codes)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype.name in ("bfloat16", "float16"):
+        return torch().from_numpy(a.view(np.int16).copy()).view(getattr(torch(), a.dtype.name))
+    return torch().from_numpy(a.copy())
+
+
+def numpy_of(t) -> np.ndarray:
+    """A numpy array with the same dtype and bytes as torch tensor ``t`` (bfloat16 as ml_dtypes' dtype)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch().bfloat16:
+        return numpy_bf16(t.view(torch().int16).numpy().view(np.uint16))
+    return t.numpy()
+
+
 # --- outputs ----------------------------------------------------------------------------------
 def deliver(values: np.ndarray, dtype: str, as_torch: bool):
     """float values that ``dtype`` (float16, bfloat16, float32, float64) holds exactly -> an array

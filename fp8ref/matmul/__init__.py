@@ -19,11 +19,11 @@ Layout: api (entry points, records) -> models (registry) -> exact, fp32 -> epilo
 
 from ..rounding import OUT_FORMATS, OutFormat
 from . import hardware as _hardware  # noqa: E402,F401  (registers the fp8ref.hardware kernel presets)
-from .api import ACTIVATION_RECIPE, Output, linear, scaled_mm
+from .api import ACTIVATION_RECIPE, Output, linear, quantize_input, scaled_mm
 from .epilogue import CODE_ROUNDINGS, SCALE_RESULT_OPS, CodeOut
 from .models import ACCUMULATION_MODELS, ACCUMULATIONS, SCALE_ORDERS, Accumulation, register_accumulation
 from .operands import DEFAULT_FORMAT
 
 __all__ = ["ACCUMULATIONS", "ACCUMULATION_MODELS", "ACTIVATION_RECIPE", "Accumulation", "CODE_ROUNDINGS", "CodeOut",
            "DEFAULT_FORMAT", "OUT_FORMATS", "Output", "OutFormat", "SCALE_ORDERS", "SCALE_RESULT_OPS", "linear",
-           "register_accumulation", "scaled_mm"]
+           "quantize_input", "register_accumulation", "scaled_mm"]

@@ -209,6 +209,14 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
     return y.reshape(*lead, N)
 
 
+def quantize_input(x2: np.ndarray, *, input_scale=None, dynamic: str | None = None, input_fmt="float8_e4m3fn",
+                   block_k: int = 128, input_recipe: Recipe | str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``linear``'s activation quantization alone: (uint8 codes, float32 scale) of (M, K) float32
+    activations (fp8ref.nn runs it in front of a backend's scaled_mm and compares its codes)."""
+    return _quantize_input(np.asarray(x2, np.float32), input_scale, dynamic, get_format(input_fmt), block_k,
+                           input_recipe)
+
+
 def _quantize_input(x2: np.ndarray, input_scale, dynamic, ifmt, block_k: int, recipe):
     """(codes, float32 scale) of the (M, K) float32 activations, by ``quantize`` with the recipe."""
     if input_scale is not None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._arrays import dtype_name
 from ..errors import ModelError
 from .modes import parse_mode
-from .tensors import dtype_name
 
 NAME = "fp8ref_kv"
 _SUFFIXES = {"k": (".k_scale", ".k_proj.output_scale"), "v": (".v_scale", ".v_proj.output_scale")}
@@ -46,7 +46,7 @@ def quantize_kv(x: torch.Tensor, scale: np.float32, mode) -> torch.Tensor:
     """K or V after the mode's KV-cache quantization, in x's dtype."""
     from ..codec import decode, encode
     from ..formats import FORMATS
-    from ..recipes import round_to
+    from ..rounding import round_to
 
     mode = parse_mode(mode)
     if mode.kind == "original":

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .._arrays import numpy_of
 from .linear import fp8ref_layers, set_mode
 from .metrics import layer_metrics, logit_metrics, perplexity
 from .modes import parse_mode, quantize_input
-from .tensors import to_numpy
 
 
 def _logits(out) -> torch.Tensor:
@@ -57,8 +57,8 @@ def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
 def _code_differ(layer, xs: list, xs0: list) -> float | None:
     if layer.quant.input is None:
         return None
-    a = [quantize_input(layer, to_numpy(x.reshape(-1, x.shape[-1])).astype(np.float32))[0] for x in xs]
-    b = [quantize_input(layer, to_numpy(x.reshape(-1, x.shape[-1])).astype(np.float32))[0] for x in xs0]
+    a = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])).astype(np.float32))[0] for x in xs]
+    b = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])).astype(np.float32))[0] for x in xs0]
     a, b = np.concatenate([c.reshape(-1) for c in a]), np.concatenate([c.reshape(-1) for c in b])
     return float(np.mean(a != b)) if a.size else 0.0
 

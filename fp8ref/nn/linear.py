@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .._arrays import dtype_name, numpy_of, torch_of
 from ..errors import ModelError
 from .modes import Mode, backend_forward, parse_mode
-from .tensors import dtype_name, to_numpy, to_torch
 
 
 class Fp8RefLinear(torch.nn.Module):
@@ -80,9 +80,9 @@ class Fp8RefLinear(torch.nn.Module):
         if mode.kind == "producer":
             return self.layer.forward(x.contiguous(), mode="producer")
         lead = x.shape[:-1]
-        x2 = to_numpy(x.reshape(-1, self.in_features)).astype(np.float32)
+        x2 = numpy_of(x.reshape(-1, self.in_features)).astype(np.float32)
         y, self.last_backend_params = backend_forward(self.layer, x2, self.backends[mode.arg], dtype_name(x))
-        return to_torch(y).reshape(*lead, self.out_features)
+        return torch_of(y).reshape(*lead, self.out_features)
 
 
 @dataclass
@@ -140,9 +140,9 @@ def _original(original, name: str, shape: tuple[int, int]):
 
     def get(key):
         if hasattr(original, "store"):  # a Checkpoint
-            return to_torch(original.tensor(key)) if key in original.store else None
+            return torch_of(original.tensor(key)) if key in original.store else None
         v = original.get(key)
-        return None if v is None else (v if isinstance(v, torch.Tensor) else to_torch(np.asarray(v)))
+        return None if v is None else (v if isinstance(v, torch.Tensor) else torch_of(np.asarray(v)))
 
     w = get(f"{name}.weight")
     if w is None:

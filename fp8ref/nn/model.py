@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from .._arrays import torch_of
 from ..errors import ModelError
 from .linear import swap_linears
-from .tensors import to_torch
 
 INSTALL_HINT = "pip install 'fp8ref[hf]' (or: pip install transformers)"
 
@@ -85,7 +85,7 @@ def load_unquantized(model: torch.nn.Module, ckpt) -> None:
         raise ModelError(f"{ckpt.path}: {len(missing)} model tensors missing from the checkpoint, e.g. {missing[:3]}")
     with torch.no_grad():
         for name in sorted(given):
-            t = to_torch(ckpt.tensor(name))
+            t = torch_of(ckpt.tensor(name))
             if tuple(t.shape) != tuple(state[name].shape):
                 raise ModelError(f"{ckpt.store.where(name)}: shape {list(t.shape)}, the model's "
                                  f"{list(state[name].shape)}")

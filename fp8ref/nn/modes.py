@@ -74,34 +74,16 @@ def parse_modes(text: str) -> list[Mode]:
 
 
 def quantize_input(layer, x32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The layer's input quantization as ``fp8ref.matmul.linear`` defines it (docs/matmul.md):
-    q = encode(fp32(x / s)) with the stored static scale, or s = fp32(amax / 448) (1 where amax is
-    0) per tensor, per row or per 1 x group. x32: (M, K) float32. Returns (codes, scale (M|1, G|1))."""
-    from ..codec import encode
-    from ..formats import FORMATS
+    """The layer's FP8 input codes and float32 scale exactly as its reference forward makes them
+    (``fp8ref.matmul.quantize_input``, linear's activation rule) for (M, K) float32 activations."""
+    from ..matmul import quantize_input as linear_input
 
     q = layer.quant
-    fmt = FORMATS["float8_e4m3fn"]
-    M, K = x32.shape
     if q.input is None:
         raise ModelError(f"{layer.name}: weight-only layer; its inputs are not quantized")
     if q.input == "static":
-        s = np.asarray(layer.input_scale).astype(np.float32).reshape(1, 1)
-    else:
-        a = np.abs(x32).astype(np.float64)
-        if q.input == "dynamic-tensor":
-            amax = np.asarray(a.max() if a.size else 0.0).reshape(1, 1)
-        elif q.input == "dynamic-token":
-            amax = a.max(axis=1, keepdims=True) if a.size else np.zeros((M, 1))
-        else:
-            g = q.input_group
-            padded = np.concatenate([a, np.zeros((M, -K % g))], axis=1)
-            amax = padded.reshape(M, -1, g).max(axis=2)
-        s = (amax.astype(np.float32) / np.float32(fmt.max)).astype(np.float32)
-        s = np.where(amax == 0, np.float32(1.0), s).astype(np.float32)
-    cols = s if s.shape[1] == 1 else np.repeat(s, q.input_group, axis=1)[:, :K]
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return encode((x32 / cols).astype(np.float32), fmt), s
+        return linear_input(x32, input_scale=np.asarray(layer.input_scale).astype(np.float32))
+    return linear_input(x32, dynamic=q.input.removeprefix("dynamic-"), block_k=q.input_group or 128)
 
 
 def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.ndarray, dict]:

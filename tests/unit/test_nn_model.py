@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import fp8ref
+from fp8ref._arrays import torch_of
 from fp8ref.errors import ModelError
 from fp8ref.nn import Fp8RefLinear, fp8ref_layers, load_unquantized, parse_mode, parse_modes, set_mode, swap_linears
-from fp8ref.nn.tensors import to_torch
 from tests.support.tiny_llama import LAYERS, LINEARS, HandLinear, TinyLlama
 
 CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
@@ -116,7 +116,7 @@ def test_layer_modes_against_the_tools_reloaded_outputs():
         ckpt = fp8ref.load_checkpoint(CKPTS / fixture)
         outs = fp8ref.load_checkpoint(CKPTS / fixture / "reference_outputs.safetensors")
         for name in ("model.layers.0.self_attn.k_proj", "model.layers.1.mlp.down_proj"):
-            x, y = to_torch(outs.tensor(f"{name}.x")), to_torch(outs.tensor(f"{name}.y"))
+            x, y = torch_of(outs.tensor(f"{name}.x")), torch_of(outs.tensor(f"{name}.y"))
             lin = Fp8RefLinear(ckpt[name], "producer")
             assert torch.equal(lin(x).view(torch.int16), y.view(torch.int16)), (fixture, name)
             assert lin.run(x, "reference").dtype == torch.bfloat16
