@@ -19,18 +19,6 @@ CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoi
 IDS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(3))
 
 
-class _complete:
-    """The checkpoint's unquantized tensors plus the quantized layers' names, as load_unquantized
-    sees a model whose quantized linears were swapped: used on the hand model before swapping."""
-
-    def __init__(self, ckpt):
-        self.ckpt, self.path, self.store = ckpt, ckpt.path, ckpt.store
-        self.unquantized = ckpt.unquantized
-
-    def tensor(self, name):
-        return self.ckpt.tensor(name)
-
-
 def _swap_hand(model, ckpt):
     for name in ckpt:
         parent, _, attr = name.rpartition(".")
@@ -129,7 +117,7 @@ def test_original_mode_is_the_unquantized_linear():
     swap_linears(m, ckpt, mode="original", original=orig)
     load_unquantized(m, ckpt)
     plain = TinyLlama(torch.bfloat16)
-    load_unquantized(plain, _complete(orig))
+    load_unquantized(plain, orig)  # every tensor of the original is unquantized
     with torch.no_grad():
         assert torch.equal(m(IDS), plain(IDS))
 
