@@ -13,17 +13,20 @@ def register(sub) -> None:
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder or .safetensors file")
     p.add_argument("--original", metavar="SRC", required=True, help="the original (unquantized) weights")
     p.add_argument("--recipe", help="producer recipe to re-derive with (default: each layer's producer's own)")
+    p.add_argument("--calibration", metavar="FILE", help="per-layer activation amax (JSON or safetensors, as "
+                                                         "fp8ref quantize takes it): re-derive static input scales")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT ('-': stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_verify)
 
 
 def cmd_verify(args) -> int:
-    from ..checkpoint import load_checkpoint
+    from ..checkpoint import load_calibration, load_checkpoint
     from ..nn.verify import verify
 
     ckpt = load_checkpoint(args.checkpoint)
-    res = verify(ckpt, load_checkpoint(args.original), recipe=args.recipe,
+    cal = load_calibration(args.calibration) if args.calibration else None
+    res = verify(ckpt, load_checkpoint(args.original), recipe=args.recipe, calibration=cal,
                  progress=not args.no_progress and sys.stderr.isatty())
     if args.json:
         write_json(res, args.json)
@@ -32,13 +35,16 @@ def cmd_verify(args) -> int:
             if "error" in x:
                 print(f"{x['name']}: recipe {x['recipe']!r} cannot produce this layer: {x['error']}")
             elif x["code_mismatches"] or x["scale_mismatches"]:
+                notes = [x["scale_note"]] if "scale_note" in x else []
+                if x.get("input_scale", "").startswith("mismatch"):
+                    notes.append(f"input scale {x['input_scale']}")
                 print(f"{x['name']}: {x['code_mismatches']}/{x['codes']} codes differ (first at "
-                      f"{x['first_code_mismatch']}), {x['scale_mismatches']}/{x['scales']} scales differ (first at "
-                      f"{x['first_scale_mismatch']}){'; ' + x['scale_note'] if 'scale_note' in x else ''}")
+                      f"{x['first_code_mismatch']}), {x['scale_mismatches']} scales differ (first weight scale at "
+                      f"{x['first_scale_mismatch']} of {x['scales']}){''.join('; ' + n for n in notes)}")
         for name in res["unquantized"]["mismatched"]:
             print(f"{name}: unquantized tensor differs from the original")
-        static = sum("input_scale" in x for x in res["layers"])
-        note = f"; {static} static input scales not re-derived (calibration data)" if static else ""
+        static = sum(x.get("input_scale", "").startswith("not") for x in res["layers"])
+        note = f"; {static} static input scales not re-derived (give --calibration)" if static else ""
         verdict = "OK" if res["ok"] else f"MISMATCH in {len(res['mismatched_layers'])} layers"
         print(f"{res['checkpoint']}: {len(res['layers'])} layers re-derived with recipe "
               f"{args.recipe or 'of each layer'}, {res['unquantized']['checked']} unquantized tensors compared: "

@@ -2,7 +2,9 @@
 from the original weights and the producer's recipe (``fp8ref.quantize`` with the layer's own
 scheme, amax from the weight), and compare bytes; the unquantized tensors must equal the
 original's bytes. Static input scales come from calibration data, which a checkpoint does not
-carry: they are reported as not re-derived. No torch needed."""
+carry: given the per-layer activation amax (``fp8ref.checkpoint.load_calibration``'s mapping) they
+are re-derived with the recipe's scale rule in the model dtype, else reported as not re-derived.
+No torch needed."""
 
 from __future__ import annotations
 
@@ -23,7 +25,39 @@ def _first(mask: np.ndarray) -> list[int] | None:
     return [int(i) for i in idx[0]] if idx.size else None
 
 
-def verify_layer(layer, weight: np.ndarray, recipe: str | None = None) -> dict:
+def _compare_scales(derived: np.ndarray, stored: np.ndarray) -> dict:
+    """Mismatch count and first index of two scale arrays, bit for bit; a bf16/fp16 derived scale
+    is compared widened to a float32 stored one (exact: a writer may store it so, fp8ref's export does)."""
+    orig_dtype = derived.dtype
+    widened = stored.dtype == np.float32 and derived.dtype.itemsize < 4
+    if widened:
+        derived = derived.astype(np.float32)
+    if derived.dtype != stored.dtype or derived.size != stored.size:
+        return {"mismatches": int(stored.size), "first": None,
+                "note": f"derived {orig_dtype} {list(derived.shape)}, stored {stored.dtype} {list(stored.shape)}"}
+    bad = _bits(derived.reshape(stored.shape)) != _bits(stored)
+    out = {"mismatches": int(bad.sum()), "first": _first(bad)}
+    if widened:
+        out["note"] = f"derived {orig_dtype}, compared widened to the stored float32"
+    return out
+
+
+def _input_scale(layer, amax: float, recipe: str, model_dtype: str) -> str:
+    """The recipe's stored scale for activation amax ``amax`` (exact in the model dtype, as the
+    export writes it) against the stored input_scale, compared as float32 values (both exact)."""
+    from ..formats import FORMATS
+    from ..recipes import compute_scale, get_recipe
+
+    derived, _ = compute_scale(np.array([amax], np.float64), get_recipe(recipe), FORMATS[layer.quant.weight_fmt],
+                               model_dtype)
+    stored = np.asarray(layer.input_scale).astype(np.float32).reshape(-1)
+    same = _bits(np.asarray(derived, np.float32).reshape(-1)) == _bits(stored)
+    return "ok" if stored.size == 1 and bool(same.all()) else (
+        f"mismatch: stored {float(stored[0])!r}, derived {float(np.asarray(derived).reshape(-1)[0])!r}")
+
+
+def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_amax: float | None = None,
+                 model_dtype: str = "bfloat16") -> dict:
     from ..quant import as_args, quantize
     from ..scaling import reduce_amax
 
@@ -41,30 +75,24 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None) -> dict:
                 "scale_mismatches": n, "first_scale_mismatch": None, "error": str(exc)}
     codes = np.asarray(q.codes)
     bad_codes = codes != stored
-    s_stored = np.asarray(layer.weight_scale)
-    s = np.asarray(q.scale)
-    widened = s_stored.dtype == np.float32 and s.dtype.itemsize < 4
-    if widened:  # a writer may store a bf16/fp16 scale as F32 (exact widening, fp8ref's export does)
-        s = s.astype(np.float32)
+    c = _compare_scales(np.asarray(q.scale), np.asarray(layer.weight_scale))
     out = {"name": layer.name, "recipe": recipe or layer.scheme["recipe"], "codes": int(stored.size),
            "code_mismatches": int(bad_codes.sum()), "first_code_mismatch": _first(bad_codes),
-           "scales": int(s_stored.size)}
-    if s.dtype != s_stored.dtype or s.size != s_stored.size:
-        out.update(scale_mismatches=int(s_stored.size), first_scale_mismatch=None,
-                   scale_note=f"derived {s.dtype} {list(s.shape)}, stored {s_stored.dtype} {list(s_stored.shape)}")
-    else:
-        bad = _bits(s.reshape(s_stored.shape)) != _bits(s_stored)
-        out.update(scale_mismatches=int(bad.sum()), first_scale_mismatch=_first(bad))
-        if widened:
-            out["scale_note"] = f"derived {np.asarray(q.scale).dtype}, compared widened to the stored float32"
+           "scales": int(np.asarray(layer.weight_scale).size), "scale_mismatches": c["mismatches"],
+           "first_scale_mismatch": c["first"], **({"scale_note": c["note"]} if "note" in c else {})}
     if layer.quant.input == "static":
-        out["input_scale"] = "not re-derived (needs the calibration data)"
+        if input_amax is None:
+            out["input_scale"] = "not re-derived (needs the calibration data)"
+        else:
+            out["input_scale"] = _input_scale(layer, input_amax, out["recipe"], model_dtype)
+            out["scale_mismatches"] += out["input_scale"] != "ok"
     return out
 
 
-def verify(ckpt, original, *, recipe: str | None = None, progress: bool = False) -> dict:
+def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progress: bool = False) -> dict:
     """Per-layer code and scale mismatch counts of ``ckpt`` against ``original`` (both loaded
-    Checkpoints); ``ok`` is False on any mismatch."""
+    Checkpoints); ``ok`` is False on any mismatch. calibration: layer name -> activation amax
+    (``fp8ref.checkpoint.load_calibration``), to re-derive static input scales too."""
     from tqdm import tqdm
 
     layers = []
@@ -72,7 +100,8 @@ def verify(ckpt, original, *, recipe: str | None = None, progress: bool = False)
         key = f"{name}.weight"
         if key not in original.store:
             raise ModelError(f"{original.path}: no tensor {key!r} for the quantized layer {name!r}")
-        layers.append(verify_layer(ckpt[name], original.tensor(key), recipe))
+        amax = None if calibration is None else calibration.get(name)
+        layers.append(verify_layer(ckpt[name], original.tensor(key), recipe, amax, ckpt.dtype))
     plain_bad, plain_missing = [], []
     for name in ckpt.unquantized:
         if name not in original.store:

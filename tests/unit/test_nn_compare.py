@@ -233,3 +233,26 @@ def test_verify_a_recipe_that_cannot_have_produced_the_layer(tmp_path, capsys):
     r = json.loads(capsys.readouterr().out)  # bf16 scales stored widened to F32 by the export
     assert r["ok"] and {x["scale_note"] for x in r["layers"]} == {
         "derived bfloat16, compared widened to the stored float32"}
+
+
+def test_verify_with_calibration_rederives_static_input_scales(tmp_path, capsys):
+    """With the activation amax the export was given, every static input scale re-derives; one
+    changed amax is one mismatching input scale (and only that)."""
+    orig = CKPTS / "original_bf16"
+    names = list(fp8ref.load_checkpoint(CKPTS / "llmc_fp8"))
+    cal = {n: 0.5 + i / 7 for i, n in enumerate(names)}
+    out = tmp_path / "static"
+    fp8ref.export_checkpoint(orig, out, {"scheme": "FP8", "ignore": ["lm_head"]}, calibration=cal)
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    assert main(["verify", str(out), "--original", str(orig), "--calibration", str(tmp_path / "cal.json"),
+                 "--json", "-"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert [x["input_scale"] for x in r["layers"]] == ["ok"] * 14
+    cal[names[3]] *= 1.5
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    assert main(["verify", str(out), "--original", str(orig), "--calibration", str(tmp_path / "cal.json"),
+                 "--json", "-"]) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert r["mismatched_layers"] == [names[3]] and r["layers"][3]["input_scale"].startswith("mismatch: stored ")
+    assert main(["verify", str(out), "--original", str(orig)]) == 0  # without calibration: not re-derived
+    assert "14 static input scales not re-derived (give --calibration)" in capsys.readouterr().out
