@@ -54,9 +54,9 @@ def quantize_kv(x: torch.Tensor, scale: np.float32, mode) -> torch.Tensor:
     dtype = dtype_name(x)
     x32 = x.detach().to(torch.float32).numpy()
     if mode.kind == "producer":
-        from ..checkpoint.forward import _qdq
+        from ..checkpoint.forward import qdq
 
-        y = _qdq(x32, np.float32(scale), dtype, d_division=True, positive_zero=True)
+        y = qdq(x32, np.float32(scale), dtype, d_division=True, positive_zero=True)
     else:
         fmt = FORMATS["float8_e4m3fn"]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

@@ -46,7 +46,8 @@ def _input_scale(layer, amax: float, recipe: str, model_dtype: str) -> str:
     """The recipe's stored scale for activation amax ``amax`` (exact in the model dtype, as the
     export writes it) against the stored input_scale, compared as float32 values (both exact)."""
     from ..formats import FORMATS
-    from ..recipes import compute_scale, get_recipe
+    from ..recipes import compute_scale
+    from ..registry import get_recipe
 
     derived, _ = compute_scale(np.array([amax], np.float64), get_recipe(recipe), FORMATS[layer.quant.weight_fmt],
                                model_dtype)
