@@ -86,6 +86,8 @@ def compare(model, ids: torch.Tensor, modes: list, *, with_perplexity: bool = Fa
         for name in order:
             lin = layers[name]
             tf = layer_metrics(_cat([lin.run(x, mode) for x in in0[name]]), _cat(out0[name]))
+            if mode.kind == "backend":  # the declared scaled_mm parameters the backend ran with
+                tf["scaled_mm"] = dict(lin.last_backend_params)
             bar.update()
             fr = layer_metrics(_cat(outs[name]), _cat(out0[name]))
             fr["code_differ"] = _code_differ(lin.layer, ins[name], in0[name])

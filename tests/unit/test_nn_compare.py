@@ -67,6 +67,9 @@ def test_compare_finds_the_planted_divergence():
             assert tf["max_ulp"] == 0 and tf["rel_rms"] == 0 and tf["snr_db"] == math.inf
         if x["name"].startswith("model.layers.0.") and not x["name"].endswith("down_proj"):
             assert fr["differ"] == 0 and fr["code_differ"] == 0  # before the divergence
+    assert r["layers"][0]["teacher_forced"]["backend:planted"]["scaled_mm"] == {
+        "format": "float8_e4m3fn", "scales": "tensor", "out_dtype": "bfloat16", "bias": False, "accumulate": "exact",
+        "scale_order": "epilogue"}
     later = r["layers"][7]["free_running"]["backend:planted"]  # layers.1's q_proj: other activation codes
     assert later["code_differ"] > 0 and later["differ"] > 0
     e = r["end_to_end"]["backend:planted"]
