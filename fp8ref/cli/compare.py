@@ -29,6 +29,8 @@ def register(sub) -> None:
                    help="comma-separated: reference[:ACCUMULATION], producer, original, backend:NAME "
                         "(default reference,producer)")
     add_input_args(p)
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="teacher-forced layers here (default) or as Ray tasks (RAY_ADDRESS, else a local cluster)")
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON to OUT ('-': stdout)")
     p.add_argument("--html", metavar="OUT", help="write a self-contained HTML report (needs matplotlib: "
                                                  "fp8ref[report])")
@@ -77,7 +79,8 @@ def cmd_compare(args) -> int:
     model = build_model(ckpt, mode=modes[0], original=args.original, backend=backends_for(modes))
     ids, source = token_ids(args, int(model.config.vocab_size))
     progress = not args.no_progress and sys.stderr.isatty()
-    report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress)
+    report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress,
+                     executor=args.executor, checkpoint_path=ckpt.path)
     report = {"checkpoint": str(ckpt.path), "format": ckpt.format, "input": source, **report}
     if args.json:
         write_json(report, args.json)

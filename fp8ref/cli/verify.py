@@ -15,6 +15,8 @@ def register(sub) -> None:
     p.add_argument("--recipe", help="producer recipe to re-derive with (default: each layer's producer's own)")
     p.add_argument("--calibration", metavar="FILE", help="per-layer activation amax (JSON or safetensors, as "
                                                          "fp8ref quantize takes it): re-derive static input scales")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="run the layers here (default) or as Ray tasks (RAY_ADDRESS, else a local cluster)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT ('-': stdout)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_verify)
@@ -27,7 +29,7 @@ def cmd_verify(args) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     cal = load_calibration(args.calibration) if args.calibration else None
     res = verify(ckpt, load_checkpoint(args.original), recipe=args.recipe, calibration=cal,
-                 progress=not args.no_progress and sys.stderr.isatty())
+                 progress=not args.no_progress and sys.stderr.isatty(), executor=args.executor)
     if args.json:
         write_json(res, args.json)
     if args.json != "-":

@@ -8,6 +8,8 @@ No torch needed."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..errors import Fp8RefError, ModelError
@@ -90,19 +92,40 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
     return out
 
 
-def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progress: bool = False) -> dict:
+@lru_cache(maxsize=4)
+def _load(path: str):
+    from ..checkpoint import load_checkpoint
+
+    return load_checkpoint(path)
+
+
+def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) -> dict:
+    """One layer, from the two folders (a task of ``fp8ref.nn.executor``: it may run on another machine)."""
+    ckpt, original = _load(ckpt_path), _load(original_path)
+    return verify_layer(ckpt[name], original.tensor(f"{name}.weight"), recipe, amax, ckpt.dtype)
+
+
+def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progress: bool = False,
+           executor: str = "local") -> dict:
     """Per-layer code and scale mismatch counts of ``ckpt`` against ``original`` (both loaded
     Checkpoints); ``ok`` is False on any mismatch. calibration: layer name -> activation amax
-    (``fp8ref.checkpoint.load_calibration``), to re-derive static input scales too."""
-    from tqdm import tqdm
+    (``fp8ref.checkpoint.load_calibration``), to re-derive static input scales too. executor:
+    ``local`` or ``ray`` (one task per layer, same report)."""
+    from .executor import run_all
 
-    layers = []
-    for name in tqdm(list(ckpt), desc="verify", unit="layer", disable=not progress):
+    items = []
+    for name in ckpt:
         key = f"{name}.weight"
         if key not in original.store:
             raise ModelError(f"{original.path}: no tensor {key!r} for the quantized layer {name!r}")
-        amax = None if calibration is None else calibration.get(name)
-        layers.append(verify_layer(ckpt[name], original.tensor(key), recipe, amax, ckpt.dtype))
+        items.append((str(ckpt.path), str(original.path), name, recipe,
+                      None if calibration is None else calibration.get(name)))
+    if executor == "local":  # the loaded checkpoints, not a second load by path
+        def task(_c, _o, name, rec, amax):
+            return verify_layer(ckpt[name], original.tensor(f"{name}.weight"), rec, amax, ckpt.dtype)
+    else:
+        task = _verify_task
+    layers = run_all(task, items, executor=executor, progress=progress, desc="verify")
     plain_bad, plain_missing = [], []
     for name in ckpt.unquantized:
         if name not in original.store:

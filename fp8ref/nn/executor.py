@@ -1,0 +1,36 @@
+"""Where independent per-layer work runs (teacher-forced ``compare``, ``verify``): in this process
+(``local``, the default) or as tasks on a Ray cluster (``ray``, the optional extra ``fp8ref[ray]``).
+Results come back in submission order and are computed by the same functions, so the reports are
+byte-identical. ``ray``: the cluster at ``RAY_ADDRESS`` (e.g. ``ray://head:10001`` or ``auto``), else
+a local one started for the run; workers need fp8ref (and torch, for compare) installed."""
+
+from __future__ import annotations
+
+import os
+
+from tqdm import tqdm
+
+from ..errors import ModelError
+
+EXECUTORS = ("local", "ray")
+
+
+def run_all(fn, items: list[tuple], *, executor: str = "local", progress: bool = False, desc: str = "") -> list:
+    """``[fn(*item) for item in items]``, locally or as one Ray task per item."""
+    if executor not in EXECUTORS:
+        raise ModelError(f"executor: {executor!r}; expected one of {', '.join(EXECUTORS)}")
+    if executor == "local":
+        return [fn(*item) for item in tqdm(items, desc=desc, unit="layer", disable=not progress)]
+    try:
+        import ray
+    except ImportError:
+        raise ModelError("--executor ray needs ray, which is not installed: pip install 'fp8ref[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    task = ray.remote(num_cpus=1)(fn)
+    refs = [task.remote(*item) for item in items]
+    out = []
+    for ref in tqdm(refs, desc=desc, unit="layer", disable=not progress):
+        out.append(ray.get(ref))
+    return out

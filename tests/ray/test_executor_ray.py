@@ -1,0 +1,42 @@
+"""``--executor ray`` on a local two-worker Ray cluster (tox -e ray): ``verify`` and ``compare``
+write byte-identical JSON to the local run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray")
+CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _json(tmp_path, name, argv) -> bytes:
+    from fp8ref.cli import main
+
+    out = tmp_path / name
+    assert main([*argv, "--json", str(out), "--no-progress"]) in (0, 1)
+    return out.read_bytes()
+
+
+def test_verify_ray_equals_local(tmp_path):
+    argv = ["verify", str(CKPTS / "autoround_fp8_static_llmc"), "--original", str(CKPTS / "original_bf16")]
+    local = _json(tmp_path, "local.json", argv)
+    assert b'"ok": false' in local  # mismatches (compressed-tensors' recipe on auto-round's bytes) travel too
+    assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"]) == local
+
+
+def test_compare_ray_equals_local(tmp_path):
+    pytest.importorskip("transformers")
+    argv = ["compare", str(CKPTS / "llmc_fp8"), "--original", str(CKPTS / "original_bf16"),
+            "--modes", "reference,producer,original,backend:torch,reference:fp32", "--random", "2x8"]
+    local = _json(tmp_path, "local.json", argv)
+    assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"]) == local
