@@ -34,10 +34,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import make_interop_fixtures as mif  # noqa: E402  (shared: describe, calib_batches, tokenizer, reload)
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-
-import make_interop_fixtures as mif  # noqa: E402  (shared: describe, calib_batches, tokenizer, reload)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tests" / "fixtures" / "interop" / "checkpoints"
@@ -298,9 +297,8 @@ def modelopt_job(preset: str, kv: bool):
                 "in_memory": {"layers": in_mem, "amax": amax,
                               "qdq_in_memory": "module.weight_quantizer(module.weight) after quantize()"}}
         try:  # ModelOpt checkpoints have no CPU loader in transformers; record what transformers does
-            from transformers import AutoModelForCausalLM
-
             from safetensors.torch import load_file
+            from transformers import AutoModelForCausalLM
 
             loaded = AutoModelForCausalLM.from_pretrained(str(export), dtype=torch.bfloat16)
             w = loaded.get_submodule(PROBES[1]).weight

@@ -20,8 +20,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BackendError
-from ..golden.judge import (ACCUMULATION_ORDERS, NAN_RULES, CaseResult, OutputError, bound_interval, bound_reason,
-                            exact_params, judge_output)
+from ..golden.judge import (
+    ACCUMULATION_ORDERS,
+    NAN_RULES,
+    CaseResult,
+    OutputError,
+    bound_interval,
+    bound_reason,
+    exact_params,
+    judge_output,
+)
 from ..golden.suite import Suite, cases, load_suite
 from .backend import check_capabilities, load_backend
 from .xfails import Xfails
