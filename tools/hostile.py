@@ -357,6 +357,7 @@ class Case:
     item: int | None = None
     timeout: float | None = None
     prefix: str = ERROR_PREFIX  # `spec validate` reports FILE:LINE: ... lines by design
+    verdict: str | None = None  # stdout text that is a refusal too (`golden check`'s "result: FAIL")
 
     @property
     def id(self) -> str:
@@ -408,6 +409,10 @@ def classify(case: Case, d: Path, o: Outcome, left: list[str]) -> tuple[str, str
         why = case.check(d, o) if case.check else None
         return ("silent", why) if why else ("ok", "")
     line = one_error_line(o, case.prefix)
+    if line is None and case.verdict and o.rc == 1 and case.verdict in o.stdout:
+        line = next(ln for ln in o.stdout.splitlines() if case.verdict in ln)
+        if case.expect != "accept":
+            return "typed-error", line[:200]
     if case.expect == "accept":
         return "wrong-refusal", (line or o.stderr.strip()[-200:])
     if line is None:
@@ -456,6 +461,8 @@ def run_cases(cases: list[Case], base: Path, *, timeout: float, jobs: int, seed:
         results.append(r)
         if verbose:
             print(f"{cls:15s} {case.id:60s} {why[:150]}", flush=True)
+        elif len(results) % 500 == 0:
+            print(f"hostile: {len(results)} of {len(cases)} cases run", file=sys.stderr, flush=True)
         if keep is None:
             _rmtree(d)
 
@@ -882,6 +889,9 @@ def golden_cases(quick: bool, golden: Path) -> list[Case]:
             out = edit(m, d / "g")
             if out is not None:
                 (d / "g" / "MANIFEST.json").write_text(out if isinstance(out, str) else json.dumps(m, indent=1))
+            if isinstance(out, dict) and isinstance(out.get("cases"), list):  # a backend that ran what is listed
+                listed = {c.get("name") for c in out["cases"] if isinstance(c, dict)}
+                _filter_tensors(d / "outputs.safetensors", lambda name: name.split("/")[0] in listed)
         return s
 
     def drop(op):
@@ -922,15 +932,29 @@ def golden_cases(quick: bool, golden: Path) -> list[Case]:
     }
     cases = []
     for name, (edit, item) in edits.items():
+        # reading a suite_file outside the folder is the fault itself: the refusal must name the key
+        names = ("suite_file",) if name.startswith("suite_file") else ("g", "MANIFEST.json")
         cases.append(Case("golden", f"verify/{name}", ["golden", "verify", "g", "--quiet"], setup(edit),
-                          names=("g", "MANIFEST.json"), item=item))
+                          names=names, item=item))
         cases.append(Case("golden", f"check/{name}", ["golden", "check", "g", "--outputs", "outputs.safetensors"],
-                          setup(edit), names=("g", "MANIFEST.json"), item=item))
+                          setup(edit), names=names, item=item, verdict="result: FAIL"))
     cases.append(Case("golden", "verify/intact", ["golden", "verify", "g", "--quiet"], setup(lambda m, g: None),
                       expect="accept"))
     cases.append(Case("golden", "check/intact", ["golden", "check", "g", "--outputs", "outputs.safetensors"],
                       setup(lambda m, g: None), expect="accept"))
     return cases
+
+
+def _filter_tensors(path: Path, keep: Callable[[str], bool]) -> None:
+    header, data = st_split(path.read_bytes())
+    hd, off, blobs = {}, 0, []
+    for k, v in json.loads(header).items():
+        if k != "__metadata__" and keep(k):
+            b, e = v["data_offsets"]
+            hd[k] = {**v, "data_offsets": [off, off + e - b]}
+            blobs.append(data[b:e])
+            off += e - b
+    path.write_bytes(st_join(json.dumps(hd).encode(), b"".join(blobs)))
 
 
 def make_golden(base: Path, forker: ForkRunner, timeout: float) -> Path:
@@ -1395,6 +1419,35 @@ def summarize(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+FAMILIES = ("headers", "configs", "indexes", "yaml", "item01-integers", "golden", "item03-regex", "item05-f64",
+            "item06-collision", "item07-source-links", "item08-incomplete", "item09-scale-dtype",
+            "item10-absurd-scale", "item12-calibration", "item13-smaller", "special-files", "cli", "concurrent",
+            "signals")
+
+
+def run(*, quick: bool = False, seed: int = 10, timeout: float | None = None, jobs: int = 2,
+        families: list[str] | None = None, pattern: str | None = None, keep: Path | None = None,
+        verbose: bool = False, list_only: bool = False) -> tuple[list[dict], list[Case]]:
+    """Build the corpus in a temporary folder, run it, return (results, cases)."""
+    timeout = timeout or (5.0 if quick else 10.0)
+    os.umask(0o022)
+    with tempfile.TemporaryDirectory(prefix="fp8ref-hostile-") as tmp:
+        base = Path(tmp)
+        scratch = base / "_fork"
+        scratch.mkdir()
+        golden = make_golden(base, ForkRunner(scratch), timeout)
+        cases = corpus(quick, seed, golden)
+        if families:
+            cases = [c for c in cases if c.family in families]
+        if pattern:
+            cases = [c for c in cases if fnmatch.fnmatch(c.id, pattern)]
+        if list_only:
+            return [], cases
+        if keep:
+            keep.mkdir(parents=True, exist_ok=True)
+        return run_cases(cases, base, timeout=timeout, jobs=jobs, seed=seed, verbose=verbose, keep=keep), cases
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few hundred cases (< 60 s)")
@@ -1408,28 +1461,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the case ids and commands, run nothing")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per case")
     args = ap.parse_args(argv)
-    timeout = args.timeout or (5.0 if args.quick else 10.0)
-    os.umask(0o022)
+    if args.list:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `--list | head` (this process forks nothing then)
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fp8ref-hostile-") as tmp:
-        base = Path(tmp)
-        scratch = base / "_fork"
-        scratch.mkdir()
-        forker = ForkRunner(scratch)
-        golden = make_golden(base, forker, timeout)
-        cases = corpus(args.quick, args.seed, golden)
-        if args.family:
-            cases = [c for c in cases if c.family in args.family]
-        if args.case:
-            cases = [c for c in cases if fnmatch.fnmatch(c.id, args.case)]
-        if args.list:
-            for c in cases:
-                print(f"{c.id}\t{c.command()}")
-            return 0
-        if args.keep:
-            args.keep.mkdir(parents=True, exist_ok=True)
-        results = run_cases(cases, base, timeout=timeout, jobs=args.jobs, seed=args.seed, verbose=args.verbose,
-                            keep=args.keep)
+    results, cases = run(quick=args.quick, seed=args.seed, timeout=args.timeout, jobs=args.jobs,
+                         families=args.family, pattern=args.case, keep=args.keep, verbose=args.verbose,
+                         list_only=args.list)
+    if args.list:
+        for c in cases:
+            print(f"{c.id}\t{c.command()}")
+        return 0
+    timeout = args.timeout or (5.0 if args.quick else 10.0)
     if args.keep:
         for i, c in enumerate(cases):
             print(f"{args.keep}/{i:05d}: {c.id}: (cd {args.keep}/{i:05d} && {c.command()})")
