@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # judge the fp8ref of this checkout, not whichever one is installed
 FIXTURES = ROOT / "tests" / "fixtures" / "interop" / "checkpoints"
 CLASSES = ("typed-error", "vague-error", "traceback", "hang", "crash", "silent", "partial-output",
            "wrong-refusal", "ok")
