@@ -1320,6 +1320,8 @@ def signal_case(kind: str, sig: signal.Signals, delay: float) -> Case:
             return first, left, f"{sig.name} after {delay:.2f} s: " + last_exception(first.stderr)
         if kind == "golden" and (d / "out").exists() and first.rc != 0 and sig != signal.SIGKILL:
             left.append("out (a golden folder from a killed run)")
+        if first.rc == 0 and kind == "golden":  # finished before the signal; golden generate has no --force
+            return first, left, f"{sig.name} after {delay:.2f} s came after the end (rc=0)"
         second = _collect(_spawn(rerun, d), ctx.timeout * 4, time.monotonic())
         left += [f"{n} (after rerun)" for n in sorted(os.listdir(d)) if n not in inputs | {"out"}]
         note = f"{sig.name} after {delay:.2f} s (first run rc={first.rc} sig={first.signal}); rerun rc={second.rc}"
