@@ -990,7 +990,7 @@ def regex_cases(quick: bool) -> list[Case]:
         c["extra_config"] = {NASTY_REGEX[3:]: {"bits": 16, "data_type": "float"}}
         (ck / "quantization_config.json").write_text(json.dumps(c))
 
-    spec = SPEC + f'layer_config:\n  "{NASTY_REGEX}": FP8\n'
+    spec = SPEC + f"layer_config:\n  '{NASTY_REGEX}': FP8\n"  # single quotes: no YAML escapes
     names = (NASTY_REGEX[3:],)
     cases = [Case("item03-regex", "ct-ignore/inspect", INSPECT, fixture_setup("llmc_fp8", ct("ignore")),
                   expect="any", names=names, item=3),
