@@ -1,131 +1,138 @@
-/* Fast loops for fp8ref's codec, called through ctypes (the GIL is released during calls).
+/* Fast loops for fp8ref's codec, called through ctypes (the GIL is released during calls), and the
+ * parallel driver every loop runs on.
  *
- * encode_f32: float32 -> ExMy codes by integer arithmetic on the float32 bit pattern. The caller
- * (codec.py) precomputes every code that depends on the format, mode and sign (NaN, Inf, overflow,
- * negative zero), so the loop below only rounds. It is one of two independent encoders: the other
- * is the numpy path in codec.py, and tests compare them.
+ * encode_f32: float32 -> ExMy codes by integer arithmetic on the float32 bit pattern (the encode
+ * core of _kernels.h). The caller (codec.py) precomputes every code that depends on the format,
+ * mode and sign (NaN, Inf, overflow, negative zero), so the loop only rounds. It is one of two
+ * independent encoders: the other is the numpy path in codec.py, and tests compare them.
  *
  * gather_u16 / gather_f32_rto16 / decode_f32: table lookups (16-bit inputs -> codes, codes -> values).
- * The declared-order fp32 GEMM of fp8ref.matmul is in _kernels_matmul.c.
+ * The fused quantize loops are in _kernels_quant.c, the declared-order fp32 GEMM in _kernels_matmul.c.
+ *
+ * fp8ref_parallel runs a task on the OpenMP runtime that torch already loaded (fp8ref_bind_openmp
+ * receives its GOMP_parallel entry point from _native.py): fp8ref's loops then run on torch's own
+ * worker threads, one team, instead of a second pool that competes with torch's spinning workers.
+ * Nothing here links an OpenMP runtime or needs -fopenmp; unbound, tasks run on the calling thread.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <stdint.h>
-#include <stddef.h>
-#include <string.h>
+
+#include "_kernels.h"
+
+/* ---- parallel driver ---------------------------------------------------------------------------- */
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_fn omp_parallel;
+static int (*omp_thread_num)(void);
+static int (*omp_num_threads)(void);
+
+/* GOMP_parallel(fn, data, num_threads, flags), omp_get_thread_num, omp_get_num_threads of the
+ * loaded runtime (libgomp, or LLVM/Intel libomp, which export the same GOMP_ entry points). */
+void fp8ref_bind_openmp(void *parallel, void *thread_num, void *num_threads) {
+    omp_thread_num = (int (*)(void))thread_num;
+    omp_num_threads = (int (*)(void))num_threads;
+    omp_parallel = (gomp_parallel_fn)parallel;
+}
 
 typedef struct {
-    int32_t M, emin, bias, mode;
-    uint32_t maxmag, signbit;
-    uint32_t nan_pos, nan_neg, inf_pos, inf_neg, ovf_pos, ovf_neg, zero_neg;
-} enc_params;
+    fp8ref_task fn;
+    const void *args;
+    size_t n, ntasks;
+} par_ctx;
 
-enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
+/* Task t covers [n*t/ntasks, n*(t+1)/ntasks); team member i takes tasks i, i + team, ... (a team
+ * may be smaller than asked). */
+static void par_body(void *data) {
+    const par_ctx *c = data;
+    size_t team = (size_t)omp_num_threads();
+    for (size_t t = (size_t)omp_thread_num(); t < c->ntasks; t += team)
+        c->fn(c->args, c->n * t / c->ntasks, c->n * (t + 1) / c->ntasks);
+}
 
-/* Branch-free so that compilers vectorize it: SEL(c, a, b) is c ? a : b for c in {0, 1}. */
-#define SEL(c, a, b) ((b) ^ (((a) ^ (b)) & (0u - (uint32_t)(c))))
-
-#define ENCODE_LOOP(ROUND_UP)                                                         \
-    for (size_t i = 0; i < n; i++) {                                                  \
-        uint32_t u = src[i];                                                          \
-        uint32_t s = u >> 31;                                                         \
-        uint32_t a = u & 0x7FFFFFFFu;                                                 \
-        int32_t E = (int32_t)(a >> 23);                                               \
-        uint32_t sig = (a & 0x7FFFFFu) | ((uint32_t)(E != 0) << 23);                  \
-        int32_t e = E + (E == 0) - 127;                                               \
-        int32_t below = p.emin - e;                                                   \
-        below = below > 0 ? below : 0;                                                \
-        int32_t shift = 23 - p.M + below;                                             \
-        shift = shift < 31 ? shift : 31;                                              \
-        uint32_t q = sig >> shift;                                                    \
-        uint32_t rem = sig & ((1u << shift) - 1u);                                    \
-        uint32_t half = 1u << (shift - 1);                                            \
-        q += (uint32_t)(ROUND_UP);                                                    \
-        int32_t ebase = (e > p.emin ? e : p.emin) + p.bias - 1;                       \
-        uint32_t mag = ((uint32_t)ebase << p.M) + q;                                  \
-        uint32_t c = mag | (s * p.signbit);                                           \
-        c = SEL(mag == 0, SEL(s, p.zero_neg, 0u), c);                                 \
-        c = SEL(mag > p.maxmag, SEL(s, p.ovf_neg, p.ovf_pos), c);                     \
-        uint32_t special = SEL((a & 0x7FFFFFu) != 0, SEL(s, p.nan_neg, p.nan_pos),    \
-                               SEL(s, p.inf_neg, p.inf_pos));                         \
-        c = SEL(E == 255, special, c);                                                \
-        dst[i] = (uint8_t)c;                                                          \
+void fp8ref_parallel(fp8ref_task fn, const void *args, size_t n, size_t ntasks, size_t nthreads) {
+    ntasks = ntasks < n ? ntasks : n;
+    if (!omp_parallel || nthreads < 2 || ntasks < 2) {
+        if (n) fn(args, 0, n);
+        return;
     }
+    par_ctx c = {fn, args, n, ntasks};
+    omp_parallel(par_body, &c, (unsigned)(nthreads < ntasks ? nthreads : ntasks), 0);
+}
 
+/* ---- codec loops -------------------------------------------------------------------------------- */
 /* Round-to-nearest-even fast path (the common case): the normal range rounds the float32 bit
  * pattern itself (add half an ulp minus one, plus the kept LSB, then shift: carries walk into the
  * exponent as they should); the subnormal range adds a "magic" power of two whose ulp is the target's
  * subnormal quantum, so the FPU's own round-to-nearest-even (the default mode, never changed here)
  * does the rounding (the classic float -> half trick). codec.py uses it only for formats whose
- * half-minimum subnormal is >= 2**-126, so float32 subnormal inputs (even flushed by DAZ) give 0. */
-typedef struct {
-    uint32_t S, H, B, emin_bits, magic_bits, maxmag, signbit;
-    uint32_t nan_pos, nan_neg, inf_pos, inf_neg, ovf_pos, ovf_neg, zero_neg;
-} rne_params;
-
-static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void fp8ref_encode_f32_rne(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
-                           const rne_params *pp) {
-    const rne_params p = *pp;
-    const float magic = bits_to_f32(p.magic_bits);
-    for (size_t i = 0; i < n; i++) {
+ * half-minimum subnormal is >= 2**-126, so float32 subnormal inputs (even flushed by DAZ) give 0.
+ * A different rounding method from the encode core, on purpose: tests compare the two. */
+FP8REF_CLONES void fp8ref_encode_f32_rne(const ew_job *j, size_t lo, size_t hi) {
+    const uint32_t *restrict src = j->src;
+    uint8_t *restrict dst = j->dst;
+    const rne_params p = *(const rne_params *)j->arg;
+    const float magic = f32_of(p.magic_bits);
+    for (size_t i = lo; i < hi; i++) {
         uint32_t u = src[i];
         uint32_t s = u >> 31;
         uint32_t a = u & 0x7FFFFFFFu;
         uint32_t normal = ((a + p.H + ((a >> p.S) & 1u)) >> p.S) - p.B;
-        uint32_t subnormal = f32_to_bits(bits_to_f32(a) + magic) - p.magic_bits;
+        uint32_t subnormal = bits_of(f32_of(a) + magic) - p.magic_bits;
         uint32_t mag = SEL(a < p.emin_bits, subnormal, normal);
-        uint32_t c = mag | (s * p.signbit);
-        c = SEL(mag == 0, SEL(s, p.zero_neg, 0u), c);
-        c = SEL(mag > p.maxmag, SEL(s, p.ovf_neg, p.ovf_pos), c);
-        uint32_t special = SEL(a > 0x7F800000u, SEL(s, p.nan_neg, p.nan_pos), SEL(s, p.inf_neg, p.inf_pos));
-        c = SEL(a >= 0x7F800000u, special, c);
-        dst[i] = (uint8_t)c;
+        dst[i] = (uint8_t)ENCODE_TAIL(&p, mag, s, a >= 0x7F800000u, a > 0x7F800000u);
     }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void fp8ref_encode_f32(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
-                       const enc_params *pp) {
-    const enc_params p = *pp;
+#define ENCODE_CASE(MODE) \
+    case MODE:            \
+        for (size_t i = lo; i < hi; i++) dst[i] = (uint8_t)encode_bits32(src[i], &p, MODE, 0); \
+        break;
+
+FP8REF_CLONES void fp8ref_encode_f32(const ew_job *j, size_t lo, size_t hi) {
+    const uint32_t *restrict src = j->src;
+    uint8_t *restrict dst = j->dst;
+    const enc_params p = *(const enc_params *)j->arg;
     switch (p.mode) {
-    case RNE: ENCODE_LOOP((rem > half) | ((rem == half) & q)) break;
-    case RNA: ENCODE_LOOP(rem >= half) break;
-    case RTZ: ENCODE_LOOP(0u) break;
-    case RUP: ENCODE_LOOP((rem != 0u) & (s ^ 1u)) break;
-    case RDOWN: ENCODE_LOOP((rem != 0u) & s) break;
-    case RTO: ENCODE_LOOP((rem != 0u) & ~q) break;
+        ENCODE_CASE(RNE) ENCODE_CASE(RNA) ENCODE_CASE(RTZ) ENCODE_CASE(RUP) ENCODE_CASE(RDOWN) ENCODE_CASE(RTO)
     default: break;
     }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void fp8ref_gather_u16(const uint16_t *restrict src, uint8_t *restrict dst, size_t n,
-                       const uint8_t *restrict lut) {
-    for (size_t i = 0; i < n; i++) dst[i] = lut[src[i]];
+FP8REF_CLONES void fp8ref_gather_u16(const ew_job *j, size_t lo, size_t hi) {
+    const uint16_t *restrict src = j->src;
+    uint8_t *restrict dst = j->dst;
+    const uint8_t *restrict lut = j->arg;
+    for (size_t i = lo; i < hi; i++) dst[i] = lut[src[i]];
 }
 
 /* float32 input through a 65536-entry table indexed by the bfloat16 "round to odd" of x:
  * the top 16 bits with the sticky OR of the low 16 bits folded into bit 0. */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void fp8ref_gather_f32_rto16(const uint32_t *restrict src, uint8_t *restrict dst, size_t n,
-                             const uint8_t *restrict lut) {
-    for (size_t i = 0; i < n; i++) {
+FP8REF_CLONES void fp8ref_gather_f32_rto16(const ew_job *j, size_t lo, size_t hi) {
+    const uint32_t *restrict src = j->src;
+    uint8_t *restrict dst = j->dst;
+    const uint8_t *restrict lut = j->arg;
+    for (size_t i = lo; i < hi; i++) {
         uint32_t u = src[i];
         dst[i] = lut[(u | ((u & 0xFFFFu) + 0xFFFFu)) >> 16];
     }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void fp8ref_decode_f32(const uint8_t *restrict src, float *restrict dst, size_t n,
-                       const float *restrict lut) {
-    for (size_t i = 0; i < n; i++) dst[i] = lut[src[i]];
+FP8REF_CLONES void fp8ref_decode_f32(const ew_job *j, size_t lo, size_t hi) {
+    const uint8_t *restrict src = j->src;
+    float *restrict dst = j->dst;
+    const float *restrict lut = j->arg;
+    for (size_t i = lo; i < hi; i++) dst[i] = lut[src[i]];
 }
 
+/* ---- ABI sizes, checked by _native.py at load time ----------------------------------------------- */
+#define SIZEOF(T) size_t fp8ref_sizeof_##T(void) { return sizeof(T); }
+SIZEOF(enc_params)
+SIZEOF(rne_params)
+SIZEOF(ew_job)
+SIZEOF(amax_job)
+SIZEOF(quant_job)
+SIZEOF(mm_job)
+
 static struct PyModuleDef kernels_module = {PyModuleDef_HEAD_INIT, "_kernels",
-                                            "C loops for fp8ref.codec (used through ctypes).", -1, NULL};
+                                            "C loops for fp8ref (used through ctypes).", -1, NULL};
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&kernels_module); }

@@ -16,9 +16,7 @@
  * whole chunk, broadcasting one A value per row and step. Between chunks the tile lives in `part`.
  * The B panels of a chunk are packed together, row by row, so that B is read contiguously.
  */
-#include <stddef.h>
-#include <stdint.h>
-#include <string.h>
+#include "_kernels.h"
 
 #define KC 256    /* k per chunk: a 256 x 32 B panel (32 KiB) stays in L1 */
 #define MC 256    /* rows per packed A block (<= 256 KiB, L2) */
@@ -171,9 +169,9 @@ static void epilogue(const float *sa, const float *sb, size_t KB, size_t blk, co
  * length; the block starting at k uses scale column min(k / bk, KB - 1). total (M x N) is written;
  * part (M x N) holds accumulators between chunks; scratch: see NR_MAX. fused != 0 (with code
  * operands) allows the fused multiply-add kernel: the caller has proved every product exact. */
-void fp8ref_mm_seq_f32(const void *A, const void *B, const float *tab_a, const float *tab_b, const float *sa,
-                       const float *sb, float *total, float *part, float *scratch, size_t M, size_t K, size_t N,
-                       size_t L, size_t bk, size_t KB, size_t n0, size_t n1, size_t fused) {
+static void mm_cut(const void *A, const void *B, const float *tab_a, const float *tab_b, const float *sa,
+                   const float *sb, float *total, float *part, float *scratch, size_t M, size_t K, size_t N,
+                   size_t L, size_t bk, size_t KB, size_t n0, size_t n1, size_t fused) {
     size_t mr, nr;
     ukernel ukr = pick(&mr, &nr, fused && tab_a && tab_b);
     float *ap = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
@@ -215,5 +213,14 @@ void fp8ref_mm_seq_f32(const void *A, const void *B, const float *tab_a, const f
                 }
             }
         }
+    }
+}
+
+/* Column cuts [lo, hi) of the job: cut c is columns [c*step, min(N, (c+1)*step)), with its own scratch. */
+void fp8ref_mm_seq_f32(const mm_job *j, size_t lo, size_t hi) {
+    for (size_t c = lo; c < hi; c++) {
+        size_t n0 = c * j->step, n1 = n0 + j->step < j->N ? n0 + j->step : j->N;
+        mm_cut(j->A, j->B, j->tab_a, j->tab_b, j->sa, j->sb, j->total, j->part, j->scratch + c * j->scratch_stride,
+               j->M, j->K, j->N, j->L, j->bk, j->KB, n0, n1, j->fused);
     }
 }

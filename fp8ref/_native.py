@@ -1,36 +1,64 @@
-"""The optional C loops (fp8ref/_kernels.c), loaded through ctypes, and a helper that splits a loop
-across cores. ctypes releases the GIL during each call, so plain threads run in parallel.
-``FP8REF_NO_KERNELS=1`` disables them (the numpy paths then run)."""
+"""The optional C loops (fp8ref/_kernels*.c): their ABI (ctypes mirrors of fp8ref/_kernels.h, size-
+checked at load), the kernel switch, and the threads they run on.
+
+``FP8REF_NO_KERNELS=1`` (read at every call) switches them off: the numpy paths then run.
+
+Threads: every parallel loop is a C task ``f(args, lo, hi)``. Once torch is imported, the tasks run
+on the OpenMP runtime torch loaded (its ``GOMP_parallel``, found in the process's own mappings and
+handed to the C side): one team of workers serves torch's ops and fp8ref's loops, so neither spins
+against the other. Without torch (or with a torch whose runtime is not found) a thread pool runs
+the tasks (ctypes releases the GIL). The number of threads follows ``torch.get_num_threads()``,
+else ``OMP_NUM_THREADS``, else the cores. Units are independent: the bytes never depend on it.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 _PARALLEL_MIN = 1 << 20  # elements below which one C call beats the thread hand-off
-_MM_KC, _MM_NR = 256, 32  # k chunk and widest register panel of _kernels_matmul.c
-_vp, _sz = ctypes.c_void_p, ctypes.c_size_t
-_SIGNATURES = {
-    "fp8ref_encode_f32": [_vp, _vp, _sz, _vp],
-    "fp8ref_encode_f32_rne": [_vp, _vp, _sz, _vp],
-    "fp8ref_gather_u16": [_vp, _vp, _sz, _vp],
-    "fp8ref_gather_f32_rto16": [_vp, _vp, _sz, _vp],
-    "fp8ref_decode_f32": [_vp, _vp, _sz, _vp],
-    "fp8ref_quant_exact": [_vp, _sz, _sz, _vp],
-    "fp8ref_quant_f32": [_vp, _sz, _sz, _vp],
-    "fp8ref_amax_u16": [_vp, _vp] + [_sz] * 4,
-    "fp8ref_amax_u32": [_vp, _vp] + [_sz] * 4,
-    "fp8ref_mm_seq_f32": [_vp] * 9 + [_sz] * 9,
-}
+_vp, _sz, _i32, _i64, _u32, _f32 = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_int64,
+                                    ctypes.c_uint32, ctypes.c_float)
+
+
+# --- the ABI: one ctypes mirror per struct of fp8ref/_kernels.h (sizes checked in _load) ---------------
+def _struct(name: str, fields: list[tuple[str, type]]) -> type:
+    return type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"The layout of {name} in _kernels.h."})
+
+
+enc_params = _struct("enc_params", [(n, _i32) for n in ("M", "emin", "bias", "mode")] + [
+    (n, _u32) for n in ("maxmag", "signbit", "nan_pos", "nan_neg", "inf_pos", "inf_neg", "ovf_pos", "ovf_neg",
+                        "zero_neg")])
+rne_params = _struct("rne_params", [(n, _u32) for n in (
+    "S", "H", "B", "emin_bits", "magic_bits", "maxmag", "signbit", "nan_pos", "nan_neg", "inf_pos", "inf_neg",
+    "ovf_pos", "ovf_neg", "zero_neg")])
+ew_job = _struct("ew_job", [("src", _vp), ("dst", _vp), ("arg", _vp)])
+amax_job = _struct("amax_job", [("src", _vp), ("out", _vp), ("K", _i64), ("g", _i64)])
+quant_job = _struct("quant_job", [(n, _vp) for n in ("src", "dst", "s", "s_off", "table", "amax", "p")]
+                    + [(n, _i64) for n in ("K", "g", "r2", "bh")]
+                    + [(n, _i32) for n in ("kind", "exact", "op", "model", "cast16")]
+                    + [("addend", _f32), ("clampv", _f32), ("neg0", _u32)])
+mm_job = _struct("mm_job", [(n, _vp) for n in ("A", "B", "tab_a", "tab_b", "sa", "sb", "total", "part", "scratch")]
+                 + [(n, _sz) for n in ("M", "K", "N", "L", "bk", "KB", "step", "scratch_stride", "fused")])
+_STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job)
+
+_TASKS = ("fp8ref_encode_f32", "fp8ref_encode_f32_rne", "fp8ref_gather_u16", "fp8ref_gather_f32_rto16",
+          "fp8ref_decode_f32", "fp8ref_quant", "fp8ref_quant_fused", "fp8ref_amax_u16", "fp8ref_amax_u32",
+          "fp8ref_mm_seq_f32")
+_SIGNATURES = {**{name: [_vp, _sz, _sz] for name in _TASKS},
+               "fp8ref_parallel": [_vp, _vp, _sz, _sz, _sz], "fp8ref_bind_openmp": [_vp, _vp, _vp]}
+_SIGNATURES.update({f"fp8ref_sizeof_{s.__name__}": [] for s in _STRUCTS})
+
+
+def _refuse(path: str, why: str) -> None:
+    warnings.warn(f"fp8ref: {path} {why}; rebuild it with `pip install -e .`. Using the numpy paths.",
+                  RuntimeWarning, stacklevel=4)
 
 
 def _load():
-    if os.environ.get("FP8REF_NO_KERNELS"):
-        return None
     try:
         from . import _kernels
     except ImportError:
@@ -38,78 +66,143 @@ def _load():
     lib = ctypes.CDLL(_kernels.__file__)
     missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
     if missing:  # a build older than this source tree: run the numpy paths rather than crash
-        warnings.warn(f"fp8ref: {_kernels.__file__} lacks {', '.join(missing)}; rebuild it with "
-                      "`pip install -e .`. Using the numpy paths.", RuntimeWarning, stacklevel=2)
-        return None
+        return _refuse(_kernels.__file__, f"lacks {', '.join(missing)}")
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
+        getattr(lib, name).restype = _sz if name.startswith("fp8ref_sizeof_") else None
+    wrong = [f"{s.__name__} (C {c} bytes, ctypes {ctypes.sizeof(s)})" for s in _STRUCTS
+             if (c := getattr(lib, f"fp8ref_sizeof_{s.__name__}")()) != ctypes.sizeof(s)]
+    if wrong:  # the header and its mirror above disagree: calling would corrupt memory
+        return _refuse(_kernels.__file__, f"disagrees with fp8ref/_native.py on the layout of {', '.join(wrong)}")
     return lib
 
 
-KERNELS = _load()
-_POOL: ThreadPoolExecutor | None = None
+_LIB: list = []  # [library or None], loaded on first use
+
+
+def kernels():
+    """The compiled C loops, or None: not built, refused at load, or ``FP8REF_NO_KERNELS`` set now."""
+    if os.environ.get("FP8REF_NO_KERNELS"):
+        return None
+    if not _LIB:
+        _LIB.append(_load())
+    return _LIB[0]
 
 
 def kernels_available() -> bool:
     """True when the compiled C loops are in use (else the numpy paths run)."""
-    return KERNELS is not None
+    return kernels() is not None
 
 
-def workers() -> int:
-    return os.cpu_count() or 1
+# --- threads -------------------------------------------------------------------------------------------
+def threads() -> int:
+    """How many threads a parallel loop uses: torch's intra-op count once torch is imported, else
+    OMP_NUM_THREADS, else the cores."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        return max(1, torch.get_num_threads())
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(env) if env.isdigit() and int(env) > 0 else os.cpu_count() or 1
 
 
-def pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="fp8ref")
-    return _POOL
+_OPENMP: dict = {}  # "path": the runtime bound to the C loops (None: none usable), once torch is imported
+_OPENMP_NAMES = ("libgomp", "libiomp5", "libomp")
 
 
-def run_c(func, src: np.ndarray, dst: np.ndarray, arg) -> None:
-    """Call an elementwise C loop ``func(src, dst, n, arg)`` over flat contiguous arrays, split
-    across cores for large inputs. ``arg`` is a ctypes Structure or a numpy table."""
-    n = src.size
+def _find_openmp(torch) -> str | None:
+    """The OpenMP runtime torch's ATen runs on, as a path mapped into this process (Linux)."""
+    try:
+        if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+            return None
+        with open("/proc/self/maps") as f:
+            paths = {line.split(maxsplit=5)[5].strip() for line in f if line.count(" ") >= 5 and ".so" in line}
+    except (OSError, AttributeError, IndexError, RuntimeError):
+        return None
+    found = sorted(p for p in paths if os.path.basename(p).startswith(_OPENMP_NAMES))
+    own = [p for p in found if p.startswith(os.path.dirname(torch.__file__) + os.sep)]
+    return (own or found)[0] if len(own) == 1 or len(found) == 1 else None
+
+
+def openmp_runtime() -> str | None:
+    """The path of the OpenMP runtime fp8ref's loops share with torch, or None (thread pool)."""
+    lib = kernels()
+    torch = sys.modules.get("torch")
+    if lib is None or torch is None:
+        return None
+    if "path" not in _OPENMP:
+        path = _find_openmp(torch)
+        if path is not None:
+            omp = ctypes.CDLL(path)  # already loaded by torch: the same instance, not a second runtime
+            _OPENMP["handle"] = omp
+            lib.fp8ref_bind_openmp(*(ctypes.cast(getattr(omp, name), _vp)
+                                     for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")))
+        _OPENMP["path"] = path
+    return _OPENMP["path"]
+
+
+_POOL: list = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="fp8ref"))
+    return _POOL[0]
+
+
+def parallel(task: str, job: ctypes.Structure, n: int, *, work: int | None = None, split: int | None = None,
+             keep=None) -> None:
+    """Run the C task ``task(job, lo, hi)`` over units [0, n), in ``split`` pieces (default: one per
+    thread) once ``work`` (default n) reaches the threshold. ``keep``: arrays the job points into."""
+    lib = kernels()
+    w = threads() if (n if work is None else work) >= _PARALLEL_MIN else 1
+    pieces = max(1, min(n, split or w))
+    fn = getattr(lib, task)
+    if w > 1 and pieces > 1 and openmp_runtime() is not None:
+        lib.fp8ref_parallel(ctypes.cast(fn, _vp), ctypes.byref(job), n, pieces, w)
+    elif w > 1 and pieces > 1:
+        bounds = [n * i // pieces for i in range(pieces + 1)]
+        for f in [_pool().submit(fn, ctypes.byref(job), lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]:
+            f.result()
+    elif n:
+        fn(ctypes.byref(job), 0, n)
+
+
+def run_c(task: str, src, dst, arg) -> None:
+    """An elementwise C loop over flat contiguous arrays: dst[i] = f(src[i]); ``arg`` is a ctypes
+    Structure (parameters) or a numpy array (table)."""
     arg_ptr = ctypes.addressof(arg) if isinstance(arg, ctypes.Structure) else arg.ctypes.data
-    w = workers()
-    if n < _PARALLEL_MIN or w == 1:
-        func(src.ctypes.data, dst.ctypes.data, n, arg_ptr)
-        return
-    bounds = [n * i // w for i in range(w + 1)]
-    jobs = [pool().submit(func, src[lo:hi].ctypes.data, dst[lo:hi].ctypes.data, hi - lo, arg_ptr)
-            for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-    for job in jobs:
-        job.result()
+    parallel(task, ew_job(src.ctypes.data, dst.ctypes.data, arg_ptr), src.size, keep=(src, dst, arg))
 
 
-def seq_acc_f32(A: np.ndarray, B: np.ndarray, tab_a, tab_b, sa, sb, block: int, bk: int,
-                fused: bool = False) -> np.ndarray:
+_MM_KC, _MM_NR = 256, 32  # k chunk and widest register panel of _kernels_matmul.c
+
+
+def seq_acc_f32(A, B, tab_a, tab_b, sa, sb, block: int, bk: int, fused: bool = False):
     """The declared-order fp32 model of fp8ref.matmul (see _kernels_matmul.c): A (M, K) and B (K, N)
     are float32 values, or uint8 codes when their value table ``tab_*`` (256 float32) is given;
     sa (M, KB) / sb (KB, N) float32 epilogue scales, or both None (blocks added unscaled); ``block``
     is the accumulation block length, ``bk`` the scale block length. ``fused``: the caller has
     proved every product exact in fp32, so a fused multiply-add gives the same bits. Column panels
-    are split across cores; each output still adds in k order."""
+    are split across threads; each output still adds in k order."""
+    import numpy as np
+
     M, K = A.shape
     N = B.shape[1]
     total = np.empty((M, N), np.float32)
     part = np.empty((M, N), np.float32)
     KB = 1 if sa is None else sa.shape[1]
-    w = workers() if M * N * max(K, 1) >= _PARALLEL_MIN else 1
-    step = -(-N // (w * _MM_NR)) * _MM_NR  # whole register panels per thread
-    cuts = [(n0, min(N, n0 + step)) for n0 in range(0, N, step)] or [(0, 0)]
-    keep = [A, B, tab_a, tab_b, sa, sb]  # alive until the calls return
+    w = threads() if M * N * max(K, 1) >= _PARALLEL_MIN else 1
+    step = max(_MM_NR, -(-N // (w * _MM_NR)) * _MM_NR)  # whole register panels per cut
+    cuts = max(1, -(-N // step))
+    # per cut: packed A block (256 rows), packed B chunk (whole register panels), alignment slack
+    stride = 256 * _MM_KC + _MM_KC * step + 16
+    scratch = np.empty(cuts * stride, np.float32)
+    keep = [A, B, tab_a, tab_b, sa, sb]
 
     def ptr(x):
         return None if x is None else x.ctypes.data
 
-    def call(n0, n1):
-        # packed A block (256 rows), packed B chunk (whole register panels), alignment slack
-        scratch = np.empty(256 * _MM_KC + _MM_KC * -(-(n1 - n0) // _MM_NR) * _MM_NR + 16, np.float32)
-        KERNELS.fp8ref_mm_seq_f32(*map(ptr, keep), total.ctypes.data, part.ctypes.data, scratch.ctypes.data,
-                                  M, K, N, block, bk, KB, n0, n1, int(fused))
-
-    for job in [pool().submit(call, n0, n1) for n0, n1 in cuts]:
-        job.result()
+    job = mm_job(*map(ptr, keep), total.ctypes.data, part.ctypes.data, scratch.ctypes.data,
+                 M, K, N, block, bk, KB, step, stride, int(fused))
+    parallel("fp8ref_mm_seq_f32", job, cuts, work=M * N * max(K, 1), keep=(keep, total, part, scratch))
     return total

@@ -17,14 +17,15 @@ Three paths give the same codes (tests compare them exhaustively):
 
 from __future__ import annotations
 
-import ctypes
 from functools import lru_cache
 
 import numpy as np
 
 from ._arrays import bf16_bits_to_f32, float_input, is_torch, output_buffer, torch
-from ._native import KERNELS as _KERNELS
+from ._native import enc_params as _EncParams
+from ._native import kernels as _kernels
 from ._native import kernels_available  # noqa: F401 (re-exported for tests and tools)
+from ._native import rne_params as _RneParams
 from ._native import run_c as _run_c
 from .errors import EncodeError, FormatError, InputTypeError
 from .formats import FloatFormat, get_format
@@ -178,18 +179,6 @@ def _canonical_nan(dtype: np.dtype, negative: bool):
 # --------------------------------------------------------------------------------------------
 # C loops (optional)
 # --------------------------------------------------------------------------------------------
-class _EncParams(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int32) for name in ("M", "emin", "bias", "mode")] + [
-        (name, ctypes.c_uint32) for name in ("maxmag", "signbit", "nan_pos", "nan_neg", "inf_pos",
-                                             "inf_neg", "ovf_pos", "ovf_neg", "zero_neg")]
-
-
-class _RneParams(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint32) for name in (
-        "S", "H", "B", "emin_bits", "magic_bits", "maxmag", "signbit", "nan_pos", "nan_neg", "inf_pos",
-        "inf_neg", "ovf_pos", "ovf_neg", "zero_neg")]
-
-
 def _c_rne_params(fmt: FloatFormat, saturate: bool) -> _RneParams | None:
     """Parameters for the C round-to-nearest-even float32 loop, or None where it does not apply
     (its subnormal trick needs every float32 subnormal input to round to zero)."""
@@ -204,7 +193,7 @@ def _c_rne_params(fmt: FloatFormat, saturate: bool) -> _RneParams | None:
 
 def _c_encode_params(fmt: FloatFormat, saturate: bool, rounding: str) -> _EncParams | None:
     """Parameters for the C float32 loop, or None where it does not apply."""
-    if (_KERNELS is None or rounding == "stochastic" or not fmt.signed or not fmt.has_zero
+    if (_kernels() is None or rounding == "stochastic" or not fmt.signed or not fmt.has_zero
             or not 1 <= fmt.mantissa_bits <= 7 or fmt.emin - fmt.mantissa_bits < -140 or fmt.emax > 127):
         return None
     ovf = _overflow_codes(fmt, saturate, rounding)
@@ -274,7 +263,7 @@ def _encode_f32(bits: np.ndarray, flat: np.ndarray, fmt: FloatFormat, saturate: 
     rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
     params = rne or _c_encode_params(fmt, saturate, rounding)
     if params is not None:
-        _run_c(_KERNELS.fp8ref_encode_f32_rne if rne else _KERNELS.fp8ref_encode_f32, bits, flat, params)
+        _run_c("fp8ref_encode_f32_rne" if rne else "fp8ref_encode_f32", bits, flat, params)
     elif fmt.mantissa_bits <= 5 and fmt.emax <= 127:
         _encode_f32_via_table(bits, flat, fmt, saturate, rounding)
     else:
@@ -286,8 +275,8 @@ def _encode_f32_via_table(bits: np.ndarray, flat: np.ndarray, fmt: FloatFormat, 
                           rounding: str, use_c: bool = True) -> None:
     """float32 -> bfloat16 rounded to odd (exact sticky bit) -> 16-bit table."""
     table = _table16(fmt, "bf16", saturate, rounding)
-    if _KERNELS is not None and use_c:
-        _run_c(_KERNELS.fp8ref_gather_f32_rto16, bits, flat, table)
+    if use_c and _kernels() is not None:
+        _run_c("fp8ref_gather_f32_rto16", bits, flat, table)
         return
     for lo in range(0, bits.size, _CHUNK):
         u = bits[lo:lo + _CHUNK]
@@ -295,8 +284,8 @@ def _encode_f32_via_table(bits: np.ndarray, flat: np.ndarray, fmt: FloatFormat, 
 
 
 def _gather16(bits: np.ndarray, flat: np.ndarray, table: np.ndarray) -> None:
-    if _KERNELS is not None:
-        _run_c(_KERNELS.fp8ref_gather_u16, bits, flat, table)
+    if _kernels() is not None:
+        _run_c("fp8ref_gather_u16", bits, flat, table)
         return
     for lo in range(0, bits.size, _CHUNK):
         np.take(table, bits[lo:lo + _CHUNK], out=flat[lo:lo + _CHUNK])
@@ -353,8 +342,8 @@ def decode(codes, fmt: FloatFormat | str, *, out=None):
         raise FormatError(f"codes: {fmt.name} has {fmt.bits}-bit codes (< {fmt.n_codes:#x}), got {bad:#04x}")
     table = _decode_table(fmt)
     result, flat = output_buffer(out, _shape(codes), as_torch, table.dtype, "decode")
-    if arr.size and _KERNELS is not None and table.dtype == np.float32:
-        _run_c(_KERNELS.fp8ref_decode_f32, arr, flat, table)
+    if arr.size and table.dtype == np.float32 and _kernels() is not None:
+        _run_c("fp8ref_decode_f32", arr, flat, table)
     elif arr.size:
         np.take(table, arr, out=flat)
     return result

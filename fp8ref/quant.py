@@ -15,6 +15,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -261,34 +262,9 @@ _C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
 _C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
 
 
-class _QuantJob(ctypes.Structure):
-    """The layout of quant_job in _kernels_quant.c."""
-    _fields_ = [("src", ctypes.c_void_p), ("dst", ctypes.c_void_p), ("s", ctypes.c_void_p),
-                ("s_off", ctypes.c_void_p), ("K", ctypes.c_int64), ("g", ctypes.c_int64),
-                ("kind", ctypes.c_int32), ("op", ctypes.c_int32), ("model", ctypes.c_int32),
-                ("cast16", ctypes.c_int32), ("addend", ctypes.c_float), ("clampv", ctypes.c_float),
-                ("neg0", ctypes.c_uint32)]
-
-
 def _c_ok(arr: np.ndarray, dtype: str, granularity: str) -> bool:
-    return (_native.KERNELS is not None and dtype in _C_KINDS and arr.ndim >= 1 and arr.size > 0
-            and granularity in ("tensor", "channel", "token", "group", "block"))
-
-
-def _row_spans(n_rows: int, row_len: int) -> list[tuple[int, int]]:
-    """Row ranges for the C loops: one for small inputs, else a few per core (load balance)."""
-    if n_rows * row_len < (1 << 20) or _native.workers() == 1:
-        return [(0, n_rows)]
-    n = min(n_rows, 4 * _native.workers())
-    return [(n_rows * i // n, n_rows * (i + 1) // n) for i in range(n)]
-
-
-def _run_rows(fn, spans) -> None:
-    if len(spans) == 1:
-        fn(*spans[0])
-        return
-    for job in [_native.pool().submit(fn, lo, hi) for lo, hi in spans]:
-        job.result()
+    return (dtype in _C_KINDS and arr.ndim >= 1 and arr.size > 0
+            and granularity in ("tensor", "channel", "token", "group", "block") and _native.kernels() is not None)
 
 
 def _c_amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray | None:
@@ -304,8 +280,9 @@ def _c_amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray | None:
     wide = dtype == "float32"
     bits = rows.view(np.uint32 if wide else np.uint16)
     part = np.empty((n_rows, ng), bits.dtype)
-    fn = _native.KERNELS.fp8ref_amax_u32 if wide else _native.KERNELS.fp8ref_amax_u16
-    _run_rows(lambda lo, hi: fn(bits.ctypes.data, part.ctypes.data, lo, hi, k, g), _row_spans(n_rows, k))
+    _native.parallel("fp8ref_amax_u32" if wide else "fp8ref_amax_u16",
+                     _native.amax_job(bits.ctypes.data, part.ctypes.data, k, g), n_rows, work=bits.size,
+                     keep=(bits, part))
     if gran == "tensor":
         part = part.max(keepdims=True).reshape(1)
     elif gran == "block":
@@ -333,38 +310,99 @@ def _operand_offsets(shape: tuple, qa: QuantArgs, sshape: tuple) -> tuple[np.nda
     return ((r // r2) * sshape[-2] + (r % r2) // bh) * sshape[-1], bw
 
 
-def _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
-                codes) -> bool:
-    """The fused C loop for the apply + encode steps; False where it does not apply (the numpy
-    path then runs). Same roundings, in the same order, as exact_quotient_codes / apply_scaled."""
+def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes):
+    """The C loops' job for the apply + encode steps (operands still to fill), or None where they
+    do not apply (the numpy path then runs). Same roundings, in the same order, as
+    exact_quotient_codes / apply_scaled."""
     if not _c_ok(arr, dtype, qa.granularity) or (qa.granularity == "block" and arr.ndim < 2):
-        return False
+        return None
     params = _c_encode_params(fmt, saturate, rounding)
     exact = rec.apply_dtype == "exact"
+    if params is None or not (rounding == "rne" or exact) or (exact and rec.nonfinite != "error"):
+        return None  # the exact loop needs finite x: the recipe rejects NaN/Inf
+    model_dtype = "bfloat16" if cast16 else dtype
+    job = _native.quant_job(arr.ctypes.data, codes.ctypes.data, None, None, None, None, ctypes.addressof(params),
+                            shape[-1], shape[-1], 0, 1, _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
+                            _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
+                            0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
+                            0x100 if neg0 is None else neg0)
+    job._keep = params  # the job points into it
+    return job
+
+
+def _c_operands(operand: np.ndarray, rec: Recipe) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 operands as the C loops take them, usable mask): the exact loop needs positive finite
+    scales, the producer loops multiply by fp32(1/s) for multiply_reciprocal."""
     ops = np.ascontiguousarray(operand, np.float32).reshape(-1)
-    if params is None or not (rounding == "rne" or exact):
-        return False
-    if exact and (rec.nonfinite != "error" or not (np.isfinite(ops) & (ops > 0)).all()):
-        return False  # the C loop needs finite x (checked before) and positive finite scales
-    if not exact and rec.apply_op == "multiply_reciprocal":
+    if rec.apply_dtype == "exact":
+        return ops, np.isfinite(ops) & (ops > 0)
+    if rec.apply_op == "multiply_reciprocal":
         with np.errstate(divide="ignore", over="ignore"):
             ops = np.float32(1.0) / ops
-    s_off, g = _operand_offsets(shape, qa, sshape)
-    model_dtype = "bfloat16" if cast16 else dtype
-    job = _QuantJob(arr.ctypes.data, codes.ctypes.data, ops.ctypes.data, s_off.ctypes.data, shape[-1], g,
-                    _C_KINDS[dtype], int(rec.apply_op != "divide"),
-                    _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
-                    0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
-                    0x100 if neg0 is None else neg0)
-    fn = _native.KERNELS.fp8ref_quant_exact if exact else _native.KERNELS.fp8ref_quant_f32
-    _run_rows(lambda lo, hi: fn(ctypes.byref(job), lo, hi, ctypes.byref(params)),
-              _row_spans(len(s_off), shape[-1]))
+    return ops, np.ones(ops.shape, bool)
+
+
+def _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
+                codes) -> bool:
+    """The C loop for the apply + encode steps with known operands; False where it does not apply."""
+    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes)
+    if job is None:
+        return False
+    ops, usable = _c_operands(operand, rec)
+    if not usable.all():
+        return False
+    s_off, job.g = _operand_offsets(shape, qa, sshape)
+    job.s, job.s_off = ops.ctypes.data, s_off.ctypes.data
+    _native.parallel("fp8ref_quant", job, len(s_off), work=arr.size, keep=(arr, codes, ops, s_off))
     return True
+
+
+@lru_cache(maxsize=64)
+def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """compute_scale's operand for every 15-bit magnitude of a 16-bit dtype, as _c_operands gives
+    it (compute_scale is elementwise: looking an amax up here is computing it)."""
+    mags = np.arange(1 << 15, dtype=np.uint16)
+    vdtype = _values(mags[:0], dtype).dtype if dtype == "bfloat16" else np.dtype(dtype)
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns widen to quiet NaN
+        amax = magnitudes_to_f64(mags, vdtype)
+    ops, usable = _c_operands(compute_scale(amax, rec, fmt, dtype)[1], rec)
+    ops.setflags(write=False)
+    return ops, usable
+
+
+def _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
+                      codes) -> tuple[np.ndarray, bool] | None:
+    """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): the
+    amax (float64, of sshape) and whether the codes are final (False: an operand the loop cannot
+    take, such as an all-zero row's, was used; the caller quantizes again). None: not applicable."""
+    if dtype not in ("bfloat16", "float16") or qa.granularity == "tensor":
+        return None
+    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes)
+    if job is None:
+        return None
+    table, usable = _operand_table(rec, fmt, dtype)
+    if qa.granularity == "block":
+        (job.bh, job.g), job.r2 = qa.block_shape, shape[-2]
+    else:
+        job.g = qa.group_size if qa.granularity == "group" else shape[-1]
+        job.r2 = max(1, int(np.prod(shape[:-1], dtype=np.int64)))
+    n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+    bands = n_rows // job.r2 * -(-job.r2 // job.bh)
+    bits = np.empty(bands * -(-shape[-1] // job.g), np.uint16)
+    job.table, job.amax = table.ctypes.data, bits.ctypes.data
+    _native.parallel("fp8ref_quant_fused", job, bands, work=arr.size, keep=(arr, codes, table, bits))
+    amax = magnitudes_to_f64(bits, _values(arr[:0], dtype).dtype).reshape(sshape)
+    return amax, bool(usable[bits].all())
 
 
 def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> dict:
     cast16 = rec.apply_float16_to if dtype == "float16" else None
     store = dtype if rec.scale_store_dtype == "model" else "float32"
+    rounding = qa.rounding if rec.rounding == "from_args" else rec.rounding
+    saturate = qa.saturate if rec.saturate == "from_args" else rec.saturate
+    codes = np.empty(shape, np.uint8)
+    neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
+    done = False
     if scale is not None:
         given, given_dtype = _scale_array(scale, "scale", sshape)
         check_scale(given)
@@ -378,17 +416,16 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
             operand = np.float32(1.0) / stored if rec.apply_op == "multiply_multiplier" else stored
         store = given_dtype if given_dtype in ("bfloat16", "float16") else "float32"  # as given
     else:
-        a = _scale_array(amax, "amax", sshape)[0] if amax is not None else _amax(arr, dtype, qa)
+        fused = None if amax is not None else _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding,
+                                                                 saturate, cast16, neg0, codes)
+        done = fused is not None and fused[1]
+        a = _scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
         if amax is None:
             _reject_nonfinite(a, arr, dtype, rec)
         elif rec.nonfinite == "error" and not (np.isfinite(a) & (a >= 0)).all():
             raise ScaleError(f"amax: expected finite non-negative values, got {a[~(np.isfinite(a) & (a >= 0))][:3]}")
         stored, operand = compute_scale(a, rec, fmt, dtype)
-    rounding = qa.rounding if rec.rounding == "from_args" else rec.rounding
-    saturate = qa.saturate if rec.saturate == "from_args" else rec.saturate
-    codes = np.empty(shape, np.uint8)
-    neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
-    if not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0, codes):
+    if not done and not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0, codes):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)
     return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
                 recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)

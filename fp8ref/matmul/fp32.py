@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .._native import KERNELS, seq_acc_f32
+from .._native import kernels, seq_acc_f32
 from ..codec import decode
 from ..exact import two_sum
 from ..formats import FloatFormat
@@ -55,7 +55,7 @@ def _fp32(ca, cb, fa, fb, sa, sb, bk, acc_block, scale_order) -> np.ndarray:
         col = np.minimum(np.arange(K) // bk, sa.shape[1] - 1)
         A = (decode(ca, fa) * sa.astype(f32)[:, col]).astype(f32)
         B = (decode(cb, fb) * sb.astype(f32)[col, :]).astype(f32)
-    if KERNELS is not None:
+    if kernels() is not None:
         if operands:
             return seq_acc_f32(A, B, None, None, None, None, acc_block, bk)
         _check_codes(ca, fa, "a"), _check_codes(cb, fb, "b")  # codes past the table raise, as decode does

@@ -1,7 +1,7 @@
 """The fused C quantize loops (fp8ref/_kernels_quant.c) against the numpy paths and the Fraction oracle.
 
 The numpy paths (exact_quotient_codes, apply_scaled + the codec) are the reference: every test here
-runs ``quantize`` twice, with the C loops and with ``_native.KERNELS`` switched off, and requires
+runs ``quantize`` twice, with the C loops and with ``FP8REF_NO_KERNELS`` set, and requires
 the same codes and scales byte for byte. The exact ('fp8ref') loop is also checked against the
 Fraction oracle where its range arguments matter (huge and tiny quotients, all modes).
 """
@@ -28,7 +28,7 @@ def both(monkeypatch, x, args, **kw):
     """(C result, numpy result) of the same quantize call."""
     fast = quantize(x, args, **kw)
     with monkeypatch.context() as m:
-        m.setattr(_native, "KERNELS", None)
+        m.setenv("FP8REF_NO_KERNELS", "1")  # read at call time
         slow = quantize(x, args, **kw)
     return fast, slow
 
@@ -202,3 +202,39 @@ def test_model_dtype_ties_against_torch(monkeypatch, dtype, tie):
     assert_same(fast, slow)
     peer = ((w.float() / scale).to(tdtype) + 0).clamp(-448, 448).float().to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(fast.codes, peer)
+
+
+# --- the one-pass loop (16-bit input, dynamic scales: amax, table operand, codes per tile) ---------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("recipe,gran", [("fp8ref", "channel"), ("fp8ref", "block"), ("compressed-tensors", "channel"),
+                                         ("compressed-tensors", "group"), ("auto-round", "channel"),
+                                         ("hf-fp8", "block"), ("fbgemm", "channel"), ("vllm-dynamic", "token")])
+def test_one_pass_loop_on_zero_and_nonfinite_tiles(monkeypatch, dtype, recipe, gran):
+    """All-zero rows/blocks (amax 0: the exact loop cannot take the operand, the general path runs),
+    NaN/Inf rows (producer recipes: NaN operands), tiny and huge rows, partial blocks, 3-D."""
+    x = weights((2, 21, 260), dtype, seed=4)
+    x[0, 3] = 0.0
+    x[1, 8:16, :128] = -0.0
+    x[0, 5] *= 2.0 ** -20
+    producer = recipe != "fp8ref"
+    if producer:
+        x[0, 7, 9], x[1, 2, 0], x[1, 20, 259] = np.nan, -np.inf, np.inf
+    args = args_for(gran) if gran != "block" else QuantArgs(granularity="block", block_shape=(8, 128))
+    if recipe == "hf-fp8":
+        x = x[:, :16, :256]  # the recipe requires whole blocks
+    assert_same(*both(monkeypatch, x, args, recipe=recipe))
+
+
+def test_one_pass_loop_is_the_path_taken(monkeypatch):
+    """Dynamic 16-bit channel/block quantize does not fall back to the two-pass loop (a silent
+    fallback would halve the speed and leave the one-pass loop untested)."""
+    def two_pass(*args, **kw):
+        raise AssertionError("the two-pass loop ran")
+
+    x = weights((64, 256), "bfloat16", seed=3)
+    want = quantize(x, QuantArgs(granularity="channel"))
+    monkeypatch.setattr(quant, "_c_quantize", two_pass)
+    monkeypatch.setattr(quant, "_amax", two_pass)
+    for gran in ("channel", "group", "block"):
+        quantize(x, args_for(gran))
+    assert np.array_equal(quantize(x, QuantArgs(granularity="channel")).codes, want.codes)

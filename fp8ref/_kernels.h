@@ -1,0 +1,147 @@
+/* The C ABI of fp8ref's loops (fp8ref/_kernels*.c), declared once. fp8ref/_native.py mirrors every
+ * struct below with a ctypes.Structure and compares the sizes with fp8ref_sizeof_<struct>() when it
+ * loads the library: a mismatch refuses the kernels (the numpy paths run) with a warning.
+ *
+ * Every parallel loop is a task `void f(const void *args, size_t lo, size_t hi)` over [lo, hi) of
+ * its own unit (elements, rows, bands, column cuts); fp8ref_parallel (or _native's thread-pool
+ * fallback) splits [0, n) into tasks. Units are independent, so the bytes never depend on the split.
+ */
+#ifndef FP8REF_KERNELS_H
+#define FP8REF_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef void (*fp8ref_task)(const void *args, size_t lo, size_t hi);
+
+/* ---- the ABI structs --------------------------------------------------------------------------- */
+typedef struct { /* codec._EncParams: everything format/mode/sign dependent, precomputed by codec.py */
+    int32_t M, emin, bias, mode;
+    uint32_t maxmag, signbit;
+    uint32_t nan_pos, nan_neg, inf_pos, inf_neg, ovf_pos, ovf_neg, zero_neg;
+} enc_params;
+
+typedef struct { /* codec._RneParams: the round-to-nearest-even float32 fast path */
+    uint32_t S, H, B, emin_bits, magic_bits, maxmag, signbit;
+    uint32_t nan_pos, nan_neg, inf_pos, inf_neg, ovf_pos, ovf_neg, zero_neg;
+} rne_params;
+
+typedef struct { /* an elementwise loop: dst[i] = f(src[i]) for i in [lo, hi) */
+    const void *src;
+    void *dst;
+    const void *arg; /* enc_params, rne_params or a lookup table */
+} ew_job;
+
+typedef struct { /* out[r, j] = max magnitude bits over row r's elements [j*g, (j+1)*g), rows [lo, hi) */
+    const void *src;
+    void *out;
+    int64_t K, g;
+} amax_job;
+
+typedef struct { /* quant._QuantJob */
+    const void *src;
+    uint8_t *dst;
+    const float *s;       /* given scale operands; row r's start at s[s_off[r]] */
+    const int64_t *s_off;
+    const float *table;   /* fused: the operand for each 15-bit amax pattern */
+    uint16_t *amax;       /* fused: the amax bits found, one per (band, group) */
+    const enc_params *p;
+    int64_t K, g;         /* row length; elements per operand along the row */
+    int64_t r2, bh;       /* fused: rows per matrix, rows per band (block height; 1 otherwise) */
+    int32_t kind;         /* 0 bfloat16, 1 float16, 2 float32 (bit patterns) */
+    int32_t exact;        /* 1: the exact quotient x/s rounded once ('fp8ref' recipe) */
+    int32_t op;           /* not exact: 0 x / s, 1 x * s */
+    int32_t model;        /* not exact: 0 none, 1 round to bfloat16, 2 round to float16 */
+    int32_t cast16;       /* not exact: round the (float16) input to bfloat16 first */
+    float addend;         /* +0.0f turns -0 into +0 (add_zero); -0.0f changes nothing */
+    float clampv;         /* clamp to +-clampv (+inf: no clamp); NaN passes */
+    uint32_t neg0;        /* code replaced by 0 (0x100: none) */
+} quant_job;
+
+typedef struct { /* the declared-order fp32 GEMM, see _kernels_matmul.c; tasks are column cuts */
+    const void *A, *B;
+    const float *tab_a, *tab_b, *sa, *sb;
+    float *total, *part, *scratch;
+    size_t M, K, N, L, bk, KB;
+    size_t step;           /* columns per cut (whole register panels) */
+    size_t scratch_stride; /* floats of scratch per cut */
+    size_t fused;
+} mm_job;
+
+/* ---- shared helpers ----------------------------------------------------------------------------- */
+enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
+enum { BF16 = 0, F16 = 1, F32 = 2 };
+
+#define FP8REF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define FP8REF_INLINE static inline __attribute__((always_inline))
+
+/* Branch-free so that compilers vectorize it: SEL(c, a, b) is c ? a : b for c in {0, 1}. */
+#define SEL(c, a, b) ((b) ^ (((a) ^ (b)) & (0u - (uint32_t)(c))))
+
+FP8REF_INLINE float f32_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+FP8REF_INLINE uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+FP8REF_INLINE uint64_t bits64_of(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+
+/* The code of a rounded magnitude `mag` (exponent field << M | mantissa) with sign s: zero,
+ * overflow and the NaN/Inf input classes take the codes the caller precomputed in P. */
+#define ENCODE_TAIL(P, mag, s, is_special, is_nan)                                              \
+    ({                                                                                          \
+        uint32_t c_ = (uint32_t)(mag) | ((uint32_t)(s) * (P)->signbit);                         \
+        c_ = SEL((mag) == 0, SEL(s, (P)->zero_neg, 0u), c_);                                    \
+        c_ = SEL((mag) > (P)->maxmag, SEL(s, (P)->ovf_neg, (P)->ovf_pos), c_);                  \
+        uint32_t sp_ = SEL(is_nan, SEL(s, (P)->nan_neg, (P)->nan_pos), SEL(s, (P)->inf_neg, (P)->inf_pos)); \
+        SEL(is_special, sp_, c_);                                                               \
+    })
+
+/* The encode core, written once for both input widths: an IEEE binary value's bits u (W bits,
+ * MB mantissa bits, exponent bias EB) -> code, rounded in `mode`; `finite` != 0 promises no NaN/Inf
+ * input (the exact quotient) and drops their test. Both are constants after inlining, so each
+ * caller's loop is specialized and vectorized. The dropped bits are tested left-aligned in `frac`
+ * (gcc 12 vectorizes variable shifts of data, not of constants). float32 inputs use W = 32; the
+ * exact quotient of quant_exact is a double (W = 64): 32-bit lanes vectorize twice as wide, and
+ * float32 is the codec's hot path, so both widths are instantiated from this one definition. */
+#define DEFINE_ENCODE(NAME, U, I, W, MB, EB)                                                    \
+    FP8REF_INLINE uint32_t NAME(U u, const enc_params *p, int mode, int finite) {                           \
+        U s = u >> (W - 1), a = u & ~((U)1 << (W - 1));                                         \
+        I E = (I)(a >> MB);                                                                     \
+        U mant = a & (((U)1 << MB) - 1u);                                                       \
+        U sig = mant | ((U)(E != 0) << MB);                                                     \
+        I e = E + (E == 0) - EB;                                                                \
+        I below = p->emin - e;                                                                  \
+        below = below > 0 ? below : 0;                                                          \
+        I shift = MB - p->M + below;                                                            \
+        shift = shift < W - 1 ? shift : W - 1;                                                  \
+        U q = sig >> shift;                                                                     \
+        U frac = sig << (W - shift); /* the dropped bits, left-aligned (shift >= 1) */          \
+        const U half = (U)1 << (W - 1);                                                         \
+        U up = mode == RNE     ? (U)((frac > half) | ((frac == half) & q))                      \
+               : mode == RNA   ? (U)(frac >= half)                                              \
+               : mode == RTZ   ? (U)0                                                           \
+               : mode == RUP   ? (U)((frac != 0) & (s ^ 1u))                                    \
+               : mode == RDOWN ? (U)((frac != 0) & s)                                           \
+                               : (U)((frac != 0) & ~q & 1u); /* RTO */                          \
+        q += up;                                                                                \
+        I ebase = (e > p->emin ? e : p->emin) + p->bias - 1;                                    \
+        U mag = ((U)ebase << p->M) + q;                                                         \
+        return ENCODE_TAIL(p, mag, s, !finite && E == (I)((1u << (W - 1 - MB)) - 1u), mant != 0); \
+    }
+
+DEFINE_ENCODE(encode_bits32, uint32_t, int32_t, 32, 23, 127)
+DEFINE_ENCODE(encode_bits64, uint64_t, int64_t, 64, 52, 1023)
+
+/* Max of the magnitude bits (sign cleared) of x[0, n): integer order is magnitude order, and NaN
+ * patterns sort above Inf, as scaling.reduce_amax. */
+#define DEFINE_AMAX(NAME, T, MASK)                                                              \
+    FP8REF_INLINE T NAME(const T *restrict x, size_t n, T m) {                                  \
+        for (size_t k = 0; k < n; k++) {                                                        \
+            T a = x[k] & (MASK);                                                                \
+            m = a > m ? a : m;                                                                  \
+        }                                                                                       \
+        return m;                                                                               \
+    }
+
+DEFINE_AMAX(amax_run16, uint16_t, 0x7FFFu)
+DEFINE_AMAX(amax_run32, uint32_t, 0x7FFFFFFFu)
+
+#endif
