@@ -1,0 +1,119 @@
+"""fp8ref/_native.py: the C ABI check, the call-time kernel switch, and the threads the loops run on.
+
+The bytes of every C loop must not depend on how the work is split: one thread, several, torch's
+OpenMP team or fp8ref's fallback thread pool. The numpy paths (FP8REF_NO_KERNELS) give the same
+bytes again (the fast-path tests compare them in depth; here the switch itself is tested).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from fp8ref import _native, decode, encode
+from fp8ref.matmul import scaled_mm
+from fp8ref.quant import QuantArgs, quantize
+
+needs_c = pytest.mark.skipif(not _native.kernels_available(), reason="C loops not built or FP8REF_NO_KERNELS set")
+
+
+def run_everything() -> list[np.ndarray]:
+    """One call of each parallel C loop, inputs above the threading threshold."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(1 << 21) * 300).astype(np.float32)
+    w = torch.from_numpy(rng.standard_normal((1100, 1024)).astype(np.float32)).bfloat16()
+    out = [encode(x, "float8_e4m3fn"), encode(x, "float8_e5m2", rounding="rtz"), encode(x, "float6_e3m2fn"),
+           encode(w, "float8_e4m3fn").numpy()]
+    out.append(decode(out[0], "float8_e4m3fn"))
+    for gran, extra in (("channel", {}), ("tensor", {}), ("block", {"block_shape": (128, 128)})):
+        for recipe in ("fp8ref", "compressed-tensors"):
+            q = quantize(w, QuantArgs(granularity=gran, **extra), recipe=recipe)
+            out += [q.codes.numpy(), q.scale.float().numpy()]
+    a, b = out[0][:96 * 256].reshape(96, 256), out[0][-256 * 160:].reshape(256, 160)
+    one = np.ones((1, 1), np.float32)
+    out.append(scaled_mm(a, b, one, one, out_dtype="float32", accumulate="fp32"))
+    return out
+
+
+def same(xs, ys) -> bool:
+    return all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(xs, ys, strict=True))
+
+
+@needs_c
+def test_bytes_do_not_depend_on_threads_or_runtime(monkeypatch):
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = run_everything()
+        for n in (2, 3):
+            torch.set_num_threads(n)
+            assert same(run_everything(), single), f"{n} threads on {_native.openmp_runtime()}"
+            with monkeypatch.context() as m:
+                m.setattr(_native, "openmp_runtime", lambda: None)  # fp8ref's own thread pool
+                assert same(run_everything(), single), f"{n} threads on the thread pool"
+    finally:
+        torch.set_num_threads(saved)
+    with monkeypatch.context() as m:
+        m.setenv("FP8REF_NO_KERNELS", "1")
+        assert same(run_everything(), single), "the numpy paths"
+
+
+def test_threads_follow_torch():
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert _native.threads() == 1
+        torch.set_num_threads(3)
+        assert _native.threads() == 3
+    finally:
+        torch.set_num_threads(saved)
+
+
+@needs_c
+def test_kernel_switch_is_read_at_call_time(monkeypatch):
+    x = (np.random.default_rng(1).standard_normal(5000) * 100).astype(np.float32)
+    fast = encode(x, "float8_e4m3fn")
+    monkeypatch.setenv("FP8REF_NO_KERNELS", "1")
+    assert not _native.kernels_available()
+    slow = encode(x, "float8_e4m3fn")
+    monkeypatch.delenv("FP8REF_NO_KERNELS")
+    assert _native.kernels_available()
+    assert fast.tobytes() == slow.tobytes()
+
+
+@needs_c
+def test_struct_size_mismatch_refuses_the_kernels(monkeypatch):
+    """A ctypes mirror that disagrees with _kernels.h must not be called: a warning, numpy paths."""
+    wrong = _native._struct("quant_job", _native.quant_job._fields_ + [("extra", ctypes.c_int64)])
+    monkeypatch.setattr(_native, "_STRUCTS", tuple(wrong if s is _native.quant_job else s for s in _native._STRUCTS))
+    monkeypatch.setattr(_native, "_LIB", [])
+    with pytest.warns(RuntimeWarning, match=r"layout of quant_job \(C \d+ bytes, ctypes \d+\)"):
+        assert _native.kernels() is None
+    x = np.linspace(-500, 500, 1001, dtype=np.float32)
+    assert encode(x, "float8_e4m3fn").tobytes() == encode(x.astype(np.float64), "float8_e4m3fn").tobytes()
+
+
+@needs_c
+def test_every_mirror_matches_the_header():
+    lib = _native.kernels()
+    for s in _native._STRUCTS:
+        assert getattr(lib, f"fp8ref_sizeof_{s.__name__}")() == ctypes.sizeof(s), s.__name__
+
+
+def test_ci_shares_torchs_openmp_runtime():
+    """CI (FP8REF_REQUIRE_KERNELS=1) must run the loops on torch's own OpenMP runtime, not fall back
+    to a second thread pool that competes with torch's workers."""
+    if os.environ.get("FP8REF_REQUIRE_KERNELS") != "1":
+        pytest.skip("set FP8REF_REQUIRE_KERNELS=1 to require the compiled loops (CI does)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = _native.openmp_runtime()
+    assert path is not None and os.path.basename(path).startswith(("libgomp", "libiomp5", "libomp"))
+    with open("/proc/self/maps") as f:
+        runtimes = {line.split()[-1] for line in f if os.path.basename(line.split()[-1]).startswith("libgomp")}
+    assert len(runtimes) <= 1, f"two OpenMP runtimes loaded: {runtimes}"
