@@ -64,11 +64,43 @@ typedef struct {
     enc_params p;
     float addend, clampv;
     uint32_t neg0, cast16;
+    float exact_lo; /* exact_f32's smallest scale: D*s stays a multiple of 2^-149 */
 } consts;
 
 FP8REF_INLINE consts consts_of(const quant_job *j) {
-    consts c = {*j->p, j->addend, j->clampv, j->neg0, (uint32_t)j->cast16};
+    consts c = {*j->p, j->addend, j->clampv, j->neg0, (uint32_t)j->cast16,
+                f32_of((uint32_t)(127 - 125 - j->p->emin + j->p->M) << 23)};
     return c;
+}
+
+/* The exact quotient's codes in float32 arithmetic (16 lanes per AVX-512 vector, no division):
+ * q = |x| * fp32(1/s) is within 2^-22 relative (or 2^-149 absolute) of Q = |x|/s, far less than
+ * the spacing h of the format's decision points (grid points and midpoints: h >= Q * 2^-9, and
+ * h >= 2^-141 since emin - M >= -140), so D = q rounded to a multiple of h (adding a magic power
+ * of two whose ulp is h) is the one decision point within h of Q. The sign of the exact residual
+ * |x| - D*s (one fma: D*s is exact inside it; rounded once, the sum keeps its sign, and is never
+ * rounded to 0 while D*s and x are multiples of 2^-149: s >= exact_lo) says whether Q is above,
+ * on or below D; D nudged by one float32 ulp that way lies on the same side of every decision
+ * point as Q, so the encode core rounds it as Q in every mode. Needs s in [exact_lo, 2^125]
+ * (1/s normal) and q below 2^64 (else returns 0: the caller recomputes the segment). */
+FP8REF_INLINE int exact_f32(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, float sv,
+                            const consts *c, int kind, int mode) {
+    float rcp = 1.0f / sv;
+    uint32_t efloor = (uint32_t)(c->p.emin + 127), lift = (uint32_t)(22 - c->p.M), big = 0;
+    for (int64_t k = lo; k < hi; k++) {
+        uint32_t xb = bits_of(load(src, k, kind)), sign = xb & 0x80000000u;
+        float ax = f32_of(xb & 0x7FFFFFFFu);
+        float q = ax * rcp;
+        uint32_t E = bits_of(q) >> 23;
+        big |= E >= 127 + 64;
+        float magic = f32_of(((E > efloor ? E : efloor) + lift) << 23);
+        float d = (q + magic) - magic;
+        float r = __builtin_fmaf(-d, sv, ax);
+        uint32_t nudged = bits_of(d) + (uint32_t)(r > 0.0f) - (uint32_t)(r < 0.0f);
+        uint32_t code = encode_bits32(nudged | sign, &c->p, mode, 1);
+        dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
+    }
+    return !big;
 }
 
 /* dst[k] for k in [lo, hi), one operand sv; KIND, EXACT, MODE, MUL, MODEL are constants at every
@@ -76,10 +108,12 @@ FP8REF_INLINE consts consts_of(const quant_job *j) {
 FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, float sv,
                            const consts *c, int kind, int exact, int mode, int mul, int model) {
     if (exact) {
-        double sd = (double)sv;
-        for (int64_t k = lo; k < hi; k++) {
-            uint32_t code = encode_bits64(bits64_of((double)load(src, k, kind) / sd), &c->p, mode, 1);
-            dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
+        if (sv < c->exact_lo || sv > 0x1p125f || !exact_f32(src, dst, lo, hi, sv, c, kind, mode)) {
+            double sd = (double)sv; /* the general case: the double quotient (see the top) */
+            for (int64_t k = lo; k < hi; k++) {
+                uint32_t code = encode_bits64(bits64_of((double)load(src, k, kind) / sd), &c->p, mode, 1);
+                dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
+            }
         }
         return;
     }

@@ -149,6 +149,27 @@ def test_exact_loop_against_oracle_at_range_ends(mode, fmt):
             assert np.array_equal(q.codes, oracle_codes(x, s, FORMATS[fmt], saturate=saturate, rounding=mode))
 
 
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"])
+@pytest.mark.parametrize("mode", MODES)
+def test_exact_loop_on_and_beside_every_decision_point(fmt, mode):
+    """The exact loop's float32 path (q = |x| * fp32(1/s), nearest decision point, exact residual
+    sign) where it is hardest: quotients exactly on every grid point and midpoint, and one float32
+    ulp either side, for scales that are not powers of two, against the Fraction oracle."""
+    f = FORMATS[fmt]
+    grid = np.unique(np.abs(quant.decode(np.arange(f.n_codes, dtype=np.uint8), f)))
+    grid = grid[np.isfinite(grid)].astype(np.float64)
+    points = np.unique(np.concatenate([grid, (grid[1:] + grid[:-1]) / 2, [grid[-1] * 1.0625]]))
+    for s in (np.float32(3 * 2.0 ** -10), np.float32(0.7), np.float32(1.1 * 2.0 ** 20), np.float32(2.0 ** -100)):
+        on = (points * np.float64(s)).astype(np.float32)  # exact where points * s fits float32
+        x = np.concatenate([on, np.nextafter(on, np.float32(np.inf)), np.nextafter(on, np.float32(0))])
+        x = np.concatenate([x, -x]).reshape(1, -1)
+        for saturate in (True, False):
+            q = quantize(x, QuantArgs(format=fmt, granularity="tensor", dynamic=False, rounding=mode,
+                                      saturate=saturate), scale=np.array([s]))
+            want = oracle_codes(x, s, f, saturate=saturate, rounding=mode)
+            assert np.array_equal(q.codes, want), f"s={s} sat={saturate}: {int((q.codes != want).sum())} differ"
+
+
 # --- threads and amax ---------------------------------------------------------------------------
 @pytest.mark.parametrize("recipe", ["fp8ref", "compressed-tensors"])
 def test_split_across_threads_matches_numpy(monkeypatch, recipe):
