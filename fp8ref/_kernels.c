@@ -59,27 +59,12 @@ void fp8ref_parallel(fp8ref_task fn, const void *args, size_t n, size_t ntasks, 
 }
 
 /* ---- codec loops -------------------------------------------------------------------------------- */
-/* Round-to-nearest-even fast path (the common case): the normal range rounds the float32 bit
- * pattern itself (add half an ulp minus one, plus the kept LSB, then shift: carries walk into the
- * exponent as they should); the subnormal range adds a "magic" power of two whose ulp is the target's
- * subnormal quantum, so the FPU's own round-to-nearest-even (the default mode, never changed here)
- * does the rounding (the classic float -> half trick). codec.py uses it only for formats whose
- * half-minimum subnormal is >= 2**-126, so float32 subnormal inputs (even flushed by DAZ) give 0.
- * A different rounding method from the encode core, on purpose: tests compare the two. */
+/* Round-to-nearest-even fast path (encode_rne32 in _kernels.h). */
 FP8REF_CLONES void fp8ref_encode_f32_rne(const ew_job *j, size_t lo, size_t hi) {
     const uint32_t *restrict src = j->src;
     uint8_t *restrict dst = j->dst;
     const rne_params p = *(const rne_params *)j->arg;
-    const float magic = f32_of(p.magic_bits);
-    for (size_t i = lo; i < hi; i++) {
-        uint32_t u = src[i];
-        uint32_t s = u >> 31;
-        uint32_t a = u & 0x7FFFFFFFu;
-        uint32_t normal = ((a + p.H + ((a >> p.S) & 1u)) >> p.S) - p.B;
-        uint32_t subnormal = bits_of(f32_of(a) + magic) - p.magic_bits;
-        uint32_t mag = SEL(a < p.emin_bits, subnormal, normal);
-        dst[i] = (uint8_t)ENCODE_TAIL(&p, mag, s, a >= 0x7F800000u, a > 0x7F800000u);
-    }
+    for (size_t i = lo; i < hi; i++) dst[i] = (uint8_t)encode_rne32(src[i], &p);
 }
 
 #define ENCODE_CASE(MODE) \

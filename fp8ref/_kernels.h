@@ -47,6 +47,7 @@ typedef struct { /* quant._QuantJob */
     const float *table;   /* fused: the operand for each 15-bit amax pattern */
     uint16_t *amax;       /* fused: the amax bits found, one per (band, group) */
     const enc_params *p;
+    const rne_params *rne; /* or NULL: the round-to-nearest-even fast path, where it applies */
     int64_t K, g;         /* row length; elements per operand along the row */
     int64_t r2, bh;       /* fused: rows per matrix, rows per band (block height; 1 otherwise) */
     int32_t kind;         /* 0 bfloat16, 1 float16, 2 float32 (bit patterns) */
@@ -129,6 +130,22 @@ FP8REF_INLINE uint64_t bits64_of(double d) { uint64_t u; memcpy(&u, &d, 8); retu
 
 DEFINE_ENCODE(encode_bits32, uint32_t, int32_t, 32, 23, 127)
 DEFINE_ENCODE(encode_bits64, uint64_t, int64_t, 64, 52, 1023)
+
+/* Round-to-nearest-even fast path of float32 bits u (the common case; a different method from
+ * the encode core, on purpose: tests compare the two): the normal range rounds the float32 bit
+ * pattern itself (add half an ulp minus one, plus the kept LSB, then shift: carries walk into the
+ * exponent as they should); the subnormal range adds a "magic" power of two whose ulp is the
+ * target's subnormal quantum, so the FPU's own round-to-nearest-even (the default mode, never
+ * changed here) does the rounding (the classic float -> half trick). codec.py hands it out only
+ * for formats whose half-minimum subnormal is >= 2**-126, so float32 subnormal inputs (even
+ * flushed by DAZ) give 0. */
+FP8REF_INLINE uint32_t encode_rne32(uint32_t u, const rne_params *p) {
+    uint32_t s = u >> 31, a = u & 0x7FFFFFFFu;
+    uint32_t normal = ((a + p->H + ((a >> p->S) & 1u)) >> p->S) - p->B;
+    uint32_t subnormal = bits_of(f32_of(a) + f32_of(p->magic_bits)) - p->magic_bits;
+    uint32_t mag = SEL(a < p->emin_bits, subnormal, normal);
+    return ENCODE_TAIL(p, mag, s, a >= 0x7F800000u, a > 0x7F800000u);
+}
 
 /* Max of the magnitude bits (sign cleared) of x[0, n): integer order is magnitude order, and NaN
  * patterns sort above Inf, as scaling.reduce_amax. */

@@ -62,14 +62,17 @@ FP8REF_INLINE float round_f16(float y) {
 /* The loop constants, copied out of the job (so that the uint8 stores cannot alias them). */
 typedef struct {
     enc_params p;
+    rne_params rp;
+    int rne; /* mode RNE and rp applies */
     float addend, clampv;
     uint32_t neg0, cast16;
     float exact_lo; /* exact_f32's smallest scale: D*s stays a multiple of 2^-149 */
 } consts;
 
 FP8REF_INLINE consts consts_of(const quant_job *j) {
-    consts c = {*j->p, j->addend, j->clampv, j->neg0, (uint32_t)j->cast16,
+    consts c = {*j->p, {0}, j->rne != NULL, j->addend, j->clampv, j->neg0, (uint32_t)j->cast16,
                 f32_of((uint32_t)(127 - 125 - j->p->emin + j->p->M) << 23)};
+    if (j->rne) c.rp = *j->rne;
     return c;
 }
 
@@ -84,7 +87,7 @@ FP8REF_INLINE consts consts_of(const quant_job *j) {
  * point as Q, so the encode core rounds it as Q in every mode. Needs s in [exact_lo, 2^125]
  * (1/s normal) and q below 2^64 (else returns 0: the caller recomputes the segment). */
 FP8REF_INLINE int exact_f32(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, float sv,
-                            const consts *c, int kind, int mode) {
+                            const consts *c, int kind, int mode, int fast) {
     float rcp = 1.0f / sv;
     uint32_t efloor = (uint32_t)(c->p.emin + 127), lift = (uint32_t)(22 - c->p.M), big = 0;
     for (int64_t k = lo; k < hi; k++) {
@@ -97,18 +100,19 @@ FP8REF_INLINE int exact_f32(const void *src, uint8_t *restrict dst, int64_t lo, 
         float d = (q + magic) - magic;
         float r = __builtin_fmaf(-d, sv, ax);
         uint32_t nudged = bits_of(d) + (uint32_t)(r > 0.0f) - (uint32_t)(r < 0.0f);
-        uint32_t code = encode_bits32(nudged | sign, &c->p, mode, 1);
+        uint32_t code = fast ? encode_rne32(nudged | sign, &c->rp) : encode_bits32(nudged | sign, &c->p, mode, 1);
         dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
     }
     return !big;
 }
 
-/* dst[k] for k in [lo, hi), one operand sv; KIND, EXACT, MODE, MUL, MODEL are constants at every
- * call site (the dispatch below), so each combination gets its own vectorized loop. */
-FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, float sv,
-                           const consts *c, int kind, int exact, int mode, int mul, int model) {
+/* dst[k] for k in [lo, hi), one operand sv; KIND, EXACT, MODE, MUL, MODEL, FAST (encode_rne32 for
+ * the last step) are constants at every call site (the dispatch below and in segment), so each
+ * combination gets its own vectorized loop. */
+FP8REF_INLINE void segment_k(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, float sv,
+                             const consts *c, int kind, int exact, int mode, int mul, int model, int fast) {
     if (exact) {
-        if (sv < c->exact_lo || sv > 0x1p125f || !exact_f32(src, dst, lo, hi, sv, c, kind, mode)) {
+        if (sv < c->exact_lo || sv > 0x1p125f || !exact_f32(src, dst, lo, hi, sv, c, kind, mode, fast)) {
             double sd = (double)sv; /* the general case: the double quotient (see the top) */
             for (int64_t k = lo; k < hi; k++) {
                 uint32_t code = encode_bits64(bits64_of((double)load(src, k, kind) / sd), &c->p, mode, 1);
@@ -126,9 +130,17 @@ FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, i
         y = y + c->addend;
         y = y > c->clampv ? c->clampv : y;
         y = y < -c->clampv ? -c->clampv : y;
-        uint32_t code = encode_bits32(bits_of(y), &c->p, RNE, 0);
+        uint32_t code = fast ? encode_rne32(bits_of(y), &c->rp) : encode_bits32(bits_of(y), &c->p, RNE, 0);
         dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
     }
+}
+
+FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, float sv,
+                           const consts *c, int kind, int exact, int mode, int mul, int model) {
+    if (mode == RNE && c->rne)
+        segment_k(src, dst, lo, hi, sv, c, kind, exact, mode, mul, model, 1);
+    else
+        segment_k(src, dst, lo, hi, sv, c, kind, exact, mode, mul, model, 0);
 }
 
 /* rows [r0, r1): row r's operands start at s[s_off[r]], one per g elements */

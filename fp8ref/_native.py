@@ -37,7 +37,7 @@ rne_params = _struct("rne_params", [(n, _u32) for n in (
     "ovf_pos", "ovf_neg", "zero_neg")])
 ew_job = _struct("ew_job", [("src", _vp), ("dst", _vp), ("arg", _vp)])
 amax_job = _struct("amax_job", [("src", _vp), ("out", _vp), ("K", _i64), ("g", _i64)])
-quant_job = _struct("quant_job", [(n, _vp) for n in ("src", "dst", "s", "s_off", "table", "amax", "p")]
+quant_job = _struct("quant_job", [(n, _vp) for n in ("src", "dst", "s", "s_off", "table", "amax", "p", "rne")]
                     + [(n, _i64) for n in ("K", "g", "r2", "bh")]
                     + [(n, _i32) for n in ("kind", "exact", "op", "model", "cast16")]
                     + [("addend", _f32), ("clampv", _f32), ("neg0", _u32)])

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _native
 from ._arrays import bf16_bits_to_f32, deliver, float_input, is_torch, numpy_bf16, same_library, to_numpy
-from .codec import ROUNDING_MODES, _c_encode_params, decode, encode
+from .codec import ROUNDING_MODES, _c_encode_params, _c_rne_params, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
 from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes
@@ -321,12 +321,13 @@ def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, co
     if params is None or not (rounding == "rne" or exact) or (exact and rec.nonfinite != "error"):
         return None  # the exact loop needs finite x: the recipe rejects NaN/Inf
     model_dtype = "bfloat16" if cast16 else dtype
+    rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
     job = _native.quant_job(arr.ctypes.data, codes.ctypes.data, None, None, None, None, ctypes.addressof(params),
-                            shape[-1], shape[-1], 0, 1, _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
-                            _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
+                            None if rne is None else ctypes.addressof(rne), shape[-1], shape[-1], 0, 1,
+                            _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"), _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
                             0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
                             0x100 if neg0 is None else neg0)
-    job._keep = params  # the job points into it
+    job._keep = params, rne  # the job points into them
     return job
 
 
