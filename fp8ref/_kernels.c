@@ -64,7 +64,7 @@ FP8REF_CLONES void fp8ref_encode_f32_rne(const ew_job *j, size_t lo, size_t hi) 
     const uint32_t *restrict src = j->src;
     uint8_t *restrict dst = j->dst;
     const rne_params p = *(const rne_params *)j->arg;
-    for (size_t i = lo; i < hi; i++) dst[i] = (uint8_t)encode_rne32(src[i], &p);
+    for (size_t i = lo; i < hi; i++) dst[i] = (uint8_t)encode_rne32(src[i], &p, 0);
 }
 
 #define ENCODE_CASE(MODE) \

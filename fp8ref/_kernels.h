@@ -88,7 +88,7 @@ FP8REF_INLINE uint64_t bits64_of(double d) { uint64_t u; memcpy(&u, &d, 8); retu
  * overflow and the NaN/Inf input classes take the codes the caller precomputed in P. */
 #define ENCODE_TAIL(P, mag, s, is_special, is_nan)                                              \
     ({                                                                                          \
-        uint32_t c_ = (uint32_t)(mag) | ((uint32_t)(s) * (P)->signbit);                         \
+        uint32_t c_ = (uint32_t)(mag) | ((0u - (uint32_t)(s)) & (P)->signbit);                   \
         c_ = SEL((mag) == 0, SEL(s, (P)->zero_neg, 0u), c_);                                    \
         c_ = SEL((mag) > (P)->maxmag, SEL(s, (P)->ovf_neg, (P)->ovf_pos), c_);                  \
         uint32_t sp_ = SEL(is_nan, SEL(s, (P)->nan_neg, (P)->nan_pos), SEL(s, (P)->inf_neg, (P)->inf_pos)); \
@@ -138,13 +138,13 @@ DEFINE_ENCODE(encode_bits64, uint64_t, int64_t, 64, 52, 1023)
  * target's subnormal quantum, so the FPU's own round-to-nearest-even (the default mode, never
  * changed here) does the rounding (the classic float -> half trick). codec.py hands it out only
  * for formats whose half-minimum subnormal is >= 2**-126, so float32 subnormal inputs (even
- * flushed by DAZ) give 0. */
-FP8REF_INLINE uint32_t encode_rne32(uint32_t u, const rne_params *p) {
+ * flushed by DAZ) give 0. `finite` != 0 promises no NaN/Inf input. */
+FP8REF_INLINE uint32_t encode_rne32(uint32_t u, const rne_params *p, int finite) {
     uint32_t s = u >> 31, a = u & 0x7FFFFFFFu;
     uint32_t normal = ((a + p->H + ((a >> p->S) & 1u)) >> p->S) - p->B;
     uint32_t subnormal = bits_of(f32_of(a) + f32_of(p->magic_bits)) - p->magic_bits;
     uint32_t mag = SEL(a < p->emin_bits, subnormal, normal);
-    return ENCODE_TAIL(p, mag, s, a >= 0x7F800000u, a > 0x7F800000u);
+    return ENCODE_TAIL(p, mag, s, !finite && a >= 0x7F800000u, a > 0x7F800000u);
 }
 
 /* Max of the magnitude bits (sign cleared) of x[0, n): integer order is magnitude order, and NaN

@@ -100,7 +100,7 @@ FP8REF_INLINE int exact_f32(const void *src, uint8_t *restrict dst, int64_t lo, 
         float d = (q + magic) - magic;
         float r = __builtin_fmaf(-d, sv, ax);
         uint32_t nudged = bits_of(d) + (uint32_t)(r > 0.0f) - (uint32_t)(r < 0.0f);
-        uint32_t code = fast ? encode_rne32(nudged | sign, &c->rp) : encode_bits32(nudged | sign, &c->p, mode, 1);
+        uint32_t code = fast ? encode_rne32(nudged | sign, &c->rp, 1) : encode_bits32(nudged | sign, &c->p, mode, 1);
         dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
     }
     return !big;
@@ -130,7 +130,7 @@ FP8REF_INLINE void segment_k(const void *src, uint8_t *restrict dst, int64_t lo,
         y = y + c->addend;
         y = y > c->clampv ? c->clampv : y;
         y = y < -c->clampv ? -c->clampv : y;
-        uint32_t code = fast ? encode_rne32(bits_of(y), &c->rp) : encode_bits32(bits_of(y), &c->p, RNE, 0);
+        uint32_t code = fast ? encode_rne32(bits_of(y), &c->rp, 0) : encode_bits32(bits_of(y), &c->p, RNE, 0);
         dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
     }
 }
@@ -143,11 +143,13 @@ FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, i
         segment_k(src, dst, lo, hi, sv, c, kind, exact, mode, mul, model, 0);
 }
 
-/* rows [r0, r1): row r's operands start at s[s_off[r]], one per g elements */
+/* rows [r0, r1): row r's operands start at s[s_off[r]], one per g elements. Last row first: a
+ * per-tensor quantize has just read the rows first to last for its amax (same split), so the
+ * rows still in the last-level cache come first and only the rest is read from memory again. */
 FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int kind, int exact, int mode, int mul,
                               int model) {
     const consts c = consts_of(j);
-    for (int64_t r = r0; r < r1; r++) {
+    for (int64_t r = r1 - 1; r >= r0; r--) {
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
             int64_t k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
