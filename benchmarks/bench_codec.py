@@ -4,7 +4,8 @@
 
 Prints fp8ref's throughput relative to (a) torch's own cast into a preallocated float8 tensor,
 (b) the exporters' pipeline ``(x / s).clamp(-448, 448).to(torch.float8_e4m3fn)`` and (c) torch's
-float8 -> float32 cast for decode. Ratios > 1 mean fp8ref is faster.
+float8 -> float32 cast for decode. Ratios > 1 mean fp8ref is faster. Each call runs alone;
+benchmarks/bench_pipeline.py times the same casts interleaved with torch ops, as in a pipeline.
 """
 
 from __future__ import annotations

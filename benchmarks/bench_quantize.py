@@ -19,9 +19,8 @@ import sys
 import time
 import tracemalloc
 
-# torch's idle OpenMP workers spin by default and steal the cores from whatever runs next
-# (here: the other contender); passive waiting is the fair setting for both (and makes torch faster).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OMP_WAIT_POLICY is left as users leave it: fp8ref's loops run on torch's own OpenMP team
+# (fp8ref/_native.py), so torch's spinning workers no longer steal the cores from them.
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -79,6 +78,22 @@ def bench(rows: int, cols: int, repeat: int) -> None:
           f"{t_torch_d / t_fp8ref:.2f}x (bf16 pipeline)  (target >= 2x)")
     print(f"  fp8ref peak extra memory: {peak / 1e6:.1f} MB = {peak / weight_bytes:.2f}x the weight "
           f"(target <= 2x)")
+    copy_bandwidth(w, repeat)
+
+
+def copy_bandwidth(w: torch.Tensor, repeat: int) -> None:
+    """quantize's bandwidth, counted as its minimum traffic (bf16 read once + codes written: 3 bytes
+    per element), against torch.Tensor.copy_ on the same weight (read + write: 4 bytes per element)."""
+    dst = torch.empty_like(w)
+    grans = {"channel": QuantArgs(granularity="channel"), "tensor": QuantArgs(granularity="tensor"),
+             "block 128x128": QuantArgs(granularity="block", block_shape=(128, 128))}
+    fns = [lambda: dst.copy_(w)] + [lambda qa=qa: quantize(w, qa) for qa in grans.values()]
+    t_copy, *t_q = best_of(fns, repeat)
+    n = w.numel()
+    print(f"  torch copy_ (bf16 -> bf16): {4 * n / t_copy / 1e9:.2f} GB/s (read + write)")
+    for name, t in zip(grans, t_q):
+        print(f"  quantize {name:14} (fp8ref recipe): {3 * n / t / 1e9:6.2f} GB/s of minimum traffic = "
+              f"{(3 * n / t) / (4 * n / t_copy):.2f} of copy_ (target >= 0.8)")
 
 
 def mismatch() -> None:
