@@ -324,7 +324,8 @@ def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, co
     rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
     job = _native.quant_job(arr.ctypes.data, codes.ctypes.data, None, None, None, None, ctypes.addressof(params),
                             None if rne is None else ctypes.addressof(rne), shape[-1], shape[-1], 0, 1,
-                            _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"), _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
+                            _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
+                            _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
                             0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
                             0x100 if neg0 is None else neg0)
     job._keep = params, rne  # the job points into them
@@ -426,7 +427,8 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
         elif rec.nonfinite == "error" and not (np.isfinite(a) & (a >= 0)).all():
             raise ScaleError(f"amax: expected finite non-negative values, got {a[~(np.isfinite(a) & (a >= 0))][:3]}")
         stored, operand = compute_scale(a, rec, fmt, dtype)
-    if not done and not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0, codes):
+    if not done and not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
+                                    codes):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)
     return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
                 recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)

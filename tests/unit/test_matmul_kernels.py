@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import fp8ref.matmul.exact as mm
-import fp8ref.matmul.fp32 as mm32
 from fp8ref import FORMATS, encode
 from fp8ref._native import kernels_available
 from fp8ref.matmul import OUT_FORMATS, scaled_mm
