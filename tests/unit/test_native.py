@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -117,3 +118,15 @@ def test_ci_shares_torchs_openmp_runtime():
     with open("/proc/self/maps") as f:
         runtimes = {line.split()[-1] for line in f if os.path.basename(line.split()[-1]).startswith("libgomp")}
     assert len(runtimes) <= 1, f"two OpenMP runtimes loaded: {runtimes}"
+
+
+@needs_c
+def test_without_torch_a_thread_pool_runs_the_loops(monkeypatch):
+    """Before torch is imported (or without it) the loops run on fp8ref's own thread pool, with
+    OMP_NUM_THREADS threads, and give the same bytes."""
+    x = (np.random.default_rng(2).standard_normal(1 << 21) * 300).astype(np.float32)
+    want = encode(x, "float8_e4m3fn")
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert _native.threads() == 3 and _native.openmp_runtime() is None
+    assert encode(x, "float8_e4m3fn").tobytes() == want.tobytes()
