@@ -130,3 +130,21 @@ def test_without_torch_a_thread_pool_runs_the_loops(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert _native.threads() == 3 and _native.openmp_runtime() is None
     assert encode(x, "float8_e4m3fn").tobytes() == want.tobytes()
+
+
+@needs_c
+def test_loops_start_no_threads_beside_torchs_team():
+    """One team: once a torch op has started torch's OpenMP workers, a large encode, quantize and
+    fp32 matmul run on them and start no thread of their own (a second pool would)."""
+    if _native.openmp_runtime() is None:
+        pytest.skip("torch's OpenMP runtime was not found (the thread pool runs the loops)")
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        torch.ones(1 << 22).mul_(2)  # torch's team is up
+        before = set(os.listdir("/proc/self/task"))
+        run_everything()
+        after = set(os.listdir("/proc/self/task"))
+    finally:
+        torch.set_num_threads(saved)
+    assert after <= before, f"{len(after - before)} new threads"
