@@ -61,6 +61,10 @@ class Defaults:
 
     emulate = None
 
+    def recipe_of(self, quant: LayerQuant) -> str:
+        """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
+        return self.name
+
     def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
         pass
 
@@ -135,7 +139,9 @@ def scale_on_float_weight(store: TensorStore, modules: list[str], names: tuple[s
 def accept(store: TensorStore, entry: LayerEntry, scale_shapes) -> LayerEntry:
     """``entry`` with the scale shapes its format's loaders read correctly for its weight's
     [out, in] ((0, 0) when the weight is not 2-D: check_layer reports that)."""
-    shape = store.info(entry.name + ".weight").shape
+    from .layout import weight_shape
+
+    shape = weight_shape(store, entry) if entry.tensors["weight"] in store else ()
     entry.accepted_scale_shapes = scale_shapes(entry.quant, *(shape if len(shape) == 2 else (0, 0)))
     return entry
 
