@@ -180,10 +180,14 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
     sshape = layout(shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
     _check_divisible(rec, qa, shape)
     if isinstance(rec, BlockRecipe):
-        if scale is not None or (amax is not None and qa.granularity != "nvfp4"):
+        if (scale is not None or amax is not None) and qa.granularity != "nvfp4":
             raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x "
-                                 f"(NVFP4 takes amax=: the tensor amax of the global scale, e.g. a fused group's)")
-        res = (_block_mx if qa.granularity == "mx" else _block_nvfp4)(arr, dtype, qa, rec, fmt, amax)
+                                 f"(NVFP4 takes amax=, the tensor amax of the global scale (e.g. a fused "
+                                 f"group's), or scale=, a stored global scale in the recipe's meaning)")
+        if qa.granularity == "mx":
+            res = _block_mx(arr, dtype, qa, rec, fmt)
+        else:
+            res = _block_nvfp4(arr, dtype, qa, rec, fmt, amax, scale)
     elif qa.granularity in ("mx", "nvfp4"):
         if scale is not None or amax is not None:
             raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x")
@@ -483,7 +487,7 @@ def _f32(v) -> np.ndarray:
     return np.asarray(v, np.float32)
 
 
-def _block_mx(arr, dtype, qa, rec: BlockRecipe, fmt, _amax) -> dict:
+def _block_mx(arr, dtype, qa, rec: BlockRecipe, fmt) -> dict:
     """MX with a producer's E8M0 rule: codes = enc(clamp(R(x * 2**-k) [+ 0])), R = rec.apply_dtype."""
     x = _exact_values(arr, dtype)
     amax = reduce_amax(x, "mx")
@@ -510,10 +514,11 @@ def _block_encode(y32: np.ndarray, rec: BlockRecipe, fmt) -> np.ndarray:
     return codes
 
 
-def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax) -> dict:
+def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     """NVFP4 with a producer's global/block scale steps (BlockRecipe docstring); ``amax`` overrides
-    the tensor amax A (a fused group's max). The global scale returned is always the dequant
-    what the producer writes: the divisor g or the multiplier, per ``global_meaning``."""
+    the tensor amax A (a fused group's max); ``given`` is a stored global scale (static, e.g. a
+    calibrated input global scale). The global scale returned is what the producer writes: the
+    divisor g or the multiplier, per ``global_meaning``."""
     sfmt = FORMATS[_NVFP4_SCALE_FORMAT]
     x32 = _f32(_exact_values(arr, dtype))
     amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")
@@ -521,8 +526,13 @@ def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax) -> dict:
     a = np.float64(amax_b.max(initial=0.0) if amax is None else np.asarray(amax, np.float64).reshape(-1)[0])
     top = np.float32(fmt.max * sfmt.max)  # 2688 for e2m1 x e4m3
     a32 = np.float32(a)  # A is a D value (exact in fp32)
+    if amax is not None and given is not None:
+        raise InputTypeError("scale, amax: give one of them, not both")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if rec.global_meaning == "divisor":
+        if given is not None:
+            g = np.float32(np.asarray(to_numpy(given) if is_torch(given) else given, np.float32).reshape(-1)[0])
+            check_scale(np.array([g]), "scale")
+        elif rec.global_meaning == "divisor":
             tiny = np.float32(np.finfo(np.float32).tiny) if dtype == "float32" else np.float32(
                 {"bfloat16": 2.0 ** -126, "float16": 2.0 ** -14}[dtype])
             g = round_to(top / np.maximum(a32, tiny), dtype if rec.global_dtype == "model" else "float32")

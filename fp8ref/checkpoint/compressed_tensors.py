@@ -15,8 +15,8 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import compressed_tensors as ct
-from .base import Defaults, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
-from .forward import dynamic_scale, qdq
+from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
+from .forward import _round, dynamic_scale, fp32_weight_scale, qdq
 from .layout import BLOCK_SCALED, D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
 NAME = ct.NAME
@@ -336,9 +336,40 @@ def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bo
     return ct.config_for_layers(resolved, kv=kv)
 
 
+def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """NVFP4 / MX (compressed-tensors 0.19.0 _quantize_dequantize, CPU): the decompressed D weight
+    is fake-quantized again with its stored scales (eff = fp32(s_b / g), or 2**k): codes of
+    clamp(R(w / eff) + 0), R = fp32 for NVFP4 and D for MX (exact), then D(fp32(decode * eff)); the
+    input is quantized at run time by the same recipe (NVFP4: with the stored input_global_scale
+    divisor; MX: its round_to_power_2 exponents)."""
+    import torch
+
+    from ..codec import decode, encode
+    from ..formats import FORMATS as FLOAT_FORMATS
+    from ..quant import QuantArgs, dequantize, quantize
+
+    q = layer.quant
+    fmt = FLOAT_FORMATS[q.weight_fmt]
+    eff = fp32_weight_scale(layer)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = w / eff
+    y = (_round(y, dtype) if q.weight_strategy == "mx" else y.astype(np.float32)) + np.float32(0.0)
+    codes = encode(np.clip(y, -fmt.max, fmt.max).astype(np.float32), fmt)
+    w = _round(decode(codes, fmt) * eff, dtype)
+    if q.input is not None:
+        recipe = layer.scheme["recipe"]
+        given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
+        xt = torch.from_numpy(np.ascontiguousarray(x32)).to(getattr(torch, dtype))  # x32 holds D values: exact
+        qx = quantize(xt, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=recipe, **given)
+        x32 = dequantize(qx, dtype=dtype).to(torch.float32).numpy()
+    return w, x32
+
+
 def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """mode="producer": transformers decompresses to D, then CT's forward fake-quantizes the weight
     again with the same scale (a no-op on the codes, but rounded to D once more) and the input."""
+    if layer.quant.weight_strategy in BLOCK_SCALED:
+        return _emulate_block(layer, w, x32, dtype)
     s_w = np.asarray(layer.expanded_scale(), np.float32)
     w = qdq(w, s_w, dtype, d_division=True, positive_zero=True)
     q = layer.quant
@@ -357,6 +388,21 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
 
 class CompressedTensors(Defaults):
     name = NAME
+    scales = (
+        ScaleDecl("tensor", "weight_scale", "multiplier", "D", "[1] ([] read)", "-"),
+        ScaleDecl("channel", "weight_scale", "multiplier", "D", "[out, 1]", "-"),
+        ScaleDecl("block", "weight_scale", "multiplier", "D", "[ceil(out/r), ceil(in/c)]",
+                  "weights.block_structure [r, c]"),
+        ScaleDecl("tensor/channel/block, static input", "input_scale", "multiplier", "D", "[1]"),
+        ScaleDecl("nvfp4", "weight_scale", "multiplier", "F8_E4M3", "[out, in/16]",
+                  "weights.group_size 16 (strategy tensor_group)", "x ~ q * weight_scale / weight_global_scale"),
+        ScaleDecl("nvfp4", "weight_global_scale", "divisor", "F32", "[1]", "-", "fp32(D(2688 / amax))"),
+        ScaleDecl("nvfp4, nvfp4 input", "input_global_scale", "divisor", "F32", "[1]",
+                  "input_activations.group_size 16", "dynamic local: block scales at run time"),
+        ScaleDecl("mx", "weight_scale", "E8M0 exponent", "U8", "[out, in/32]", "weights.group_size 32 "
+                  "(strategy group, scale_dtype torch.uint8)"),
+        ScaleDecl("KV cache", "self_attn.{k,v}_scale", "multiplier", "D", "[1]", "-"),
+    )
     methods = ("compressed-tensors",)
     detect_rank = 2  # the fallback: float8 weights with plain weight_scale tensors
     scheme_scale_dtype = "model"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -152,7 +151,7 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
         return []
     first = next(iter(kv.values()))
     example = next(iter(first.values()))[0]
-    refusal = base.get(fmt).kv_refusal
+    refusal = base.get(fmt).kv_refusal or base.get(fmt).kv_export_refusal
     if refusal:
         raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} attention module(s) (e.g. {example!r}), but "
                               f"the {fmt} format cannot express KV-cache scales: {refusal}. Export to "
@@ -433,9 +432,15 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             total_size += _write_shard(tmp, fname, specs, f.metadata, tensors(), weight_map)
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if source.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
     bar.close()
     return Path(output)
+
+
+def _config_files() -> set[str]:
+    """Files some format keeps its config in: written from the new config, never copied (a stale
+    hf_quant_config.json beside a compressed-tensors config would misdescribe the tensors)."""
+    return {f for name in base.names() for f in base.get(name).config_files}
 
 
 def _copy_others(src: Path, dst: Path, skip: set[str]) -> None:
@@ -487,10 +492,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
             why = module.kv_refusal or "compressed-tensors' kv_cache_scheme has no query scale"
             raise CheckpointError(f"{store.where(kname)}: a KV-cache scale, but the {fmt} format cannot express "
                                   f"it: {why}")
-        # old compressed-tensors names become the current ones; [] becomes [1] as compressed-tensors writes
-        target = re.sub(r"\.([kv])_proj\.output_scale$", r".\1_scale", kname)
-        shape = (1,) if store.info(kname).shape == () else store.info(kname).shape
-        renames[kname] = (target, shape)
+        renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in _candidates(store) if m not in layers]
     qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
@@ -509,5 +511,5 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if checkpoint.path.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
     return Path(output)

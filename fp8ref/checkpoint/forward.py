@@ -96,8 +96,19 @@ def producer_weight(layer, dtype: str) -> np.ndarray:
     then rounded to the model dtype D. ``QuantizedLayer.dequantize`` rounds the exact product once."""
     from ..codec import decode
 
-    s_w = np.asarray(layer.expanded_scale(), np.float32)
+    s_w = fp32_weight_scale(layer)
     return _round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, dtype)  # D(fp32(q * s))
+
+
+def fp32_weight_scale(layer) -> np.ndarray:
+    """The weight scale a producer's loader multiplies by, float32 [out, in]: the stored scale, or
+    for nvfp4 fp32(s_b / g) (a divisor global) or fp32(s_b * m) (a multiplier), rounded once."""
+    s = np.asarray(layer.expanded_scale(), np.float32)
+    q = layer.quant
+    if q.global_scale is not None:
+        g = np.float32(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
+        s = (s / g if q.global_scale == "divisor" else s * g).astype(np.float32)
+    return s
 
 
 def _producer_forward(layer, x):
