@@ -514,6 +514,21 @@ def _block_encode(y32: np.ndarray, rec: BlockRecipe, fmt) -> np.ndarray:
     return codes
 
 
+def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float32:
+    """The NVFP4 global scale ``rec`` stores for tensor amax A (a D value) of a ``dtype`` model:
+    divisor fp32(R(2688 / max(A, tiny(D)))) with R = D or fp32 (NaN/Inf/0 -> 1, compressed-tensors'
+    nan_to_num), or multiplier fp32(A) / 2688 in float32 (ModelOpt)."""
+    top = np.float32(FORMATS["float4_e2m1fn"].max * FORMATS[_NVFP4_SCALE_FORMAT].max)  # 2688
+    a32 = np.float32(amax)  # exact: a D value
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if rec.global_meaning == "multiplier":
+            return np.float32(a32 / top)
+        tiny = np.float32({"float32": np.finfo(np.float32).tiny, "bfloat16": 2.0 ** -126,
+                           "float16": 2.0 ** -14}.get(dtype, np.finfo(np.float32).tiny))
+        g = np.float32(round_to(np.float32(top / max(a32, tiny)), dtype if rec.global_dtype == "model" else "float32"))
+    return g if np.isfinite(g) and g != 0 else np.float32(1.0)
+
+
 def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     """NVFP4 with a producer's global/block scale steps (BlockRecipe docstring); ``amax`` overrides
     the tensor amax A (a fused group's max); ``given`` is a stored global scale (static, e.g. a
@@ -523,23 +538,15 @@ def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     x32 = _f32(_exact_values(arr, dtype))
     amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")
     _reject_nonfinite(amax_b, arr, dtype, rec)
-    a = np.float64(amax_b.max(initial=0.0) if amax is None else np.asarray(amax, np.float64).reshape(-1)[0])
-    top = np.float32(fmt.max * sfmt.max)  # 2688 for e2m1 x e4m3
-    a32 = np.float32(a)  # A is a D value (exact in fp32)
     if amax is not None and given is not None:
         raise InputTypeError("scale, amax: give one of them, not both")
+    if given is not None:
+        g = np.float32(np.asarray(to_numpy(given) if is_torch(given) else given, np.float32).reshape(-1)[0])
+        check_scale(np.array([g]), "scale")
+    else:
+        a = amax_b.max(initial=0.0) if amax is None else np.asarray(amax, np.float64).reshape(-1)[0]
+        g = nvfp4_producer_global(a, rec, dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if given is not None:
-            g = np.float32(np.asarray(to_numpy(given) if is_torch(given) else given, np.float32).reshape(-1)[0])
-            check_scale(np.array([g]), "scale")
-        elif rec.global_meaning == "divisor":
-            tiny = np.float32(np.finfo(np.float32).tiny) if dtype == "float32" else np.float32(
-                {"bfloat16": 2.0 ** -126, "float16": 2.0 ** -14}[dtype])
-            g = round_to(top / np.maximum(a32, tiny), dtype if rec.global_dtype == "model" else "float32")
-            g = _f32(np.nan_to_num(g, nan=1.0, posinf=1.0, neginf=1.0))  # torch.nan_to_num(.., 1.0 ...)
-            g = np.where(np.isfinite(g) & (g != 0), g, np.float32(1.0)).astype(np.float32)
-        else:
-            g = _f32(a32 / top)  # fp32 division
         ab = _f32(amax_b)  # block amax values are D values: exact in fp32
         if rec.block_form == "global*D(amax/max_elem)":
             sb = _f32(g) * _f32(round_to(ab / np.float32(fmt.max), dtype))

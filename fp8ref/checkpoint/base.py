@@ -83,6 +83,7 @@ class Defaults:
     emulate = None
     kv_export_refusal: str | None = None  # why export (from amax) cannot write KV scales it can rewrite
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
+    nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
 
     def kv_tensor(self, name: str, shape: tuple) -> tuple[str, tuple]:
         """(name, shape) a loaded KV-cache scale gets when written in this format: compressed-tensors'

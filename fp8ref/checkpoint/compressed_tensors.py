@@ -408,6 +408,7 @@ class CompressedTensors(Defaults):
     scheme_scale_dtype = "model"
     scales_follow_recipe = True
     kv_refusal = None
+    nvfp4_global = "divisor"
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return True

@@ -130,21 +130,6 @@ def accepted_scale_shapes(q: LayerQuant, out: int, inp: int) -> tuple[tuple[int,
     return (q.scale_shape(out, inp),)
 
 
-def unpack_fp4(packed: np.ndarray) -> np.ndarray:
-    """[out, in / 2] bytes -> [out, in] FP4 codes: the low nibble is the even element (both
-    compressed-tensors' pack_fp4_to_uint8 and ModelOpt's NVFP4 export, FINDINGS-2026 §1.6, §3.3.5)."""
-    p = np.asarray(packed).view(np.uint8)
-    return np.stack([p & np.uint8(0xF), p >> np.uint8(4)], axis=-1).reshape(p.shape[:-1] + (2 * p.shape[-1],))
-
-
-def pack_fp4(codes: np.ndarray) -> np.ndarray:
-    """[out, in] FP4 codes (in even) -> [out, in / 2] bytes, low nibble = even element."""
-    c = np.asarray(codes, np.uint8)
-    if c.shape[-1] % 2:
-        raise CheckpointError(f"packed FP4: the last dimension must be even, got shape {list(c.shape)}")
-    return (c[..., 0::2] & np.uint8(0xF)) | (c[..., 1::2] << np.uint8(4))
-
-
 def weight_shape(store: TensorStore, entry: LayerEntry) -> tuple[int, ...]:
     """The logical [out, in] of a layer's weight (a packed FP4 weight stores [out, in / 2] bytes)."""
     shape = store.info(entry.tensors["weight"]).shape
@@ -285,10 +270,22 @@ def to_scheme(quant: LayerQuant, recipe: str, scale_dtype: str = "model"):
     return QuantizationScheme(**fields)
 
 
-def from_scheme(scheme, where: str) -> LayerQuant:
-    """The storage layout a ``QuantizationScheme`` asks for; CheckpointError if no FP8 checkpoint
-    layout can hold it."""
+def from_scheme(scheme, where: str, nvfp4_global: str | None = "divisor") -> LayerQuant:
+    """The storage layout a ``QuantizationScheme`` asks for; CheckpointError if no checkpoint
+    layout can hold it. ``nvfp4_global``: how the target format stores NVFP4 global scales."""
     s = scheme
+    if s.data_type in ("nv_fp", "mx_fp"):
+        kind = "nvfp4" if s.data_type == "nv_fp" else "mx"
+        if kind == "nvfp4" and nvfp4_global is None:
+            raise CheckpointError(f"{where}: NVFP4 has no layout in this format")
+        if s.quantizes_activations:
+            act_kind = "nvfp4" if s.act_data_type.startswith("nv_fp") else "mx" if s.act_data_type == "mx_fp" else None
+            if act_kind != kind:
+                raise CheckpointError(f"{where}: {kind} weights with {s.act_data_type} activations have no "
+                                      f"checkpoint layout; expected {kind} activations or none")
+        return LayerQuant(kind, None, kind if s.quantizes_activations else None, weight_fmt=s.weight_format,
+                          global_scale=nvfp4_global if kind == "nvfp4" else None,
+                          input_fmt=s.act_format if s.quantizes_activations else "float8_e4m3fn")
     if s.data_type != "fp" or s.bits != 8:
         raise CheckpointError(f"{where}: data_type {s.data_type!r} bits {s.bits}; checkpoints hold FP8 "
                               f"('fp', 8 bits) layers")

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.files import read_json
-from ..io.safetensors import TensorStore, open_store
+from ..io.safetensors import TensorStore, open_store, unpack_nibbles
 from . import base
 from .detect import UNQUANTIZED, detect_format
 from .layout import (
@@ -30,7 +30,6 @@ from .layout import (
     model_dtype,
     nan_count,
     to_scheme,
-    unpack_fp4,
     weight_shape,
 )
 
@@ -64,7 +63,7 @@ class QuantizedLayer:
         name = self.tensors["weight"]
         codes = self._ckpt.store.get(name)
         if self.quant.packed:
-            codes = unpack_fp4(codes)
+            codes = unpack_nibbles(codes)  # low nibble = even element (CT, ModelOpt)
         n, idx = nan_count(codes, self.quant.weight_fmt)
         if n:
             raise CheckpointError(f"{self._ckpt.store.where(name)}: {n} NaN codes (first at {list(idx)}: "

@@ -165,6 +165,7 @@ class ModelOpt(Defaults):
                          "v_proj.v_scale are kept when a loaded ModelOpt checkpoint is written again")
 
     config_files = (mo.HF_QUANT_CONFIG,)
+    nvfp4_global = "multiplier"
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return False
