@@ -53,6 +53,10 @@ class CheckpointFormat(Protocol):
     # mode="producer" forward: (layer, D weight from forward.producer_weight, fp32 input, D) -> (weight,
     # input) as the producer's loader prepares them; None when no producer emulation is modelled
     emulate: Callable | None
+    # Defaults supplies these: kv_export_refusal (export from amax cannot write its KV names),
+    # config_files (files besides config.json it owns), nvfp4_global (divisor | multiplier | None),
+    # recipe_of(quant) (the recipe reproducing its bytes), kv_tensor(name, shape) (a KV scale's
+    # name and shape when written in this format)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         """Without a config: do float8 weights with these tensor names look like this format?"""
