@@ -401,7 +401,8 @@ def block_recipe_from_document(doc) -> BlockRecipe:
             raise doc.error(_block_path("mx_rule"), f"expected one of {', '.join(MX_SCALE_RULES)}, "
                             f"got {values['mx_rule']!r}")
         if type(values["mx_zero_code"]) is not int or not 0 <= values["mx_zero_code"] <= 254:
-            raise doc.error(_block_path("mx_zero_code"), f"expected an E8M0 byte 0..254, got {values['mx_zero_code']!r}")
+            raise doc.error(_block_path("mx_zero_code"),
+                            f"expected an E8M0 byte 0..254, got {values['mx_zero_code']!r}")
     return BlockRecipe(**{f.name: values[f.name] for f in fields(BlockRecipe)})
 
 

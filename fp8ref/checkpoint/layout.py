@@ -55,7 +55,8 @@ class LayerQuant:
         if self.global_scale is not None and self.global_scale not in GLOBAL_MEANINGS:
             raise CheckpointError(f"global_scale {self.global_scale!r}: expected one of {GLOBAL_MEANINGS}")
         if self.input in ("nvfp4", "mx") and self.input != self.weight_strategy:
-            raise CheckpointError(f"input mode {self.input!r} goes with {self.input} weights, not {self.weight_strategy}")
+            raise CheckpointError(f"input mode {self.input!r} goes with {self.input} weights, "
+                                  f"not {self.weight_strategy}")
         if self.weight_strategy not in WEIGHT_STRATEGIES:
             raise CheckpointError(f"weight strategy {self.weight_strategy!r}: expected one of {WEIGHT_STRATEGIES}")
         if (self.weight_strategy == "block") != (self.block is not None):

@@ -80,10 +80,6 @@ def _bf16_rne(v: Fraction) -> float:
     return float(n * ulp) * (1 if v > 0 else -1)
 
 
-def _stored(store, name: str) -> np.ndarray:
-    return store.get(name)
-
-
 @pytest.mark.parametrize("name", FIXTURES)
 def test_dequantize_is_the_exact_product_rounded_once(name):
     ckpt = load_checkpoint(ROOT / name)
@@ -313,7 +309,8 @@ def _e8m0_nan(a):
     ("llmc_nvfp4", _set(f"{Q}.weight_global_scale", drop=True), r"missing tensor '.*q_proj.weight_global_scale'"),
     ("llmc_nvfp4", _set(f"{Q}.weight_scale", value=_nan_byte), r"weight_scale': 1 of 256 scale values .*\(NaN\)"),
     ("llmc_nvfp4", _set(f"{Q}.weight_global_scale", value=lambda a: a * 0), r"weight_global_scale': 1 of 1 .*\(zero\)"),
-    ("llmc_nvfp4", _set(f"{Q}.weight_packed", value=lambda a: a[:, :16]), r"weight_scale'?: shape \[64, 4\] does not fit"),
+    ("llmc_nvfp4", _set(f"{Q}.weight_packed", value=lambda a: a[:, :16]),
+     r"weight_scale'?: shape \[64, 4\] does not fit"),
     ("llmc_mxfp4", _set(f"{Q}.weight_scale", value=_e8m0_nan), r"weight_scale': 1 of 128 scale values .*\(NaN\)"),
     ("llmc_mxfp8", _set(f"{Q}.weight", "U8"), r"q_proj.weight_scale': unexpected tensor"),  # U8 weight: no layer
     ("modelopt_nvfp4", _set(f"{Q}.weight_scale_2", value=lambda a: a.reshape(1, 1)), r"weight_scale_2'?: F32 \[1, 1\]"),
@@ -354,3 +351,38 @@ def test_bad_compressed_tensors_fp4_config_is_an_error(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"config_groups.group_0.weights: 4-bit tensor_group group_size 32"):
         load_checkpoint(folder)
+
+
+# --- fp8ref's exports read by compressed-tensors itself (interop env only) ----------------
+
+@pytest.mark.parametrize("scheme,recipe", [
+    ("NVFP4", "compressed-tensors-nvfp4"),
+    ({"bits": 4, "data_type": "nv_fp", "group_size": 16, "act_bits": 16}, "compressed-tensors-nvfp4"),
+    ("MXFP4", "compressed-tensors-mx"), ("MXFP8", "compressed-tensors-mx")],
+    ids=["NVFP4", "NVFP4A16", "MXFP4", "MXFP8"])
+def test_compressed_tensors_loads_fp8ref_block_exports(tmp_path, scheme, recipe, monkeypatch):
+    pytest.importorskip("compressed_tensors")
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    layers = [f"model.layers.0.{n}" for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+    export_checkpoint(tmp_path / "src", tmp_path / "out", {"scheme": scheme, "ignore": ["lm_head"]}, format=CT,
+                      recipe=recipe, calibration={n: 2.0 + i / 8 for i, n in enumerate(layers)})
+    ckpt = load_checkpoint(tmp_path / "out")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))  # compressed-tensors decompresses on the first forward
+    modules = dict(model.named_modules())
+    x = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for name in layers:
+        mod = modules[name]
+        mine = torch.from_numpy(producer_weight(ckpt[name], "bfloat16")).to(torch.bfloat16)
+        assert torch.equal(_bits(mod.weight.to(torch.bfloat16)), _bits(mine)), name
+        if mod.in_features == 64:
+            with torch.no_grad():
+                assert torch.equal(_bits(mod(x)), _bits(ckpt[name].forward(x, mode="producer"))), name
