@@ -24,7 +24,7 @@ from ._arrays import bf16_bits_to_f32, deliver, float_input, is_torch, numpy_bf1
 from .codec import ROUNDING_MODES, _c_encode_params, _c_rne_params, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
-from .recipes import Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes
+from .recipes import BlockRecipe, Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes
 from .registry import get_recipe
 from .rounding import round_to
 from .scaling import (
@@ -91,7 +91,8 @@ class QuantResult:
     scale_dtype: str                     # float32, bfloat16, float16, float8_e8m0fnu, float8_e4m3fn
     dtype: str                           # the input's dtype
     scale_codes: object = None           # MX (E8M0) / NVFP4 (E4M3) block scale codes
-    global_scale: object = None          # NVFP4 fp32 global dequant multiplier
+    global_scale: object = None          # NVFP4 fp32 global scale, as the producer stores it ...
+    global_meaning: str = "multiplier"   # ... a dequant multiplier, or a divisor (x ~ q * s_b / g)
     _recipe: Recipe = field(default=None, repr=False, compare=False)
 
 
@@ -179,7 +180,16 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
         qa = QuantArgs(**{**qa.__dict__, "granularity": "tensor"})
     sshape = layout(shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
     _check_divisible(rec, qa, shape)
-    if qa.granularity in ("mx", "nvfp4"):
+    if isinstance(rec, BlockRecipe):
+        if (scale is not None or amax is not None) and qa.granularity != "nvfp4":
+            raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x "
+                                 f"(NVFP4 takes amax=, the tensor amax of the global scale (e.g. a fused "
+                                 f"group's), or scale=, a stored global scale in the recipe's meaning)")
+        if qa.granularity == "mx":
+            res = _block_mx(arr, dtype, qa, rec, fmt)
+        else:
+            res = _block_nvfp4(arr, dtype, qa, rec, fmt, amax, scale)
+    elif qa.granularity in ("mx", "nvfp4"):
         if scale is not None or amax is not None:
             raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x")
         res = (_quantize_mx if qa.granularity == "mx" else _quantize_nvfp4)(arr, dtype, qa, rec, fmt)
@@ -188,7 +198,7 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
     return _wrap(res, as_torch)
 
 
-def _check_recipe(rec: Recipe, qa: QuantArgs, fmt: FloatFormat) -> None:
+def _check_recipe(rec: Recipe | BlockRecipe, qa: QuantArgs, fmt: FloatFormat) -> None:
     if qa.granularity not in rec.granularities:
         raise RecipeError(f"recipe {rec.name!r}: granularity {qa.granularity!r} is not one the producer "
                           f"implements (expected one of {', '.join(rec.granularities)})")
@@ -197,8 +207,8 @@ def _check_recipe(rec: Recipe, qa: QuantArgs, fmt: FloatFormat) -> None:
                           f"(expected one of {', '.join(rec.formats)})")
 
 
-def _check_divisible(rec: Recipe, qa: QuantArgs, shape: tuple) -> None:
-    if not rec.require_divisible or qa.granularity not in ("group", "block"):
+def _check_divisible(rec: Recipe | BlockRecipe, qa: QuantArgs, shape: tuple) -> None:
+    if isinstance(rec, BlockRecipe) or not rec.require_divisible or qa.granularity not in ("group", "block"):
         return
     if qa.granularity == "group":
         need, dims = (qa.group_size,), shape[-1:]
@@ -512,6 +522,96 @@ def _quantize_nvfp4(arr, dtype, qa, rec, fmt) -> dict:
                 global_scale=np.array([s_glob], np.float32), _recipe=rec)
 
 
+# --- producer block recipes (BlockRecipe): the tools' own D/fp32 arithmetic, step by step ----------
+def _f32(v) -> np.ndarray:
+    return np.asarray(v, np.float32)
+
+
+def _block_mx(arr, dtype, qa, rec: BlockRecipe, fmt) -> dict:
+    """MX with a producer's E8M0 rule: codes = enc(clamp(R(x * 2**-k) [+ 0])), R = rec.apply_dtype."""
+    x = _exact_values(arr, dtype)
+    amax = reduce_amax(x, "mx")
+    _reject_nonfinite(amax, arr, dtype, rec)
+    e = mx_scale_exponent(amax, fmt, rec.mx_rule)
+    e = np.where(amax == 0, rec.mx_zero_code - 127, e)
+    y = x * np.ldexp(1.0, -expand(e, x.shape, "mx"))  # exact in float64 (a power of two)
+    y = round_to(y, dtype if rec.apply_dtype == "model" else "float32")
+    codes = _block_encode(y, rec, fmt)
+    return dict(codes=codes, scale=e8m0_value(e), format=fmt.name, granularity="mx", recipe=rec.name,
+                args=qa, scale_dtype="float8_e8m0fnu", dtype=dtype, scale_codes=(e + 127).astype(np.uint8),
+                _recipe=rec)
+
+
+def _block_encode(y32: np.ndarray, rec: BlockRecipe, fmt) -> np.ndarray:
+    y = _f32(y32)
+    with np.errstate(invalid="ignore"):
+        if rec.add_zero:
+            y = y + np.float32(0.0)  # -0.0 + 0.0 = +0.0
+        y = np.clip(y, -fmt.max, fmt.max).astype(np.float32)
+    codes = encode(y, fmt, rounding="rne", saturate=True)
+    if rec.negative_zero == "positive" and fmt.has_negative_zero:
+        codes[codes == fmt.sign_mask] = 0
+    return codes
+
+
+def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float32:
+    """The NVFP4 global scale ``rec`` stores for tensor amax A (a D value) of a ``dtype`` model:
+    divisor fp32(R(2688 / max(A, tiny(D)))) with R = D or fp32 (NaN/Inf/0 -> 1, compressed-tensors'
+    nan_to_num), or multiplier fp32(A) / 2688 in float32 (ModelOpt)."""
+    top = np.float32(FORMATS["float4_e2m1fn"].max * FORMATS[_NVFP4_SCALE_FORMAT].max)  # 2688
+    a32 = np.float32(amax)  # exact: a D value
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if rec.global_meaning == "multiplier":
+            return np.float32(a32 / top)
+        tiny = np.float32({"float32": np.finfo(np.float32).tiny, "bfloat16": 2.0 ** -126,
+                           "float16": 2.0 ** -14}.get(dtype, np.finfo(np.float32).tiny))
+        g = np.float32(round_to(np.float32(top / max(a32, tiny)), dtype if rec.global_dtype == "model" else "float32"))
+    return g if np.isfinite(g) and g != 0 else np.float32(1.0)
+
+
+def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
+    """NVFP4 with a producer's global/block scale steps (BlockRecipe docstring); ``amax`` overrides
+    the tensor amax A (a fused group's max); ``given`` is a stored global scale (static, e.g. a
+    calibrated input global scale). The global scale returned is what the producer writes: the
+    divisor g or the multiplier, per ``global_meaning``."""
+    sfmt = FORMATS[_NVFP4_SCALE_FORMAT]
+    x32 = _f32(_exact_values(arr, dtype))
+    amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")
+    _reject_nonfinite(amax_b, arr, dtype, rec)
+    if amax is not None and given is not None:
+        raise InputTypeError("scale, amax: give one of them, not both")
+    if given is not None:
+        g = np.float32(np.asarray(to_numpy(given) if is_torch(given) else given, np.float32).reshape(-1)[0])
+        check_scale(np.array([g]), "scale")
+    else:
+        a = amax_b.max(initial=0.0) if amax is None else np.asarray(amax, np.float64).reshape(-1)[0]
+        g = nvfp4_producer_global(a, rec, dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ab = _f32(amax_b)  # block amax values are D values: exact in fp32
+        if rec.block_form == "global*D(amax/max_elem)":
+            sb = _f32(g) * _f32(round_to(ab / np.float32(fmt.max), dtype))
+        else:
+            sb = ab / _f32(np.float32(fmt.max) * g)
+        if rec.block_zero_amax is not None:
+            sb = np.where(sb == 0, np.float32(rec.block_zero_amax), sb)
+        if rec.block_min is not None:
+            sb = np.maximum(sb, np.float32(rec.block_min))
+        sb = np.clip(_f32(sb), -sfmt.max, sfmt.max).astype(np.float32)
+    scale_codes = encode(sb, sfmt, rounding="rne", saturate=True)
+    s_blk = decode(scale_codes, sfmt)
+    if rec.block_zero_stored is not None:
+        zero = s_blk == 0
+        scale_codes = np.where(zero, encode(np.float32(rec.block_zero_stored), sfmt), scale_codes).astype(np.uint8)
+        s_blk = decode(scale_codes, sfmt)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        eff = _f32(s_blk / g) if rec.global_meaning == "divisor" else _f32(s_blk * g)  # fp32, rounded once
+        y = x32 / expand(eff, x32.shape, "nvfp4").astype(np.float32)
+    codes = _block_encode(y, rec, fmt)
+    return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
+                scale_dtype=_NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,
+                global_scale=np.array([g], np.float32), global_meaning=rec.global_meaning, _recipe=rec)
+
+
 def _wrap(res: dict, as_torch: bool) -> QuantResult:
     res["codes"] = same_library(res["codes"], as_torch)
     half = res["scale_dtype"] in ("bfloat16", "float16")  # other scales are float32 values
@@ -543,11 +643,46 @@ def dequantize(q: QuantResult, *, dtype: str | None = None):
     a = q.args
     s = expand(to_numpy(q.scale).astype(np.float64), codes.shape, q.granularity, group_size=a.group_size,
                block_shape=a.block_shape)
-    if q.global_scale is not None:
-        s = s * float(to_numpy(q.global_scale)[0])
+    g = None if q.global_scale is None else float(to_numpy(q.global_scale).reshape(-1)[0])
+    if q.global_meaning == "divisor":
+        if q._recipe is not None and q._recipe.dequantize_dtype == "model":  # CT: D(fp32(q * fp32(s_b / g)))
+            eff = (s.astype(np.float32) / np.float32(g)).astype(np.float32)
+            out = round_to((vals.astype(np.float32) * eff).astype(np.float32), dtype)
+        else:
+            out = divide_round_once(vals * s, g, dtype)
+        return deliver(out, dtype, as_torch)
+    if g is not None:
+        s = s * g  # fp32 x (E4M3 value): exact in float64
     with np.errstate(invalid="ignore", over="ignore"):
         out = round_to(vals * s, dtype)
     return deliver(out, dtype, as_torch)
+
+
+def divide_round_once(p: np.ndarray, g: float, dtype: str) -> np.ndarray:
+    """p / g rounded once to ``dtype`` (p and g float64 values, g > 0 finite).
+
+    The float64 quotient is rounded again to ``dtype``; that double rounding differs from the
+    single one only where the float64 quotient is exactly a midpoint of ``dtype`` while the
+    exact quotient is not. Those elements are moved one float64 ulp toward the exact quotient
+    (sign of the exact residual p - q*g), which then rounds like it.
+    """
+    from .exact import residual_sign
+
+    p = np.asarray(p, np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        q = p / np.float64(g)
+    if dtype == "float64":
+        return q
+    tail = {"float32": 29, "bfloat16": 45, "float16": 42}[dtype]  # float64 bits below dtype's lsb
+    bits = np.abs(q).view(np.uint64)
+    mid = ((bits & np.uint64((1 << tail) - 1)) == np.uint64(1 << (tail - 1))) & np.isfinite(q)
+    if mid.any():
+        idx = np.nonzero(mid)
+        sign = residual_sign(p[idx], q[idx], np.full(q[idx].shape, np.float64(g)))
+        q = q.copy()
+        q[idx] = np.where(sign == 0, q[idx], np.nextafter(q[idx], np.where(sign > 0, np.inf, -np.inf)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return round_to(q, dtype)
 
 
 def fake_quant(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight"):

@@ -296,3 +296,119 @@ def _path_of(field_name: str) -> tuple:
             if name == field_name:
                 return ("steps", step, key)
     return ()
+
+
+# --- block-scaled (MX, NVFP4) producer recipes ------------------------------------------------
+@dataclass(frozen=True)
+class BlockRecipe:
+    """A producer's MX or NVFP4 arithmetic (``kind: block`` in the YAML). Steps, in order:
+
+    1. ``global`` (NVFP4): from the tensor amax A (a fused group's max where the producer fuses):
+       ``divisor`` g = D-or-fp32(max_elem*max_scale / max(A, tiny)) (compressed-tensors), or
+       ``multiplier`` = fp32(A) / (max_elem*max_scale) in float32 (ModelOpt).
+    2. ``block_scale``: NVFP4 ``global*D(amax/max_elem)`` (fp32 product of the divisor and the
+       D-rounded amax/6) or ``amax/fp32(max_elem*global)`` (fp32 quotient by the fp32 product);
+       ``zero_amax`` replaces a 0 quotient before the E4M3 rounding, ``min`` clamps it from
+       below, ``zero_stored`` replaces a stored 0 after it. MX: the E8M0 exponent by ``rule``
+       (``fp8ref.scaling.mx_scale_exponent``), ``zero_code`` the byte of an all-zero block.
+    3. ``apply``: NVFP4 x / fp32(effective scale) in float32 (effective = s_b/g or s_b*multiplier,
+       rounded to fp32 first); MX x * 2**-k, exact, then rounded to ``dtype``; ``+ 0`` if
+       ``add_zero`` (-0.0 -> +0.0); clamp to +-max_elem.
+    4. ``encode``: RNE, saturating; ``negative_zero`` keep (tiny negatives give the -0 code) or positive.
+    """
+
+    name: str
+    summary: str
+    source: str
+    verified: str
+    granularities: tuple[str, ...]
+    formats: tuple[str, ...]
+    nonfinite: str
+    global_meaning: str | None      # None (MX) | divisor | multiplier
+    global_dtype: str | None        # None | model | float32
+    block_form: str | None          # None (MX) | global*D(amax/max_elem) | amax/fp32(max_elem*global)
+    block_zero_amax: float | None
+    block_min: float | None
+    block_zero_stored: float | None
+    mx_rule: str | None             # None (NVFP4) | a scaling.MX_SCALE_RULES name
+    mx_zero_code: int | None
+    apply_dtype: str                # float32 | model (MX: the dtype x * 2**-k is rounded to)
+    add_zero: bool
+    negative_zero: str              # keep | positive
+    dequantize_dtype: str           # exact | model
+
+
+_BLOCK_STEPS = {
+    "global": {"meaning": "global_meaning", "dtype": "global_dtype"},
+    "block_scale": {"form": "block_form", "zero_amax": "block_zero_amax", "min": "block_min",
+                    "zero_stored": "block_zero_stored", "mx_rule": "mx_rule", "zero_code": "mx_zero_code"},
+    "apply": {"dtype": "apply_dtype", "add_zero": "add_zero"},
+    "encode": {"negative_zero": "negative_zero"},
+    "dequantize": {"dtype": "dequantize_dtype"},
+}
+_BLOCK_TOP = ("name", "kind", "summary", "source", "verified", "granularities", "formats", "nonfinite", "steps")
+_BLOCK_CHOICES = {
+    "nonfinite": ("error", "propagate"), "global_meaning": (None, "divisor", "multiplier"),
+    "global_dtype": (None, "model", "float32"),
+    "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)"),
+    "apply_dtype": ("float32", "model"), "negative_zero": ("keep", "positive"),
+    "dequantize_dtype": ("exact", "model"),
+}
+
+
+def block_recipe_from_document(doc) -> BlockRecipe:
+    """Validate a ``kind: block`` recipe document strictly (every key present, nothing else)."""
+    from .scaling import MX_SCALE_RULES
+
+    data = doc.data
+    _exact_keys(doc, (), data, _BLOCK_TOP)
+    values: dict = {}
+    for key in ("name", "summary", "source", "verified", "nonfinite"):
+        if not isinstance(data[key], str) or not data[key]:
+            raise doc.error((key,), f"expected a non-empty string, got {data[key]!r}")
+        values[key] = data[key]
+    for key, allowed in (("granularities", ("mx", "nvfp4")), ("formats", ("float4_e2m1fn", "float8_e4m3fn"))):
+        seq = data[key]
+        if not isinstance(seq, list) or not seq or not all(v in allowed for v in seq):
+            raise doc.error((key,), f"expected a non-empty list of {', '.join(allowed)}, got {seq!r}")
+        values[key] = tuple(seq)
+    if len(values["granularities"]) != 1:
+        raise doc.error(("granularities",), "a block recipe is for one of mx, nvfp4")
+    _exact_keys(doc, ("steps",), data["steps"], tuple(_BLOCK_STEPS))
+    for step, keys in _BLOCK_STEPS.items():
+        _exact_keys(doc, ("steps", step), data["steps"][step], tuple(keys))
+        for key, field_name in keys.items():
+            value = data["steps"][step][key]
+            if field_name in ("block_zero_amax", "block_min", "block_zero_stored"):
+                value = _number(doc, ("steps", step, key), value)
+            values[field_name] = value
+    for name, allowed in _BLOCK_CHOICES.items():
+        if not any(values[name] == a and type(values[name]) is type(a) for a in allowed):
+            raise doc.error(_block_path(name), f"expected one of {', '.join(map(str, allowed))}, got {values[name]!r}")
+    if not isinstance(values["add_zero"], bool):
+        raise doc.error(_block_path("add_zero"), f"expected true or false, got {values['add_zero']!r}")
+    nv = values["granularities"] == ("nvfp4",)
+    mx_fields = ("mx_rule", "mx_zero_code")
+    nv_fields = ("global_meaning", "global_dtype", "block_form")
+    for name in nv_fields if not nv else mx_fields:
+        if values[name] is not None:
+            raise doc.error(_block_path(name), f"must be null for granularity {values['granularities'][0]}")
+    for name in nv_fields if nv else mx_fields:
+        if values[name] is None:
+            raise doc.error(_block_path(name), f"needed for granularity {values['granularities'][0]}")
+    if not nv:
+        if values["mx_rule"] not in MX_SCALE_RULES:
+            raise doc.error(_block_path("mx_rule"), f"expected one of {', '.join(MX_SCALE_RULES)}, "
+                            f"got {values['mx_rule']!r}")
+        if type(values["mx_zero_code"]) is not int or not 0 <= values["mx_zero_code"] <= 254:
+            raise doc.error(_block_path("mx_zero_code"),
+                            f"expected an E8M0 byte 0..254, got {values['mx_zero_code']!r}")
+    return BlockRecipe(**{f.name: values[f.name] for f in fields(BlockRecipe)})
+
+
+def _block_path(field_name: str) -> tuple:
+    for step, keys in _BLOCK_STEPS.items():
+        for key, name in keys.items():
+            if name == field_name:
+                return ("steps", step, key)
+    return (field_name,)

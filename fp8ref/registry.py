@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import RecipeError, did_you_mean
 from .io.yaml import YamlDocument, load_yaml
-from .recipes import Recipe, recipe_from_document
+from .recipes import BlockRecipe, Recipe, block_recipe_from_document, recipe_from_document
 
 SPECS_DIR = Path(__file__).resolve().parent / "specs"
 RECIPES_DIR = SPECS_DIR / "recipes"
@@ -40,22 +40,24 @@ def recipe_names() -> tuple[str, ...]:
 
 
 @functools.cache
-def load_recipes(directory: str | None = None) -> dict[str, Recipe]:
-    """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once."""
+def load_recipes(directory: str | None = None) -> dict[str, Recipe | BlockRecipe]:
+    """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once. A document with
+    ``kind: block`` is an MX/NVFP4 ``BlockRecipe``; the others are element-scale ``Recipe``s."""
     folder = Path(directory) if directory is not None else RECIPES_DIR
     recipes: dict[str, Recipe] = {}
     for path in sorted(folder.glob("*.yaml")):
         doc = load_yaml(path)
-        recipe = recipe_from_document(doc)
+        is_block = isinstance(doc.data, dict) and doc.data.get("kind") == "block"
+        recipe = block_recipe_from_document(doc) if is_block else recipe_from_document(doc)
         if recipe.name != path.stem:
             raise doc.error(("name",), f"expected the file name {path.stem!r}, got {recipe.name!r}")
         recipes[recipe.name] = recipe
     return recipes
 
 
-def get_recipe(recipe: Recipe | str | None) -> Recipe:
+def get_recipe(recipe: Recipe | BlockRecipe | str | None) -> Recipe | BlockRecipe:
     """A Recipe, or a built-in recipe's name (None -> 'fp8ref')."""
-    if isinstance(recipe, Recipe):
+    if isinstance(recipe, (Recipe, BlockRecipe)):
         return recipe
     name = DEFAULT_RECIPE if recipe is None else recipe
     known = load_recipes()

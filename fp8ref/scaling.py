@@ -34,7 +34,9 @@ from .formats import FloatFormat
 GRANULARITIES = ("tensor", "channel", "token", "group", "block", "mx", "nvfp4")
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
-MX_SCALE_RULES = ("floor", "rceil")
+# ct-round-to-power-2: compressed-tensors 0.19.0 round_to_power_2 (MXFP4 and MXFP8 alike); the name
+# set is shared with the engines work on MX rule names (ocp-floor/even/...), which may rename these.
+MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2")
 
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -169,6 +171,8 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
 
     floor (OCP MX v1.0): floor(log2 amax) - emax_elem; large elements then clip to +-max_elem.
     rceil (NVIDIA/cuBLAS, torchao RCEIL): ceil(log2(amax / max_elem)), so nothing clips.
+    ct-round-to-power-2 (compressed-tensors 0.19.0 ``round_to_power_2``: adds 2**-2 of the
+    significand's unit and truncates): floor(log2 amax) + [significand >= 1.75] - emax_elem.
     amax == 0 -> -127 (code 0x00, the smallest scale; gfloat, TE).
     """
     if rule not in MX_SCALE_RULES:
@@ -178,6 +182,9 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
     safe = np.where(finite_pos, a, 1.0)
     if rule == "floor":
         e = _frexp_exponent(safe) - elem.emax
+    elif rule == "ct-round-to-power-2":
+        m, e2 = np.frexp(safe)  # safe = m * 2**e2, m in [0.5, 1): significand 2m >= 1.75 iff m >= 0.875
+        e = (e2.astype(np.int64) - 1) + (m >= 0.875) - elem.emax
     else:
         # amax/max_elem in float64 is a power of two only when the exact ratio is one
         # (same gap argument as amax_over_max), so frexp's mantissa == 0.5 tests it exactly.

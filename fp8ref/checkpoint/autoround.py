@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import auto_round as ar
-from .base import Defaults, accept, fp8_weights, plain_linears, register, unquantized_linears
+from .base import Defaults, ScaleDecl, accept, fp8_weights, plain_linears, register, unquantized_linears
 from .forward import qdq
 from .layout import D_DTYPES, LayerEntry, LayerQuant
 
@@ -112,11 +112,16 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
 
 class AutoRound(Defaults):
     name = NAME
+    scales = (
+        ScaleDecl("channel", "weight_scale", "multiplier", "D", "[out] (1-D)"),
+        ScaleDecl("channel, static input", "input_scale", "multiplier", "D", "[1]"),
+    )
     methods = ("auto-round", "intel/auto-round")
     detect_rank = 1
     scheme_scale_dtype = "model"
     scales_follow_recipe = True
     kv_refusal = KV_REFUSAL
+    config_files = ("quantization_config.json",)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         """1-D per-row ``weight_scale`` tensors are auto-round's."""

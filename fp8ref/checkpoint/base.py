@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import CheckpointError
@@ -20,6 +21,25 @@ from ..io.safetensors import TensorStore
 from .layout import LayerEntry, LayerQuant
 
 Plan = list[tuple[str, str, str, tuple]]  # (role, tensor name, safetensors dtype, shape)
+MEANINGS = ("multiplier", "divisor", "E8M0 exponent")
+
+
+@dataclass(frozen=True)
+class ScaleDecl:
+    """What one stored scale tensor means, declared once per format (docs/checkpoints.md's scale
+    table is generated from these; tests check them against the committed fixtures).
+
+    ``meaning``: ``multiplier`` (x ~ q * s), ``divisor`` (x ~ q * ... / g) or ``E8M0 exponent``
+    (a uint8 biased exponent b: multiplier 2**(b - 127)). ``dtype``/``shape`` as stored
+    (``D``: the model dtype); ``block``: where the block size comes from."""
+
+    layout: str          # the layers it applies to (a LayerQuant.weight_strategy, optionally qualified)
+    tensor: str          # tensor name suffix after the module name
+    meaning: str
+    dtype: str
+    shape: str
+    block: str = "-"
+    note: str = ""
 
 
 class CheckpointFormat(Protocol):
@@ -29,9 +49,14 @@ class CheckpointFormat(Protocol):
     scheme_scale_dtype: str  # the scale_dtype field of its layers' schemes: "model" or "float32"
     scales_follow_recipe: bool  # export stores scales in the recipe's dtype (False: the plan's own)
     kv_refusal: str | None  # why fp8ref cannot write KV-cache scales in this format (None: it can)
+    scales: tuple[ScaleDecl, ...]  # what each stored scale means (the one declaration of it)
     # mode="producer" forward: (layer, D weight from forward.producer_weight, fp32 input, D) -> (weight,
     # input) as the producer's loader prepares them; None when no producer emulation is modelled
     emulate: Callable | None
+    # Defaults supplies these: kv_export_refusal (export from amax cannot write its KV names),
+    # config_files (files besides config.json it owns), nvfp4_global (divisor | multiplier | None),
+    # recipe_of(quant) (the recipe reproducing its bytes), kv_tensor(name, shape) (a KV scale's
+    # name and shape when written in this format)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         """Without a config: do float8 weights with these tensor names look like this format?"""
@@ -60,6 +85,18 @@ class Defaults:
     """What a format without producer quirks, extra config files or producer emulation inherits."""
 
     emulate = None
+    kv_export_refusal: str | None = None  # why export (from amax) cannot write KV scales it can rewrite
+    config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
+    nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
+
+    def kv_tensor(self, name: str, shape: tuple) -> tuple[str, tuple]:
+        """(name, shape) a loaded KV-cache scale gets when written in this format: compressed-tensors'
+        (old ``{k,v}_proj.output_scale`` names become ``{k,v}_scale``; [] becomes [1])."""
+        return re.sub(r"\.([kv])_proj\.output_scale$", r".\1_scale", name), (1,) if shape == () else shape
+
+    def recipe_of(self, quant: LayerQuant) -> str:
+        """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
+        return self.name
 
     def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
         pass
@@ -71,9 +108,24 @@ class Defaults:
 _FORMATS: dict[str, CheckpointFormat] = {}
 
 
+def scale_table() -> str:
+    """The markdown table of every registered format's declared scales (docs/checkpoints.md)."""
+    rows = ["| format | layers | tensor | meaning | dtype | shape | block size from | note |",
+            "|---|---|---|---|---|---|---|---|"]
+    for f in _FORMATS.values():
+        for d in f.scales:
+            rows.append(f"| {f.name} | {d.layout} | `{d.tensor}` | {d.meaning} | {d.dtype} | {d.shape} | {d.block} "
+                        f"| {d.note} |")
+    return "\n".join(rows) + "\n"
+
+
 def register(fmt: CheckpointFormat) -> CheckpointFormat:
     if fmt.name in _FORMATS:
         raise CheckpointError(f"checkpoint format {fmt.name!r} is registered twice")
+    bad = [d for d in fmt.scales if d.meaning not in MEANINGS]
+    if not fmt.scales or bad:
+        raise CheckpointError(f"checkpoint format {fmt.name!r}: declare its scales (ScaleDecl, meaning one of "
+                              f"{MEANINGS}); got {bad or 'none'}")
     _FORMATS[fmt.name] = fmt
     return fmt
 
@@ -135,7 +187,9 @@ def scale_on_float_weight(store: TensorStore, modules: list[str], names: tuple[s
 def accept(store: TensorStore, entry: LayerEntry, scale_shapes) -> LayerEntry:
     """``entry`` with the scale shapes its format's loaders read correctly for its weight's
     [out, in] ((0, 0) when the weight is not 2-D: check_layer reports that)."""
-    shape = store.info(entry.name + ".weight").shape
+    from .layout import weight_shape
+
+    shape = weight_shape(store, entry) if entry.tensors["weight"] in store else ()
     entry.accepted_scale_shapes = scale_shapes(entry.quant, *(shape if len(shape) == 2 else (0, 0)))
     return entry
 

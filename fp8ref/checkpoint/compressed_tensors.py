@@ -15,12 +15,15 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import compressed_tensors as ct
-from .base import Defaults, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
-from .forward import dynamic_scale, qdq
-from .layout import D_DTYPES, LayerEntry, LayerQuant, to_scheme
+from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
+from .forward import _round, dynamic_scale, fp32_weight_scale, qdq
+from .layout import BLOCK_SCALED, D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
 NAME = ct.NAME
-FORMATS = ("float-quantized", "naive-quantized", "mixed-precision")
+FP8_FORMATS = ("float-quantized", "naive-quantized", "mixed-precision")
+# CT 0.19.0 CompressionFormat names of its packed NVFP4 and MX layouts (FINDINGS-2026 §1, §2)
+BLOCK_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
+FORMATS = FP8_FORMATS + BLOCK_FORMATS
 _ARGS_KEYS = set(ct.CT_ARGS_KEYS)
 
 
@@ -30,9 +33,9 @@ def _args(args: object, where: str) -> dict:
     unknown = sorted(set(args) - _ARGS_KEYS)
     if unknown:
         raise CheckpointError(f"{where}: unknown keys {unknown} (compressed-tensors forbids extra keys)")
-    if args.get("type", "int") != "float" or args.get("num_bits", 8) != 8:
+    if args.get("type", "int") != "float" or args.get("num_bits", 8) not in (8, 4):
         raise CheckpointError(f"{where}: type {args.get('type')!r} num_bits {args.get('num_bits')!r}; "
-                              f"fp8ref loads FP8 only (type 'float', num_bits 8)")
+                              f"fp8ref loads float types of 8 or 4 bits (type 'float')")
     if args.get("symmetric", True) is not True:
         raise CheckpointError(f"{where}: symmetric {args.get('symmetric')!r}; FP8 checkpoints are symmetric")
     return args
@@ -43,8 +46,42 @@ def _strategy(args: dict) -> str:
     return ct.infer_strategy(args.get("group_size")) if strategy is None else strategy
 
 
+def _block_kind(args: dict, where: str) -> tuple[str, str] | None:
+    """('nvfp4' | 'mx', element format) for NVFP4 (tensor_group 16, E4M3 scales) and MX (group 32,
+    uint8 E8M0 scales) args; None for FP8 args. Anything else 4-bit is refused."""
+    strategy, bits, size = _strategy(args), args.get("num_bits", 8), args.get("group_size")
+    sdt = args.get("scale_dtype")
+    elem = "float4_e2m1fn" if bits == 4 else "float8_e4m3fn"
+    if strategy == "tensor_group" and bits == 4 and size == 16 and sdt in (None, "torch.float8_e4m3fn"):
+        return "nvfp4", elem
+    if strategy == "group" and size == 32 and sdt in ("torch.uint8", "uint8"):
+        return "mx", elem
+    if bits == 4 or strategy == "tensor_group":
+        raise CheckpointError(f"{where}: {bits}-bit {strategy} group_size {size!r} scale_dtype {sdt!r}; fp8ref "
+                              f"reads NVFP4 (tensor_group, 16, float8_e4m3fn) and MX (group, 32, uint8)")
+    return None
+
+
+def _block_quant(kind: str, elem: str, inputs: dict | None, where: str) -> LayerQuant:
+    if inputs is None:
+        return LayerQuant(kind, None, None, weight_fmt=elem, global_scale="divisor" if kind == "nvfp4" else None)
+    a = _args(inputs, f"{where}.input_activations")
+    a_kind = _block_kind(a, f"{where}.input_activations")
+    want = {"nvfp4": "local", "mx": True}[kind]
+    if a_kind is None or a_kind[0] != kind or a.get("dynamic") != want:
+        raise CheckpointError(f"{where}.input_activations: {kind} weights take {kind} inputs with dynamic "
+                              f"{want!r}, got {a!r:.200}")
+    return LayerQuant(kind, None, kind, weight_fmt=elem, global_scale="divisor" if kind == "nvfp4" else None,
+                      input_fmt=a_kind[1])
+
+
 def weight_quant(weights: dict, inputs: dict | None, where: str) -> LayerQuant:
     w = _args(weights, f"{where}.weights")
+    kind = _block_kind(w, f"{where}.weights")
+    if kind is not None:
+        if w.get("dynamic", False) is not False:
+            raise CheckpointError(f"{where}.weights.dynamic: {w.get('dynamic')!r}; stored weights are static")
+        return _block_quant(*kind, inputs, where)
     strategy = _strategy(w)
     if w.get("dynamic", False) is not False:
         raise CheckpointError(f"{where}.weights.dynamic: {w.get('dynamic')!r}; stored weights are static")
@@ -162,8 +199,11 @@ class Config:
 
 
 def layer_entry(name: str, quant: LayerQuant, group: str) -> LayerEntry:
-    return LayerEntry(name, quant, {"weight": f"{name}.weight", "weight_scale": f"{name}.weight_scale",
-                                    "input_scale": f"{name}.input_scale", "bias": f"{name}.bias"}, NAME, group=group)
+    tensors = {"weight": f"{name}.weight_packed" if quant.packed else f"{name}.weight",
+               "weight_scale": f"{name}.weight_scale", "input_scale": f"{name}.input_scale", "bias": f"{name}.bias"}
+    if quant.weight_strategy == "nvfp4":  # divisors: x ~ q * weight_scale / weight_global_scale
+        tensors.update(weight_global=f"{name}.weight_global_scale", input_scale=f"{name}.input_global_scale")
+    return LayerEntry(name, quant, tensors, NAME, group=group)
 
 
 def scale_shapes(quant: LayerQuant, out: int, inp: int) -> tuple[tuple[int, ...], ...]:
@@ -171,6 +211,13 @@ def scale_shapes(quant: LayerQuant, out: int, inp: int) -> tuple[tuple[int, ...]
     if quant.weight_strategy == "tensor":
         return ((1,), ())
     return (quant.scale_shape(out, inp),)
+
+
+def quantized_weights(store: TensorStore) -> list[str]:
+    """Modules with a float8 ``.weight`` or a packed FP4 ``.weight_packed`` (U8)."""
+    packed = [n[: -len(".weight_packed")] for n in store
+              if n.endswith(".weight_packed") and store.info(n).dtype == "U8"]
+    return sorted(set(fp8_weights(store)) | set(packed))
 
 
 KV_NAMES = ("k_scale", "v_scale")
@@ -183,7 +230,7 @@ def layers(qc, store, where, warnings):
         qc = _inferred_config(store)
     cfg = Config(qc, where)
     entries = []
-    for name in fp8_weights(store):
+    for name in quantized_weights(store):
         if cfg.ignored(name):
             raise CheckpointError(f"{store.where(name + '.weight')}: float8 weight, but {where}.ignore lists "
                                   f"{name!r}: config and tensors disagree")
@@ -193,7 +240,8 @@ def layers(qc, store, where, warnings):
                                   f"{where}.config_groups targets {name!r}")
         group, quant, _ = match
         entries.append(accept(store, layer_entry(name, quant, group), scale_shapes))
-    plain = plain_linears(store, entries, ("weight_scale", "input_scale"))
+    plain = plain_linears(store, entries, ("weight_scale", "input_scale", "weight_global_scale",
+                                           "input_global_scale"))
     for module in plain:
         if cfg.ignored(module):
             continue
@@ -249,6 +297,15 @@ def _inferred_config(store: TensorStore) -> dict:
 # --- export ----------------------------------------------------------------------------------
 
 def cannot_express(quant: LayerQuant) -> str | None:
+    if quant.global_scale == "multiplier":
+        return ("compressed-tensors stores NVFP4 global scales as divisors (2688/amax); this layer's are "
+                "multipliers (amax/2688), and inverting one is not exact in float32")
+    if quant.weight_strategy in BLOCK_SCALED:
+        if (quant.input or quant.weight_strategy) != quant.weight_strategy:
+            return f"compressed-tensors {quant.weight_strategy} layers take {quant.weight_strategy} inputs or none"
+        if quant.packed and quant.input == "mx" and quant.input_fmt != quant.weight_fmt:
+            return "compressed-tensors' MXFP4 preset quantizes inputs to MXFP4"
+        return None
     if quant.weight_fmt != "float8_e4m3fn":
         return f"compressed-tensors FP8 is float8_e4m3fn only, got {quant.weight_fmt}"
     return None
@@ -256,6 +313,16 @@ def cannot_express(quant: LayerQuant) -> str | None:
 
 def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) -> list[tuple[str, str, str, tuple]]:
     d = D_DTYPES[dtype]
+    if quant.weight_strategy in BLOCK_SCALED:
+        _, scale_dtype, _ = BLOCK_SCALED[quant.weight_strategy]
+        plan = [("weight", f"{name}.weight_packed", "U8", (out, inp // 2)) if quant.packed else
+                ("weight", f"{name}.weight", "F8_E4M3", (out, inp)),
+                ("weight_scale", f"{name}.weight_scale", scale_dtype, quant.scale_shape(out, inp))]
+        if quant.weight_strategy == "nvfp4":
+            plan.append(("weight_global", f"{name}.weight_global_scale", "F32", (1,)))
+            if quant.input == "nvfp4":
+                plan.append(("input_scale", f"{name}.input_global_scale", "F32", (1,)))
+        return plan
     plan = [("weight", f"{name}.weight", "F8_E4M3", (out, inp)),
             ("weight_scale", f"{name}.weight_scale", d, quant.scale_shape(out, inp))]
     if quant.input == "static":
@@ -269,9 +336,40 @@ def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bo
     return ct.config_for_layers(resolved, kv=kv)
 
 
+def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """NVFP4 / MX (compressed-tensors 0.19.0 _quantize_dequantize, CPU): the decompressed D weight
+    is fake-quantized again with its stored scales (eff = fp32(s_b / g), or 2**k): codes of
+    clamp(R(w / eff) + 0), R = fp32 for NVFP4 and D for MX (exact), then D(fp32(decode * eff)); the
+    input is quantized at run time by the same recipe (NVFP4: with the stored input_global_scale
+    divisor; MX: its round_to_power_2 exponents)."""
+    import torch
+
+    from ..codec import decode, encode
+    from ..formats import FORMATS as FLOAT_FORMATS
+    from ..quant import QuantArgs, dequantize, quantize
+
+    q = layer.quant
+    fmt = FLOAT_FORMATS[q.weight_fmt]
+    eff = fp32_weight_scale(layer)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = w / eff
+    y = (_round(y, dtype) if q.weight_strategy == "mx" else y.astype(np.float32)) + np.float32(0.0)
+    codes = encode(np.clip(y, -fmt.max, fmt.max).astype(np.float32), fmt)
+    w = _round(decode(codes, fmt) * eff, dtype)
+    if q.input is not None:
+        recipe = layer.scheme["recipe"]
+        given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
+        xt = torch.from_numpy(np.ascontiguousarray(x32)).to(getattr(torch, dtype))  # x32 holds D values: exact
+        qx = quantize(xt, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=recipe, **given)
+        x32 = dequantize(qx, dtype=dtype).to(torch.float32).numpy()
+    return w, x32
+
+
 def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """mode="producer": transformers decompresses to D, then CT's forward fake-quantizes the weight
     again with the same scale (a no-op on the codes, but rounded to D once more) and the input."""
+    if layer.quant.weight_strategy in BLOCK_SCALED:
+        return _emulate_block(layer, w, x32, dtype)
     s_w = np.asarray(layer.expanded_scale(), np.float32)
     w = qdq(w, s_w, dtype, d_division=True, positive_zero=True)
     q = layer.quant
@@ -290,14 +388,33 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
 
 class CompressedTensors(Defaults):
     name = NAME
+    scales = (
+        ScaleDecl("tensor", "weight_scale", "multiplier", "D", "[1] ([] read)", "-"),
+        ScaleDecl("channel", "weight_scale", "multiplier", "D", "[out, 1]", "-"),
+        ScaleDecl("block", "weight_scale", "multiplier", "D", "[ceil(out/r), ceil(in/c)]",
+                  "weights.block_structure [r, c]"),
+        ScaleDecl("tensor/channel/block, static input", "input_scale", "multiplier", "D", "[1]"),
+        ScaleDecl("nvfp4", "weight_scale", "multiplier", "F8_E4M3", "[out, in/16]",
+                  "weights.group_size 16 (strategy tensor_group)", "x ~ q * weight_scale / weight_global_scale"),
+        ScaleDecl("nvfp4", "weight_global_scale", "divisor", "F32", "[1]", "-", "fp32(D(2688 / amax))"),
+        ScaleDecl("nvfp4, nvfp4 input", "input_global_scale", "divisor", "F32", "[1]",
+                  "input_activations.group_size 16", "dynamic local: block scales at run time"),
+        ScaleDecl("mx", "weight_scale", "E8M0 exponent", "U8", "[out, in/32]", "weights.group_size 32 "
+                  "(strategy group, scale_dtype torch.uint8)"),
+        ScaleDecl("KV cache", "self_attn.{k,v}_scale", "multiplier", "D", "[1]", "-"),
+    )
     methods = ("compressed-tensors",)
     detect_rank = 2  # the fallback: float8 weights with plain weight_scale tensors
     scheme_scale_dtype = "model"
     scales_follow_recipe = True
     kv_refusal = None
+    nvfp4_global = "divisor"
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return True
+
+    def recipe_of(self, quant: LayerQuant) -> str:
+        return {"nvfp4": "compressed-tensors-nvfp4", "mx": "compressed-tensors-mx"}.get(quant.weight_strategy, NAME)
 
     layers = staticmethod(layers)
     cannot_express = staticmethod(cannot_express)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +23,9 @@ import numpy as np
 from ..errors import CheckpointError, Fp8RefError
 from ..io.atomic import atomic_folder, atomic_write_text
 from ..io.files import read_json
-from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store
+from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store, pack_nibbles
 from . import base
-from .layout import D_DTYPES, LayerQuant, from_scheme, nan_count
+from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant, from_scheme, nan_count
 
 _EMBEDDING = ("embed", "wte", "wpe")
 _STORE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -41,6 +40,7 @@ class LayerPlan:
     dtype: str  # the source weight's dtype (the model dtype D of this layer)
     tensors: list[tuple[str, str, str, tuple]]  # (role, name, safetensors dtype, shape)
     amax: float | None = None
+    global_amax: float | None = None  # nvfp4: the weight amax of the global scale (its fused group's max)
 
 
 def _layer_config(spec):
@@ -152,7 +152,7 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
         return []
     first = next(iter(kv.values()))
     example = next(iter(first.values()))[0]
-    refusal = base.get(fmt).kv_refusal
+    refusal = base.get(fmt).kv_refusal or base.get(fmt).kv_export_refusal
     if refusal:
         raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} attention module(s) (e.g. {example!r}), but "
                               f"the {fmt} format cannot express KV-cache scales: {refusal}. Export to "
@@ -212,6 +212,7 @@ def _candidates(store: TensorStore) -> list[str]:
 def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None,
                 calibration: Mapping[str, float] | None = None) -> dict[str, LayerPlan]:
     """Resolve the spec over the source's linear layers and check the format can hold each."""
+    from ..recipes import BlockRecipe
     from ..registry import get_recipe
 
     module = base.get(fmt)
@@ -225,7 +226,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         if scheme is None:
             continue
         where = f"{config.source}: layer {name!r}"
-        quant = from_scheme(scheme, where)
+        quant = from_scheme(scheme, where, module.nvfp4_global)
         reason = module.cannot_express(quant)
         if scheme.rounding != "rne" or scheme.saturate is not True:
             reason = reason or (f"checkpoint consumers quantize with rne and saturation; rounding "
@@ -237,18 +238,21 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         if quant.weight_strategy not in rec.granularities:
             raise CheckpointError(f"{where}: recipe {rec.name!r} has no {quant.weight_strategy!r} weights "
                                   f"(it implements {', '.join(rec.granularities)})")
-        if rec.require_divisible and quant.block and (info.shape[0] % quant.block[0] or info.shape[1] % quant.block[1]):
+        if quant.block and rec.require_divisible and (info.shape[0] % quant.block[0] or info.shape[1] % quant.block[1]):
             raise CheckpointError(f"{store.where(name + '.weight')}: shape {list(info.shape)}: recipe {rec.name!r} "
                                   f"needs the block {list(quant.block)} to divide it")
         dtype = {v: k for k, v in D_DTYPES.items()}[info.dtype]
-        scale_dtype = D_DTYPES[dtype] if rec.scale_store_dtype == "model" else "F32"
+        block = quant.weight_strategy in BLOCK_SCALED
+        if block != isinstance(rec, BlockRecipe):
+            raise CheckpointError(f"{where}: recipe {rec.name!r} is not a {quant.weight_strategy} recipe")
+        scale_dtype = "F32" if block or rec.scale_store_dtype != "model" else D_DTYPES[dtype]
         tensors = []
         for role, tname, tdtype, shape in module.tensor_plan(name, quant, *info.shape, dtype):
-            if role in ("weight_scale", "input_scale") and module.scales_follow_recipe:
+            if role in ("weight_scale", "input_scale") and module.scales_follow_recipe and not block:
                 tdtype = scale_dtype
             tensors.append((role, tname, tdtype, shape))
         amax = None
-        if quant.input == "static":
+        if quant.input in ("static", "nvfp4"):
             if calibration is None or name not in calibration:
                 raise CheckpointError(f"{where}: static input quantization needs this layer's activation "
                                       f"amax; the calibration statistics have none")
@@ -257,11 +261,32 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
     if not plans:
         raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(_candidates(store))} "
                               f"linear layers of {store.root}")
+    _fuse_nvfp4_globals(store, plans)
     clash = [t for p in plans.values() for _, t, _, _ in p.tensors[1:] if t in store]
     if clash:
         raise CheckpointError(f"{store.where(clash[0])}: the source already has a tensor the {fmt} export "
                               f"would write")
     return plans
+
+
+# Linear layers that read one input and are fused by serving engines; both compressed-tensors
+# (llm-compressor's observer fusion) and ModelOpt (preprocess_linear_fusion) give them one NVFP4 global.
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+
+
+def _fuse_nvfp4_globals(store: TensorStore, plans: dict[str, LayerPlan]) -> None:
+    """Per nvfp4 layer, the max weight amax over its fused siblings (and the max input amax)."""
+    from ..scaling import reduce_amax
+
+    nv = {n: p for n, p in plans.items() if p.quant.weight_strategy == "nvfp4"}
+    amax = {n: float(reduce_amax(np.asarray(store.get(n + ".weight")), "tensor")[0]) for n in nv}
+    for name, plan in nv.items():
+        parent, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+        group = next((g for g in FUSED_SIBLINGS if leaf in g), (leaf,))
+        members = [m for m in (f"{parent}.{g}" if parent else g for g in group) if m in nv]
+        plan.global_amax = max(amax[m] for m in members)
+        if plan.amax is not None:
+            plan.amax = max(plans[m].amax for m in members if plans[m].amax is not None)
 
 
 def _prefetched(f):
@@ -286,6 +311,8 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
 
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
     w = store.file_of(f"{plan.name}.weight").view(f"{plan.name}.weight", raw)
+    if plan.quant.weight_strategy in BLOCK_SCALED:
+        return _quantize_block_layer(store, plan, w, roles)
     try:
         q = quantize(w, plan.scheme, recipe=plan.recipe)
     except Fp8RefError as exc:
@@ -306,6 +333,35 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
         stored, _ = compute_scale(np.array([plan.amax]), rec, FLOAT_FORMATS[plan.quant.weight_fmt], plan.dtype)
         out[name] = _checked_scale(store, name, plan,
                                    _as_stored(np.asarray(stored, np.float32), sdtype).reshape(shape))
+    return out
+
+
+def _quantize_block_layer(store: TensorStore, plan: LayerPlan, w: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
+    """nvfp4 / mx: element codes (packed two per byte for FP4), E4M3 / E8M0 block-scale bytes, the
+    nvfp4 global weight scale of the fused group's amax and the global input scale of the calibrated amax."""
+    from ..quant import QuantArgs, nvfp4_producer_global, quantize
+    from ..registry import get_recipe
+
+    q = plan.quant
+    args = QuantArgs(format=q.weight_fmt, granularity=q.weight_strategy)
+    try:
+        res = quantize(w, args, recipe=plan.recipe, **({"amax": plan.global_amax} if plan.global_amax else {}))
+    except Fp8RefError as exc:
+        raise CheckpointError(f"{store.where(plan.name + '.weight')}: cannot quantize: {exc}") from None
+    n_nan, _ = nan_count(np.asarray(res.scale_codes), BLOCK_SCALED[q.weight_strategy][2])
+    if n_nan or nan_count(np.asarray(res.codes), q.weight_fmt)[0]:
+        raise CheckpointError(f"{store.where(plan.name + '.weight')}: non-finite values or block scales; "
+                              f"a checkpoint cannot hold NaN weights")
+    codes = np.asarray(res.codes)
+    out = {roles["weight"][0]: pack_nibbles(codes) if q.packed else codes,
+           roles["weight_scale"][0]: np.asarray(res.scale_codes, np.uint8).reshape(roles["weight_scale"][2])}
+    if "weight_global" in roles:
+        name, _, shape = roles["weight_global"]
+        out[name] = np.asarray(res.global_scale, np.float32).reshape(shape)
+    if "input_scale" in roles:
+        name, _, shape = roles["input_scale"]
+        g = nvfp4_producer_global(plan.amax, get_recipe(plan.recipe), plan.dtype)
+        out[name] = _checked_scale(store, name, plan, np.asarray(g, np.float32).reshape(shape))
     return out
 
 
@@ -433,9 +489,15 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             total_size += _write_shard(tmp, fname, specs, f.metadata, tensors(), weight_map)
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if source.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
     bar.close()
     return Path(output)
+
+
+def _config_files() -> set[str]:
+    """Files some format keeps its config in: written from the new config, never copied (a stale
+    hf_quant_config.json beside a compressed-tensors config would misdescribe the tensors)."""
+    return {f for name in base.names() for f in base.get(name).config_files}
 
 
 def _copy_others(src: Path, dst: Path, skip: set[str]) -> None:
@@ -487,10 +549,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
             why = module.kv_refusal or "compressed-tensors' kv_cache_scheme has no query scale"
             raise CheckpointError(f"{store.where(kname)}: a KV-cache scale, but the {fmt} format cannot express "
                                   f"it: {why}")
-        # old compressed-tensors names become the current ones; [] becomes [1] as compressed-tensors writes
-        target = re.sub(r"\.([kv])_proj\.output_scale$", r".\1_scale", kname)
-        shape = (1,) if store.info(kname).shape == () else store.info(kname).shape
-        renames[kname] = (target, shape)
+        renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in _candidates(store) if m not in layers]
     qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
@@ -509,5 +568,5 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if checkpoint.path.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json", "quantization_config.json"})
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
     return Path(output)

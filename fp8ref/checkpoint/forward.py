@@ -28,6 +28,11 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
         raise CheckpointError(f"mode: {mode!r}; expected one of {MODES}")
     if mode == "producer":
         return _producer_forward(layer, x)
+    if layer.quant.weight_strategy in ("nvfp4", "mx"):
+        if mm_options or accumulate != "exact":
+            raise CheckpointError(f"{layer.name}: {layer.quant.weight_strategy} layers have the exact reference "
+                                  f"only (accumulate='exact', no scaled_mm options)")
+        return _block_scaled_forward(layer, x, out_dtype)
     from ..matmul import linear
 
     q = layer.quant
@@ -43,6 +48,41 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
                   dynamic=None if static else q.input.removeprefix("dynamic-"),
                   bias=layer.bias, fmt=q.weight_fmt, out_dtype=out_dtype, block_k=block_k, block_n=block_n,
                   accumulate=accumulate, **mm_options)
+
+
+def _block_scaled_forward(layer, x, out_dtype):
+    """nvfp4 / mx reference: the input quantized by the layer's producer recipe (the block scales
+    a backend computes at run time; NVFP4 under the stored global input scale), then the exact
+    sum of the exact products, times the global multipliers or divided by the global divisors,
+    rounded once (``fp8ref.matmul.global_scaled``). Weight-only layers take x as it is."""
+    from .._arrays import deliver, float64_values, float_input, is_torch
+    from ..codec import decode
+    from ..matmul.global_scaled import global_scaled_linear
+    from ..quant import QuantArgs, quantize
+    from ..scaling import expand
+
+    q = layer.quant
+    arr, dtype, _ = float_input(x, "x")
+    out = out_dtype or (dtype if dtype in ("bfloat16", "float16", "float32") else "float32")
+    lead, k = arr.shape[:-1], arr.shape[-1]
+    if k != layer.shape[1]:
+        raise CheckpointError(f"{layer.name}: x has {k} features, the weight {layer.shape[1]}")
+    wv = decode(layer.weight_codes, q.weight_fmt).astype(np.float64) * layer.expanded_scale()
+    g = 1.0 if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
+    if q.input is None:
+        xv = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k)
+    else:
+        given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
+        qx = quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=layer.scheme["recipe"], **given)
+        codes = np.asarray(qx.codes if not is_torch(qx.codes) else qx.codes.numpy())
+        s = np.asarray(qx.scale if not is_torch(qx.scale) else qx.scale.numpy(), np.float64)
+        xv = (decode(codes, q.input_fmt).astype(np.float64) * expand(s, codes.shape, q.input)).reshape(-1, k)
+        if q.input == "nvfp4":
+            g *= float(np.asarray(qx.global_scale if not is_torch(qx.global_scale) else qx.global_scale.numpy(),
+                                  np.float32).reshape(-1)[0])  # float32 x float32: exact in float64
+    bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float64)
+    y = global_scaled_linear(xv, wv, g, q.global_scale or "multiplier", bias=bias, out_dtype=out)
+    return deliver(y.reshape(*lead, layer.shape[0]), out, is_torch(x))
 
 
 # --- producer emulation -----------------------------------------------------------------------
@@ -96,8 +136,19 @@ def producer_weight(layer, dtype: str) -> np.ndarray:
     then rounded to the model dtype D. ``QuantizedLayer.dequantize`` rounds the exact product once."""
     from ..codec import decode
 
-    s_w = np.asarray(layer.expanded_scale(), np.float32)
+    s_w = fp32_weight_scale(layer)
     return _round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, dtype)  # D(fp32(q * s))
+
+
+def fp32_weight_scale(layer) -> np.ndarray:
+    """The weight scale a producer's loader multiplies by, float32 [out, in]: the stored scale, or
+    for nvfp4 fp32(s_b / g) (a divisor global) or fp32(s_b * m) (a multiplier), rounded once."""
+    s = np.asarray(layer.expanded_scale(), np.float32)
+    q = layer.quant
+    if q.global_scale is not None:
+        g = np.float32(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
+        s = (s / g if q.global_scale == "divisor" else s * g).astype(np.float32)
+    return s
 
 
 def _producer_forward(layer, x):

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import hf_fp8 as hf
-from .base import Defaults, accept, fp8_weights, infer_block, plain_linears, register
+from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register
 from .layout import LayerEntry, LayerQuant
 
 NAME = hf.NAME
@@ -128,6 +128,13 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
 
 class HfFp8(Defaults):
     name = NAME
+    scales = (
+        ScaleDecl("block", "weight_scale_inv", "multiplier", "F32 (BF16 read)",
+                  "[ceil(out/r), ceil(in/c)]", "weight_block_size [r, c]", "a multiplier despite its name"),
+        ScaleDecl("tensor", "weight_scale_inv", "multiplier", "F32", "[]", "-", "a multiplier despite its name"),
+        ScaleDecl("tensor, static input", "activation_scale", "multiplier", "F32", "[]"),
+        ScaleDecl("tensor (AutoFP8 names)", "weight_scale / input_scale", "multiplier", "F32", "[]"),
+    )
     methods = (hf.METHOD,)
     detect_rank = 0
     scheme_scale_dtype = "float32"

@@ -31,6 +31,9 @@ def describe(ckpt: Checkpoint, *, values: bool = True) -> dict:
             entry["weight_scale"].update(_stats(layer.weight_scale))
             if layer.input_scale is not None:
                 entry["input_scale"] = float(np.asarray(layer.input_scale).astype(np.float64).reshape(-1)[0])
+            if layer.quant.global_scale is not None:  # nvfp4: the global scale and what it means
+                entry["global_scale"] = {"meaning": layer.quant.global_scale,
+                                         "weight": float(np.asarray(layer.weight_global, np.float64).reshape(-1)[0])}
         layers[name] = entry
     return {"path": str(ckpt.path), "format": ckpt.format, "dtype": ckpt.dtype, "layers": layers,
             "kv_scales": sorted(ckpt.kv_scales), "unquantized_tensors": len(ckpt.unquantized),

@@ -18,8 +18,13 @@ from ..errors import CheckpointError
 from ..io.safetensors import DTYPES, TensorStore
 
 FLOAT_SCALE_DTYPES = ("F32", "BF16", "F16")
-WEIGHT_STRATEGIES = ("tensor", "channel", "block")
-INPUT_MODES = ("static", "dynamic-tensor", "dynamic-token", "dynamic-group")
+# nvfp4: E4M3 scales per 16 along K under a per-tensor global scale; mx: E8M0 (uint8 biased exponent)
+# scales per 32 along K. Both store FP4 elements packed two per byte, low nibble = even element.
+WEIGHT_STRATEGIES = ("tensor", "channel", "block", "nvfp4", "mx")
+BLOCK_SCALED = {"nvfp4": (16, "F8_E4M3", "float8_e4m3fn"), "mx": (32, "U8", "float8_e8m0fnu")}
+# nvfp4 input: per-16 scales computed at run time under a stored (static) global input scale
+INPUT_MODES = ("static", "dynamic-tensor", "dynamic-token", "dynamic-group", "nvfp4", "mx")
+GLOBAL_MEANINGS = ("divisor", "multiplier")
 D_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
@@ -36,8 +41,22 @@ class LayerQuant:
     input: str | None = "static"
     input_group: int | None = None
     weight_fmt: str = "float8_e4m3fn"
+    global_scale: str | None = None  # nvfp4: the stored global scales are a divisor or a multiplier
+    input_fmt: str = "float8_e4m3fn"
+
+    @property
+    def packed(self) -> bool:
+        """FP4 elements stored two per uint8, low nibble = even element (compressed-tensors, ModelOpt)."""
+        return self.weight_fmt == "float4_e2m1fn"
 
     def __post_init__(self) -> None:
+        if (self.weight_strategy == "nvfp4") != (self.global_scale is not None):
+            raise CheckpointError("global_scale (divisor or multiplier) must be given exactly for 'nvfp4' weights")
+        if self.global_scale is not None and self.global_scale not in GLOBAL_MEANINGS:
+            raise CheckpointError(f"global_scale {self.global_scale!r}: expected one of {GLOBAL_MEANINGS}")
+        if self.input in ("nvfp4", "mx") and self.input != self.weight_strategy:
+            raise CheckpointError(f"input mode {self.input!r} goes with {self.input} weights, "
+                                  f"not {self.weight_strategy}")
         if self.weight_strategy not in WEIGHT_STRATEGIES:
             raise CheckpointError(f"weight strategy {self.weight_strategy!r}: expected one of {WEIGHT_STRATEGIES}")
         if (self.weight_strategy == "block") != (self.block is not None):
@@ -56,18 +75,25 @@ class LayerQuant:
             return (1,)
         if self.weight_strategy == "channel":
             return (out, 1)
+        if self.weight_strategy in BLOCK_SCALED:
+            return (out, ceil(inp / BLOCK_SCALED[self.weight_strategy][0]))
         return (ceil(out / self.block[0]), ceil(inp / self.block[1]))
 
     def describe(self) -> str:
         w = self.weight_strategy if self.block is None else f"block{list(self.block)}"
+        if self.global_scale:
+            w += f" (global {self.global_scale})"
         a = "none" if self.input is None else self.input + (f"{self.input_group}" if self.input_group else "")
+        if self.input in ("nvfp4", "mx") and self.input_fmt != "float8_e4m3fn":
+            a += f" {self.input_fmt}"
         return f"W {self.weight_fmt} {w}, input {a}"
 
 
 @dataclass
 class LayerEntry:
     """One quantized layer: its module name, quantization, and tensor names by role
-    (``weight``, ``weight_scale``, ``input_scale``, ``bias``)."""
+    (``weight``, ``weight_scale``, ``weight_global`` (nvfp4), ``input_scale`` (a static input
+    scale, or nvfp4's global input scale), ``bias``)."""
 
     name: str
     quant: LayerQuant
@@ -105,37 +131,53 @@ def accepted_scale_shapes(q: LayerQuant, out: int, inp: int) -> tuple[tuple[int,
     return (q.scale_shape(out, inp),)
 
 
+def weight_shape(store: TensorStore, entry: LayerEntry) -> tuple[int, ...]:
+    """The logical [out, in] of a layer's weight (a packed FP4 weight stores [out, in / 2] bytes)."""
+    shape = store.info(entry.tensors["weight"]).shape
+    return (shape[0], 2 * shape[1]) if entry.quant.packed and len(shape) == 2 else shape
+
+
 def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool) -> None:
     """Validate one layer's tensors: presence, dtypes, shapes, and (optionally) scale values."""
     t = entry.tensors
-    for role in ("weight", "weight_scale") + (("input_scale",) if entry.quant.input == "static" else ()):
+    for role in ("weight", "weight_scale") + (("input_scale",) if entry.quant.input in ("static", "nvfp4") else ()):
         if role not in t or t[role] not in store:
             name = t.get(role, f"{entry.name}.{role}")
             where = store.where(t["weight"]) if t.get("weight") in store else f"{store.root}: layer {entry.name!r}"
             raise CheckpointError(f"{where}: missing tensor {name!r} ({entry.quant.describe()} needs it)")
+    q = entry.quant
     w = store.info(t["weight"])
-    fmt_dtype = next(k for k, v in DTYPES.items() if v.fmt == entry.quant.weight_fmt)
+    fmt_dtype = "U8" if q.packed else next(k for k, v in DTYPES.items() if v.fmt == q.weight_fmt)
     if w.dtype != fmt_dtype:
-        raise CheckpointError(f"{store.where(t['weight'])}: dtype {w.dtype}, expected {fmt_dtype} "
-                              f"for a quantized weight")
+        what = f"packed {q.weight_fmt} pairs" if q.packed else "a quantized weight"
+        raise CheckpointError(f"{store.where(t['weight'])}: dtype {w.dtype}, expected {fmt_dtype} for {what}")
     if len(w.shape) != 2:
-        raise CheckpointError(f"{store.where(t['weight'])}: shape {list(w.shape)}, expected [out, in]")
-    out, inp = w.shape
+        raise CheckpointError(f"{store.where(t['weight'])}: shape {list(w.shape)}, expected "
+                              f"{'[out, in / 2]' if q.packed else '[out, in]'}")
+    out, inp = weight_shape(store, entry)
     s = store.info(t["weight_scale"])
-    if s.dtype not in FLOAT_SCALE_DTYPES:
-        raise CheckpointError(f"{store.where(t['weight_scale'])}: dtype {s.dtype}, expected one of "
-                              f"{FLOAT_SCALE_DTYPES}")
+    scale_dtypes = (BLOCK_SCALED[q.weight_strategy][1],) if q.weight_strategy in BLOCK_SCALED else FLOAT_SCALE_DTYPES
+    if s.dtype not in scale_dtypes:
+        raise CheckpointError(f"{store.where(t['weight_scale'])}: dtype {s.dtype}, expected "
+                              f"{' or '.join(scale_dtypes)} for {q.weight_strategy} weight scales")
+    if q.weight_strategy == "nvfp4":
+        if "weight_global" not in t or t["weight_global"] not in store:
+            raise CheckpointError(f"{store.where(t['weight'])}: missing tensor {t.get('weight_global')!r} "
+                                  f"(the NVFP4 global weight scale, a {q.global_scale})")
+        _check_global(store, t["weight_global"])
     shapes = entry.accepted_scale_shapes or accepted_scale_shapes(entry.quant, out, inp)
     if s.shape not in shapes:
         raise CheckpointError(f"{store.where(t['weight_scale'])}: shape {list(s.shape)} does not fit "
                               f"{entry.quant.describe()} of a [{out}, {inp}] weight; expected "
                               f"{' or '.join(str(list(x)) for x in shapes)}")
     if "input_scale" in t and t["input_scale"] in store:
-        if entry.quant.input != "static":
+        if entry.quant.input not in ("static", "nvfp4"):
             raise CheckpointError(f"{store.where(t['input_scale'])}: present, but the config says the "
                                   f"input is {entry.quant.input or 'not quantized'}")
         i = store.info(t["input_scale"])
-        if i.dtype not in FLOAT_SCALE_DTYPES or i.shape not in ((), (1,)):
+        if entry.quant.input == "nvfp4":
+            _check_global(store, t["input_scale"])
+        elif i.dtype not in FLOAT_SCALE_DTYPES or i.shape not in ((), (1,)):
             raise CheckpointError(f"{store.where(t['input_scale'])}: {i.dtype} {list(i.shape)}, expected "
                                   f"a per-tensor scale: one of {FLOAT_SCALE_DTYPES}, shape [] or [1]")
     if "bias" in t and t["bias"] in store:
@@ -144,9 +186,18 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool) ->
             raise CheckpointError(f"{store.where(t['bias'])}: {b.dtype} {list(b.shape)}, expected a "
                                   f"float [{out}] bias")
     if check_values:
-        for role in ("weight_scale", "input_scale"):
+        for role in ("weight_scale", "weight_global", "input_scale"):
             if role in t and t[role] in store:
-                check_scale_values(store, t[role])
+                fmt = BLOCK_SCALED[q.weight_strategy][2] if role == "weight_scale" and q.weight_strategy in \
+                    BLOCK_SCALED else None
+                check_scale_values(store, t[role], fmt)
+
+
+def _check_global(store: TensorStore, name: str) -> None:
+    g = store.info(name)
+    if g.dtype != "F32" or g.shape not in ((), (1,)):
+        raise CheckpointError(f"{store.where(name)}: {g.dtype} {list(g.shape)}, expected an NVFP4 global "
+                              f"scale: F32, shape [] or [1]")
 
 
 def nan_count(codes: np.ndarray, fmt_name: str) -> tuple[int, tuple[int, ...] | None]:
@@ -167,8 +218,15 @@ def nan_count(codes: np.ndarray, fmt_name: str) -> tuple[int, tuple[int, ...] | 
     return n, (tuple(int(i) for i in np.argwhere(mask)[0]) if n else None)
 
 
-def check_scale_values(store: TensorStore, name: str) -> np.ndarray:
-    values = np.asarray(store.get(name)).astype(np.float64)
+def check_scale_values(store: TensorStore, name: str, fmt: str | None = None) -> np.ndarray:
+    """The scale values of tensor ``name`` as float64 (``fmt``: the codes' format, E4M3 or E8M0
+    block scales stored as bytes), each checked to be positive and finite."""
+    values = np.asarray(store.get(name))
+    if fmt is not None:
+        from ..codec import decode
+
+        values = decode(values.view(np.uint8), fmt)
+    values = values.astype(np.float64)
     bad = ~np.isfinite(values) | (values <= 0)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0]) if values.ndim else ()
@@ -186,10 +244,22 @@ def to_scheme(quant: LayerQuant, recipe: str, scale_dtype: str = "model"):
     """The ``QuantizationScheme`` of a stored layer (the dict-like object users see)."""
     from ..scheme import QuantizationScheme
 
-    fields = {"bits": 8, "data_type": "fp", "weight_format": quant.weight_fmt, "recipe": recipe,
+    bits = 4 if quant.weight_fmt == "float4_e2m1fn" else 8
+    fields = {"bits": bits, "data_type": "fp", "weight_format": quant.weight_fmt, "recipe": recipe,
               "weight_granularity": quant.weight_strategy, "scale_dtype": scale_dtype}
     if quant.block is not None:
         fields["block_shape"] = quant.block
+    if quant.weight_strategy in BLOCK_SCALED:  # the family fixes grouping and scale dtype
+        nv = quant.weight_strategy == "nvfp4"
+        fields.update(data_type="nv_fp" if nv else "mx_fp", weight_granularity="tensor_group" if nv else "group",
+                      group_size=BLOCK_SCALED[quant.weight_strategy][0],
+                      scale_dtype=BLOCK_SCALED[quant.weight_strategy][2])
+        if quant.input in ("nvfp4", "mx"):
+            fields.update(act_bits=4 if quant.input_fmt == "float4_e2m1fn" else 8, act_format=quant.input_fmt,
+                          act_data_type="nv_fp4_with_static_gs" if nv else "mx_fp",
+                          act_granularity=fields["weight_granularity"], act_group_size=fields["group_size"],
+                          act_dynamic=True)
+            return QuantizationScheme(**fields)
     if quant.input is None:
         fields["act_bits"] = 16
     else:
@@ -201,10 +271,22 @@ def to_scheme(quant: LayerQuant, recipe: str, scale_dtype: str = "model"):
     return QuantizationScheme(**fields)
 
 
-def from_scheme(scheme, where: str) -> LayerQuant:
-    """The storage layout a ``QuantizationScheme`` asks for; CheckpointError if no FP8 checkpoint
-    layout can hold it."""
+def from_scheme(scheme, where: str, nvfp4_global: str | None = "divisor") -> LayerQuant:
+    """The storage layout a ``QuantizationScheme`` asks for; CheckpointError if no checkpoint
+    layout can hold it. ``nvfp4_global``: how the target format stores NVFP4 global scales."""
     s = scheme
+    if s.data_type in ("nv_fp", "mx_fp"):
+        kind = "nvfp4" if s.data_type == "nv_fp" else "mx"
+        if kind == "nvfp4" and nvfp4_global is None:
+            raise CheckpointError(f"{where}: NVFP4 has no layout in this format")
+        if s.quantizes_activations:
+            act_kind = "nvfp4" if s.act_data_type.startswith("nv_fp") else "mx" if s.act_data_type == "mx_fp" else None
+            if act_kind != kind:
+                raise CheckpointError(f"{where}: {kind} weights with {s.act_data_type} activations have no "
+                                      f"checkpoint layout; expected {kind} activations or none")
+        return LayerQuant(kind, None, kind if s.quantizes_activations else None, weight_fmt=s.weight_format,
+                          global_scale=nvfp4_global if kind == "nvfp4" else None,
+                          input_fmt=s.act_format if s.quantizes_activations else "float8_e4m3fn")
     if s.data_type != "fp" or s.bits != 8:
         raise CheckpointError(f"{where}: data_type {s.data_type!r} bits {s.bits}; checkpoints hold FP8 "
                               f"('fp', 8 bits) layers")

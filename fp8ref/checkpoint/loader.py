@@ -18,15 +18,25 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.files import read_json
-from ..io.safetensors import TensorStore, open_store
+from ..io.safetensors import TensorStore, open_store, unpack_nibbles
 from . import base
 from .detect import UNQUANTIZED, detect_format
-from .layout import LayerEntry, LayerQuant, check_layer, check_scale_values, model_dtype, nan_count, to_scheme
+from .layout import (
+    BLOCK_SCALED,
+    LayerEntry,
+    LayerQuant,
+    check_layer,
+    check_scale_values,
+    model_dtype,
+    nan_count,
+    to_scheme,
+    weight_shape,
+)
 
 # Tensor-name endings that only quantized checkpoints use; unclaimed ones are errors.
 QUANT_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "activation_scale", "weight_zero_point",
                   "input_zero_point", "weight_global_scale", "input_global_scale", "output_scale", "k_scale",
-                  "v_scale", "q_scale", "weight_g_idx")
+                  "v_scale", "q_scale", "weight_g_idx", "weight_packed", "weight_scale_2")
 
 
 class QuantizedLayer:
@@ -39,18 +49,21 @@ class QuantizedLayer:
         self.quant: LayerQuant = entry.quant
         self.producer = entry.producer
         store = checkpoint.store
-        self.scheme = to_scheme(entry.quant, entry.producer, base.get(entry.producer).scheme_scale_dtype)
+        fmt = base.get(entry.producer)
+        self.scheme = to_scheme(entry.quant, fmt.recipe_of(entry.quant), fmt.scheme_scale_dtype)
         self.tensors = {role: n for role, n in entry.tensors.items() if n in store}
-        self.shape = store.info(self.tensors["weight"]).shape
+        self.shape = weight_shape(store, entry)
 
     def __repr__(self) -> str:
         return f"QuantizedLayer({self.name!r}, {self.quant.describe()}, shape={list(self.shape)})"
 
     @property
     def weight_codes(self) -> np.ndarray:
-        """uint8 codes [out, in]; NaN codes are rejected (no producer writes them)."""
+        """uint8 codes [out, in] (packed FP4 pairs unpacked); NaN codes are rejected (no producer writes them)."""
         name = self.tensors["weight"]
         codes = self._ckpt.store.get(name)
+        if self.quant.packed:
+            codes = unpack_nibbles(codes)  # low nibble = even element (CT, ModelOpt)
         n, idx = nan_count(codes, self.quant.weight_fmt)
         if n:
             raise CheckpointError(f"{self._ckpt.store.where(name)}: {n} NaN codes (first at {list(idx)}: "
@@ -61,14 +74,29 @@ class QuantizedLayer:
         name = self.tensors.get(role)
         if name is None:
             return None
-        if role in ("weight_scale", "input_scale"):
-            check_scale_values(self._ckpt.store, name)
+        if role in ("weight_scale", "input_scale", "weight_global"):
+            block = self.quant.weight_strategy in BLOCK_SCALED and role == "weight_scale"
+            values = check_scale_values(self._ckpt.store, name, BLOCK_SCALED[self.quant.weight_strategy][2]
+                                        if block else None)
+            if block:  # E4M3 / E8M0 values are exact in float32
+                return values.astype(np.float32)
         return self._ckpt.store.get(name)
 
     @property
     def weight_scale(self) -> np.ndarray:
-        """The stored weight scale (dequantization multiplier), in its stored dtype and shape."""
+        """The stored weight scale, in its stored dtype and shape: a dequantization multiplier, or
+        for nvfp4/mx the block scales' values as float32 (their bytes: ``weight_scale_codes``)."""
         return self._tensor("weight_scale")
+
+    @property
+    def weight_scale_codes(self) -> np.ndarray:
+        """The stored bytes of an nvfp4 (E4M3) or mx (E8M0 biased exponent) block scale."""
+        return self._ckpt.store.get(self.tensors["weight_scale"]).view(np.uint8)
+
+    @property
+    def weight_global(self) -> np.ndarray | None:
+        """nvfp4: the stored F32 global weight scale (``quant.global_scale`` says divisor or multiplier)."""
+        return self._tensor("weight_global")
 
     @property
     def input_scale(self) -> np.ndarray | None:
@@ -87,6 +115,8 @@ class QuantizedLayer:
             return np.full((out, inp), s.reshape(-1)[0])
         if q.weight_strategy == "channel":
             return np.broadcast_to(s.reshape(out, 1), (out, inp))
+        if q.weight_strategy in BLOCK_SCALED:  # the block scales only: the nvfp4 global is weight_global
+            return np.repeat(s, BLOCK_SCALED[q.weight_strategy][0], axis=1)[:, :inp]
         r, c = q.block
         return np.repeat(np.repeat(s, r, axis=0), c, axis=1)[:out, :inp]
 
@@ -100,6 +130,12 @@ class QuantizedLayer:
                                   f"{', '.join(DEQUANTIZE_DTYPES)}")
         q, (out, _) = self.quant, self.shape
         s = np.asarray(self.weight_scale).astype(np.float64)
+        if q.weight_strategy in BLOCK_SCALED:  # x = decode(q) * s_b (* m or / g), exact, rounded once
+            args = QuantArgs(format=q.weight_fmt, granularity=q.weight_strategy)
+            g = None if q.global_scale is None else np.asarray(self.weight_global, np.float32).reshape(1)
+            stored = QuantResult(self.weight_codes, s, q.weight_fmt, q.weight_strategy, self.producer, args,
+                                 "float64", dtype, global_scale=g, global_meaning=q.global_scale or "multiplier")
+            return dequantize(stored, dtype=dtype)
         granularity = q.weight_strategy  # tensor, channel or block: quant granularity names
         s = s.reshape(()) if granularity == "tensor" else s.reshape(out, 1) if granularity == "channel" else s
         args = QuantArgs(format=q.weight_fmt, granularity=granularity, block_shape=q.block)
@@ -174,7 +210,7 @@ class Checkpoint(Mapping):
     def validate_values(self) -> None:
         """Read every scale and every weight and check them (NaN codes, bad scales)."""
         for layer in self._layers.values():
-            _ = layer.weight_codes, layer.weight_scale, layer.input_scale  # reading checks the values
+            _ = layer.weight_codes, layer.weight_scale, layer.input_scale, layer.weight_global  # reading checks
         for name in self.kv_scales.values():
             check_scale_values(self.store, name)
 

@@ -88,8 +88,11 @@ def cmd_inspect(args) -> int:
         line = f"  {name}  {layer['shape']}  {layer['layout']}  scale {ws['dtype']}{ws['shape']}"
         if "min" in ws:
             line += f" [{_fmt(ws['min'])}, {_fmt(ws['max'])}]"
+        if "global_scale" in layer:  # nvfp4: a divisor (compressed-tensors) or a multiplier (ModelOpt)
+            line += f"  global {layer['global_scale']['meaning']} {_fmt(layer['global_scale']['weight'])}"
         if "input_scale" in layer:
-            line += f"  input_scale {_fmt(layer['input_scale'])}"
+            kind = f"input global {layer['global_scale']['meaning']}" if "global_scale" in layer else "input_scale"
+            line += f"  {kind} {_fmt(layer['input_scale'])}"
         print(line)
     if "error" in info:
         print("quantization error vs original (worst first):")

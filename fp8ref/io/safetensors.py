@@ -200,9 +200,7 @@ class SafetensorsFile:
         info = self.info(name)
         dt = DTYPES[info.dtype]
         if dt.name == "F4":
-            codes = np.empty(raw.size * 2, dtype=np.uint8)
-            codes[0::2], codes[1::2] = raw & 0x0F, raw >> 4
-            return codes.reshape(info.shape)
+            return unpack_nibbles(raw).reshape(info.shape)
         if dt.numpy is None:
             raise CheckpointError(f"{self.path}: tensor {name!r}: {info.dtype} has no agreed element "
                                   f"packing; use read_bytes() for the raw bytes")
@@ -489,7 +487,22 @@ def _pack(spec: TensorSpec, codes: np.ndarray) -> np.ndarray:
     flat = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
     if flat.size % 2 or (flat > 0x0F).any():
         raise CheckpointError(f"tensor {spec.name!r}: F4 needs an even number of 4-bit codes")
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+    return pack_nibbles(flat)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Bytes [..., n] -> 4-bit codes [..., 2n], the low nibble first (the even element): the F4
+    dtype's order, and the order of the uint8-packed FP4 pairs compressed-tensors and ModelOpt write."""
+    p = np.asarray(packed).view(np.uint8)
+    return np.stack([p & np.uint8(0x0F), p >> np.uint8(4)], axis=-1).reshape(p.shape[:-1] + (2 * p.shape[-1],))
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes [..., 2n] -> bytes [..., n], the even element in the low nibble."""
+    c = np.asarray(codes, np.uint8)
+    if c.shape[-1] % 2:
+        raise CheckpointError(f"packed FP4: the last dimension must be even, got shape {list(c.shape)}")
+    return ((c[..., 0::2] & np.uint8(0x0F)) | (c[..., 1::2] << np.uint8(4))).astype(np.uint8)
 
 
 

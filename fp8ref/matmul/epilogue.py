@@ -83,6 +83,38 @@ def _repair(taus: list, c: np.ndarray, out: OutFormat) -> np.ndarray:
     return np.where(c == 0, np.where(expansion_sign(exp) < 0, -0.0, 0.0), c)  # underflow keeps the sign; 0 is +0
 
 
+def _round_quotient_exact(taus: list, g: np.ndarray, out: OutFormat) -> np.ndarray:
+    """RNE of (exact sum of ``taus``) / g to ``out``, g > 0 finite float64: a float64 candidate,
+    then exact comparisons of the sum with mid * g (TwoProduct: mid * g = hi + lo exactly) for the
+    midpoints around it where the candidate may be wrong, as ``_repair`` does for sums."""
+    y, mag = taus[0], np.abs(taus[0])
+    for t in taus[1:]:
+        y, mag = y + t, mag + np.abs(t)
+    g = np.broadcast_to(np.asarray(g, np.float64), np.shape(y))
+    with np.errstate(over="ignore", invalid="ignore"):
+        c, sure = _candidate(y / g, 4.0 * mag * ((len(taus) + 2) * 2.0 ** -53) / g, out)
+    if sure.all():
+        return np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+    unsure = ~sure
+    exp = [taus[0][unsure]]
+    for t in taus[1:]:
+        exp = grow_expansion(exp, t[unsure])
+    gu, cu = g[unsure], c[unsure]
+    while True:
+        d_lo, d_hi, odd = _gaps(cu, out)
+        signs = []
+        for mid in (cu + d_hi / 2, cu - d_lo / 2):  # exact: half a gap of a float64 grid point
+            hi, lo = two_product(mid, gu)
+            signs.append(expansion_sign(grow_expansion(grow_expansion(exp, -hi), -lo)))
+        up = (signs[0] > 0) | ((signs[0] == 0) & odd)
+        down = (signs[1] < 0) | ((signs[1] == 0) & odd)
+        if not (up.any() or down.any()):
+            break
+        cu = np.where(up, cu + d_hi, np.where(down, cu - d_lo, cu))
+    c[unsure] = np.where(cu == 0, np.where(expansion_sign(exp) < 0, -0.0, 0.0), cu)
+    return np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+
+
 @dataclass(frozen=True)
 class CodeOut:
     """An output in the codes of ``fmt`` (a format of fp8ref.formats with zero and subnormals).

@@ -64,7 +64,9 @@ def to_ct_args(scheme: QuantizationScheme, part: str) -> dict | None:
     gran = s.act_granularity
     dynamic = "local" if s.act_data_type == "nv_fp4_with_static_gs" else s.act_dynamic
     args = _ct_args(s.act_bits, gran, s.act_group_size if gran in ("group", "tensor_group") else None, dynamic, s)
-    args["observer"] = {False: "static_minmax", True: None, "local": "minmax"}[dynamic]
+    # NVFP4 inputs ("local": calibrated global, run-time blocks): llm-compressor 0.14 writes static_minmax
+    # (tests/fixtures/interop/checkpoints/llmc_nvfp4/config.json)
+    args["observer"] = {False: "static_minmax", True: None, "local": "static_minmax"}[dynamic]
     return args
 
 
