@@ -1,12 +1,18 @@
-"""scaled_mm speed against a torch float32 matmul of the same shape, measured in the same run.
+"""scaled_mm speed against float32 and float64 matmuls of the same shape, measured in the same run.
 
     python benchmarks/bench_matmul.py [--m 256 --k 4096 --n 4096] [--repeat 3] [--fp32-k K]
 
-Prints time(fp8ref) / time(torch float32 matmul) for accumulate="exact" (per tensor and per row
-scales, 128x128 block scales) and accumulate="fp32". Targets (issue): exact <= 10x, fp32 <= 2x.
+Prints time(fp8ref) / time(torch float32 matmul) and time(fp8ref) / time(float64 matmul) (the
+faster of torch's and numpy's, on float64 operands already decoded), each the median over rounds
+that time the references right before and after fp8ref (so a load change between them moves both) for accumulate="exact" (per
+tensor and per row scales, 1x128 / 128x128 block scales; also bias + bfloat16 output) and
+accumulate="fp32". The float64 matmul is the exact mode's floor (one float64 GEMM of the decoded
+values, docs/matmul.md "Speed"). Targets (issue #11): exact <= 1.3x float64 with tensor/row
+scales, <= 2x with block scales; fp32 <= 2x float32.
 The fp32 mode runs the C loop of fp8ref/_kernels_matmul.c (declared sequential order over K, register
 tiles over M and N); without the C loops it is a numpy loop over K, far slower: use --fp32-k to time a
-shorter K. Other processes on the machine move both timings: repeat runs and report the range.
+shorter K. Other processes on the machine move both timings: repeat runs and report the range
+(the per-round range is printed too).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ def main() -> None:
     p.add_argument("--m", type=int, default=256)
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=7, help="rounds; ratios are medians over rounds")
     p.add_argument("--fp32-k", type=int, default=None, help="K for the fp32 mode (default: --k)")
     args = p.parse_args()
     M, K, N = args.m, args.k, args.n
@@ -40,24 +46,47 @@ def main() -> None:
     blk_a = rng.uniform(0.01, 0.02, (M, -(-K // 128))).astype(np.float32)
     blk_b = rng.uniform(0.01, 0.02, (-(-K // 128), -(-N // 128))).astype(np.float32)
 
-    def torch_mm(k: int):
-        x, y = torch.randn(M, k), torch.randn(k, N)
+    def torch_mm(k: int, dtype=torch.float32):
+        x, y = torch.randn(M, k, dtype=dtype), torch.randn(k, N, dtype=dtype)
         return lambda: torch.mm(x, y)
+
+    def numpy_mm(k: int):
+        x, y = rng.standard_normal((M, k)), rng.standard_normal((k, N))
+        return lambda: x @ y
+
+    bias = rng.standard_normal(N).astype(np.float32)
 
     print(f"threads: torch {torch.get_num_threads()}; shape {M}x{K}x{N}")
     cases = [
         ("exact, per-tensor scales", K, lambda: scaled_mm(a, b, sa, sb)),
         ("exact, row-wise scales", K, lambda: scaled_mm(a, b, row_a, row_b)),
         ("exact, 1x128 / 128x128 block scales", K, lambda: scaled_mm(a, b, blk_a, blk_b)),
+        ("exact, row-wise + bias, bfloat16 out", K, lambda: scaled_mm(a, b, row_a, row_b, bias=bias,
+                                                                      out_dtype="bfloat16")),
+        ("exact, blocks + bias, bfloat16 out", K, lambda: scaled_mm(a, b, blk_a, blk_b, bias=bias,
+                                                                    out_dtype="bfloat16")),
         (f"fp32 (sequential), K={args.fp32_k}", args.fp32_k,
          lambda: scaled_mm(a[:, :args.fp32_k], b[:args.fp32_k], sa, sb, accumulate="fp32")),
     ]
     for label, k, fn in cases:
-        ref = torch_mm(k)
-        t_ref = best_time(ref, args.repeat)
-        t = best_time(fn, args.repeat)
-        t_ref = min(t_ref, best_time(ref, args.repeat))  # again after: both see the same machine state
-        print(f"{label:40s} fp8ref {t:8.3f} s  torch fp32 mm {t_ref:7.3f} s  ratio {t / t_ref:6.1f}x")
+        refs = {"torch f32": torch_mm(k), "torch f64": torch_mm(k, torch.float64), "numpy f64": numpy_mm(k)}
+        fn()  # warm: first-call allocations and lazy imports
+        times = {name: [] for name in (*refs, "fp8ref")}
+        ratios = {"torch f32": [], "f64": []}
+        for _ in range(args.repeat):  # each round: references, fp8ref, references (the same machine state)
+            before = {name: best_time(ref, 1) for name, ref in refs.items()}
+            t = best_time(fn, 1)
+            after = {name: best_time(ref, 1) for name, ref in refs.items()}
+            for name in refs:
+                times[name].append(min(before[name], after[name]))
+            times["fp8ref"].append(t)
+            ratios["torch f32"].append(t / times["torch f32"][-1])
+            ratios["f64"].append(t / min(times["torch f64"][-1], times["numpy f64"][-1]))
+        best = {name: min(v) for name, v in times.items()}
+        f64 = min(("torch f64", "numpy f64"), key=best.get)
+        print(f"{label:38s} fp8ref {best['fp8ref']:6.3f} s  torch f32 {best['torch f32']:6.3f} s "
+              f"(x{np.median(ratios['torch f32']):4.1f})  {f64} {best[f64]:6.3f} s "
+              f"(x{np.median(ratios['f64']):4.2f}, rounds {min(ratios['f64']):4.2f}-{max(ratios['f64']):4.2f})")
 
 
 if __name__ == "__main__":

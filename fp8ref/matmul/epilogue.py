@@ -49,6 +49,91 @@ def _candidate(y: np.ndarray, bound: np.ndarray, out: OutFormat) -> tuple[np.nda
     return np.where(c == 0, np.where(y < 0, -0.0, 0.0), c), sure
 
 
+_EXP_MASK, _ABS_MASK = np.uint64(0x7FF0_0000_0000_0000), np.uint64(0x7FFF_FFFF_FFFF_FFFF)
+_NATIVE_CASTS = {"float32": np.float32, "float16": np.float16}  # numpy's float64 casts: RNE, IEEE overflow
+
+# Deciding a float64 y from its bits (``_decide_sum``, ``_decide_bound``). For y in ``out``'s
+# normal range, with s = 53 - precision float64 fraction bits below out's last place, low = y's
+# last s bits is y's offset above the grid point below it in units of ulp64(y); the rounding
+# boundary (midpoint) sits at low == 2**(s-1), and the next ones are at least 2**(s-2) units away
+# (below a power of two out's grid is twice as fine). So an x with |x - y| < d units rounds as y
+# does when d <= |low - 2**(s-1)| and d <= 2**(s-2). A y below 2**emin (out's subnormals) is left
+# to the exact path unless it is an exact zero (+0).
+
+
+def _decide_sum(y: np.ndarray, out: OutFormat, p: np.ndarray | None = None, tiny: bool = True):
+    """(RNE of y on out's grid, where it is certainly the RNE of x) for y = fl(x) (``p`` None) or
+    y = fl(p + b) with p = fl(x - b) (b the bias, x exact). No bias: only a y exactly on a midpoint
+    is unsure. With one: |x - y| <= ulp(p)/2 + ulp(y)/2 <= 1.5 ulp(y) where p's binade is at most
+    one above y's, so |low - 2**(s-1)| >= 2 decides; the others (cancellation) are unsure.
+    ``tiny=False``: the caller has proved that no nonzero y lies below 2**emin (nor, with p, below
+    2**(emin+2)... through p: every nonzero p is >= 2**(emin+2) and every nonzero b >= 2**emin)."""
+    s = 53 - out.precision
+    y = np.ascontiguousarray(y, np.float64)
+    u = y.view(np.uint64)
+    work = np.bitwise_and(u, np.uint64((1 << s) - 1))
+    if p is None:
+        sure = work != np.uint64(1 << (s - 1))
+    else:
+        work -= np.uint64((1 << (s - 1)) - 1)  # |low - half| >= 2  <=>  (low - half + 1) mod 2**64 > 2
+        sure = work > np.uint64(2)
+        ep = np.bitwise_and(p.view(np.uint64), _EXP_MASK)
+        np.bitwise_and(u, _EXP_MASK, out=work)
+        work += np.uint64(1 << 52)
+        sure &= ep <= work
+    if tiny:
+        _undecide_tiny(u, out, sure, work)
+    return _round_bits(y, u, out, work), sure
+
+
+def _decide_bound(y: np.ndarray, bound: np.ndarray, out: OutFormat):
+    """(RNE of y on out's grid, where it is certainly the RNE of every x with |x - y| <= bound).
+    A zero bound means x == y == 0 here (every term zero): decided, +0."""
+    s = 53 - out.precision
+    y = np.ascontiguousarray(y, np.float64)
+    u = y.view(np.uint64)
+    work = np.bitwise_and(u, np.uint64((1 << s) - 1))
+    dist = work.astype(np.float64)
+    dist -= float(1 << (s - 1))
+    np.abs(dist, out=dist)  # |low - half| in units of ulp64(y)
+    np.minimum(dist, float(1 << (s - 2)), out=dist)
+    binade = np.bitwise_and(u, _EXP_MASK, out=work).view(np.float64)  # 2**floor(log2|y|)
+    dist *= binade
+    dist *= 2.0 ** -52  # in absolute terms (ulp64(y) = binade 2**-52 for a normal y; 0 for a zero y)
+    sure = bound < dist
+    sure &= binade >= math.ldexp(1.0, out.emin)  # y >= 2**emin: not in out's subnormals
+    sure |= bound == 0
+    return _round_bits(y, u, out, work), sure
+
+
+def _undecide_tiny(u: np.ndarray, out: OutFormat, sure: np.ndarray, work: np.ndarray) -> None:
+    """sure &= not (0 < |y| < 2**emin), from the bits u of y (work: scratch of u's shape)."""
+    np.bitwise_and(u, _ABS_MASK, out=work)
+    work -= np.uint64(1)  # 0 wraps to the top: zeros stay decided
+    sure &= work >= np.uint64(np.float64(math.ldexp(1.0, out.emin)).view(np.uint64) - np.uint64(1))
+
+
+def _round_bits(y: np.ndarray, u: np.ndarray, out: OutFormat, work: np.ndarray) -> np.ndarray:
+    """RNE of finite float64 y to out (overflow to +-Inf, zero to +0), right wherever y is in out's
+    normal range or zero: numpy's cast for float32/float16, else add half - 1 + the last kept bit
+    (ties to even) and clear the low bits. float32/float16 arrays for those outputs."""
+    if out.name in _NATIVE_CASTS:
+        with np.errstate(over="ignore"):
+            c = y.astype(_NATIVE_CASTS[out.name])
+    else:
+        s = 53 - out.precision
+        np.right_shift(u, np.uint64(s), out=work)
+        work &= np.uint64(1)
+        work += u
+        work += np.uint64((1 << (s - 1)) - 1)
+        work &= np.uint64(~((1 << s) - 1) & 0xFFFF_FFFF_FFFF_FFFF)
+        c = work.view(np.float64)
+        if not (np.max(c, initial=0.0) <= out.max and np.min(c, initial=0.0) >= -out.max):
+            c = np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
+    c += 0.0  # -0 -> +0: a decided zero is an exact zero
+    return c
+
+
 def _round_exact(taus: list, out: OutFormat) -> np.ndarray:
     """RNE of the exact sum of ``taus`` to ``out``. y = fl(sum) is within (n+1) 2**-53 sum|tau| of
     the exact sum (recursive summation bound); where y is farther than that from every rounding

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from ..codec import decode
 from ..errors import InputTypeError, ShapeError
 from .exact import _exact
+from .exact_fast import _fast_exact
 from .fp32 import _fp32, _fp32_limited
 
 SCALE_ORDERS = ("epilogue", "operands")
@@ -50,13 +51,15 @@ class Accumulation:
 
 
 class ExactModel:
-    """The exact sum, rounded once to the output (bias included)."""
+    """The exact sum, rounded once to the output (bias included): the GEMM fast path where its
+    proof applies (exact_fast.py), else the general path (exact.py)."""
 
     name = "exact"
     rounds_once = True
 
     def __call__(self, ca, cb, fa, fb, sa, sb, bk, bias, out, acc: Accumulation):
-        return _exact(ca, cb, fa, fb, sa, sb, bk, bias, out)
+        result = _fast_exact(ca, cb, fa, fb, sa, sb, bk, bias, out)
+        return _exact(ca, cb, fa, fb, sa, sb, bk, bias, out) if result is None else result
 
 
 class Fp32Model:
