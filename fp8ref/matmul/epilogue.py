@@ -63,7 +63,8 @@ _NATIVE_CASTS = {"float32": np.float32, "float16": np.float16}  # numpy's float6
 
 def _decide_sum(y: np.ndarray, out: OutFormat, p: np.ndarray | None = None, tiny: bool = True):
     """(RNE of y on out's grid, where it is certainly the RNE of x) for y = fl(x) (``p`` None) or
-    y = fl(p + b) with p = fl(x - b) (b the bias, x exact). No bias: only a y exactly on a midpoint
+    y = fl(p + b) with p = fl(x - b) (b the bias, x exact); y and p are 0 or normal float64 (the
+    exact model's sums: no float64 underflow). No bias: only a y exactly on a midpoint
     is unsure. With one: |x - y| <= ulp(p)/2 + ulp(y)/2 <= 1.5 ulp(y) where p's binade is at most
     one above y's, so |low - 2**(s-1)| >= 2 decides; the others (cancellation) are unsure.
     ``tiny=False``: the caller has proved that no nonzero y lies below 2**emin (nor, with p, below
@@ -88,7 +89,7 @@ def _decide_sum(y: np.ndarray, out: OutFormat, p: np.ndarray | None = None, tiny
 
 def _decide_bound(y: np.ndarray, bound: np.ndarray, out: OutFormat):
     """(RNE of y on out's grid, where it is certainly the RNE of every x with |x - y| <= bound).
-    A zero bound means x == y == 0 here (every term zero): decided, +0."""
+    A zero y with a zero bound is an exact zero: decided, +0."""
     s = 53 - out.precision
     y = np.ascontiguousarray(y, np.float64)
     u = y.view(np.uint64)
@@ -102,7 +103,7 @@ def _decide_bound(y: np.ndarray, bound: np.ndarray, out: OutFormat):
     dist *= 2.0 ** -52  # in absolute terms (ulp64(y) = binade 2**-52 for a normal y; 0 for a zero y)
     sure = bound < dist
     sure &= binade >= math.ldexp(1.0, out.emin)  # y >= 2**emin: not in out's subnormals
-    sure |= bound == 0
+    sure |= (bound == 0) & (y == 0)
     return _round_bits(y, u, out, work), sure
 
 

@@ -1,0 +1,364 @@
+"""The exact model's fast path (fp8ref/matmul/exact_fast.py) against the general path of exact.py
+(the previous implementation, kept as fallback) and the Fraction oracle of test_matmul.py.
+
+Bytes are compared (float64 bit patterns of the rounded values, or uint8 codes), so signed zeros
+and NaN payloads count. Problems are drawn so that the fast path's shortcuts are attacked:
+cancellation to exact zero, results on and next to rounding midpoints of the output format,
+subnormal outputs, overflow, non-finite biases, K-blocks of every length.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fp8ref import FORMATS
+from fp8ref.matmul import exact_fast
+from fp8ref.matmul.epilogue import CODE_ROUNDINGS, CodeOut, _decide_bound, _decide_sum
+from fp8ref.matmul.exact import _exact
+from fp8ref.matmul.exact_fast import _fast_exact, _Stager
+from fp8ref.matmul.operands import _canonical_scales
+from fp8ref.rounding import OUT_FORMATS
+from tests.unit.test_matmul import OUT, fraction_oracle, round_fraction
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# format pairs whose whole code spans need one integer piece for the K drawn below (K <= 24;
+# e5m2 x e4m3 only up to K = 8, and e5m2 x e5m2 never: the general path runs, see below)
+FAST_PAIRS = [("float8_e4m3fn", "float8_e4m3fn"), ("float8_e4m3fnuz", "float8_e4m3fn"),
+              ("float8_e4m3b11fnuz", "float8_e4m3fnuz"), ("float6_e2m3fn", "float8_e4m3fn"),
+              ("float6_e3m2fn", "float6_e2m3fn"), ("float4_e2m1fn", "float8_e5m2"),
+              ("float8_e5m2", "float8_e4m3fn")]
+FINITE = {n: [c for c in range(FORMATS[n].n_codes) if FORMATS[n].exact_value(c) is not None] for n in FORMATS}
+scales32 = st.one_of(
+    st.floats(min_value=2.0 ** -149, max_value=2.0 ** 100, width=32, allow_subnormal=True),
+    st.integers(-149, 127).map(lambda e: float(np.float32(2.0 ** e))),
+    st.floats(min_value=0.25, max_value=4.0, width=32),
+)
+CODE_OUTS = ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"]
+
+
+def bits(x) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x, np.float64)).view(np.uint64)
+
+
+def both(p):
+    """(fast result, general result) of one drawn problem in canonical form."""
+    sa, sb, bk = _canonical_scales(p["sa"].astype(np.float64), p["sb"].astype(np.float64), p["a"].shape[0],
+                                   p["a"].shape[1], p["b"].shape[1], p["bk"], p["bn"])
+    args = (p["a"], p["b"], FORMATS[p["fa"]], FORMATS[p["fb"]], sa, sb, bk, p["bias"], p["out"])
+    return _fast_exact(*args), _exact(*args)
+
+
+def assert_same(fast, general, out):
+    """Same bit patterns: rounded values, or for code outputs the representatives the codec
+    encodes (each is a function of the exact value alone: docs/matmul.md, "Narrow outputs")."""
+    assert fast is not None, "the fast path declined a problem it covers"
+    np.testing.assert_array_equal(bits(fast), bits(general))
+
+
+@st.composite
+def outputs(draw):
+    if draw(st.booleans()):
+        return OUT_FORMATS[draw(st.sampled_from(list(OUT)))]
+    fmt = FORMATS[draw(st.sampled_from(CODE_OUTS))]
+    scale = draw(st.one_of(st.none(), st.floats(2.0 ** -20, 2.0 ** 20, width=32)))
+    return CodeOut(fmt, draw(st.booleans()), draw(st.sampled_from(CODE_ROUNDINGS)), scale,
+                   draw(st.sampled_from(["divide", "multiply"])))
+
+
+def codes(draw, fmt, shape):
+    pool = FINITE[fmt]
+    if draw(st.booleans()):  # the ends of the format: zero, subnormals, the largest magnitudes
+        pool = pool[:4] + pool[-4:] + [c for c in range(FORMATS[fmt].n_codes)
+                                       if c in FINITE[fmt] and c & FORMATS[fmt].sign_mask][-4:]
+    flat = draw(st.lists(st.sampled_from(pool), min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+    return np.array(flat, np.uint8).reshape(shape)
+
+
+def negate(c: np.ndarray, fmt: str) -> np.ndarray:
+    f = FORMATS[fmt]
+    flipped = c ^ np.uint8(f.sign_mask)
+    return np.where(np.vectorize(lambda x: f.exact_value(int(x)) == 0)(c), c, flipped).astype(np.uint8)
+
+
+@st.composite
+def problems(draw, max_k=24):
+    fa, fb = draw(st.sampled_from(FAST_PAIRS))
+    if draw(st.booleans()):
+        fa, fb = fb, fa
+    M, N = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    K = draw(st.integers(0, 8 if "float8_e5m2" in (fa, fb) else max_k))
+    a, b = codes(draw, fa, (M, K)), codes(draw, fb, (K, N))
+    if K and K <= 4 and draw(st.booleans()):  # cancellation: the negated pairs appended, sum exactly 0
+        a, b = np.concatenate([a, negate(a, fa)], axis=1), np.concatenate([b, b], axis=0)
+        K *= 2
+    layout = draw(st.sampled_from(["tensor", "row", "block"]))
+    bk, bn = draw(st.sampled_from([1, 2, 3, 5, 16])), draw(st.integers(1, 3))
+    kb, nb = max(1, -(-K // bk)), -(-N // bn)
+    shape_a, shape_b = {"tensor": ((), ()), "row": ((M, 1), (1, N)), "block": ((M, kb), (kb, nb))}[layout]
+    draw_scales = lambda shape: np.array(draw(st.lists(scales32, min_size=int(np.prod(shape)),  # noqa: E731
+                                                       max_size=int(np.prod(shape)))), np.float32).reshape(shape)
+    sa, sb = draw_scales(shape_a), draw_scales(shape_b)
+    bias = None
+    if draw(st.booleans()):
+        finite = st.floats(width=32, allow_nan=False, allow_infinity=False)
+        special = st.sampled_from([math.inf, -math.inf, math.nan, 0.0, -0.0, 2.0 ** -140])
+        bias = np.array(draw(st.lists(st.one_of(finite, special), min_size=N, max_size=N)), np.float32)
+        bias = bias.astype(np.float64)
+    return dict(a=a, b=b, sa=sa, sb=sb, fa=fa, fb=fb, bias=bias, bk=bk, bn=bn, out=draw(outputs()))
+
+
+@SETTINGS
+@given(problems())
+def test_fast_path_equals_general_path(p):
+    fast, general = both(p)
+    assert_same(fast, general, p["out"])
+
+
+@st.composite
+def near_midpoints(draw):
+    """x = bias + s * (1 + d): s is half a unit in the last place of the output at the bias, so x
+    sits on a rounding midpoint (d = 0) or a few units of 2**-18 s beside it; per tensor, per row
+    or per K-block (block_k 1: every product its own block)."""
+    out = draw(st.sampled_from(list(OUT)))
+    precision, emin, _ = OUT[out]
+    N = draw(st.integers(1, 3))
+    e = draw(st.lists(st.integers(emin + 2, 60), min_size=N, max_size=N))
+    sig = draw(st.lists(st.integers(2 ** (precision - 1), 2 ** precision - 1), min_size=N, max_size=N))
+    sign = draw(st.lists(st.sampled_from([1, -1]), min_size=N, max_size=N))
+    bias = np.array([s * m * 2.0 ** (x - precision + 1) for s, m, x in zip(sign, sig, e)])
+    half_ulp = np.array([2.0 ** (x - precision) for x in e])
+    layout = draw(st.sampled_from(["row", "block"]))
+    # a = [1, t], b = [[+-1], [u]]: the dot product is +-1 + t*u, t*u from the smallest e4m3 codes
+    f = FORMATS["float8_e4m3fn"]
+    tiny = [c for c in FINITE["float8_e4m3fn"] if 0 < f.exact_value(c) < 2 ** -6]
+    one, minus_one = 0x38, 0xB8  # 1.0 and -1.0 in e4m3fn
+    a = np.array([[one, draw(st.sampled_from([0] + tiny))]], np.uint8)
+    b = np.array([[draw(st.sampled_from([one, minus_one])) for _ in range(N)],
+                  [draw(st.sampled_from([0] + tiny + [c | 0x80 for c in tiny])) for _ in range(N)]], np.uint8)
+    if layout == "row":
+        sa, sb, bk = np.ones((1, 1), np.float32), half_ulp.astype(np.float32).reshape(1, N), 2
+    else:
+        sa, sb, bk = np.ones((1, 2), np.float32), np.repeat(half_ulp.astype(np.float32)[None, :], 2, axis=0), 1
+    return dict(a=a, b=b, sa=sa, sb=sb, fa="float8_e4m3fn", fb="float8_e4m3fn", bias=bias, bk=bk, bn=1,
+                out=OUT_FORMATS[out], name=out)
+
+
+@SETTINGS
+@given(near_midpoints())
+def test_ties_and_near_ties_against_the_fraction_oracle(p):
+    fast, general = both(p)
+    assert_same(fast, general, p["out"])
+    ref = fraction_oracle(p["a"], p["b"], p["sa"], p["sb"], bias=p["bias"], block_k=p["bk"], block_n=1)
+    expect = np.vectorize(lambda x: round_fraction(x, p["name"]), otypes=[np.float64])(ref)
+    np.testing.assert_array_equal(bits(fast), bits(expect))
+
+
+def test_a_midpoint_rounds_to_even_and_a_hair_above_rounds_up():
+    """x = 1 + 2**-24 (a float32 tie: 1.0) and 1 + 2**-24 (1 + 2**-18) (up: 1 + 2**-23), from a
+    per-tensor scale of 2**-24 on a dot product of 1 and 1 + 2**-18."""
+    f32 = OUT_FORMATS["float32"]
+    one, tiny = 0x38, 0x01  # 1.0, 2**-9
+    a = np.array([[one, 0], [one, tiny]], np.uint8)
+    b = np.array([[one], [tiny]], np.uint8)
+    s = np.full((1, 1), 2.0 ** -24)
+    got = _fast_exact(a, b, FORMATS["float8_e4m3fn"], FORMATS["float8_e4m3fn"], s, np.ones((1, 1)), 2,
+                      np.array([1.0]), f32)
+    assert got.reshape(-1).tolist() == [1.0, 1.0 + 2.0 ** -23]
+
+
+@SETTINGS
+@given(problems(max_k=300))
+def test_long_k_and_many_blocks(p):
+    fast, general = both(p)
+    assert_same(fast, general, p["out"])
+
+
+@pytest.mark.parametrize("fa, fb, K", [("float8_e5m2", "float8_e5m2", 4), ("float8_e5m2", "float8_e4m3fn", 9),
+                                       ("float8_e4m3fn", "float8_e4m3fn", 2 ** 17 + 1)])
+def test_declines_where_one_piece_does_not_cover_the_formats(fa, fb, K):
+    """The integer bound over the formats' whole code spans fails: the general path runs."""
+    a = np.full((1, K), 0x38, np.uint8)
+    b = np.full((K, 1), 0x38, np.uint8)
+    one = np.ones((1, 1))
+    assert _fast_exact(a, b, FORMATS[fa], FORMATS[fb], one, one, K, None, OUT_FORMATS["float32"]) is None
+
+
+@pytest.mark.parametrize("code", [0x7F, 0xFF])
+def test_declines_on_nan_codes_and_scaled_mm_still_propagates_them(code):
+    from fp8ref.matmul import scaled_mm
+    a = np.array([[0x38, code]], np.uint8)
+    b = np.array([[0x38], [0x00]], np.uint8)  # NaN * 0
+    one = np.ones((1, 1))
+    e4 = FORMATS["float8_e4m3fn"]
+    assert _fast_exact(a, b, e4, e4, one, one, 2, None, OUT_FORMATS["float32"]) is None
+    assert np.isnan(scaled_mm(a, b, np.float32(1), np.float32(1))).all()
+
+
+def test_declines_on_inf_codes_of_e5m2_in_b():
+    e5, fp4 = FORMATS["float8_e5m2"], FORMATS["float4_e2m1fn"]
+    a = np.array([[0x02]], np.uint8)
+    b = np.array([[0x7C]], np.uint8)  # +Inf
+    one = np.ones((1, 1))
+    assert _fast_exact(a, b, fp4, e5, one, one, 1, None, OUT_FORMATS["float32"]) is None
+
+
+@pytest.mark.parametrize("name", [n for n in FORMATS if FORMATS[n].has_zero])
+def test_staged_float64_values_are_the_exact_values_of_every_code(name):
+    """Both staging routes (the C table loop on widened codes, and decode-then-widen) give each
+    finite code's exact value, bit for bit, signed zeros included."""
+    fmt = FORMATS[name]
+    finite = np.array(FINITE[name], np.uint8)
+    expect = np.array([float(fmt.exact_value(int(c))) for c in finite])
+    expect[[fmt.exact_value(int(c)) == 0 and (int(c) & fmt.sign_mask) != 0 for c in finite]] = -0.0
+    stage = _Stager(fmt)
+    routes = [stage.table]
+    if stage.table is not None:
+        routes.append(None)
+    for table in routes:
+        stage.table = table
+        got = np.empty(finite.shape)
+        stage(finite, got, "b")
+        np.testing.assert_array_equal(bits(got), bits(expect))
+
+
+# --- the float64-bit decisions of epilogue.py, against the exact oracle ------------------------------------
+finite64 = st.one_of(st.floats(min_value=2.0 ** -300, max_value=2.0 ** 140), st.floats(min_value=-2.0 ** 140,
+                                                                                     max_value=-2.0 ** -300))
+
+
+def near_grid(draw, out):
+    """A float64 at, or a few float64 ulps beside, a midpoint or a point of ``out``'s grid."""
+    precision, emin, emax = OUT[out]
+    e = draw(st.integers(emin - precision - 2, emax + 1))
+    m = draw(st.integers(0, 2 ** (precision + 1) - 1))
+    base = m * 2.0 ** (e - precision)  # a grid point (m even) or a midpoint (m odd) near 2**e
+    k = draw(st.integers(-3, 3))
+    # no float64 underflow: the exact model's sums are 0 or above 2**-400 (float32 scales, FP8 values)
+    return draw(st.sampled_from([1, -1])) * (base + k * math.ulp(base) if base else k * 2.0 ** -400)
+
+
+@SETTINGS
+@given(st.data())
+def test_decide_sum_without_bias_is_right_wherever_it_decides(data):
+    """y = fl(x) for an x the oracle knows exactly: x = y + e with |e| < ulp(y)/2."""
+    out = data.draw(st.sampled_from(list(OUT)))
+    y = np.array([near_grid(data.draw, out) for _ in range(8)])
+    e = np.array([data.draw(st.sampled_from([0, 1, -1])) for _ in range(8)])
+    c, sure = _decide_sum(y, OUT_FORMATS[out])
+    for yi, ei, ci, si in zip(y, e, c, sure):
+        x = Fraction(yi) + ei * Fraction(math.ulp(yi)) / 4 if yi else Fraction(0)
+        if si:
+            assert bits(ci) == bits(round_fraction(x, out)), (yi, ei)
+
+
+@SETTINGS
+@given(st.data())
+def test_decide_sum_with_bias_is_right_wherever_it_decides(data):
+    """x = p + e + b exactly, p = fl(s T), y = fl(p + b): the oracle sees x."""
+    out = data.draw(st.sampled_from(list(OUT)))
+    b = np.array([near_grid(data.draw, out) for _ in range(6)])
+    p = np.array([data.draw(st.one_of(st.just(0.0), st.sampled_from([-1.0, 1.0]).map(lambda s: s * 2.0 ** -30),
+                                      finite64.map(lambda v: v * 2.0 ** -40), st.just(-bi)))
+                  for bi in b])
+    e = [data.draw(st.sampled_from([0, 1, -1])) * Fraction(math.ulp(pi)) / 4 if pi else Fraction(0) for pi in p]
+    y = p + b
+    c, sure = _decide_sum(y, OUT_FORMATS[out], p)
+    for pi, ei, bi, ci, si in zip(p, e, b, c, sure):
+        if si:
+            assert bits(ci) == bits(round_fraction(Fraction(pi) + ei + Fraction(bi), out)), (pi, ei, bi)
+
+
+@SETTINGS
+@given(st.data())
+def test_decide_bound_is_right_for_both_ends_of_the_interval(data):
+    """Where _decide_bound decides, y - bound and y + bound round like y (RNE is monotone, so every
+    x between them does too); a decided zero is an exact zero."""
+    out = data.draw(st.sampled_from(list(OUT)))
+    y = np.array([near_grid(data.draw, out) for _ in range(8)])
+    bound = np.array([abs(yi) * data.draw(st.sampled_from([0.0, 2.0 ** -60, 2.0 ** -52, 2.0 ** -40, 2.0 ** -24]))
+                      for yi in y])
+    c, sure = _decide_bound(y, bound, OUT_FORMATS[out])
+    for yi, bi, ci, si in zip(y, bound, c, sure):
+        if si:
+            for x in (Fraction(yi) - Fraction(bi), Fraction(yi) + Fraction(bi)):
+                want = round_fraction(x, out) if x != 0 or bi == 0 else None
+                assert want is not None and bits(ci) == bits(want), (yi, bi)
+
+
+def test_large_problem_matches_the_general_path_on_every_layout():
+    """Sizes where the batched GEMMs, K-chunks and column chunks of the fast path all engage."""
+    rng = np.random.default_rng(11)
+    from fp8ref import encode
+    M, K, N = 24, 1200, 300
+    a = encode(rng.standard_normal((M, K)).astype(np.float32) * 4, "float8_e4m3fn")
+    b = encode(rng.standard_normal((K, N)).astype(np.float32) * 4, "float8_e4m3fn")
+    kb = -(-K // 128)
+    layouts = [(np.float32(0.37), np.float32(0.011)),
+               (rng.uniform(0.5, 2, (M, 1)).astype(np.float32), rng.uniform(0.5, 2, (1, N)).astype(np.float32)),
+               (rng.uniform(0.5, 2, (M, kb)).astype(np.float32), rng.uniform(0.5, 2, (kb, 3)).astype(np.float32))]
+    bias = rng.standard_normal(N).astype(np.float32).astype(np.float64)
+    e4 = FORMATS["float8_e4m3fn"]
+    for sa, sb in layouts:
+        SA, SB, bk = _canonical_scales(np.asarray(sa, np.float64), np.asarray(sb, np.float64), M, K, N, 128, 128)
+        for out in (OUT_FORMATS["float32"], OUT_FORMATS["bfloat16"], CodeOut(e4, scale=0.5)):
+            for bv in (None, bias):
+                args = (a, b, e4, e4, SA, SB, bk, bv, out)
+                assert_same(_fast_exact(*args), _exact(*args), out)
+
+
+def test_small_chunks_cross_every_boundary(monkeypatch):
+    """The K-chunks of b, the column chunks of the batched GEMM and the repair steps at their
+    smallest: results stay the same bytes."""
+    rng = np.random.default_rng(5)
+    from fp8ref import encode
+    M, K, N = 5, 70, 9
+    a = encode(rng.standard_normal((M, K)).astype(np.float32), "float8_e4m3fn")
+    b = encode(rng.standard_normal((K, N)).astype(np.float32), "float8_e4m3fn")
+    e4 = FORMATS["float8_e4m3fn"]
+    expected = []
+    cases = [(np.ones((M, 1)), np.ones((1, N)), K), (rng.uniform(1, 2, (M, 5)), rng.uniform(1, 2, (5, N)), 16)]
+    for sa, sb, bk in cases:
+        expected.append(_exact(a, b, e4, e4, sa, sb, bk, None, OUT_FORMATS["float32"]))
+    monkeypatch.setattr(exact_fast, "_CHUNK_BYTES", 8 * N * 3)
+    monkeypatch.setattr(exact_fast, "_GROUP_K", 1)
+    monkeypatch.setattr(exact_fast, "_REPAIR_BYTES", 8 * K * 2)
+    for (sa, sb, bk), want in zip(cases, expected):
+        got = _fast_exact(a, b, e4, e4, sa, sb, bk, None, OUT_FORMATS["float32"])
+        np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("bias", [None, "finite"])
+def test_exact_path_alone_gives_the_same_bytes(monkeypatch, bias):
+    """Every element sent to the exact path (nothing decided from float64 bits): the exact
+    TwoProduct / repair route alone reproduces the general path, for all three layouts."""
+    rng = np.random.default_rng(7)
+    from fp8ref import encode
+    M, K, N = 6, 40, 7
+    a = encode(rng.standard_normal((M, K)).astype(np.float32) * 3, "float8_e4m3fn")
+    b = encode(rng.standard_normal((K, N)).astype(np.float32) * 3, "float8_e4m3fn")
+    a[0] = 0  # a zero row: exact zeros (+0) through the exact path too
+    e4 = FORMATS["float8_e4m3fn"]
+    bv = None if bias is None else rng.standard_normal(N).astype(np.float32).astype(np.float64)
+    cases = [(np.full((1, 1), 0.3), np.full((1, 1), 0.7), K), (rng.uniform(1, 2, (M, 1)), rng.uniform(1, 2, (1, N)), K),
+             (rng.uniform(1, 2, (M, 3)), rng.uniform(1, 2, (3, N)), 16)]
+    outs = [OUT_FORMATS[n] for n in OUT]
+    want = [[_exact(a, b, e4, e4, sa, sb, bk, bv, out) for out in outs] for sa, sb, bk in cases]
+
+    def undecided(decide):
+        def run(y, *args, **kw):
+            c, sure = decide(y, *args, **kw)
+            return c, np.zeros_like(sure)
+        return run
+
+    monkeypatch.setattr(exact_fast, "_decide_sum", undecided(exact_fast._decide_sum))
+    monkeypatch.setattr(exact_fast, "_decide_bound", undecided(exact_fast._decide_bound))
+    monkeypatch.setattr(exact_fast, "_REPAIR_BYTES", 8 * K * 5)  # several repair steps
+    for (sa, sb, bk), row in zip(cases, want):
+        for out, w in zip(outs, row):
+            np.testing.assert_array_equal(bits(_fast_exact(a, b, e4, e4, sa, sb, bk, bv, out)), bits(w))
