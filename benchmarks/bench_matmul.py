@@ -4,8 +4,9 @@
 
 Prints time(fp8ref) / time(torch float32 matmul) and time(fp8ref) / time(float64 matmul) (the
 faster of torch's and numpy's, on float64 operands already decoded), each the median over rounds
-that time the references right before and after fp8ref (so a load change between them moves both) for accumulate="exact" (per
-tensor and per row scales, 1x128 / 128x128 block scales; also bias + bfloat16 output) and
+that time the references right before and after fp8ref (a load change between them moves both),
+for accumulate="exact" (per tensor and per row scales, 1x128 / 128x128 block scales; also bias +
+bfloat16 output) and
 accumulate="fp32". The float64 matmul is the exact mode's floor (one float64 GEMM of the decoded
 values, docs/matmul.md "Speed"). Targets (issue #11): exact <= 1.3x float64 with tensor/row
 scales, <= 2x with block scales; fp32 <= 2x float32.

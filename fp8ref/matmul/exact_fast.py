@@ -4,16 +4,18 @@ It applies when one integer piece per operand suffices for the formats' whole co
 (``_piece_count``: every finite value is an integer times 2**g and every partial sum of a K-block
 dot product stays below 2**53) and no NaN/Inf code occurs. Then:
 
-- scales constant along K: T = A @ B (one float64 GEMM of the decoded values) is the exact dot
-  product in any BLAS order, with or without FMA; x = s * T + bias with s = sa * sb exact (two
-  float32 values). y = fl(fl(s * T) + bias) is within ulp(s * T)/2 + ulp(y)/2 of x (no bias: y is
-  fl(x) itself), which decides almost every element from y's float64 bits (_fast_candidate); the
-  rest take s * T as an exact TwoProduct and the exact rounding of epilogue.py.
-- K-blocked scales: with a' = a * sa and b' = b * sb (exact), y = bias + sum_b A'_b @ B'_b (one
-  batched GEMM, then the sum over blocks) satisfies |y - x| <= gamma_(bk + kb + 1) (|bias| + S),
-  S = sum_k |a' b'| <= sum_b |a'_(m,b)| |b'_(b,n)| (Cauchy-Schwarz per block, a tiny GEMM of block
-  norms). The elements this leaves undecided get their exact block sums from their own row and
-  column (exact.py's integer products), TwoProducts with the block scales and the exact rounding.
+- scales constant along K: T = A @ B (float64 GEMMs of the decoded values over K-chunks) is the
+  exact dot product in any BLAS order, with or without FMA; x = s * T + bias with s = sa * sb
+  exact (two float32 values). y = fl(fl(s * T) + bias) is within ulp(s * T)/2 + ulp(y)/2 of x (no
+  bias: y is fl(x) itself), which decides almost every element from y's float64 bits
+  (epilogue._decide_sum); the rest take s * T as an exact TwoProduct and the exact rounding of
+  epilogue.py.
+- K-blocked scales: with a' = a * sa and b' = b * sb (exact), y = bias + sum_i A'_i @ B'_i over
+  groups i of whole scale blocks (batched GEMMs, then the sum) satisfies |y - x| <= gamma_n
+  (|bias| + S), S = sum_k |a' b'| <= sum_b |a'_(m,b)| |b'_(b,n)| (Cauchy-Schwarz per block, a
+  small GEMM of block norms). The elements this leaves undecided (epilogue._decide_bound) get their
+  exact block sums from their own row and column, TwoProducts with the block scales and the exact
+  rounding.
 
 Anything else (NaN/Inf, e5m2-wide spans, K past the bound) returns None: exact.py's general path,
 which is also the oracle of this one (tests/unit/test_matmul_fast.py).
@@ -37,8 +39,7 @@ from .exact import _piece_count, _span
 from .fp32 import _products_exact_in_fp32
 from .operands import _check_codes, _code_values
 
-_CHUNK_BYTES = 31 << 20  # float64 rows of b staged at a time: under glibc's 32 MiB mmap threshold, so
-# the buffers are reused from one call to the next instead of being page-faulted in every call
+_CHUNK_BYTES = 1 << 26  # float64 rows of b staged at a time: bounded memory, few GEMM calls (short ones run slower)
 _GROUP_K = 512  # K of each GEMM of the blocked path (whole scale blocks): shorter ones run far slower
 _REPAIR_BYTES = 1 << 25  # bytes of row-times-column products per repair step
 

@@ -2,7 +2,8 @@
 
 A model is called with the checked operands (uint8 codes, formats, the canonical (M, KB) / (KB, N)
 float64 scales and the K-block length) and an ``Accumulation`` record, and returns either the result
-already rounded once to the output (``rounds_once``: the exact model; bias included) or a float32
+already rounded once to the output (``rounds_once``: the exact model; bias included; values on the
+output's grid in any float dtype that holds them, or CodeOut representatives) or a float32
 accumulator without the bias (the fp32 models: scaled_mm adds the bias and rounds to the output).
 A new hardware model is one class and one ``register_accumulation`` call; nothing dispatches on names.
 """
