@@ -1,13 +1,12 @@
 """scaled_mm speed against float32 and float64 matmuls of the same shape, measured in the same run.
 
-    python benchmarks/bench_matmul.py [--m 256 --k 4096 --n 4096] [--repeat 3] [--fp32-k K]
+    python benchmarks/bench_matmul.py [--m 256 --k 4096 --n 4096] [--repeat 7] [--fp32-k K]
 
 Prints time(fp8ref) / time(torch float32 matmul) and time(fp8ref) / time(float64 matmul) (the
 faster of torch's and numpy's, on float64 operands already decoded), each the median over rounds
 that time the references right before and after fp8ref (a load change between them moves both),
 for accumulate="exact" (per tensor and per row scales, 1x128 / 128x128 block scales; also bias +
-bfloat16 output) and
-accumulate="fp32". The float64 matmul is the exact mode's floor (one float64 GEMM of the decoded
+bfloat16 output) and accumulate="fp32". The float64 matmul is the exact mode's floor (one float64 GEMM of the decoded
 values, docs/matmul.md "Speed"). Targets (issue #11): exact <= 1.3x float64 with tensor/row
 scales, <= 2x with block scales; fp32 <= 2x float32.
 The fp32 mode runs the C loop of fp8ref/_kernels_matmul.c (declared sequential order over K, register
