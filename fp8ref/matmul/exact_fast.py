@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from .._arrays import torch
-from .._native import KERNELS, run_c
+from .._native import kernels, run_c
 from ..codec import decode
 from ..errors import ShapeError
 from ..exact import extract, two_product
@@ -86,7 +86,7 @@ class _Stager:
         self.fmt = fmt
         bits = _code_values(fmt).view(np.uint64)
         self.table = None
-        if KERNELS is not None and not (bits & np.uint64(0xFFFF_FFFF)).any() and bits[0] == 0:
+        if kernels() is not None and not (bits & np.uint64(0xFFFF_FFFF)).any() and bits[0] == 0:
             self.table = np.ascontiguousarray((bits >> np.uint64(32)).astype(np.uint32)).view(np.float32)
 
     def __call__(self, codes: np.ndarray, values: np.ndarray, what: str) -> None:
@@ -98,7 +98,7 @@ class _Stager:
             return
         if self.table is not None:
             wide = np.left_shift(codes.reshape(-1), 8, dtype=np.uint16)
-            run_c(KERNELS.fp8ref_decode_f32, wide.view(np.uint8), values.reshape(-1).view(np.float32), self.table)
+            run_c("fp8ref_decode_f32", wide.view(np.uint8), values.reshape(-1).view(np.float32), self.table)
         else:
             values[...] = decode(codes, self.fmt)
 
