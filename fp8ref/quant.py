@@ -24,6 +24,7 @@ from ._arrays import bf16_bits_to_f32, deliver, float_input, is_torch, numpy_bf1
 from .codec import ROUNDING_MODES, _c_encode_params, _c_rne_params, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
+from .limits import MAX_DIM, int_in, shown
 from .recipes import BlockRecipe, Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes
 from .registry import get_recipe
 from .rounding import round_to
@@ -277,6 +278,14 @@ def _c_ok(arr: np.ndarray, dtype: str, granularity: str) -> bool:
             and granularity in ("tensor", "channel", "token", "group", "block") and _native.kernels() is not None)
 
 
+def _c_sizes(**sizes: int) -> None:
+    """The C boundary: the loops take row counts, row lengths and group lengths as int64/size_t, and
+    divide by the group length. Validation keeps them in range; this guards what reaches C anyway."""
+    for name, value in sizes.items():
+        if not int_in(int(value), 1, MAX_DIM):
+            raise ShapeError(f"{name}: {shown(value)} is outside 1..{MAX_DIM}, which the C loops take")
+
+
 def _c_amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray | None:
     """reduce_amax by the C loop: magnitude bits per (row, group of g along K), reduced further
     here for tensor and block; None where the loop does not apply."""
@@ -286,6 +295,7 @@ def _c_amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray | None:
     rows = _rows(arr)
     n_rows, k = rows.shape
     g = qa.group_size if gran == "group" else qa.block_shape[1] if gran == "block" else k
+    _c_sizes(rows=n_rows, row_length=k, group_size=g)
     ng = -(-k // g)
     wide = dtype == "float32"
     bits = rows.view(np.uint32 if wide else np.uint16)
@@ -363,7 +373,9 @@ def _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, satu
     ops, usable = _c_operands(operand, rec)
     if not usable.all():
         return False
-    s_off, job.g = _operand_offsets(shape, qa, sshape)
+    s_off, g = _operand_offsets(shape, qa, sshape)
+    _c_sizes(rows=len(s_off), row_length=shape[-1], group_size=g)
+    job.g = g
     job.s, job.s_off = ops.ctypes.data, s_off.ctypes.data
     _native.parallel("fp8ref_quant", job, len(s_off), work=arr.size, keep=(arr, codes, ops, s_off))
     return True
@@ -393,6 +405,8 @@ def _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturat
     if job is None:
         return None
     table, usable = _operand_table(rec, fmt, dtype)
+    _c_sizes(row_length=shape[-1], **({"block_rows": qa.block_shape[0], "group_size": qa.block_shape[1]}
+                                      if qa.granularity == "block" else {"group_size": qa.group_size or shape[-1]}))
     if qa.granularity == "block":
         (job.bh, job.g), job.r2 = qa.block_shape, shape[-2]
     else:

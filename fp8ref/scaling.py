@@ -30,6 +30,7 @@ import numpy as np
 
 from .errors import ShapeError
 from .formats import FloatFormat
+from .limits import MAX_GROUP, shown
 
 GRANULARITIES = ("tensor", "channel", "token", "group", "block", "mx", "nvfp4")
 MX_BLOCK = 32
@@ -68,7 +69,9 @@ def group_of(granularity: str, group_size: int | None) -> int:
     if granularity == "nvfp4":
         return NVFP4_BLOCK
     if type(group_size) is not int or group_size < 1:
-        raise ShapeError(f"group_size: granularity 'group' needs a positive int, got {group_size!r}")
+        raise ShapeError(f"group_size: granularity 'group' needs a positive int, got {shown(group_size)}")
+    if group_size > MAX_GROUP:  # beyond it the C loops' int64/size_t arithmetic wraps
+        raise ShapeError(f"group_size: expected at most {MAX_GROUP}, got {shown(group_size)}")
     return group_size
 
 
@@ -76,7 +79,9 @@ def _block(block_shape) -> tuple[int, int]:
     ok = (isinstance(block_shape, (tuple, list)) and len(block_shape) == 2
           and all(type(b) is int and b > 0 for b in block_shape))
     if not ok:
-        raise ShapeError(f"block_shape: expected two positive ints (rows, cols), got {block_shape!r}")
+        raise ShapeError(f"block_shape: expected two positive ints (rows, cols), got {shown(block_shape)}")
+    if not all(b <= MAX_GROUP for b in block_shape):  # beyond it the C loops' int64/size_t arithmetic wraps
+        raise ShapeError(f"block_shape: expected two ints in 1..{MAX_GROUP} (rows, cols), got {shown(block_shape)}")
     return int(block_shape[0]), int(block_shape[1])
 
 

@@ -21,6 +21,7 @@ from functools import lru_cache
 from .codec import ROUNDING_MODES
 from .errors import SpecError, did_you_mean
 from .formats import FORMATS
+from .limits import MAX_GROUP, int_in, shown
 from .registry import presets_document, recipe_names
 
 FIELDS = (
@@ -113,22 +114,30 @@ def _one_of(field: str, value, choices, extra: str = "") -> SchemeFieldError:
 
 # --- field checks ----------------------------------------------------------------------------
 def _check_types(given: dict) -> None:
+    """Types and declared ranges (fp8ref.limits) of every given field, before any rule reads them."""
     for name, value in given.items():
         if name in ("bits", "act_bits", "act_group_size"):
             if type(value) is not int:
-                raise SchemeFieldError(name, f"expected an integer, got {value!r}")
+                raise SchemeFieldError(name, f"expected an integer, got {shown(value)}")
+            lo, hi = (-MAX_GROUP, MAX_GROUP) if name == "act_group_size" else (1, 64)  # rules say which
+            if not lo <= value <= hi:
+                raise SchemeFieldError(name, f"expected an integer in {lo}..{hi}, got {shown(value)}")
         elif name in ("sym", "act_sym", "act_dynamic", "saturate"):
             if type(value) is not bool:
-                raise SchemeFieldError(name, f"expected true or false, got {value!r}")
+                raise SchemeFieldError(name, f"expected true or false, got {shown(value)}")
         elif name in ("group_size", "block_shape"):
             if name == "group_size" and type(value) is int:
+                if not int_in(value, -MAX_GROUP, MAX_GROUP):  # _grouping says which ones mean something
+                    raise SchemeFieldError(name, f"expected an integer in -1..{MAX_GROUP}, got {shown(value)}")
                 continue
+            want = "an integer or [rows, cols]" if name == "group_size" else "[rows, cols]"
             if not (isinstance(value, (list, tuple)) and len(value) == 2
                     and all(type(v) is int and v > 0 for v in value)):
-                want = "an integer or [rows, cols]" if name == "group_size" else "[rows, cols]"
-                raise SchemeFieldError(name, f"expected {want} of positive integers, got {value!r}")
+                raise SchemeFieldError(name, f"expected {want} of positive integers, got {shown(value)}")
+            if not all(v <= MAX_GROUP for v in value):
+                raise SchemeFieldError(name, f"expected {want} of integers in 1..{MAX_GROUP}, got {shown(value)}")
         elif not isinstance(value, str):
-            raise SchemeFieldError(name, f"expected a string, got {value!r}")
+            raise SchemeFieldError(name, f"expected a string, got {shown(value)}")
     enums = {"weight_granularity": WEIGHT_GRANULARITIES, "act_granularity": ACT_GRANULARITIES,
              "scale_dtype": SCALE_DTYPES, "rounding": ROUNDING_MODES, "recipe": KNOWN_RECIPES}
     for name, choices in enums.items():

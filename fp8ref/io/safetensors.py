@@ -29,8 +29,9 @@ import numpy as np
 
 from ..errors import CheckpointError, Fp8RefError
 from ..formats import SAFETENSORS_DTYPES
+from ..limits import MAX_DIM, MAX_NAME, int_in, shown
 from .atomic import atomic_file, is_inside
-from .files import MAX_JSON_BYTES, no_duplicates, read_json
+from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 16
@@ -65,16 +66,9 @@ class TensorInfo:
         return DTYPES[self.dtype].fmt
 
 
-def _is_int(value: object) -> bool:
-    return type(value) is int
-
-
 def parse_header(raw: bytes, where: str, data_size: int) -> tuple[dict[str, str], dict[str, TensorInfo]]:
     """Parse and validate a header's JSON against a data section of ``data_size`` bytes."""
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{where}: header is not valid JSON: {exc}") from None
+    header = parse_json(raw, where, "header")
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}: header must be a JSON object, got {type(header).__name__}")
     metadata = header.pop("__metadata__", {})
@@ -85,24 +79,28 @@ def parse_header(raw: bytes, where: str, data_size: int) -> tuple[dict[str, str]
         at = f"{where}: tensor {name!r}"
         if not name:
             raise CheckpointError(f"{where}: empty tensor name in the header")
+        if len(name) > MAX_NAME or "\x00" in name:
+            raise CheckpointError(f"{where}: tensor name {shown(name)} is longer than {MAX_NAME} characters "
+                                  f"or holds a NUL byte")
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
             got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
             raise CheckpointError(f"{at}: expected keys dtype, shape, data_offsets; got {got}")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
-            raise CheckpointError(f"{at}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise CheckpointError(f"{at}: unknown dtype {shown(dtype)} (known: {', '.join(DTYPES)})")
+        # every dimension and the element count in int64 (what numpy can index), also for an empty tensor
         if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-                or not all(_is_int(d) and d >= 0 for d in shape)):
-            raise CheckpointError(f"{at}: shape must be a list of at most {MAX_DIMS} non-negative ints, "
-                                  f"got {shape!r:.200}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
-            raise CheckpointError(f"{at}: data_offsets must be [begin, end] with 0 <= begin <= end, "
-                                  f"got {offsets!r:.200}")
+                or not all(int_in(d, 0, MAX_DIM) for d in shape) or prod(shape) > MAX_DIM):
+            raise CheckpointError(f"{at}: shape must be a list of at most {MAX_DIMS} ints in 0..{MAX_DIM} "
+                                  f"with at most {MAX_DIM} elements, got {shown(shape, 200)}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(int_in(o, 0, MAX_DIM) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{at}: data_offsets must be [begin, end] with 0 <= begin <= end <= {MAX_DIM}, "
+                                  f"got {shown(offsets, 200)}")
         bits = prod(shape) * DTYPES[dtype].bits
         if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
-            raise CheckpointError(f"{at}: shape {shape} of {dtype} needs {bits / 8:g} bytes, "
-                                  f"data_offsets {offsets} span {offsets[1] - offsets[0]}")
+            raise CheckpointError(f"{at}: shape {shape} of {dtype} needs {bits // 8}{'.5' if bits % 8 else ''} "
+                                  f"bytes, data_offsets {offsets} span {offsets[1] - offsets[0]}")
         tensors[name] = TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
     position = 0
     for info in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
@@ -128,7 +126,7 @@ class SafetensorsFile:
         self.path = Path(path)
         where = str(self.path)
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path) as f:
                 size = os.fstat(f.fileno()).st_size
                 head = f.read(8)
                 if len(head) < 8:

@@ -17,6 +17,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import SpecError
+from ..limits import MAX_DEPTH
+from .files import read_text
 
 # An alias may point at a large subtree many times ("billion laughs"); cap the expansion.
 _MAX_NODES = 1_000_000
@@ -67,16 +69,15 @@ class YamlDocument:
 def load_yaml(path: str | Path) -> YamlDocument:
     """Load one YAML document from a file (strict: see module docstring)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read: {exc}") from None
-    return load_yaml_string(text, source=str(path))
+    return load_yaml_string(read_text(path, error=SpecError, what="YAML file"), source=str(path))
 
 
 def load_yaml_string(text: str, *, source: str = "<string>") -> YamlDocument:
     """Load one YAML document from text; ``source`` names it in errors."""
-    loader = StrictSafeLoader(text, source)
+    try:
+        loader = StrictSafeLoader(text, source)  # its reader refuses NUL and other control characters
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
     try:
         node = loader.get_single_node()
         data = loader.build(node, ()) if node is not None else None
@@ -86,7 +87,7 @@ def load_yaml_string(text: str, *, source: str = "<string>") -> YamlDocument:
         problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         raise SpecError(f"{source}{line}: invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{source}: invalid YAML: {exc}") from None
+        raise SpecError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
     finally:
         loader.dispose()
     if node is not None:
@@ -101,7 +102,19 @@ class StrictSafeLoader(yaml.SafeLoader):
 
     def __init__(self, stream, source: str = "<string>"):
         super().__init__(stream)
-        self.source, self.lines, self.count = source, {}, 0
+        self.source, self.lines, self.count, self.depth = source, {}, 0, 0
+        self.open: set[int] = set()  # ids of the collection nodes being built (a cycle revisits one)
+
+    def compose_node(self, parent, index):
+        # PyYAML composes recursively: refuse deep nesting before Python's recursion limit does
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise SpecError(f"{self.source}:{line}: nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def fail(self, node: yaml.Node, path: tuple, message: str) -> SpecError:
         where = f"{self.source}:{node.start_mark.line + 1}"
@@ -113,15 +126,29 @@ class StrictSafeLoader(yaml.SafeLoader):
             raise self.fail(node, path, f"document expands to more than {_MAX_NODES} nodes (alias bomb?)")
         if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _COLLECTION_TAGS:
             raise self.fail(node, path, f"unsupported tag {node.tag!r}; only plain mappings and lists")
-        if isinstance(node, yaml.MappingNode):
-            return self.build_mapping(node, path)
-        if isinstance(node, yaml.SequenceNode):
-            out = []
-            for i, item in enumerate(node.value):
-                self.lines[path + (i,)] = item.start_mark.line + 1
-                out.append(self.build(item, path + (i,)))
-            return out
-        return self.construct_object(node, deep=True)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            if id(node) in self.open:
+                raise self.fail(node, path, "recursive alias: a collection that contains itself")
+            if len(path) >= MAX_DEPTH:
+                raise self.fail(node, path, f"nested deeper than {MAX_DEPTH} levels")
+            self.open.add(id(node))
+            try:
+                if isinstance(node, yaml.MappingNode):
+                    return self.build_mapping(node, path)
+                out = []
+                for i, item in enumerate(node.value):
+                    self.lines[path + (i,)] = item.start_mark.line + 1
+                    out.append(self.build(item, path + (i,)))
+                return out
+            finally:
+                self.open.discard(id(node))
+        return self.scalar(node, path)
+
+    def scalar(self, node: yaml.Node, path: tuple):
+        try:
+            return self.construct_object(node, deep=True)
+        except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+            raise self.fail(node, path, f"cannot read the value: {exc}") from None
 
     def build_mapping(self, node: yaml.MappingNode, path: tuple) -> dict:
         out: dict = {}
@@ -132,7 +159,7 @@ class StrictSafeLoader(yaml.SafeLoader):
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.fail(key_node, path, "mapping keys must be scalars, got a "
                                 + ("mapping" if isinstance(key_node, yaml.MappingNode) else "list"))
-            key = self.construct_object(key_node)
+            key = self.scalar(key_node, path)
             line = key_node.start_mark.line + 1
             if key in out:
                 raise self.fail(key_node, path + (key,),

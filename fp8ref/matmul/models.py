@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from ..codec import decode
 from ..errors import InputTypeError, ShapeError
+from ..limits import MAX_GROUP, shown
 from .exact import _exact
 from .exact_fast import _fast_exact
 from .fp32 import _fp32, _fp32_limited
@@ -46,7 +47,9 @@ class Accumulation:
         for name, v, lo in (("block_k", self.block_k, 1), ("promote_every", self.promote_every, 1),
                             ("mantissa_bits", self.mantissa_bits, 0)):
             if v is not None and (type(v) is not int or v < lo):
-                raise InputTypeError(f"{name}: expected an int >= {lo}, got {v!r}")
+                raise InputTypeError(f"{name}: expected an int >= {lo}, got {shown(v)}")
+            if v is not None and v > MAX_GROUP:  # the C loop takes it as a size_t and divides by it
+                raise InputTypeError(f"{name}: expected at most {MAX_GROUP}, got {shown(v)}")
         if self.mantissa_bits > 23:
             raise InputTypeError(f"mantissa_bits: at most 23 (fp32), got {self.mantissa_bits}")
 
