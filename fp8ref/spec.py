@@ -27,14 +27,16 @@ unquantized); fields derived from an overridden field are re-derived (``Quantiza
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .errors import SpecError, did_you_mean
 from .io.yaml import YamlDocument, load_yaml, load_yaml_string
+from .limits import MAX_NAME
+from .patterns import Pattern
 from .scheme import FIELDS, PRESETS, QuantizationScheme, SchemeFieldError, preset_name
 
 SPEC_KEYS = ("name", "description", "strict", "scheme", "layer_config", "ignore")
@@ -46,18 +48,25 @@ class SpecWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Selector:
-    """A layer name, or ``re:PATTERN`` matched with ``re.match``."""
+    """A layer name, or ``re:PATTERN`` matched with ``re.match`` (bounded: ``fp8ref.patterns``).
+    ``source`` names the file (and key) the selector came from in errors."""
 
     text: str
     line: int | None = None
+    source: str = field(default="selector", compare=False)
 
     @property
     def is_regex(self) -> bool:
         return self.text.startswith("re:")
 
+    @cached_property
+    def pattern(self) -> Pattern:
+        where = f"{self.source}:{self.line}" if self.line is not None else self.source
+        return Pattern(self.text[3:], f"{where}: selector {self.text!r}")
+
     def matches(self, layer: str) -> bool:
         if self.is_regex:
-            return re.match(self.text[3:], layer) is not None
+            return self.pattern.match(layer)
         return layer == self.text
 
     def __str__(self) -> str:
@@ -244,16 +253,20 @@ def _selector(key, path: tuple, errors: _Errors) -> Selector | None:
     if not isinstance(key, str) or not key:
         errors.add(path, f"expected a layer name or 're:PATTERN', got {key!r}")
         return None
+    selector = Selector(key, errors.doc.line_of(path) if path in errors.doc.lines else None, errors.doc.source)
     if key.startswith("re:"):
-        try:
-            re.compile(key[3:])
-        except re.error as exc:
-            errors.add(path, f"invalid regular expression {key[3:]!r}: {exc}")
-            return None
         if not key[3:]:
             errors.add(path, "empty regular expression")
             return None
-    return Selector(key, errors.doc.line_of(path) if path in errors.doc.lines else None)
+        try:
+            selector.pattern  # compiled and checked now, so `spec validate` refuses what would hang
+        except SpecError as exc:
+            errors.add(path, exc.problem)
+            return None
+    elif len(key) > MAX_NAME:
+        errors.add(path, f"layer name of {len(key)} characters; at most {MAX_NAME}")
+        return None
+    return selector
 
 
 def _scheme_value(value, path: tuple, base: QuantizationScheme | None, errors: _Errors):

@@ -8,12 +8,12 @@ D [1] for static inputs; KV-cache ``self_attn.{k,v}_scale`` [1] when ``kv_cache_
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
+from ..limits import MAX_NAME, shown
+from ..patterns import Pattern
 from ..producers import compressed_tensors as ct
 from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
 from .forward import _round, dynamic_scale, fp32_weight_scale, qdq
@@ -115,11 +115,11 @@ def weight_quant(weights: dict, inputs: dict | None, where: str) -> LayerQuant:
     return LayerQuant(strategy, block, f"dynamic-{a_strategy}")
 
 
-def _matches(target: str, name: str) -> str | None:
-    """How ``target`` matches layer ``name``: 'name', 'regex', 'class' or None. Class names
-    (``Linear``) cannot be checked against a checkpoint and match every quantized layer."""
-    if target.startswith("re:"):
-        return "regex" if re.match(target[3:], name) else None
+def _matches(target: str | Pattern, name: str) -> str | None:
+    """How ``target`` (a ``re:`` target compiled) matches layer ``name``: 'name', 'regex', 'class' or
+    None. Class names (``Linear``) cannot be checked against a checkpoint and match every quantized layer."""
+    if isinstance(target, Pattern):
+        return "regex" if target.match(name) else None
     if target == name:
         return "name"
     if "." not in target and target[:1].isupper():
@@ -133,7 +133,7 @@ class Config:
     def __init__(self, qc: dict, where: str):
         self.where = where
         fmt = qc.get("format")
-        self.groups: dict[str, tuple[list[str], LayerQuant]] = {}
+        self.groups: dict[str, tuple[list[str | Pattern], LayerQuant]] = {}
         groups = qc.get("config_groups")
         if not isinstance(groups, dict) or not groups:
             raise CheckpointError(f"{where}.config_groups: expected a non-empty object, got {groups!r:.100}")
@@ -154,17 +154,12 @@ class Config:
             gfmt = g.get("format") or fmt
             if gfmt not in FORMATS:
                 raise CheckpointError(f"{at}.format: {gfmt!r}; expected one of {FORMATS} for FP8")
-            for t in targets:
-                if t.startswith("re:"):
-                    try:
-                        re.compile(t[3:])
-                    except re.error as exc:
-                        raise CheckpointError(f"{at}.targets: invalid regex {t!r}: {exc}") from None
-            self.groups[gname] = (targets, weight_quant(g["weights"], g.get("input_activations"), at))
+            compiled = [_pattern(t, f"{at}.targets[{i}]") for i, t in enumerate(targets)]
+            self.groups[gname] = (compiled, weight_quant(g["weights"], g.get("input_activations"), at))
         ignore = qc.get("ignore", [])
         if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
-            raise CheckpointError(f"{where}.ignore: expected a list of strings, got {ignore!r:.100}")
-        self.ignore = ignore
+            raise CheckpointError(f"{where}.ignore: expected a list of strings, got {shown(ignore, 100)}")
+        self.ignore = [_pattern(t, f"{where}.ignore[{i}]") for i, t in enumerate(ignore)]
         status = qc.get("quantization_status", "compressed")
         if status != "compressed":
             raise CheckpointError(f"{where}.quantization_status: {status!r}; only 'compressed' checkpoints "
@@ -176,7 +171,7 @@ class Config:
                 raise CheckpointError(f"{where}.kv_cache_scheme: expected static per-tensor, got {self.kv!r:.200}")
 
     def ignored(self, name: str) -> bool:
-        return any((i[3:] and re.match(i[3:], name)) if i.startswith("re:") else i == name for i in self.ignore)
+        return any(i.match(name) if isinstance(i, Pattern) else i == name for i in self.ignore)
 
     def resolve(self, name: str) -> tuple[str, LayerQuant, str] | None:
         """The group whose targets match ``name`` best (exact name > regex > class name), its
@@ -196,6 +191,16 @@ class Config:
                                           f"{how} in groups {names} with different schemes")
                 return names[0], self.groups[names[0]][1], how
         return None
+
+
+def _pattern(target: str, where: str) -> str | Pattern:
+    """A ``re:`` target or ignore entry compiled (bounded matching, fp8ref.patterns); names as they are.
+    ``re:`` alone matches nothing, as in compressed-tensors' ignore handling."""
+    if not target.startswith("re:") or target == "re:":
+        if len(target) > MAX_NAME:
+            raise CheckpointError(f"{where}: name of {len(target)} characters; at most {MAX_NAME}")
+        return target
+    return Pattern(target[3:], where, error=CheckpointError)
 
 
 def layer_entry(name: str, quant: LayerQuant, group: str) -> LayerEntry:

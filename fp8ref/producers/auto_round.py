@@ -7,10 +7,11 @@ layers outside ``block_name_to_quantize`` unquantized unless ``extra_config`` na
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 from ..errors import CheckpointError, SpecError, did_you_mean
+from ..limits import MAX_GROUP, int_in, shown
+from ..patterns import Pattern
 from ..scheme import (
     AUTOROUND_FIELDS,
     PRESETS,
@@ -43,6 +44,31 @@ def unquantized(s: dict) -> bool:
     return (s.get("bits") or 16) >= 16
 
 
+# The types and ranges of the scheme fields a config or an extra_config entry may give (None: unset).
+_INT_RANGES = {"bits": (1, 64), "act_bits": (1, 64), "super_bits": (1, 64), "group_size": (-1, MAX_GROUP),
+               "act_group_size": (-1, MAX_GROUP), "super_group_size": (-1, MAX_GROUP)}
+_BOOLS = ("sym", "act_sym", "act_dynamic")
+_STRINGS = ("data_type", "act_data_type")
+
+
+def check_fields(fields: dict, where: str) -> None:
+    """Refuse a scheme field of the wrong type or out of range before any rule compares it
+    (``bits: "8"`` would otherwise meet ``>= 16``; a 2**64 group size would reach the C loops)."""
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if key in _INT_RANGES:
+            lo, hi = _INT_RANGES[key]
+            block = key == "group_size" and isinstance(value, list) and len(value) == 2
+            if not (int_in(value, lo, hi) or block and all(int_in(v, 1, MAX_GROUP) for v in value)):
+                raise CheckpointError(f"{where}.{key}: expected an integer in {lo}..{hi}"
+                                      f"{' or [rows, cols]' if key == 'group_size' else ''}, got {shown(value)}")
+        elif key in _BOOLS and type(value) is not bool:
+            raise CheckpointError(f"{where}.{key}: expected true, false or null, got {shown(value)}")
+        elif key in _STRINGS and not isinstance(value, str):
+            raise CheckpointError(f"{where}.{key}: expected a string or null, got {shown(value)}")
+
+
 class Config:
     """A parsed ``quantization_config`` of ``quant_method: auto-round``; ``resolve`` gives a layer's
     scheme fields and where they came from."""
@@ -57,16 +83,16 @@ class Config:
             raise CheckpointError(f"{where}.packing_format: {packing!r}; fp8ref loads auto-round FP8 as "
                                   f"{PACKING!r} (the llm_compressor export is loaded as compressed-tensors)")
         self.scheme = {k: qc.get(k) for k in FIELDS}
+        check_fields(self.scheme, where)
         extra = qc.get("extra_config") or {}
         if not isinstance(extra, dict) or not all(isinstance(v, dict) for v in extra.values()):
             raise CheckpointError(f"{where}.extra_config: expected an object of per-layer objects")
+        for key, value in extra.items():
+            check_fields(value, f"{where}.extra_config[{shown(key)}]")
         self.extra = extra
-        self.regexes = []
-        for key in extra:
-            try:
-                self.regexes.append((key, re.compile(key)))
-            except re.error as exc:
-                raise CheckpointError(f"{where}.extra_config: key {key!r} is not a valid regex: {exc}") from None
+        # every key is also tried as a regex (re.search), as auto-round's loader does; bounded matching
+        self.regexes = [(key, Pattern(key, f"{where}.extra_config[{shown(key)}]", error=CheckpointError))
+                        for key in extra]
         blocks = qc.get("block_name_to_quantize")
         if isinstance(blocks, str):
             blocks = [b for b in blocks.split(",") if b]
@@ -74,7 +100,10 @@ class Config:
             raise CheckpointError(f"{where}.block_name_to_quantize: expected a string or list, got {blocks!r:.100}")
         self.blocks = blocks or []
         skip = qc.get("modules_to_not_convert") or []
-        self.not_convert = skip if isinstance(skip, list) else []
+        if not (isinstance(skip, list) and all(isinstance(m, str) for m in skip)):
+            raise CheckpointError(f"{where}.modules_to_not_convert: expected a list of module names, "
+                                  f"got {shown(skip, 100)}")
+        self.not_convert = skip
 
     def resolve(self, name: str) -> tuple[dict, str]:
         """The layer's 12 scheme fields and where they came from (exact key, regex, global)."""

@@ -256,14 +256,22 @@ def from_ct_config(config: Mapping, *, recipe: str = "compressed-tensors",
                     raise SpecError(f"{where}.targets: a second group targets 'Linear'")
                 default = scheme
             elif target.startswith("re:") or not (target[:1].isupper() and target.isidentifier()):
-                rules.append(Rule(Selector(target), scheme))
+                rules.append(Rule(_selector(target, f"{where}.targets"), scheme))
             else:  # CT matches CamelCase identifiers against module classes
                 raise SpecError(f"{where}.targets: class name {target!r} is not expressible; only 'Linear', "
                                 "layer names and 're:' patterns are")
     ignore = config.get("ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
         raise SpecError(f"{source}: ignore: expected a list of strings, got {ignore!r}")
-    return LayerConfig(default, rules, [Selector(i) for i in ignore], source=source)
+    return LayerConfig(default, rules, [_selector(i, f"{source}: ignore") for i in ignore], source=source)
+
+
+def _selector(target: str, where: str) -> Selector:
+    """A target or ignore entry as a spec selector; a ``re:`` one is compiled and checked now."""
+    selector = Selector(target, source=where)
+    if selector.is_regex and target != "re:":
+        selector.pattern  # noqa: B018  (fp8ref.patterns refuses what could hang)
+    return selector
 
 
 def _ct_group(gname, group, where: str, recipe: str):
