@@ -177,6 +177,8 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
     if not qa.dynamic and scale is None and amax is None:
         raise ScaleError("scale: static quantization (dynamic=False) needs a calibrated scale= or amax=")
     shape = tuple(arr.shape)
+    if arr.size == 0:  # no amax to take a scale from: refused, not a numpy error from deep inside
+        raise ShapeError(f"x: shape {shape} has no elements; there is nothing to quantize")
     if qa.granularity == "token" and arr.ndim == 2 and rec.token_2d == "tensor":
         qa = QuantArgs(**{**qa.__dict__, "granularity": "tensor"})
     sshape = layout(shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)

@@ -178,7 +178,8 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
                 raise CheckpointError(f"{store.where(name)}: the source already has the KV-cache scale the "
                                       f"{fmt} export would write")
             proj = f"{attn}.{which}_proj"
-            rec = get_recipe(recipe or (plans[proj].recipe if proj in plans else "compressed-tensors"))
+            rec = get_recipe(recipe if recipe is not None else
+                             plans[proj].recipe if proj in plans else "compressed-tensors")
             weight = store.info(f"{proj}.weight")
             dtype = {v: k for k, v in D_DTYPES.items()}[weight.dtype]
             sdtype = D_DTYPES[dtype] if rec.scale_store_dtype == "model" else "F32"
@@ -217,7 +218,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
 
     module = base.get(fmt)
     config = _layer_config(spec)
-    f8 = [n for n in store if store.info(n).dtype.startswith(("F8_", "F4", "F6"))]
+    f8 = [n for n in store if store.info(n).fmt is not None]  # float8/6/4 codes (F64 is a plain float)
     if f8:
         raise CheckpointError(f"{store.where(f8[0])}: the source is already quantized "
                               f"({store.info(f8[0]).dtype}); export needs the original weights")
@@ -233,8 +234,11 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
                                 f"{scheme.rounding!r}, saturate {scheme.saturate!r} cannot be declared")
         if reason:
             raise CheckpointError(f"{where}: the {fmt} format cannot express this scheme: {reason}")
-        rec = get_recipe(recipe or scheme.recipe)
+        rec = get_recipe(scheme.recipe if recipe is None else recipe)
         info = store.info(name + ".weight")
+        if 0 in info.shape:
+            raise CheckpointError(f"{store.where(name + '.weight')}: shape {list(info.shape)} has no elements, "
+                                  f"so no scale can be computed; leave {name!r} out of the spec (ignore it)")
         if quant.weight_strategy not in rec.granularities:
             raise CheckpointError(f"{where}: recipe {rec.name!r} has no {quant.weight_strategy!r} weights "
                                   f"(it implements {', '.join(rec.granularities)})")
@@ -434,6 +438,10 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     the folder (a Hugging Face cache snapshot).
     """
     module = base.get(format)
+    if recipe is not None:  # '' is a wrong name, not "no override"
+        from ..registry import get_recipe
+
+        get_recipe(recipe)
     source = Path(source)
     store = open_store(source, symlinks_out=symlinks_out)
     folder = source if source.is_dir() else source.parent

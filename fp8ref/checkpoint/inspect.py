@@ -49,6 +49,9 @@ def quantization_error(ckpt: Checkpoint, original: str | os.PathLike) -> list[di
         wname = f"{name}.weight"
         if wname not in store:
             raise CheckpointError(f"{store.root}: the original has no tensor {wname!r} for layer {name!r}")
+        if store.info(wname).fmt is not None:
+            raise CheckpointError(f"{store.where(wname)}: {store.info(wname).dtype}: the original must hold the "
+                                  f"unquantized weights, this is a quantized checkpoint")
         if store.info(wname).shape != tuple(layer.shape):
             raise CheckpointError(f"{store.where(wname)}: shape {list(store.info(wname).shape)}, the checkpoint "
                                   f"layer is {list(layer.shape)}")

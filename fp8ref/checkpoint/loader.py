@@ -269,7 +269,7 @@ def _check_leftovers(store: TensorStore, entries: list[LayerEntry], kv: dict[str
         if name in claimed:
             continue
         info = store.info(name)
-        if info.dtype.startswith("F8_") or info.dtype.startswith(("F4", "F6")):
+        if info.fmt is not None:  # float8/6/4 codes (F64 is a plain float)
             raise CheckpointError(f"{store.where(name)}: {info.dtype} tensor that is not the weight of a "
                                   f"quantized layer the config describes")
         suffix = name.rsplit(".", 1)[-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 
@@ -36,8 +37,11 @@ def _common(p) -> None:
 
 
 def _parse_value(text: str) -> float:
+    """float64 parse; past float64's range a hex float rounds to +-inf as a decimal one does (strtod)."""
     try:
         return float.fromhex(text) if "0x" in text.lower() and "p" in text.lower() else float(text)
+    except OverflowError:
+        return -math.inf if text.lstrip().startswith("-") else math.inf
     except ValueError:
         raise InputTypeError(f"value {text!r}: expected a decimal or hex float such as 464, 1e-3, 0x1.cp8") from None
 

@@ -97,10 +97,9 @@ def _row(layer: str, s) -> tuple:
 
 
 def _read_names(path: str) -> list[str]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read layer names: {exc}") from None
+    from ..io.files import read_text
+
+    text = read_text(path, error=SpecError, what="layer names")
     names = [line.split("#", 1)[0].strip() for line in text.splitlines()]
     return [n for n in names if n]
 
