@@ -46,6 +46,7 @@ def layers(qc, store, where, warnings):
                                   f"{name!r} unquantized ({cfg.resolve(name)[1]})")
         scheme, source = cfg.resolve(name)
         entries.append(accept(store, layer_entry(name, quant, source), scale_shapes))
+    _check_extra_held(cfg, store, where, len(entries))
     plain = plain_linears(store, entries, ("weight_scale", "input_scale"))
     for module in plain:
         scheme, source = cfg.resolve(module)
@@ -57,6 +58,20 @@ def layers(qc, store, where, warnings):
     if qc.get("static_kv_dtype") or qc.get("static_attention_dtype"):
         kv = {n: n for n in store if n.rsplit(".", 1)[-1] in ar.KV_NAMES}
     return entries, kv
+
+
+def _check_extra_held(cfg: ar.Config, store: TensorStore, where: str, found: int) -> None:
+    """An extra_config entry that quantizes a layer matching no module of the checkpoint is a layer
+    the config declares and no shard holds (an incomplete index or a wrong key)."""
+    modules = {n.rsplit(".", 1)[0] for n in store if "." in n}
+    for key, rx in cfg.regexes:
+        scheme = {**cfg.scheme, **{k: v for k, v in cfg.extra[key].items() if k in ar.FIELDS}}
+        if ar.unquantized(scheme) or key in modules:
+            continue
+        if not any(rx.search(m) for m in modules):
+            raise CheckpointError(f"{where}.extra_config[{key!r}]: quantizes a layer no shard of {store.root} "
+                                  f"holds ({found} quantized layers found): a shard or index entry is missing, "
+                                  f"or the key is wrong")
 
 
 def validate(store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:

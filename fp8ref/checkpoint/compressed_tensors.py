@@ -159,7 +159,8 @@ class Config:
         ignore = qc.get("ignore", [])
         if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
             raise CheckpointError(f"{where}.ignore: expected a list of strings, got {shown(ignore, 100)}")
-        self.ignore = [_pattern(t, f"{where}.ignore[{i}]") for i, t in enumerate(ignore)]
+        # a bare "re:" ignores nothing (compressed-tensors skips empty patterns)
+        self.ignore = [_pattern(t, f"{where}.ignore[{i}]") for i, t in enumerate(ignore) if t != "re:"]
         status = qc.get("quantization_status", "compressed")
         if status != "compressed":
             raise CheckpointError(f"{where}.quantization_status: {status!r}; only 'compressed' checkpoints "
@@ -194,9 +195,8 @@ class Config:
 
 
 def _pattern(target: str, where: str) -> str | Pattern:
-    """A ``re:`` target or ignore entry compiled (bounded matching, fp8ref.patterns); names as they are.
-    ``re:`` alone matches nothing, as in compressed-tensors' ignore handling."""
-    if not target.startswith("re:") or target == "re:":
+    """A ``re:`` target or ignore entry compiled (bounded matching, fp8ref.patterns); names as they are."""
+    if not target.startswith("re:"):
         if len(target) > MAX_NAME:
             raise CheckpointError(f"{where}: name of {len(target)} characters; at most {MAX_NAME}")
         return target
@@ -245,6 +245,13 @@ def layers(qc, store, where, warnings):
                                   f"{where}.config_groups targets {name!r}")
         group, quant, _ = match
         entries.append(accept(store, layer_entry(name, quant, group), scale_shapes))
+    modules = {n.rsplit(".", 1)[0] for n in store if "." in n}
+    for gname, (targets, _) in cfg.groups.items():
+        for i, t in enumerate(targets):  # an exact target is a layer the config says is quantized
+            if isinstance(t, str) and _matches(t, "") != "class" and t not in modules:
+                raise CheckpointError(f"{where}.config_groups.{gname}.targets[{i}]: {t!r} is a layer no shard "
+                                      f"of {store.root} holds ({len(entries)} quantized layers found): a shard or "
+                                      f"index entry is missing, or the target is wrong")
     plain = plain_linears(store, entries, ("weight_scale", "input_scale", "weight_global_scale",
                                            "input_global_scale"))
     for module in plain:

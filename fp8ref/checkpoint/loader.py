@@ -11,6 +11,7 @@ a plain unquantized tensor; anything else that looks like quantization data is a
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.files import read_json
 from ..io.safetensors import TensorStore, open_store, unpack_nibbles
+from ..limits import MAX_GROUP, shown
 from . import base
 from .detect import UNQUANTIZED, detect_format
 from .layout import (
@@ -258,9 +260,53 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
         if check_values:
             check_scale_values(store, name)
     _check_leftovers(store, entries, kv)
+    if producer is not None:
+        check_blocks(config, store, str(config_path))
     if check_values and producer is not None:
         producer.validate(store, entries, warnings)
     return Checkpoint(folder if path.is_dir() else path, fmt, config, qc, store, entries, kv, warnings)
+
+
+_BLOCK = re.compile(r"(.*?(?:^|\.)(?:layers|h|blocks|block))\.(\d+)\.")
+
+
+def check_blocks(config: dict, store: TensorStore, where: str) -> None:
+    """A quantized checkpoint must hold every decoder block its config declares: an index or a
+    shard left out would otherwise load as a smaller model (7 of 14 layers, exit 0). Passes when
+    some container of numbered blocks (``model.layers.N.``, ``transformer.h.N.``) has every index
+    below ``num_hidden_layers``; extra blocks (multi-token prediction layers) are fine."""
+    n = config.get("num_hidden_layers")
+    if type(n) is not int or n <= 0:
+        return
+    if n > MAX_GROUP:
+        raise CheckpointError(f"{where}: num_hidden_layers: expected an integer in 1..{MAX_GROUP}, got {shown(n)}")
+    found: dict[str, set[int]] = {}
+    for name in store:
+        m = _BLOCK.match(name)
+        if m:
+            found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    want = set(range(n))
+    if any(want <= seen for seen in found.values()):
+        return
+    best = max(found, key=lambda c: (len(found[c] & want), c)) if found else None
+    have = sorted(found[best] & want) if best else []
+    missing = sorted(want - set(have))
+    held = f"{len(have)} of them ({best}.{_ranges(have)})" if have else "none of them"
+    raise CheckpointError(f"{where}: num_hidden_layers is {n}, so the checkpoint should hold {n} blocks of "
+                          f"quantized layers; its tensors hold {held}, none for block(s) {_ranges(missing)}: "
+                          f"a shard or index entry is missing")
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8' (first 6 runs)."""
+    runs, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            runs.append(f"{start}" if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(runs[:6]) + (",..." if len(runs) > 6 else "")
 
 
 def _check_leftovers(store: TensorStore, entries: list[LayerEntry], kv: dict[str, str]) -> None:

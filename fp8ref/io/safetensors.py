@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from math import prod
@@ -35,6 +36,8 @@ from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 16
+MAX_FILE_NAME = 255  # bytes in one path component (NAME_MAX on Linux and macOS)
+MAX_PATH = 4096
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DTYPES = SAFETENSORS_DTYPES
@@ -225,18 +228,27 @@ def safe_member(folder: Path, name: object, where: str, *, symlinks_out: bool = 
     ``symlinks_out`` accepts a plain name that is a symlink to elsewhere (a Hugging Face cache
     snapshot links every file to ../../blobs); absolute paths and ``..`` stay errors."""
     if not isinstance(name, str) or not name or "\x00" in name:
-        raise CheckpointError(f"{where}: shard file name must be a non-empty string, got {name!r}")
+        raise CheckpointError(f"{where}: shard file name must be a non-empty string, got {shown(name)}")
+    if len(name) > MAX_PATH or any(len(part.encode("utf-8", "replace")) > MAX_FILE_NAME
+                                   for part in name.replace("\\", "/").split("/")):
+        raise CheckpointError(f"{where}: shard path {shown(name)} is longer than a file system allows "
+                              f"({MAX_FILE_NAME} bytes a name, {MAX_PATH} characters a path)")
     pure = Path(name)
     if pure.is_absolute() or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
         raise CheckpointError(f"{where}: shard path {name!r} is absolute; expected a file inside {folder}")
     if ".." in pure.parts or ".." in name.replace("\\", "/").split("/"):
         raise CheckpointError(f"{where}: shard path {name!r} leaves the checkpoint folder {folder}")
-    root = folder.resolve()
-    target = (folder / pure).resolve()
-    if not is_inside(target, root) and not (symlinks_out and is_inside((folder / pure).parent.resolve(), root)):
+    try:
+        root = folder.resolve()
+        target = (folder / pure).resolve()
+        inside = is_inside(target, root) or (symlinks_out and is_inside((folder / pure).parent.resolve(), root))
+        exists = target.is_file()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a name the file system refuses
+        raise CheckpointError(f"{where}: shard path {shown(name)}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not inside:
         raise CheckpointError(f"{where}: shard path {name!r} resolves to {target}, outside the checkpoint "
                               f"folder {root} (symlink? pass symlinks_out=True if you trust it)")
-    if not target.is_file():
+    if not exists:
         raise CheckpointError(f"{where}: shard {name!r} does not exist in {folder}")
     return target
 
@@ -303,19 +315,44 @@ def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> Tensor
     return TensorStore(path, {candidates[0]: f}, dict.fromkeys(f.tensors, candidates[0]))
 
 
+_SHARD_NAME = re.compile(r"^(.*)-(\d+)-of-(\d+)\.safetensors$")
+
+
+def _check_shard_set(folder: Path, where: str, weight_map: dict) -> None:
+    """An index that leaves out a whole shard would load silently as a smaller model: the shard
+    names say how many there are (``model-00002-of-00004.safetensors``, the Hugging Face naming),
+    and every one of them must be referenced."""
+    named: dict[tuple[str, str], set[int]] = {}
+    for shard in set(weight_map.values()):
+        m = _SHARD_NAME.match(shard) if isinstance(shard, str) else None
+        if m:
+            named.setdefault((m.group(1), m.group(3)), set()).add(int(m.group(2)))
+    for (stem, total), seen in named.items():
+        missing = sorted(set(range(1, int(total) + 1)) - seen) if int(total) <= 100_000 else []
+        if missing:
+            example = f"{stem}-{missing[0]:0{len(total)}d}-of-{total}.safetensors"
+            on_disk = " (it is in the folder)" if (folder / example).is_file() else ""
+            raise CheckpointError(f"{where}: weight_map references {len(seen)} of the {int(total)} shards "
+                                  f"{stem}-*-of-{total}; no tensor is mapped to {len(missing)} of them, e.g. "
+                                  f"{example}{on_disk}: an incomplete index loads as a smaller model")
+
+
 def _open_index(folder: Path, index_path: Path, symlinks_out: bool) -> TensorStore:
     where = str(index_path)
     index = read_json(index_path, "index")
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise CheckpointError(f"{where}: expected an object with a 'weight_map' object")
     weight_map = index["weight_map"]
+    if not weight_map:
+        raise CheckpointError(f"{where}: weight_map is empty; a checkpoint index maps every tensor to its shard")
     files: dict[str, SafetensorsFile] = {}
     for name, shard in weight_map.items():
-        if shard not in files:
+        if not isinstance(shard, str) or shard not in files:
             files[shard] = SafetensorsFile(safe_member(folder, shard, f"{where}: weight_map[{name!r}]",
                                                        symlinks_out=symlinks_out))
         if name not in files[shard]:
             raise CheckpointError(f"{where}: weight_map puts {name!r} in {shard}, which has no such tensor")
+    _check_shard_set(folder, where, weight_map)
     for shard, f in files.items():
         for name in f.tensors:
             if weight_map.get(name) != shard:
