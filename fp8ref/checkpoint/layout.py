@@ -137,8 +137,9 @@ def weight_shape(store: TensorStore, entry: LayerEntry) -> tuple[int, ...]:
     return (shape[0], 2 * shape[1]) if entry.quant.packed and len(shape) == 2 else shape
 
 
-def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool) -> None:
-    """Validate one layer's tensors: presence, dtypes, shapes, and (optionally) scale values."""
+def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dtype: str | None = None) -> None:
+    """Validate one layer's tensors: presence, dtypes, shapes, and (optionally) scale values; a
+    weight scale must not overflow the model ``dtype`` when it is given (``check_scale_values``)."""
     t = entry.tensors
     for role in ("weight", "weight_scale") + (("input_scale",) if entry.quant.input in ("static", "nvfp4") else ()):
         if role not in t or t[role] not in store:
@@ -190,7 +191,15 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool) ->
             if role in t and t[role] in store:
                 fmt = BLOCK_SCALED[q.weight_strategy][2] if role == "weight_scale" and q.weight_strategy in \
                     BLOCK_SCALED else None
-                check_scale_values(store, t[role], fmt)
+                check_scale_values(store, t[role], fmt, model_dtype=weight_scale_dtype(q, role, dtype),
+                                   elem_fmt=q.weight_fmt)
+
+
+def weight_scale_dtype(q: LayerQuant, role: str, dtype: str | None) -> str | None:
+    """The model dtype a scale's dequantized range is checked against: a weight's one-level scale
+    only (it is bounded by the weights it was taken from, in D; activation and KV-cache amax come
+    from calibration, which may run wider than D; two-level block scales are left to their format)."""
+    return dtype if role == "weight_scale" and q.weight_strategy not in BLOCK_SCALED else None
 
 
 def _check_global(store: TensorStore, name: str) -> None:
@@ -218,9 +227,17 @@ def nan_count(codes: np.ndarray, fmt_name: str) -> tuple[int, tuple[int, ...] | 
     return n, (tuple(int(i) for i in np.argwhere(mask)[0]) if n else None)
 
 
-def check_scale_values(store: TensorStore, name: str, fmt: str | None = None) -> np.ndarray:
+OVERFLOW_SLACK = 2.0**-6  # bf16 scales round by up to 2**-8 relative; a few roundings stay well under this
+
+
+def check_scale_values(store: TensorStore, name: str, fmt: str | None = None, *, model_dtype: str | None = None,
+                       elem_fmt: str = "float8_e4m3fn") -> np.ndarray:
     """The scale values of tensor ``name`` as float64 (``fmt``: the codes' format, E4M3 or E8M0
-    block scales stored as bytes), each checked to be positive and finite."""
+    block scales stored as bytes), each checked to be positive and finite and, given the
+    ``model_dtype``, small enough that the largest ``elem_fmt`` value times the scale fits in it (a
+    k_proj scale of 3.39e38 made 16,251 weights Inf: absurd but finite). ``OVERFLOW_SLACK`` above
+    the dtype's max is allowed: a producer whose amax is the dtype's max rounds amax / 448 up by up
+    to half an ulp of the scale's dtype (float16 146.25 * 448 = 65520 rounds to Inf, and is real)."""
     values = np.asarray(store.get(name))
     if fmt is not None:
         from ..codec import decode
@@ -235,6 +252,19 @@ def check_scale_values(store: TensorStore, name: str, fmt: str | None = None) ->
         raise CheckpointError(f"{store.where(name)}: {int(bad.sum())} of {values.size} scale values are not "
                               f"positive finite numbers; first at index {list(idx)}: {v!r} ({what}); "
                               f"a dequantization scale must be > 0 and finite")
+    if model_dtype is not None and values.size:
+        from ..formats import FORMATS
+        from ..rounding import FLOAT_FORMATS
+
+        out, top = FLOAT_FORMATS[model_dtype], FORMATS[elem_fmt].max
+        over = values * top > out.max * (1 + OVERFLOW_SLACK)  # exact: float32 scale times an 8-bit float
+        if over.any():
+            idx = tuple(int(i) for i in np.argwhere(over)[0]) if values.ndim else ()
+            v = float(values[idx] if values.ndim else values[()])
+            raise CheckpointError(f"{store.where(name)}: {int(over.sum())} of {values.size} scale values overflow "
+                                  f"the model dtype {model_dtype}: first at index {list(idx)}: {v!r} times "
+                                  f"{elem_fmt}'s largest value {top:g} is {v * top:.4g}, past {model_dtype}'s "
+                                  f"{out.max:.4g}; dequantized values would be Inf")
     return values
 
 

@@ -32,6 +32,7 @@ from .layout import (
     model_dtype,
     nan_count,
     to_scheme,
+    weight_scale_dtype,
     weight_shape,
 )
 
@@ -79,7 +80,8 @@ class QuantizedLayer:
         if role in ("weight_scale", "input_scale", "weight_global"):
             block = self.quant.weight_strategy in BLOCK_SCALED and role == "weight_scale"
             values = check_scale_values(self._ckpt.store, name, BLOCK_SCALED[self.quant.weight_strategy][2]
-                                        if block else None)
+                                        if block else None, elem_fmt=self.quant.weight_fmt,
+                                        model_dtype=weight_scale_dtype(self.quant, role, self._ckpt.dtype))
             if block:  # E4M3 / E8M0 values are exact in float32
                 return values.astype(np.float32)
         return self._ckpt.store.get(name)
@@ -250,8 +252,9 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     where = f"{where}: quantization_config"
     producer = None if fmt == UNQUANTIZED else base.get(fmt)
     entries, kv = ([], {}) if producer is None else producer.layers(qc, store, where, warnings)
+    dtype = model_dtype(config, store)
     for entry in entries:
-        check_layer(store, entry, check_values=check_values)
+        check_layer(store, entry, check_values=check_values, dtype=dtype)
     for name in kv.values():
         info = store.info(name)
         if info.dtype not in ("F32", "BF16", "F16") or len(info.shape) > 1:
