@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
-from ..limits import MAX_NAME, shown
+from ..limits import MAX_GROUP, MAX_NAME, int_in, shown
 from ..patterns import Pattern
 from ..producers import compressed_tensors as ct
 from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
@@ -90,8 +90,9 @@ def weight_quant(weights: dict, inputs: dict | None, where: str) -> LayerQuant:
     block = None
     if strategy == "block":
         bs = w.get("block_structure")
-        if not (isinstance(bs, list) and len(bs) == 2 and all(type(b) is int and b > 0 for b in bs)):
-            raise CheckpointError(f"{where}.weights.block_structure: expected [rows, cols], got {bs!r}")
+        if not (isinstance(bs, list) and len(bs) == 2 and all(int_in(b, 1, MAX_GROUP) for b in bs)):
+            raise CheckpointError(f"{where}.weights.block_structure: expected [rows, cols] of integers in "
+                                  f"1..{MAX_GROUP}, got {shown(bs)}")
         block = (bs[0], bs[1])
     if inputs is None:
         return LayerQuant(strategy, block, None)
@@ -106,8 +107,9 @@ def weight_quant(weights: dict, inputs: dict | None, where: str) -> LayerQuant:
         raise CheckpointError(f"{where}.input_activations.dynamic: {dynamic!r}; expected true or false")
     if a_strategy == "group":
         gs = a.get("group_size")
-        if type(gs) is not int or gs <= 0:
-            raise CheckpointError(f"{where}.input_activations.group_size: expected a positive int, got {gs!r}")
+        if not int_in(gs, 1, MAX_GROUP):
+            raise CheckpointError(f"{where}.input_activations.group_size: expected an integer in 1..{MAX_GROUP}, "
+                                  f"got {shown(gs)}")
         return LayerQuant(strategy, block, "dynamic-group", gs)
     if a_strategy not in ("token", "tensor"):
         raise CheckpointError(f"{where}.input_activations.strategy: {a_strategy!r}; expected token, tensor "

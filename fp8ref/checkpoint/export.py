@@ -24,6 +24,7 @@ from ..errors import CheckpointError, Fp8RefError
 from ..io.atomic import atomic_folder, atomic_write_text
 from ..io.files import read_json
 from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store, pack_nibbles
+from ..limits import shown
 from . import base
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant, from_scheme, nan_count
 
@@ -86,8 +87,8 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
         for name, value in data.items():
             if isinstance(value, list) and len(value) == 1:
                 value = value[0]
-            if type(value) not in (int, float):
-                raise CheckpointError(f"{path}: {name!r}: expected a number (activation amax), got {value!r:.80}")
+            if type(value) not in (int, float) or (type(value) is int and abs(value) > 2**1024):
+                raise CheckpointError(f"{path}: {name!r}: expected a number (activation amax), got {shown(value)}")
             raw[name.removesuffix(".input_amax")] = float(value)
     for name, value in raw.items():
         if not np.isfinite(value) or value < 0:
@@ -114,8 +115,9 @@ def split_calibration(calibration: Mapping[str, float], where: str = "calibratio
         if match is None:
             layers[key] = value
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise CheckpointError(f"{where}: {key!r}: expected a number (KV-cache amax), got {value!r:.80}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
+                or (type(value) is int and abs(value) > 2**1024)):
+            raise CheckpointError(f"{where}: {key!r}: expected a number (KV-cache amax), got {shown(value)}")
         amax = float(value)
         if not np.isfinite(amax) or amax < 0:
             raise CheckpointError(f"{where}: {key!r}: a KV-cache amax must be a finite number >= 0, got {value!r:.80}")

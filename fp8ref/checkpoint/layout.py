@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.safetensors import DTYPES, TensorStore
+from ..limits import MAX_GROUP, int_in, shown
 
 FLOAT_SCALE_DTYPES = ("F32", "BF16", "F16")
 # nvfp4: E4M3 scales per 16 along K under a per-tensor global scale; mx: E8M0 (uint8 biased exponent)
@@ -61,9 +62,9 @@ class LayerQuant:
             raise CheckpointError(f"weight strategy {self.weight_strategy!r}: expected one of {WEIGHT_STRATEGIES}")
         if (self.weight_strategy == "block") != (self.block is not None):
             raise CheckpointError(f"block {self.block!r} must be given exactly for the 'block' strategy")
-        if self.block is not None and not (len(self.block) == 2 and all(type(b) is int and b > 0
+        if self.block is not None and not (len(self.block) == 2 and all(int_in(b, 1, MAX_GROUP)
                                                                         for b in self.block)):
-            raise CheckpointError(f"block must be two positive ints, got {self.block!r}")
+            raise CheckpointError(f"block must be two ints in 1..{MAX_GROUP}, got {shown(self.block)}")
         if self.input is not None and self.input not in INPUT_MODES:
             raise CheckpointError(f"input mode {self.input!r}: expected None or one of {INPUT_MODES}")
         if (self.input == "dynamic-group") != (self.input_group is not None):

@@ -4,6 +4,7 @@ style, legacy AutoFP8), reference §5.5: the ``quantization_config`` it reads an
 from __future__ import annotations
 
 from ..errors import CheckpointError
+from ..limits import MAX_GROUP, int_in, shown
 
 NAME = "hf-fp8"
 METHOD = "fp8"  # its quant_method
@@ -26,8 +27,9 @@ class Config:
             raise CheckpointError(f"{where}.fmt: {fmt!r}; fp8ref loads e4m3 (float8_e4m3fn) weights")
         block = qc.get("weight_block_size")
         if block is not None and not (isinstance(block, list) and len(block) == 2
-                                      and all(type(b) is int and b > 0 for b in block)):
-            raise CheckpointError(f"{where}.weight_block_size: expected null or [rows, cols], got {block!r}")
+                                      and all(int_in(b, 1, MAX_GROUP) for b in block)):
+            raise CheckpointError(f"{where}.weight_block_size: expected null or [rows, cols] of integers in "
+                                  f"1..{MAX_GROUP}, got {shown(block)}")
         self.block = tuple(block) if block else None
         self.static = scheme == "static"
         if self.static and self.block:
