@@ -8,9 +8,11 @@ against. A checkpoint's ``ignore``/``targets``, an auto-round ``extra_config`` k
   quantifier (the shape of every catastrophic pattern) is refused, as are patterns longer than
   ``limits.MAX_PATTERN``;
 * names longer than ``limits.MAX_NAME`` are refused before matching;
-* in time: on the main thread a pattern gets ``BUDGET_S`` seconds of matching in all (a
-  SIGALRM interrupts a running match: ``re`` checks for signals while it backtracks). Elsewhere
-  (threads, or an alarm already set by the caller) the static check is the bound.
+* in time: on the main thread a pattern that can still backtrack gets ``BUDGET_S`` seconds of
+  matching in all (a SIGALRM interrupts a running match: ``re`` checks for signals while it
+  backtracks). Elsewhere (threads, or an alarm the caller set) there is no timer, so a pattern that
+  can backtrack exponentially (an alternation under a quantifier, a backreference) is refused
+  when it is matched; polynomial ones run, bounded by the name length.
 
 Errors are the caller's ``Fp8RefError`` subclass, one line naming where the pattern came from.
 """
@@ -75,10 +77,10 @@ def _subpatterns(op, av):
     return []
 
 
-def _timed(parsed) -> bool:
-    """Patterns that can still backtrack polynomially or worse get the time budget: two or more
-    unbounded quantifiers, an alternation under a quantifier (``(a|aa)*c``), a backreference.
-    One quantifier over plain characters matches in time about linear in the name."""
+def _risk(parsed) -> str | None:
+    """How a pattern that passed the static check can still backtrack: "exponential" (an
+    alternation under a quantifier, ``(a|aa)*c``, or a backreference), "polynomial" (two or more
+    unbounded quantifiers, ``.*a.*b``) or None (one quantifier: about linear in the name)."""
     count = 0
 
     def walk(items, repeated: bool) -> bool:
@@ -92,15 +94,17 @@ def _timed(parsed) -> bool:
                 return True
             elif any(walk(sub, repeated) for sub in _subpatterns(op, av)):
                 return True
-        return count > 1
+        return False
 
-    return walk(parsed, False)
+    if walk(parsed, False):
+        return "exponential"
+    return "polynomial" if count > 1 else None
 
 
 class Pattern:
     """A compiled untrusted regex. ``where`` names its origin (``FILE: key``) in every error."""
 
-    __slots__ = ("text", "where", "error", "_rx", "_timed", "_spent")
+    __slots__ = ("text", "where", "error", "_rx", "_risk", "_spent")
 
     def __init__(self, text: str, where: str, *, error: type[Fp8RefError] = SpecError):
         self.text, self.where, self.error = text, where, error
@@ -116,7 +120,7 @@ class Pattern:
         if _nested_repeat(parsed):
             raise self.fail(f"regular expression {shown(text)} repeats a repeated subpattern (like '(a+)+'), "
                             f"which can take exponential time; write it without the nested quantifier")
-        self._timed = _timed(parsed)
+        self._risk = _risk(parsed)
         self._spent = 0.0
 
     def fail(self, problem: str) -> Fp8RefError:
@@ -136,7 +140,13 @@ class Pattern:
     def _run(self, fn, name: str) -> bool:
         if len(name) > MAX_NAME:
             raise self.fail(f"name {shown(name)} is longer than {MAX_NAME} characters")
-        if not self._timed or not _can_alarm():
+        if self._risk is None:
+            return fn(name) is not None
+        if not _can_alarm():  # no time budget here: only what backtracks polynomially may run
+            if self._risk == "exponential":
+                raise self.fail(f"regular expression {shown(self.text)} has an alternation under a quantifier "
+                                f"or a backreference, which can take exponential time, and matching off the main "
+                                f"thread has no time budget; simplify it")
             return fn(name) is not None
         left = BUDGET_S - self._spent
         previous = signal.signal(signal.SIGALRM, _overtime)
