@@ -129,7 +129,7 @@ class SafetensorsFile:
         self.path = Path(path)
         where = str(self.path)
         try:
-            with open_regular(self.path) as f:
+            with open_regular(self.path, what="safetensors file") as f:
                 size = os.fstat(f.fileno()).st_size
                 head = f.read(8)
                 if len(head) < 8:
