@@ -259,7 +259,7 @@ def _selector(key, path: tuple, errors: _Errors) -> Selector | None:
             errors.add(path, "empty regular expression")
             return None
         try:
-            selector.pattern  # compiled and checked now, so `spec validate` refuses what would hang
+            selector.pattern  # noqa: B018  (compiled and checked now: `spec validate` refuses what would hang)
         except SpecError as exc:
             errors.add(path, exc.problem)
             return None
