@@ -8,13 +8,13 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
-from checkpoint_builders import build_autoround, build_ct, build_hf, write
 
 from fp8ref.checkpoint import export_checkpoint, load_checkpoint
 from fp8ref.checkpoint.inspect import quantization_error
 from fp8ref.cli import main
 from fp8ref.errors import CheckpointError, RecipeError
 from fp8ref.io.safetensors import write_safetensors
+from tests.support.checkpoint_builders import build_autoround, build_ct, build_hf, write
 
 Q = "model.layers.0.self_attn.q_proj"
 INV_FREQ = "model.layers.0.self_attn.rotary_emb.inv_freq"

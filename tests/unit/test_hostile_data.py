@@ -8,7 +8,6 @@ import json
 import struct
 
 import pytest
-from checkpoint_builders import build_autoround, build_ct, write
 
 from fp8ref.checkpoint import load_checkpoint
 from fp8ref.cli import main
@@ -17,6 +16,7 @@ from fp8ref.io.files import parse_json
 from fp8ref.io.safetensors import SafetensorsFile
 from fp8ref.io.yaml import load_yaml_string
 from fp8ref.spec import load_spec_string
+from tests.support.checkpoint_builders import build_autoround, build_ct, write
 
 
 def _one_line(exc: Exception) -> str:

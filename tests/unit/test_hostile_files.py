@@ -8,13 +8,13 @@ import os
 import time
 
 import pytest
-from checkpoint_builders import build_ct, write
 
 from fp8ref.cli import main
 from fp8ref.errors import CheckpointError, SpecError
 from fp8ref.io import files
 from fp8ref.io.safetensors import SafetensorsFile
 from fp8ref.io.yaml import load_yaml
+from tests.support.checkpoint_builders import build_ct, write
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo") or not os.path.exists("/dev/zero"),
                                 reason="needs FIFOs and /dev/zero")

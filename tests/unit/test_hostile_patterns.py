@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from checkpoint_builders import build_autoround, build_ct, write
 
 from fp8ref import patterns
 from fp8ref.checkpoint import load_checkpoint
@@ -18,6 +17,7 @@ from fp8ref.cli import main
 from fp8ref.errors import CheckpointError, SpecError
 from fp8ref.patterns import Pattern
 from fp8ref.spec import load_spec_string
+from tests.support.checkpoint_builders import build_autoround, build_ct, write
 
 EVIL = r"([\w.]+)+!"  # exponential in the name length under re's backtracking
 NESTED = (EVIL, r"(a+)+$", r"(.*a){12}", r"(?:x*y*)*z", r"((ab)*c+)+d")

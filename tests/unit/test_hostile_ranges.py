@@ -13,7 +13,6 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from checkpoint_builders import build_ct, build_hf, write
 
 from fp8ref import limits
 from fp8ref.checkpoint import load_checkpoint
@@ -22,6 +21,7 @@ from fp8ref.io.safetensors import write_safetensors
 from fp8ref.quant import QuantArgs, _c_amax, _c_sizes, quantize
 from fp8ref.scheme import QuantizationScheme
 from fp8ref.spec import load_spec_string
+from tests.support.checkpoint_builders import build_ct, build_hf, write
 
 HUGE = (2**64, 2**63, 2**31, 10**400)
 
@@ -109,7 +109,7 @@ def test_hf_weight_block_size_has_a_range(tmp_path):
 
 @pytest.mark.parametrize("field", ["group_size", "bits", "act_bits", "act_group_size"])
 def test_autoround_integer_fields_have_ranges(tmp_path, field):
-    from checkpoint_builders import build_autoround
+    from tests.support.checkpoint_builders import build_autoround
 
     tensors, cfg = build_autoround()
     cfg["quantization_config"][field] = 2**64
