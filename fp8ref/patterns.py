@@ -116,9 +116,9 @@ class Pattern:
             parsed = _sre_parse.parse(text)
             self._rx = re.compile(text)
         except (re.error, RecursionError, OverflowError) as exc:
-            raise self.fail(f"invalid regular expression {shown(text)}: {exc}") from None
+            raise self.fail(f"invalid regular expression {_quoted(text)}: {exc}") from None
         if _nested_repeat(parsed):
-            raise self.fail(f"regular expression {shown(text)} repeats a repeated subpattern (like '(a+)+'), "
+            raise self.fail(f"regular expression {_quoted(text)} repeats a repeated subpattern (like '(a+)+'), "
                             f"which can take exponential time; write it without the nested quantifier")
         self._risk = _risk(parsed)
         self._spent = 0.0
@@ -144,7 +144,7 @@ class Pattern:
             return fn(name) is not None
         if not _can_alarm():  # no time budget here: only what backtracks polynomially may run
             if self._risk == "exponential":
-                raise self.fail(f"regular expression {shown(self.text)} has an alternation under a quantifier "
+                raise self.fail(f"regular expression {_quoted(self.text)} has an alternation under a quantifier "
                                 f"or a backreference, which can take exponential time, and matching off the main "
                                 f"thread has no time budget; simplify it")
             return fn(name) is not None
@@ -155,7 +155,7 @@ class Pattern:
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
             return fn(name) is not None
         except _Overtime:
-            raise self.fail(f"regular expression {shown(self.text)} took more than {BUDGET_S:g} s of matching "
+            raise self.fail(f"regular expression {_quoted(self.text)} took more than {BUDGET_S:g} s of matching "
                             f"(last name: {shown(name)}); simplify it") from None
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -164,6 +164,11 @@ class Pattern:
 
     def __repr__(self) -> str:
         return f"Pattern({self.text!r})"
+
+
+def _quoted(text: str) -> str:
+    """The pattern as written in its file (repr would double every backslash), cut to 80 characters."""
+    return f"'{text}'" if text.isprintable() and len(text) <= 80 else shown(text)
 
 
 def _overtime(signum, frame):

@@ -135,6 +135,8 @@ class Config:
     def __init__(self, qc: dict, where: str):
         self.where = where
         fmt = qc.get("format")
+        if fmt is not None and not isinstance(fmt, str):  # a group's own format may shadow it: check it anyway
+            raise CheckpointError(f"{where}.format: expected a compression format name, got {shown(fmt)}")
         self.groups: dict[str, tuple[list[str | Pattern], LayerQuant]] = {}
         groups = qc.get("config_groups")
         if not isinstance(groups, dict) or not groups:

@@ -240,6 +240,8 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
         config = loaded
     qc = config.get("quantization_config")
     qc_path = folder / "quantization_config.json"
+    if qc is not None and (qc_path.exists() or qc_path.is_symlink()):
+        _check_second_copy(read_json(qc_path, "quantization config"), qc, qc_path, config_path)
     if qc is None and qc_path.is_file():
         qc = read_json(qc_path, "quantization config")
         where = str(qc_path)
@@ -268,6 +270,32 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     if check_values and producer is not None:
         producer.validate(store, entries, warnings)
     return Checkpoint(folder if path.is_dir() else path, fmt, config, qc, store, entries, kv, warnings)
+
+
+def _check_second_copy(copy: object, qc: object, qc_path: Path, config_path: Path) -> None:
+    """auto-round writes its config twice (config.json and quantization_config.json); loaders read
+    one or the other, so two copies that differ make a checkpoint mean two things."""
+    if copy == qc:
+        return
+    if not isinstance(copy, dict) or not isinstance(qc, dict):
+        raise CheckpointError(f"{qc_path}: expected a JSON object equal to {config_path.name}'s quantization_config, "
+                              f"got {type(copy).__name__}")
+    path, here, there = _first_difference(copy, qc)
+    raise CheckpointError(f"{qc_path}: {'.'.join(path)}: {here}, but {config_path.name}'s quantization_config "
+                          f"{'says ' + there if there != 'missing' else 'does not have it'}; loaders read one copy or "
+                          f"the other, so they must agree")
+
+
+def _first_difference(a: object, b: object, path: tuple = ()) -> tuple[tuple, str, str]:
+    """The key path (keys as written) where two JSON values first differ, and each side shown."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if key not in a or key not in b:
+                return path + (str(key),), shown(a[key]) if key in a else "missing", \
+                    shown(b[key]) if key in b else "missing"
+            if a[key] != b[key]:
+                return _first_difference(a[key], b[key], path + (str(key),))
+    return path, shown(a), shown(b)
 
 
 _BLOCK = re.compile(r"(.*?(?:^|\.)(?:layers|h|blocks|block))\.(\d+)\.")

@@ -37,13 +37,18 @@ def _common(p) -> None:
 
 
 def _parse_value(text: str) -> float:
-    """float64 parse; past float64's range a hex float rounds to +-inf as a decimal one does (strtod)."""
+    """float64 parse; a finite literal past float64's range is refused (float() would silently make
+    it inf and fromhex raises): write inf for infinity."""
     try:
-        return float.fromhex(text) if "0x" in text.lower() and "p" in text.lower() else float(text)
+        value = float.fromhex(text) if "0x" in text.lower() and "p" in text.lower() else float(text)
     except OverflowError:
-        return -math.inf if text.lstrip().startswith("-") else math.inf
+        value = math.inf
     except ValueError:
         raise InputTypeError(f"value {text!r}: expected a decimal or hex float such as 464, 1e-3, 0x1.cp8") from None
+    if math.isinf(value) and "inf" not in text.lower():
+        raise InputTypeError(f"value {text!r}: beyond float64's range (largest 0x1.fffffffffffffp+1023); "
+                             f"write inf or -inf for infinity")
+    return value
 
 
 def _parse_code(text: str) -> int:

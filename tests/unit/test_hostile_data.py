@@ -174,7 +174,48 @@ def test_spec_selector_names_are_bounded():
 
 # --- the command line -------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("value", "code"), [("0x1p99999", "0x7e"), ("-0x1p99999", "0xfe"), ("1e99999", "0x7e")])
-def test_encode_of_a_value_past_float64_rounds_to_inf_like_a_decimal(capsys, value, code):
-    assert main(["encode", "--", value]) == 0
-    assert f"code={code}" in capsys.readouterr().out
+@pytest.mark.parametrize("value", ["0x1p99999", "-0x1p99999", "1e99999", "-1e400"])
+def test_encode_of_a_value_past_float64_is_refused(capsys, value):
+    assert main(["encode", "--", value]) == 1
+    assert capsys.readouterr().err == (f"fp8ref: error: value {value!r}: beyond float64's range (largest "
+                                       f"0x1.fffffffffffffp+1023); write inf or -inf for infinity\n")
+
+
+def test_encode_still_takes_infinity_written_out(capsys):
+    assert main(["encode", "--", "inf", "-inf", "0x1.cp8"]) == 0
+    assert capsys.readouterr().out.count("code=") == 3
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("{", "quantization_config.json: quantization config is not valid JSON"),
+    ("[1]", "quantization_config.json: expected a JSON object equal to config.json's quantization_config, got list"),
+    ("[" * 100000 + "]" * 100000, "quantization_config.json: quantization config is nested deeper than 64 levels"),
+    ('{"bits": "8"}', "quantization_config.json: act_bits: missing, but config.json's quantization_config says 8"),
+])
+def test_autoround_second_config_copy_is_read_and_must_agree(tmp_path, text, expected):
+    """auto-round writes its config twice; a broken or different second copy was never read."""
+    tensors, cfg = build_autoround()
+    folder = write(tmp_path / "ckpt", tensors, cfg)
+    (folder / "quantization_config.json").write_text(json.dumps(cfg["quantization_config"]))
+    assert len(load_checkpoint(folder)) == 2  # an equal copy is fine
+    (folder / "quantization_config.json").write_text(text)
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(folder)
+    assert expected in _one_line(exc.value)
+
+
+def test_autoround_second_copy_difference_names_the_key_as_written(tmp_path):
+    tensors, cfg = build_autoround()
+    folder = write(tmp_path / "ckpt", tensors, cfg)
+    copy = dict(cfg["quantization_config"], extra_config={r"([\w.]+)+!": {"bits": 16}})
+    (folder / "quantization_config.json").write_text(json.dumps(copy))
+    with pytest.raises(CheckpointError, match=r"quantization_config.json: extra_config: \{.*, but config.json's "
+                                              r"quantization_config does not have it"):
+        load_checkpoint(folder)
+
+
+def test_compressed_tensors_top_level_format_of_the_wrong_type(tmp_path):
+    tensors, cfg = build_ct("FP8")
+    cfg["quantization_config"]["format"] = ["float-quantized"]  # every group has its own format
+    with pytest.raises(CheckpointError, match=r"config.json: quantization_config.format: expected a compression"):
+        load_checkpoint(write(tmp_path / "ckpt", tensors, cfg))
