@@ -286,13 +286,22 @@ def _check_second_copy(copy: object, qc: object, qc_path: Path, config_path: Pat
                           f"the other, so they must agree")
 
 
+def _side(obj: dict, key) -> str:
+    """One side of a difference; an object by its keys as written (repr would double backslashes)."""
+    if key not in obj:
+        return "missing"
+    value = obj[key]
+    if isinstance(value, dict):
+        return f"an object with keys {', '.join(map(str, list(value)[:5]))}"[:200]
+    return shown(value)
+
+
 def _first_difference(a: object, b: object, path: tuple = ()) -> tuple[tuple, str, str]:
     """The key path (keys as written) where two JSON values first differ, and each side shown."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b), key=str):
             if key not in a or key not in b:
-                return path + (str(key),), shown(a[key]) if key in a else "missing", \
-                    shown(b[key]) if key in b else "missing"
+                return path + (str(key),), _side(a, key), _side(b, key)
             if a[key] != b[key]:
                 return _first_difference(a[key], b[key], path + (str(key),))
     return path, shown(a), shown(b)

@@ -209,9 +209,11 @@ def test_autoround_second_copy_difference_names_the_key_as_written(tmp_path):
     folder = write(tmp_path / "ckpt", tensors, cfg)
     copy = dict(cfg["quantization_config"], extra_config={r"([\w.]+)+!": {"bits": 16}})
     (folder / "quantization_config.json").write_text(json.dumps(copy))
-    with pytest.raises(CheckpointError, match=r"quantization_config.json: extra_config: \{.*, but config.json's "
-                                              r"quantization_config does not have it"):
+    with pytest.raises(CheckpointError) as exc:
         load_checkpoint(folder)
+    assert str(exc.value).endswith(r"quantization_config.json: extra_config: an object with keys ([\w.]+)+!, but "
+                                   r"config.json's quantization_config does not have it; loaders read one copy or "
+                                   r"the other, so they must agree")
 
 
 def test_compressed_tensors_top_level_format_of_the_wrong_type(tmp_path):
