@@ -56,7 +56,7 @@ class QuantArgs:
     #                                      False: static activations, a calibrated scale/amax is required
     rounding: str = "rne"
     saturate: bool = True
-    mx_rule: str = "floor"               # MX E8M0 scale: 'floor' (OCP) or 'rceil' (never clips)
+    mx_rule: str = "floor"               # MX E8M0 scale rule by name: scaling.MX_SCALE_RULES (floor = ocp-floor)
     recipe: str | None = None            # default recipe when quantize(recipe=None)
 
     def __post_init__(self):
