@@ -106,6 +106,11 @@ class QuantizedLayer:
     def bias(self) -> np.ndarray | None:
         return self._tensor("bias")
 
+    @property
+    def output_scale(self) -> np.ndarray | None:
+        """The stored output (KV-cache) scale of a layer whose producer quantizes its output (Quark k/v_proj)."""
+        return self._tensor("output_scale")
+
     def expanded_scale(self) -> np.ndarray:
         """The weight scale as float64, broadcast to [out, in] (blocks cropped at the edges)."""
         out, inp = self.shape
