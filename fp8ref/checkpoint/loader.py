@@ -76,9 +76,10 @@ class QuantizedLayer:
             return None
         if role in ("weight_scale", "input_scale", "weight_global"):
             block = self.quant.weight_strategy in BLOCK_SCALED and role == "weight_scale"
+            e8m0 = self._ckpt.store.info(name).dtype == "F8_E8M0"  # hf-fp8 ue8m0 scales
             values = check_scale_values(self._ckpt.store, name, BLOCK_SCALED[self.quant.weight_strategy][2]
-                                        if block else None)
-            if block:  # E4M3 / E8M0 values are exact in float32
+                                        if block else "float8_e8m0fnu" if e8m0 else None)
+            if block or e8m0:  # E4M3 / E8M0 values are exact in float32
                 return values.astype(np.float32)
         return self._ckpt.store.get(name)
 

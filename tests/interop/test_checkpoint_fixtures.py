@@ -38,6 +38,7 @@ FIXTURES = sorted(EXPECTED)
 FIXTURES_2026 = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "modelopt_fp8", "modelopt_fp8_pc_pt",
                  "modelopt_mxfp8", "modelopt_nvfp4"]
 FIXTURES_QUARK = ["quark_fp8", "quark_mxfp4"]
+UE8M0 = "hf_fp8_ue8m0"  # tools/make_fixture_ue8m0.py; read by test_checkpoint_fixture_ue8m0.py
 ORIGINAL = "original_bf16"  # the unquantized tiny Llama the tools were given (verify, compare --original)
 
 
@@ -54,8 +55,8 @@ def _layer_cases():
 
 
 def test_all_fixtures_present():
-    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(FIXTURES + FIXTURES_2026 + FIXTURES_QUARK
-                                                                          + [ORIGINAL])
+    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(
+        FIXTURES + FIXTURES_2026 + FIXTURES_QUARK + [UE8M0, ORIGINAL])
     assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 
