@@ -37,7 +37,7 @@ NVFP4_BLOCK = 16
 # E8M0 scale rules by name (docs/quantize.md has their mismatch rates): ocp-floor (OCP MX v1.0; "floor"
 # is its older name, kept), rceil (NVIDIA RCEIL, ModelOpt MXFP8), even (AMD Quark 0.13's even_round:
 # a float32 bit trick), ct-round-to-power-2 (compressed-tensors 0.19.0, MXFP4 and MXFP8 alike).
-MX_SCALE_RULES = ("floor", "ocp-floor", "rceil", "even", "ct-round-to-power-2")
+MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even")
 
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
