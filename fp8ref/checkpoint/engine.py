@@ -118,8 +118,8 @@ def requantize_max(ckpt, step: str) -> list[Effect]:
     from ..rounding import round_to
 
     out = []
-    tensor = [g for g in _fused_groups(ckpt, lambda la: _e4m3_float_scaled(la) and la.quant.weight_strategy == "tensor")]
-    for group in tensor:
+    per_tensor = lambda la: _e4m3_float_scaled(la) and la.quant.weight_strategy == "tensor"  # noqa: E731
+    for group in _fused_groups(ckpt, per_tensor):
         scales = [np.float32(np.asarray(la.weight_scale, np.float32).reshape(-1)[0]) for la in group]
         s_max = max(scales)
         if all(s == s_max for s in scales):
