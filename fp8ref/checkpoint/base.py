@@ -101,6 +101,11 @@ class Defaults:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
         return self.name
 
+    def carry_config(self, source: dict | None, qc: dict) -> dict:
+        """``qc`` for a checkpoint of this format written again: the config fields of ``source``
+        (its loaded quantization_config) that no LayerQuant holds (hf-fp8's scale_fmt)."""
+        return qc
+
     def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
         pass
 

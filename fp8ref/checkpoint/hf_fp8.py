@@ -170,6 +170,11 @@ class HfFp8(Defaults):
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return any(f"{n}.weight_scale_inv" in store for n in fp8_layers)
 
+    def carry_config(self, source: dict | None, qc: dict) -> dict:
+        if isinstance(source, dict) and source.get("scale_fmt") == "ue8m0":
+            return {**qc, "scale_fmt": "ue8m0"}
+        return qc
+
     layers = staticmethod(layers)
     validate = staticmethod(validate)
     cannot_express = staticmethod(cannot_express)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fp8ref.checkpoint import load_checkpoint
+from fp8ref.checkpoint import load_checkpoint, write_checkpoint
 from fp8ref.checkpoint.forward import producer_weight
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import open_store, write_safetensors
@@ -130,3 +130,17 @@ def test_e8m0_scales_without_ue8m0_are_a_one_line_error(tmp_path):
 def test_unknown_scale_fmt_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match=r"scale_fmt: 'e5m2'; expected 'float' or 'ue8m0'"):
         load_checkpoint(_copy(tmp_path, edit_qc=lambda q: q.update(scale_fmt="e5m2")))
+
+
+def test_rewrite_keeps_the_bytes_and_scale_fmt(tmp_path):
+    write_checkpoint(load_checkpoint(ROOT), tmp_path / "out")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (ROOT / "model.safetensors").read_bytes()
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc == json.loads((ROOT / "config.json").read_text())["quantization_config"]
+    assert load_checkpoint(tmp_path / "out").warnings == []
+
+
+def test_e8m0_scales_do_not_travel_to_another_format(tmp_path):
+    with pytest.raises(CheckpointError, match=r"F8_E8M0 \(ue8m0\) scales are kept only by hf-fp8"):
+        write_checkpoint(load_checkpoint(ROOT), tmp_path / "ct", format="compressed-tensors")
+    assert not (tmp_path / "ct").exists()
