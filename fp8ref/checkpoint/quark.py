@@ -35,8 +35,8 @@ KV_SUFFIXES = (".k_proj.output_scale", ".v_proj.output_scale")
 
 
 def scheme_of(quant: LayerQuant) -> str | None:
-    return next((s for s, q in (QUANTS | {k + "-w": v for k, v in WEIGHT_ONLY.items()}).items() if q == quant),
-                None)
+    """The Quark scheme fp8ref writes for ``quant`` (weight-only layers are read, not written)."""
+    return next((s for s, q in QUANTS.items() if q == quant), None)
 
 
 def _quantized(store: TensorStore) -> list[str]:
@@ -110,8 +110,8 @@ def validate(store: TensorStore, entries: list[LayerEntry], warnings: list[str])
 
 def cannot_express(quant: LayerQuant) -> str | None:
     if scheme_of(quant) is None:
-        return (f"Quark's export holds FP8 (tensor W, static or no input) or MXFP4 (mx E2M1 W, mx E2M1 or no "
-                f"input) layers; got {quant.describe()}")
+        return (f"fp8ref writes Quark FP8 (tensor W, static input) or MXFP4 (mx E2M1 W, mx E2M1 input) layers, "
+                f"the schemes the fixtures verify; got {quant.describe()}")
     return None
 
 
@@ -128,7 +128,7 @@ def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) ->
 
 def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False) -> dict:
     schemes = {scheme_of(q) for q in layers.values()}
-    if len(schemes) != 1 or None in schemes or next(iter(schemes)).endswith("-w"):
+    if len(schemes) != 1 or None in schemes:
         raise CheckpointError(f"fp8ref writes Quark configs with one scheme for all layers (FP8 W8A8 or MXFP4 "
                               f"W4A4), got {sorted(q.describe() for q in set(layers.values()))}")
     scheme = schemes.pop()

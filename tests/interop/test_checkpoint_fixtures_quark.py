@@ -263,3 +263,18 @@ def test_bad_scale_is_a_one_line_error(tmp_path):
     with pytest.raises(CheckpointError, match=r"q_proj.weight_scale': .*\(negative\)") as exc:
         load_checkpoint(folder).validate_values()
     assert "\n" not in str(exc.value)
+
+
+def test_weight_only_quark_layers_load_but_are_not_written(tmp_path):
+    def weight_only(q):
+        q["global_quant_config"]["input_tensors"] = None
+    folder = _broken_config(tmp_path, "quark_mxfp4", weight_only)
+    ckpt = load_checkpoint(folder)
+    assert {layer.quant.describe() for layer in ckpt.values()} == {"W float4_e2m1fn mx, input none"}
+    ref = load_file(ROOT / "quark_mxfp4" / "reference_outputs.safetensors")
+    x = ref[L + "self_attn.q_proj.x"]
+    y = ckpt[L + "self_attn.q_proj"].forward(x, mode="producer")  # the input is not quantized
+    w = torch.from_numpy(ckpt[L + "self_attn.q_proj"].dequantize("bfloat16").astype(np.float32)).bfloat16()
+    assert torch.equal(_bits(y), _bits(torch.nn.functional.linear(x, w)))
+    with pytest.raises(CheckpointError, match="fp8ref writes Quark FP8"):
+        write_checkpoint(ckpt, tmp_path / "out")
