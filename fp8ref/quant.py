@@ -57,7 +57,7 @@ class QuantArgs:
     #                                      False: static activations, a calibrated scale/amax is required
     rounding: str = "rne"
     saturate: bool = True
-    mx_rule: str = "floor"               # MX E8M0 scale: 'floor' (OCP) or 'rceil' (never clips)
+    mx_rule: str = "floor"               # MX E8M0 scale rule by name: scaling.MX_SCALE_RULES (floor = ocp-floor)
     recipe: str | None = None            # default recipe when quantize(recipe=None)
 
     def __post_init__(self):
@@ -192,13 +192,18 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
             res = _block_mx(arr, dtype, qa, rec, fmt)
         else:
             res = _block_nvfp4(arr, dtype, qa, rec, fmt, amax, scale)
-    elif qa.granularity in ("mx", "nvfp4"):
+    elif qa.granularity in SELF_SCALED:
         if scale is not None or amax is not None:
             raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x")
         res = (_quantize_mx if qa.granularity == "mx" else _quantize_nvfp4)(arr, dtype, qa, rec, fmt)
     else:
         res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax)
     return _wrap(res, as_torch)
+
+
+# granularities whose block scales quantize() computes from x itself: a caller passes no amax
+# (NVFP4 block recipes alone take an optional tensor amax for the global scale)
+SELF_SCALED = ("mx", "nvfp4")
 
 
 def _check_recipe(rec: Recipe | BlockRecipe, qa: QuantArgs, fmt: FloatFormat) -> None:

@@ -19,6 +19,7 @@ from .recipes import BlockRecipe, Recipe, block_recipe_from_document, recipe_fro
 SPECS_DIR = Path(__file__).resolve().parent / "specs"
 RECIPES_DIR = SPECS_DIR / "recipes"
 SUITES_DIR = SPECS_DIR / "suites"
+ENGINES_DIR = SPECS_DIR / "engines"
 PRESETS_PATH = SPECS_DIR / "presets.yaml"
 DEFAULT_RECIPE = "fp8ref"
 
@@ -65,6 +66,20 @@ def get_recipe(recipe: Recipe | BlockRecipe | str | None) -> Recipe | BlockRecip
         raise RecipeError(f"recipe: unknown recipe {name!r}{did_you_mean(name, known, n=2, clause=True)} "
                           f"(known: {', '.join(known)})")
     return known[name]
+
+
+# --- serving engines' load-time steps -------------------------------------------------------
+
+def engine_names() -> tuple[str, ...]:
+    return tuple(sorted(path.stem for path in ENGINES_DIR.glob("*.yaml")))
+
+
+def engine_document(name: str) -> YamlDocument:
+    """specs/engines/NAME.yaml as loaded (``fp8ref.checkpoint.engine`` validates it)."""
+    if name not in engine_names():
+        raise RecipeError(f"engine: unknown engine {name!r}{did_you_mean(name, engine_names(), n=2, clause=True)} "
+                          f"(known: {', '.join(engine_names())})")
+    return load_yaml(ENGINES_DIR / f"{name}.yaml")
 
 
 # --- golden suites -------------------------------------------------------------------------

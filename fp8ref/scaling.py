@@ -35,9 +35,10 @@ from .limits import MAX_GROUP, shown
 GRANULARITIES = ("tensor", "channel", "token", "group", "block", "mx", "nvfp4")
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
-# ct-round-to-power-2: compressed-tensors 0.19.0 round_to_power_2 (MXFP4 and MXFP8 alike); the name
-# set is shared with the engines work on MX rule names (ocp-floor/even/...), which may rename these.
-MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2")
+# E8M0 scale rules by name (docs/quantize.md has their mismatch rates): ocp-floor (OCP MX v1.0; "floor"
+# is its older name, kept), rceil (NVIDIA RCEIL, ModelOpt MXFP8), even (AMD Quark 0.13's even_round:
+# a float32 bit trick), ct-round-to-power-2 (compressed-tensors 0.19.0, MXFP4 and MXFP8 alike).
+MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even")
 
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -174,10 +175,13 @@ def _frexp_exponent(v: np.ndarray) -> np.ndarray:
 def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndarray:
     """Unbiased E8M0 exponent per block, clipped to [-127, 127]; NaN/Inf amax -> 128 (NaN code).
 
-    floor (OCP MX v1.0): floor(log2 amax) - emax_elem; large elements then clip to +-max_elem.
+    floor / ocp-floor (OCP MX v1.0): floor(log2 amax) - emax_elem; large elements then clip to +-max_elem.
     rceil (NVIDIA/cuBLAS, torchao RCEIL): ceil(log2(amax / max_elem)), so nothing clips.
     ct-round-to-power-2 (compressed-tensors 0.19.0 ``round_to_power_2``: adds 2**-2 of the
     significand's unit and truncates): floor(log2 amax) + [significand >= 1.75] - emax_elem.
+    even (AMD Quark 0.13 ``even_round``): amax rounded to float32, ``bits + (1 << 21)`` masked to
+    sign and exponent (the 2**-2 significand step of an E2M1 mantissa), then floor(log2) - emax_elem;
+    the same exponents as ct-round-to-power-2 for every float32 amax, computed on the bits.
     amax == 0 -> -127 (code 0x00, the smallest scale; gfloat, TE).
     """
     if rule not in MX_SCALE_RULES:
@@ -185,8 +189,12 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
     a = np.asarray(amax, np.float64)
     finite_pos = np.isfinite(a) & (a > 0)
     safe = np.where(finite_pos, a, 1.0)
-    if rule == "floor":
+    if rule in ("floor", "ocp-floor"):
         e = _frexp_exponent(safe) - elem.emax
+    elif rule == "even":
+        bits = safe.astype(np.float32).view(np.uint32).astype(np.int64) + (1 << 21)
+        field = (bits >> 23) & 0xFF  # a carry out of the mantissa bumps the exponent; 255 is inf
+        e = np.where(field == 0, -127, field - 127 - elem.emax)  # 0: log2(0) = -inf, clipped below
     elif rule == "ct-round-to-power-2":
         m, e2 = np.frexp(safe)  # safe = m * 2**e2, m in [0.5, 1): significand 2m >= 1.75 iff m >= 0.875
         e = (e2.astype(np.int64) - 1) + (m >= 0.875) - elem.emax

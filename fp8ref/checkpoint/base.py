@@ -85,6 +85,9 @@ class Defaults:
     """What a format without producer quirks, extra config files or producer emulation inherits."""
 
     emulate = None
+    # mode="producer" after the D matmul: (layer, fp32 y holding D values, D) -> y as the producer's
+    # output quantizer leaves it (Quark's k/v_proj KV-cache fake quantization); None: y as it is
+    emulate_output = None
     kv_export_refusal: str | None = None  # why export (from amax) cannot write KV scales it can rewrite
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
@@ -97,6 +100,11 @@ class Defaults:
     def recipe_of(self, quant: LayerQuant) -> str:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
         return self.name
+
+    def carry_config(self, source: dict | None, qc: dict) -> dict:
+        """``qc`` for a checkpoint of this format written again: the config fields of ``source``
+        (its loaded quantization_config) that no LayerQuant holds (hf-fp8's scale_fmt)."""
+        return qc
 
     def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
         pass

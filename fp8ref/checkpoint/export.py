@@ -551,6 +551,9 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         if reason:
             raise CheckpointError(f"{checkpoint.path}: layer {name!r}: the {fmt} format cannot express it: {reason}")
         out, inp = layer.shape
+        if fmt != checkpoint.format and store.info(layer.tensors["weight_scale"]).dtype == "F8_E8M0":
+            raise CheckpointError(f"{store.where(layer.tensors['weight_scale'])}: F8_E8M0 (ue8m0) scales are kept "
+                                  f"only by {checkpoint.format}; the {fmt} format stores float scales")
         for role, tname, _, shape in module.tensor_plan(name, layer.quant, out, inp, checkpoint.dtype):
             if role in layer.tensors:
                 renames[layer.tensors[role]] = (tname, shape)
@@ -563,6 +566,8 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in _candidates(store) if m not in layers]
     qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
+    if fmt == checkpoint.format:
+        qc = module.carry_config(checkpoint.quantization_config, qc)
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
     with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:
         weight_map, total_size = {}, 0

@@ -172,4 +172,8 @@ def _producer_forward(layer, x):
     bias = layer.bias
     bt = None if bias is None else torch.from_numpy(np.asarray(bias).astype(np.float32)).to(tdtype)
     with torch.no_grad():
-        return torch.nn.functional.linear(xt, wt, bt)
+        y = torch.nn.functional.linear(xt, wt, bt)
+    post = base.get(layer.producer).emulate_output
+    if post is None:
+        return y
+    return torch.from_numpy(np.ascontiguousarray(post(layer, y.to(torch.float32).numpy(), dtype))).to(tdtype)

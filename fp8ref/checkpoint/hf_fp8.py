@@ -43,7 +43,14 @@ def layers(qc, store, where, warnings):
             raise CheckpointError(f"{store.where(name + '.weight_scale')}: AutoFP8-style per-tensor "
                                   f"weight_scale, but {where}.weight_block_size is {list(cfg.block)}; "
                                   f"block scales are named weight_scale_inv")
-        entries.append(accept(store, layer_entry(name, quant, legacy), scale_shapes))
+        entry = layer_entry(name, quant, legacy)
+        if cfg.ue8m0:
+            entry.extra_scale_dtypes = ("F8_E8M0",)
+            entry.group += " ue8m0"
+        elif f"{name}.weight_scale_inv" in store and store.info(f"{name}.weight_scale_inv").dtype == "F8_E8M0":
+            raise CheckpointError(f"{store.where(name + '.weight_scale_inv')}: F8_E8M0 scales, but {where}.scale_fmt "
+                                  f"is not 'ue8m0'; transformers allocates E8M0 scales only for scale_fmt ue8m0")
+        entries.append(accept(store, entry, scale_shapes))
     plain = plain_linears(store, entries, ("weight_scale_inv", "weight_scale"))
     for module in plain:
         if not cfg.skipped(module) and not module.endswith("lm_head"):
@@ -126,6 +133,24 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     return w, x32
 
 
+def validate(store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
+    """scale_fmt ue8m0: every weight_scale_inv must be a power of two (engines' UE8M0 kernels read
+    only the exponent; DeepGEMM rounds others up)."""
+    for e in entries:
+        if not e.extra_scale_dtypes:
+            continue
+        name = e.tensors["weight_scale"]
+        if store.info(name).dtype == "F8_E8M0":
+            continue
+        s = np.asarray(store.get(name), np.float64)
+        m, _ = np.frexp(s)
+        off = int(np.count_nonzero((m != 0.5) & np.isfinite(s) & (s > 0)))
+        if off:
+            warnings.append(f"{store.where(name)}: scale_fmt ue8m0 but {off} of {s.size} scales are not powers of "
+                            f"two; a UE8M0 engine keeps only their exponent (rounded up by DeepGEMM). Fix: requantize "
+                            f"with power-of-two scales or drop scale_fmt")
+
+
 class HfFp8(Defaults):
     name = NAME
     scales = (
@@ -145,11 +170,16 @@ class HfFp8(Defaults):
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return any(f"{n}.weight_scale_inv" in store for n in fp8_layers)
 
+    def carry_config(self, source: dict | None, qc: dict) -> dict:
+        if isinstance(source, dict) and source.get("scale_fmt") == "ue8m0":
+            return {**qc, "scale_fmt": "ue8m0"}
+        return qc
+
     layers = staticmethod(layers)
+    validate = staticmethod(validate)
     cannot_express = staticmethod(cannot_express)
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
-
 
 
 register(HfFp8())

@@ -102,6 +102,9 @@ class LayerEntry:
     producer: str
     accepted_scale_shapes: tuple[tuple[int, ...], ...] = ()
     group: str | None = None  # the config group / source that gave this layer its scheme
+    # weight-scale dtypes beyond the float ones a float-scaled layer may store (hf-fp8 with
+    # scale_fmt ue8m0: F8_E8M0 power-of-two multipliers)
+    extra_scale_dtypes: tuple[str, ...] = ()
 
 
 def model_dtype(config: dict | None, store: TensorStore) -> str:
@@ -158,7 +161,8 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dt
                               f"{'[out, in / 2]' if q.packed else '[out, in]'}")
     out, inp = weight_shape(store, entry)
     s = store.info(t["weight_scale"])
-    scale_dtypes = (BLOCK_SCALED[q.weight_strategy][1],) if q.weight_strategy in BLOCK_SCALED else FLOAT_SCALE_DTYPES
+    scale_dtypes = ((BLOCK_SCALED[q.weight_strategy][1],) if q.weight_strategy in BLOCK_SCALED
+                    else FLOAT_SCALE_DTYPES + entry.extra_scale_dtypes)
     if s.dtype not in scale_dtypes:
         raise CheckpointError(f"{store.where(t['weight_scale'])}: dtype {s.dtype}, expected "
                               f"{' or '.join(scale_dtypes)} for {q.weight_strategy} weight scales")

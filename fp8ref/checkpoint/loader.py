@@ -79,10 +79,12 @@ class QuantizedLayer:
             return None
         if role in ("weight_scale", "input_scale", "weight_global"):
             block = self.quant.weight_strategy in BLOCK_SCALED and role == "weight_scale"
+            e8m0 = self._ckpt.store.info(name).dtype == "F8_E8M0"  # hf-fp8 ue8m0 scales
             values = check_scale_values(self._ckpt.store, name, BLOCK_SCALED[self.quant.weight_strategy][2]
-                                        if block else None, elem_fmt=self.quant.weight_fmt,
+                                        if block else "float8_e8m0fnu" if e8m0 else None,
+                                        elem_fmt=self.quant.weight_fmt,
                                         model_dtype=weight_scale_dtype(self.quant, role, self._ckpt.dtype))
-            if block:  # E4M3 / E8M0 values are exact in float32
+            if block or e8m0:  # E4M3 / E8M0 values are exact in float32
                 return values.astype(np.float32)
         return self._ckpt.store.get(name)
 
@@ -109,6 +111,11 @@ class QuantizedLayer:
     @property
     def bias(self) -> np.ndarray | None:
         return self._tensor("bias")
+
+    @property
+    def output_scale(self) -> np.ndarray | None:
+        """The stored output (KV-cache) scale of a layer whose producer quantizes its output (Quark k/v_proj)."""
+        return self._tensor("output_scale")
 
     def expanded_scale(self) -> np.ndarray:
         """The weight scale as float64, broadcast to [out, in] (blocks cropped at the edges)."""

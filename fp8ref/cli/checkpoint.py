@@ -36,6 +36,14 @@ def register(sub) -> None:
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(handler=cmd_inspect)
 
+    e = sub.add_parser("explain", help="the load-time steps a serving engine applies to each layer, and how many "
+                                       "codes and values each changes")
+    e.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
+    e.add_argument("--engine", default="vllm", help="an engine of specs/engines/ (default vllm)")
+    e.add_argument("--target", default="cuda", choices=("cuda", "rocm-mi300"), help="the device (default cuda)")
+    e.add_argument("--json", action="store_true", help="print JSON")
+    e.set_defaults(handler=cmd_explain)
+
 
 def cmd_quantize(args) -> int:
     from ..checkpoint import load_checkpoint
@@ -68,6 +76,31 @@ def _jsonable(v):
 
 def _fmt(v: float) -> str:
     return "inf" if math.isinf(v) else f"{v:.4g}"
+
+
+def cmd_explain(args) -> int:
+    from dataclasses import asdict
+
+    from ..checkpoint import load_checkpoint
+    from ..checkpoint.engine import explain
+
+    ckpt = load_checkpoint(args.checkpoint)
+    meta, steps, effects = explain(ckpt, args.engine, target=args.target)
+    if args.json:
+        print(json.dumps({**meta, "target": args.target, "format": ckpt.format, "steps": [asdict(s) for s in steps],
+                          "effects": [asdict(e) for e in effects]}, indent=2))
+        return 0
+    print(f"{ckpt.path}: {ckpt.format}; {meta['engine']} on {args.target} (from source, verified: "
+          f"{str(meta['verified']).lower()})")
+    for s in steps:
+        rows = [e for e in effects if e.step == s.name]
+        print(f"{s.name}: {s.summary}")
+        if not rows:
+            print("  (applies to no layer)")
+        for e in rows:
+            print(f"  {e.layer}: codes changed {e.codes_changed}/{e.elements}, values changed "
+                  f"{e.values_changed}/{e.elements}, max |change| {e.max_abs_change:.3g}; {e.note}")
+    return 0
 
 
 def cmd_inspect(args) -> int:

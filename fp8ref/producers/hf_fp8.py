@@ -39,7 +39,12 @@ class Config:
         if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
             raise CheckpointError(f"{where}.modules_to_not_convert: expected a list of strings, got {skip!r:.100}")
         self.not_convert = skip
-        self.scale_fmt = qc.get("scale_fmt")
+        scale_fmt = qc.get("scale_fmt", "float")
+        if scale_fmt not in ("float", "ue8m0", None):
+            raise CheckpointError(f"{where}.scale_fmt: {scale_fmt!r}; expected 'float' or 'ue8m0'")
+        # ue8m0 (DeepSeek V3.1, transformers' FineGrainedFP8 scale_fmt): power-of-two weight_scale_inv,
+        # stored as F8_E8M0 bytes (transformers' Fp8Quantize) or as F32 powers of two
+        self.ue8m0 = scale_fmt == "ue8m0"
 
     def skipped(self, name: str) -> bool:
         return any(name == m or name.endswith("." + m) or name.startswith(m + ".") for m in self.not_convert)

@@ -61,3 +61,32 @@ def test_an_unknown_recipe_is_rejected_with_the_registry_list():
     where = r"<string>:\d+: operations\[0\]\.recipes\[0\]"
     with pytest.raises(SpecError, match=where + r": expected one of \[.*'vllm-group'.*got 'vllm-grup'"):
         parse_suite(VLLM_GROUP.replace("[vllm-group]", "[vllm-grup]", 1))
+
+
+def test_mx_and_nvfp4_weight_quantize_cases_build_and_pass_their_reference():
+    """quantize computes MX / NVFP4 block scales from x and refuses an amax: the golden quantize
+    op gives those cases none (it used to pass the weight's own amax: InputTypeError)."""
+    from fp8ref.golden.suite import build, parse_suite
+
+    suite = parse_suite("""
+suite: mx-weights
+description: MX and NVFP4 weights through the golden quantize op
+seed: 3
+level: 1
+operations:
+  - op: quantize
+    schemes: [MXFP4, MXFP8, NVFP4]
+    recipes: [fp8ref, compressed-tensors-mx, quark-mxfp4, modelopt-mxfp8, compressed-tensors-nvfp4]
+    roles: [weight]
+    dtypes: [bfloat16]
+    shapes: {1: [[8, 64]]}
+""")
+    from fp8ref.golden.ops import OPERATIONS
+
+    cases = list(build(suite, 1))
+    assert {c.params["recipe"] for c in cases} == {"fp8ref", "compressed-tensors-mx", "quark-mxfp4", "modelopt-mxfp8",
+                                                    "compressed-tensors-nvfp4"}
+    for case in cases:
+        assert "amax" not in case.inputs
+        out = OPERATIONS[case.op].reference(case.params, case.inputs)
+        assert out["codes"].shape == (8, 64)

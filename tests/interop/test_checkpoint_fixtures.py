@@ -34,10 +34,11 @@ EXPECTED = {  # fixture -> (format, layout of every layer)
 }
 FIXTURES = sorted(EXPECTED)
 # written by tools/make_fixtures_2026.py: the NVFP4 / MX / ModelOpt ones are read by
-# test_checkpoint_fixtures_2026.py; Quark is not read yet (issue #13)
+# test_checkpoint_fixtures_2026.py, the Quark ones by test_checkpoint_fixtures_quark.py
 FIXTURES_2026 = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "modelopt_fp8", "modelopt_fp8_pc_pt",
                  "modelopt_mxfp8", "modelopt_nvfp4"]
-NOT_YET_READ = ["quark_fp8", "quark_mxfp4"]
+FIXTURES_QUARK = ["quark_fp8", "quark_mxfp4"]
+UE8M0 = "hf_fp8_ue8m0"  # tools/make_fixture_ue8m0.py; read by test_checkpoint_fixture_ue8m0.py
 ORIGINAL = "original_bf16"  # the unquantized tiny Llama the tools were given (verify, compare --original)
 
 
@@ -54,8 +55,8 @@ def _layer_cases():
 
 
 def test_all_fixtures_present():
-    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(FIXTURES + FIXTURES_2026 + NOT_YET_READ
-                                                                          + [ORIGINAL])
+    assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(
+        FIXTURES + FIXTURES_2026 + FIXTURES_QUARK + [UE8M0, ORIGINAL])
     assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 

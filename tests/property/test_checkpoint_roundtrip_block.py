@@ -1,4 +1,4 @@
-"""export -> load -> write round trips for the NVFP4 / MX / ModelOpt formats fp8ref writes: the
+"""export -> load -> write round trips for the NVFP4 / MX / ModelOpt / Quark formats fp8ref writes: the
 codes, block-scale bytes and global scales a checkpoint holds are bit-identical to
 ``fp8ref.quant.quantize`` with the layout's producer recipe (NVFP4 globals from the fused q/k/v
 amax), the input global to ``nvfp4_producer_global`` of the calibrated amax, and load -> write
@@ -39,6 +39,8 @@ CASES = [  # (format, layout, recipe)
     ("modelopt", LayerQuant("mx", None, "mx"), "modelopt-mxfp8"),
     ("modelopt", LayerQuant("tensor", None, "static"), "modelopt-fp8"),
     ("modelopt", LayerQuant("channel", None, "dynamic-token"), "modelopt-fp8-pc"),
+    ("quark", LayerQuant("tensor", None, "static"), "quark-fp8"),
+    ("quark", LayerQuant("mx", None, "mx", weight_fmt=FP4, input_fmt=FP4), "quark-mxfp4"),
 ]
 NAMES = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj")
 

@@ -28,7 +28,10 @@ def _args(params):
 
 
 def _amax(stream, params, x, qa):
-    """Weights: their own amax. Static activations: a calibration sample's. Dynamic: none."""
+    """Weights: their own amax. Static activations: a calibration sample's. Dynamic, and MX / NVFP4
+    (quantize computes their block scales from x and refuses an amax): none."""
+    if qa.granularity in quant.SELF_SCALED:
+        return None
     if params["role"] == "weight":
         return reduce_amax(x, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
     if qa.dynamic:

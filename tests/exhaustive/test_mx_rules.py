@@ -1,0 +1,82 @@
+"""The E8M0 scale rules by name (``fp8ref.scaling.MX_SCALE_RULES``) against an independent
+Fraction/integer oracle, over every float32 exponent field and the mantissa classes that sit on
+or next to each rule's boundary (significand 1, 1.5, 1.75 and their neighbours), for E2M1, E4M3
+and E5M2 elements; plus the mismatch rates between rules (docs/quantize.md)."""
+
+from __future__ import annotations
+
+import struct
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from fp8ref.formats import FORMATS
+from fp8ref.scaling import MX_SCALE_RULES, mx_scale_exponent
+
+MANTISSAS = (0, 1, 0x3FFFFF, 0x400000, 0x400001, 0x5FFFFF, 0x600000, 0x600001, 0x7FFFFE, 0x7FFFFF, 0x2AAAAB)
+ELEMENTS = ("float4_e2m1fn", "float8_e4m3fn", "float8_e5m2")
+
+
+def _f32(field: int, mantissa: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", (field << 23) | mantissa))[0]
+
+
+def _floor_log2(a: Fraction) -> int:
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    return e if Fraction(2) ** e <= a else e - 1
+
+
+def _oracle(a: float, rule: str, emax: int, max_elem: Fraction) -> int:
+    """The unbiased exponent, read from the rules' definitions with exact arithmetic."""
+    if a != a or a in (float("inf"), float("-inf")):
+        return 128
+    if a == 0:
+        return -127
+    x = Fraction(a)
+    fl = _floor_log2(x)
+    if rule in ("floor", "ocp-floor"):
+        k = fl - emax
+    elif rule in ("even", "ct-round-to-power-2"):  # round up iff the significand is >= 1.75
+        k = fl + (x >= Fraction(7, 4) * Fraction(2) ** fl) - emax
+    else:  # rceil: the smallest k with 2**k * max_elem >= amax
+        r = x / max_elem
+        k = _floor_log2(r)
+        k += Fraction(2) ** k != r
+    return max(-127, min(127, k))
+
+
+AMAX = [_f32(f, m) for f in range(255) for m in MANTISSAS] + [float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("rule", MX_SCALE_RULES)
+@pytest.mark.parametrize("elem", ELEMENTS)
+def test_rule_matches_the_oracle_on_every_boundary_class(rule, elem):
+    fmt = FORMATS[elem]
+    got = mx_scale_exponent(np.array(AMAX, np.float64), fmt, rule)
+    want = [_oracle(a, rule, fmt.emax, Fraction(float(fmt.max))) for a in AMAX]
+    bad = [(a.hex(), int(g), w) for a, g, w in zip(AMAX, got, want) if g != w]
+    assert not bad, bad[:5]
+
+
+def test_the_oracle_tells_the_rules_apart():
+    """Each pair of distinct rules disagrees somewhere on the grid (so the test above can fail)."""
+    fmt = FORMATS["float4_e2m1fn"]
+    rows = {r: [_oracle(a, r, fmt.emax, Fraction(6)) for a in AMAX] for r in ("ocp-floor", "even", "rceil")}
+    assert rows["ocp-floor"] != rows["even"] != rows["rceil"] != rows["ocp-floor"]
+
+
+@pytest.mark.parametrize("elem,pair,rate", [
+    ("float4_e2m1fn", ("ocp-floor", "even"), 1024), ("float8_e4m3fn", ("ocp-floor", "even"), 1024),
+    ("float4_e2m1fn", ("rceil", "ocp-floor"), 2047), ("float8_e4m3fn", ("rceil", "ocp-floor"), 1023),
+    ("float4_e2m1fn", ("rceil", "even"), 1023), ("float8_e4m3fn", ("rceil", "even"), 1),
+    ("float4_e2m1fn", ("even", "ct-round-to-power-2"), 0), ("float8_e4m3fn", ("floor", "ocp-floor"), 0),
+])
+def test_mismatch_rates_between_rules_over_a_uniform_binade(elem, pair, rate):
+    """Of the 4096 significands 1 + i/4096 (one binade): ocp-floor vs even differ on [1.75, 2);
+    rceil vs ocp-floor above max_elem's significand (1.5 for E2M1, 1.75 for E4M3); rceil vs even
+    on (1.5, 1.75) for E2M1 and at 1.75 alone for E4M3."""
+    amax = 1.0 + np.arange(4096) / 4096.0
+    fmt = FORMATS[elem]
+    a, b = (mx_scale_exponent(amax, fmt, r) for r in pair)
+    assert int((a != b).sum()) == rate
