@@ -117,7 +117,7 @@ def test_recipe_reproduces_every_code_and_scale(name):
         if mx:
             codes = codes[:, 0::2] | (codes[:, 1::2] << 4)  # low nibble = even element
             assert np.array_equal(np.asarray(r.scale_codes), store.get(lin + ".weight_scale"))
-            assert not np.any((np.asarray(r.codes) == 8))  # Quark writes no -0 nibble
+            assert not np.any(np.asarray(r.codes) == 8)  # Quark writes no -0 nibble
         else:
             stored = torch.from_numpy(store.get(lin + ".weight_scale").view(np.int16)).view(torch.bfloat16)
             assert torch.equal(_bits(r.scale.reshape(())), _bits(stored))

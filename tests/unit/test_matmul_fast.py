@@ -24,7 +24,7 @@ from fp8ref.matmul.exact import _exact
 from fp8ref.matmul.exact_fast import _fast_exact, _Stager
 from fp8ref.matmul.operands import _canonical_scales
 from fp8ref.rounding import OUT_FORMATS
-from tests.unit.test_matmul import OUT, fraction_oracle, round_fraction
+from tests.support.matmul_oracle import OUT, fraction_oracle, round_fraction
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # format pairs whose whole code spans need one integer piece for the K drawn below (K <= 24;
