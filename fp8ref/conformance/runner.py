@@ -120,7 +120,7 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseRe
     case = op.make_case(name, params, entry, suite, level)
     expected = expected_outputs(backend, op, case.params, case.inputs)
     if bounded:
-        result.rule = "fp32-order bound"
+        result.rule = getattr(op, "tolerance_rule", "fp32-order bound")
     try:
         got = op.call(backend, case.params, {k: v.copy() for k, v in case.inputs.items()})
         for out_name, exp in expected.items():
@@ -149,7 +149,7 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
             g = np.asarray(got[out_name])
             print(f"  {out_name}: expected {exp[index]!r}, got {g[index]!r}")
             if accumulation_order(be, op.name) == "unspecified":
-                iv = bound_interval(c.params, c.inputs)
+                iv = getattr(op, "bound_interval", bound_interval)(c.params, c.inputs)
                 print(f"  fp32-order bound: exact {iv['x'][index]!r}, allowed [{iv['lo'][index]!r}, "
                       f"{iv['hi'][index]!r}]" + ("" if iv["domain"][index] else " (outside the bound's domain)"))
         return

@@ -202,7 +202,7 @@ def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
         op = OPERATIONS[case.op]
         bounded = accumulation_order == "unspecified" and bound_reason(case.op, case.params) is None
         if bounded:
-            result.rule = "fp32-order bound"
+            result.rule = getattr(op, "tolerance_rule", "fp32-order bound")
         for name, exp in expected.items():
             key = f"{case.name}/{name}"
             known.add(key)

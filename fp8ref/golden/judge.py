@@ -173,8 +173,12 @@ class CaseResult:
 def bound_reason(op: str, params) -> str | None:
     """None when an unspecified accumulation order is judged by the fp32-order bound for this
     case, else why it cannot be (such a case is not implemented in a live run, bit-exact in a check)."""
+    from .ops import OPERATIONS  # an operation with its own order rule (attention) says when it applies
+
+    if hasattr(OPERATIONS.get(op), "bound_applies"):
+        return OPERATIONS[op].bound_applies(params)
     if op != "scaled_mm":
-        return f"an unspecified accumulation order is judged for scaled_mm only, not {op}"
+        return f"an unspecified accumulation order is judged for scaled_mm and attention only, not {op}"
     return bound_applies(params)
 
 
@@ -195,7 +199,7 @@ def judge_output(result: CaseResult, op, case: str, params: Mapping, inputs: Map
     result.elements += expected.size
     excused = used = None
     if bounded:
-        j = bound_judge(params, inputs, got)
+        j = (op.bound_judge if hasattr(op, "bound_judge") else bound_judge)(params, inputs, got)
         excused, used = differing(expected, got, fmt, nan_rule) & j["within"], j["used"]
         _record_bound(result, excused, used, ulp_distance(expected, got, fmt))
     result.mismatches += mismatches(op, case, params, inputs, output, expected, got, nan_rule,

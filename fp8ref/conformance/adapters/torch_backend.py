@@ -25,10 +25,15 @@ class TorchBackend(Backend):
         "scaled_mm": {"format": ("float8_e4m3fn", "float8_e5m2"), "scales": ("tensor", "row"),
                       "out_dtype": ("float32", "bfloat16", "float16"), "accumulate": ("fp32",),
                       "scale_order": ("operands",), "bias": (False, True)},
+        # K, V (and Q) cast to float8 by torch, dequantized exactly in float64, then
+        # F.scaled_dot_product_attention (CPU math path) in float64, rounded to D by torch
+        "attention": {"format": ("float8_e4m3fn", "float8_e5m2"), "dtype": INPUT_DTYPES, "quantize": ("kv", "qkv"),
+                      "causal": (False, True)},
     }
     # BLAS sums in its own order: judged against the exact result by the fp32-order bound
-    # (fp8ref.golden.judge), never bit for bit against fp8ref's sequential model
-    accumulation_order = {"scaled_mm": "unspecified"}
+    # (fp8ref.golden.judge), never bit for bit against fp8ref's sequential model; SDPA's float64
+    # order and exp are its own: judged by the float64-order tolerance (fp8ref.golden.ops.attention)
+    accumulation_order = {"scaled_mm": "unspecified", "attention": "unspecified"}
 
     def unavailable(self) -> str | None:
         return missing("torch")
@@ -73,3 +78,27 @@ class TorchBackend(Backend):
 
             return out.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
         return out.numpy()
+
+    def attention(self, q, k, v, k_scale, v_scale, *, q_scale, fmt, causal):
+        import torch
+
+        dt = getattr(torch, fmt)
+
+        def fp8(x, scale):  # torch's static per-tensor quantization, dequantized exactly in float64
+            s = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)).reshape(())
+            x8 = (self._tensor(x).to(torch.float32) / s).clamp(-torch.finfo(dt).max, torch.finfo(dt).max).to(dt)
+            return x8.to(torch.float64) * s.to(torch.float64)
+
+        tq = self._tensor(q).to(torch.float64) if q_scale is None else fp8(q, q_scale)
+        tk, tv = fp8(k, k_scale), fp8(v, v_scale)
+        Tq, Tk = tq.shape[2], tk.shape[2]
+        mask = None
+        if causal:  # the cache's last query aligned with its last key
+            mask = torch.arange(Tk)[None, :] <= torch.arange(Tq)[:, None] + (Tk - Tq)
+        out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask,
+                                                               enable_gqa=tk.shape[1] != tq.shape[1])
+        if q.dtype.name == "bfloat16":
+            import ml_dtypes
+
+            return out.to(torch.bfloat16).view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+        return out.to(getattr(torch, q.dtype.name)).numpy()

@@ -8,11 +8,12 @@ Adding an operation is one Operation subclass (fp8ref.golden.case) and one row h
 from __future__ import annotations
 
 from ..case import Operation
+from .attention import Attention
 from .encode import Decode, Encode
 from .gemm import Linear, ScaledMM
 from .quantize import Dequantize, Quantize
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (Encode(), Decode(), Quantize(), Dequantize(),
-                                                           ScaledMM(), Linear())}
+                                                           ScaledMM(), Linear(), Attention())}
 
 __all__ = ["OPERATIONS", "Operation"]
