@@ -1,14 +1,16 @@
 """KV-cache quantized attention: where a checkpoint carries KV-cache scales (compressed-tensors'
-``kv_cache_scheme`` with ``<attn>.k_scale`` / ``v_scale``, auto-round's static KV), the keys and
-values (after RoPE, as a serving engine caches them) are quantized with the stored per-tensor
-scales before the attention of transformers runs on them. Hooked in through transformers'
-attention-function registry (``ALL_ATTENTION_FUNCTIONS``), wrapping the model's own implementation.
+``kv_cache_scheme`` with ``<attn>.k_scale`` / ``v_scale``, auto-round's static KV, with a
+``q_scale`` where it declares one), the attention of every such module runs as the mode says.
+Hooked in through transformers' attention-function registry (``ALL_ATTENTION_FUNCTIONS``),
+wrapping the model's own implementation; K and V arrive after RoPE, as a serving engine caches them.
 
-Per mode: ``reference`` / ``backend:NAME``: q = encode(fp32(x / s)) (RNE, saturating), then
-decode(q) * s exactly, rounded once to the model dtype; ``producer``: the producer's fake-quantize
-in the model dtype (compressed-tensors' ``forward_quantize``: D division, clamp, e4m3, D product:
-the arithmetic of its input activations); ``original``: K and V unquantized. The attention matmuls
-and softmax themselves are transformers', in the model dtype: not a computation fp8ref defines.
+Per mode: ``reference``: ``fp8ref.attention.attention`` (the one reference, also the golden
+``attention`` operation's: K, V (and Q) quantized with the stored per-tensor scales, bmm1, softmax
+and bmm2 in a declared float64 order, rounded once to the model dtype); ``backend:NAME``: the
+backend's ``attention`` when it declares one for the case, else the reference; ``producer``: the
+producer's fake-quantize of K and V in the model dtype (compressed-tensors' ``forward_quantize``: D
+division, clamp, e4m3, D product), then transformers' own attention; ``original``: transformers'
+attention on unquantized K and V.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._arrays import dtype_name
+from .._arrays import dtype_name, numpy_of, torch_of
 from ..errors import ModelError
 from .modes import parse_mode
 
 NAME = "fp8ref_kv"
-_SUFFIXES = {"k": (".k_scale", ".k_proj.output_scale"), "v": (".v_scale", ".v_proj.output_scale")}
+_SUFFIXES = {"k": (".k_scale", ".k_proj.output_scale"), "v": (".v_scale", ".v_proj.output_scale"),
+             "q": (".q_scale",)}
 
 
 def kv_scales(ckpt) -> dict[str, dict[str, np.ndarray]]:
-    """attention module name -> {"k": scale, "v": scale} (float32 scalars) from the checkpoint."""
+    """attention module name -> {"k": scale, "v": scale[, "q": scale]} (float32 scalars) from the checkpoint."""
     out: dict[str, dict[str, np.ndarray]] = {}
     for name in ckpt.kv_scales:
         for which, suffixes in _SUFFIXES.items():
@@ -37,15 +40,16 @@ def kv_scales(ckpt) -> dict[str, dict[str, np.ndarray]]:
                                          f"attention takes one per tensor")
                     out.setdefault(name[: -len(suffix)], {})[which] = s[0]
     for attn, d in out.items():
-        if set(d) != {"k", "v"}:
+        if not {"k", "v"} <= set(d):
             raise ModelError(f"{ckpt.path}: {attn} has a {'/'.join(d)} KV-cache scale but not both")
     return out
 
 
 def quantize_kv(x: torch.Tensor, scale: np.float32, mode) -> torch.Tensor:
-    """K or V after the mode's KV-cache quantization, in x's dtype."""
-    from ..codec import decode, encode
-    from ..formats import FORMATS
+    """K or V after the mode's KV-cache quantization, in x's dtype (``reference``: the codes of
+    ``fp8ref.attention.quantize_per_tensor`` dequantized exactly, rounded once to the dtype)."""
+    from ..attention import quantize_per_tensor
+    from ..codec import decode
     from ..rounding import round_to
 
     mode = parse_mode(mode)
@@ -58,24 +62,81 @@ def quantize_kv(x: torch.Tensor, scale: np.float32, mode) -> torch.Tensor:
 
         y = qdq(x32, np.float32(scale), dtype, d_division=True, positive_zero=True)
     else:
-        fmt = FORMATS["float8_e4m3fn"]
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            codes = encode((x32 / np.float32(scale)).astype(np.float32), fmt)
-        y = round_to(decode(codes, fmt).astype(np.float64) * np.float64(scale), dtype)
+        codes = quantize_per_tensor(x32, scale)
+        y = round_to(decode(codes, "float8_e4m3fn").astype(np.float64) * np.float64(scale), dtype)
     return torch.from_numpy(np.ascontiguousarray(np.asarray(y, np.float32))).to(x.dtype)
 
 
-def _attention(module, query, key, value, *args, **kwargs):
+def _allowed(module, attention_mask, tq: int, tk: int):
+    """(mask, causal) for the reference from what transformers passes: a bool mask (sdpa), an
+    additive one of 0 and the dtype's minimum (eager), or None (sdpa's causal skip)."""
+    if attention_mask is None:
+        return None, bool(getattr(module, "is_causal", True)) and tq > 1
+    m = attention_mask.detach()
+    if m.dtype == torch.bool:
+        return m.numpy(), False
+    low = torch.finfo(m.dtype).min / 2
+    if not bool(((m == 0) | (m <= low)).all()):
+        raise ModelError("fp8ref_kv attention: an additive attention bias other than a 0 / -inf mask "
+                         "is not part of the reference attention")
+    return (m == 0).numpy(), False
+
+
+def reference_attention(module, query, key, value, attention_mask, scaling, state, backend=None):
+    """(B, Tq, H, d) in query's dtype: ``fp8ref.attention.attention`` (or ``backend.attention``)."""
+    from .. import attention as ref
+
+    dtype = dtype_name(query)
+    q, k, v = (numpy_of(t).astype(np.float32) for t in (query, key, value))
+    mask, causal = _allowed(module, attention_mask, q.shape[2], k.shape[2])
+    q_scale = state.get("q")
+    if backend is not None and mask is None:
+        f32 = np.float32
+        out = backend.attention(numpy_of(query), numpy_of(key), numpy_of(value), np.array([state["k"]], f32),
+                                np.array([state["v"]], f32),
+                                q_scale=None if q_scale is None else np.array([q_scale], f32),
+                                fmt="float8_e4m3fn", causal=causal)
+        out = np.asarray(out).astype(np.float32)
+    else:
+        out = ref.attention(q, k, v, state["k"], state["v"], dtype=dtype, q_scale=q_scale, causal=causal,
+                            mask=mask, sm_scale=scaling)
+    return torch_of(np.ascontiguousarray(out, np.float32)).to(query.dtype).transpose(1, 2).contiguous()
+
+
+def _backend_for(state, module, query, attention_mask):
+    """The backend object that runs this attention in a backend:NAME mode, or None for the reference."""
+    mode = state["mode"]
+    if mode.kind != "backend" or attention_mask is not None:
+        return None  # a backend's attention takes a causal flag, not a mask
+    be = state["backends"].get(mode.arg)
+    if be is None:
+        raise ModelError(f"mode {mode} needs its backend object; have {sorted(state['backends']) or 'none'}")
+    params = {"format": "float8_e4m3fn", "dtype": dtype_name(query), "quantize": "qkv" if "q" in state else "kv",
+              "causal": bool(getattr(module, "is_causal", True)) and query.shape[2] > 1}
+    return be if be.implements("attention", params) is None else None
+
+
+def _attention(module, query, key, value, attention_mask=None, *args, **kwargs):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     state = module.fp8ref_kv
-    key = quantize_kv(key, state["k"], state["mode"])
-    value = quantize_kv(value, state["v"], state["mode"])
-    return ALL_ATTENTION_FUNCTIONS[state["impl"]](module, query, key, value, *args, **kwargs)
+    mode = state["mode"]
+    if mode.kind in ("reference", "backend"):
+        for k in ("sliding_window", "softcap"):
+            if kwargs.get(k) is not None:
+                raise ModelError(f"fp8ref_kv attention: {k}={kwargs[k]!r} is not part of the reference attention")
+        if kwargs.get("dropout", 0.0) and module.training:
+            raise ModelError("fp8ref_kv attention: dropout is not part of the reference attention")
+        return reference_attention(module, query, key, value, attention_mask, kwargs.get("scaling"), state,
+                                   _backend_for(state, module, query, attention_mask)), None
+    key = quantize_kv(key, state["k"], mode)
+    value = quantize_kv(value, state["v"], mode)
+    return ALL_ATTENTION_FUNCTIONS[state["impl"]](module, query, key, value, attention_mask, *args, **kwargs)
 
 
-def install_kv_attention(model, ckpt, mode) -> list[str]:
-    """Quantize K and V of every attention module the checkpoint has KV scales for; returns their names."""
+def install_kv_attention(model, ckpt, mode, backend=None) -> list[str]:
+    """Run every attention module the checkpoint has KV scales for as ``mode`` says; returns their
+    names. backend: the backend object (or mapping name -> backend) of ``backend:NAME`` modes."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -83,6 +144,7 @@ def install_kv_attention(model, ckpt, mode) -> list[str]:
     if not scales:
         return []
     impl = model.config._attn_implementation
+    backends = {} if backend is None else dict(backend) if isinstance(backend, dict) else {backend.name: backend}
     if impl == NAME:
         raise ModelError("install_kv_attention: the model's attention is already fp8ref's")
     for attn, s in scales.items():
@@ -90,7 +152,7 @@ def install_kv_attention(model, ckpt, mode) -> list[str]:
             module = model.get_submodule(attn)
         except AttributeError:
             raise ModelError(f"{ckpt.path}: KV-cache scales for {attn!r}, which the model does not have") from None
-        module.fp8ref_kv = {"k": s["k"], "v": s["v"], "mode": parse_mode(mode), "impl": impl}
+        module.fp8ref_kv = {**s, "mode": parse_mode(mode), "impl": impl, "backends": backends}
     ALL_ATTENTION_FUNCTIONS.register(NAME, _attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS[impl])
     model.set_attn_implementation(NAME)

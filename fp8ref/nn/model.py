@@ -64,7 +64,7 @@ def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", back
     if kv_cache:
         from .attention import install_kv_attention
 
-        install_kv_attention(model, ckpt, mode)
+        install_kv_attention(model, ckpt, mode, backend)
     return model.eval()
 
 

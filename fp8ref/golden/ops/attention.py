@@ -7,13 +7,14 @@ float64-order tolerance (``bound_judge``), a declared rule, not a proof: with o 
 float64 output before rounding, R_i = |c1| max_j sum_t |q_it k_jt| the size of row i's logit
 terms and M_it = v_s sum_j P_ij |v_jt|,
 
-    E_it = 2**-30 * M_it * (1 + R_i)
+    E_it = 2**-45 * (d + Tk + 8) * M_it * (1 + R_i)
 
-and ``got`` must lie in [r(o - E), r(o + E)], r = RNE to fp32 then to D (both monotone: a single
-rounding and fp32-first double rounding of any value within E of o pass). A float64 evaluation
+and ``got`` must lie in [r(o - E), r(o + E)], r = one RNE to D (monotone). Rounding the float64
+result to fp32 first and then to D (torch's float64 -> bfloat16 conversion) is a mismatch, tagged
+``double-rounding`` where that explains it (an xfail entry names it). A float64 evaluation
 in any order errs by about (d + Tk) 2**-53 (1 + R_i) M_it (a logit error e moves P by a factor
-within exp(+-2e)), so 2**-30 leaves a factor of 2**10 for d, Tk <= 2**12. An fp32 or bf16
-attention is outside it by design: it is not the computation the reference defines.
+within exp(+-2e); each sum adds its length in ulps), so E leaves a factor of 2**8. An fp32 or bf16
+attention is far outside it by design: it is not the computation the reference defines.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..fields import at_level, choices, per_level, shapes
 from .quantize import DTYPES
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
-TOLERANCE = 2.0 ** -30
+TOLERANCE = 2.0 ** -45  # times (d + Tk + 8): the module docstring
 
 
 def _calibrated(stream, shape, dtype, fmt) -> np.ndarray:
@@ -102,6 +103,14 @@ class Attention(Operation):
         b, h, i, t = index
         return {"batch": b, "head": h, "query": i, "dim": t}
 
+    def tags(self, params, inputs, index, got) -> list[tuple[str, ...]]:
+        """``double-rounding``: got is o rounded to fp32 and then to D, not o rounded once."""
+        o = self._run(params, inputs, unrounded=True)[index]
+        dtype = params["dtype"]
+        twice = round_to(round_to(o, "float32"), dtype).astype(np.float64)
+        flag = (twice != round_to(o, dtype).astype(np.float64)) & (np.asarray(got).astype(np.float64) == twice)
+        return [("double-rounding",) if f else () for f in flag]
+
     # --- the float64-order tolerance (module docstring) ---
     def bound_applies(self, params) -> str | None:
         return None
@@ -123,22 +132,20 @@ class Attention(Operation):
         c1 = qs * float(inputs["k_scale"][0]) / np.sqrt(d)
         with np.errstate(invalid="ignore", over="ignore"):
             r = (np.abs(qd) @ np.swapaxes(kd, -1, -2)).max(axis=-1, keepdims=True) * abs(c1)
-            err = TOLERANCE * mag * (1.0 + r)
+            err = TOLERANCE * (d + kd.shape[2] + 8) * mag * (1.0 + r)
 
-            def out_round(x):
-                return round_to(round_to(x, "float32"), dtype).astype(np.float64)
-
-            lo, hi = out_round(o - err), out_round(o + err)
+            lo, hi = round_to(o - err, dtype).astype(np.float64), round_to(o + err, dtype).astype(np.float64)
         domain = np.isfinite(o) & np.isfinite(err)
         return {"x": o, "err": err, "lo": lo, "hi": hi, "domain": domain}
 
     def bound_judge(self, params, inputs, got) -> dict[str, np.ndarray]:
-        """``within``: got in [r(o - E), r(o + E)]; ``used``: |got - o| / E (0 where got is o
-        correctly rounded; NaN outside the domain)."""
+        """``within``: got in [r(o - E), r(o + E)]; ``used``: the distance from o to the edge of
+        got's rounding interval (the midpoint between got and r(o)) over E: 0 where got is r(o),
+        above 1 outside; NaN outside the domain. (A diagnostic; ``within`` is the verdict.)"""
         iv = self.bound_interval(params, inputs)
         g = np.asarray(got).astype(np.float64)
         within = iv["domain"] & (g >= iv["lo"]) & (g <= iv["hi"])
         rounded = round_to(iv["x"], params["dtype"]).astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
-            used = np.where(g == rounded, 0.0, np.abs(g - iv["x"]) / iv["err"])
+            used = np.where(g == rounded, 0.0, np.abs((g + rounded) / 2 - iv["x"]) / iv["err"])
         return {"within": within, "used": np.where(iv["domain"] & ~np.isnan(g), used, np.nan)}
