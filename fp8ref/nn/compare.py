@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .._arrays import numpy_of
+from .._arrays import numpy_of, torch_of
 from ..errors import ModelError
+from ..io.spill import SpillStore
 from .linear import fp8ref_layers, set_mode
 from .metrics import layer_metrics, logit_metrics, perplexity
 from .modes import parse_mode, quantize_input
@@ -27,19 +28,18 @@ def _logits(out) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
-def capture(model, ids: torch.Tensor, mode) -> tuple[torch.Tensor, dict, dict, list[str]]:
-    """Run ``model`` in ``mode``; returns logits, layer -> [inputs], layer -> [outputs] and the
-    layers in the order they first ran."""
+def capture(model, ids: torch.Tensor, mode, sink) -> tuple[torch.Tensor, list[str]]:
+    """Run ``model`` in ``mode``, handing every Fp8RefLinear call to ``sink(name, input, output)``;
+    returns the logits and the layers in the order they first ran."""
     set_mode(model, mode)
-    inputs: dict[str, list] = {}
-    outputs: dict[str, list] = {}
     order: list[str] = []
+    seen: set[str] = set()
 
     def hook(module, args, out):
-        if module.name not in inputs:
+        if module.name not in seen:
+            seen.add(module.name)
             order.append(module.name)
-        inputs.setdefault(module.name, []).append(args[0].detach())
-        outputs.setdefault(module.name, []).append(out.detach())
+        sink(module.name, args[0].detach(), out.detach())
 
     handles = [m.register_forward_hook(hook) for m in fp8ref_layers(model).values()]
     try:
@@ -48,7 +48,20 @@ def capture(model, ids: torch.Tensor, mode) -> tuple[torch.Tensor, dict, dict, l
     finally:
         for h in handles:
             h.remove()
-    return logits, inputs, outputs, order
+    return logits, order
+
+
+def _spiller(store, tag: str, inputs: bool = True):
+    """A capture sink that writes each call's input and output to ``store`` at once."""
+    def sink(name, x, y):
+        if inputs:
+            store.append(f"{tag}/in/{name}", numpy_of(x))
+        store.append(f"{tag}/out/{name}", numpy_of(y))
+    return sink
+
+
+def _load(store, key: str) -> list[torch.Tensor]:
+    return [torch_of(a) for a in store.get(key)]
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -87,42 +100,61 @@ def compare(model, ids: torch.Tensor, modes: list, *, with_perplexity: bool = Fa
             executor: str = "local", checkpoint_path=None) -> dict:
     """Compare ``modes`` (the first is the baseline) on token ids ``ids`` [B, T]; a JSON-able dict.
     executor ``ray`` runs the teacher-forced layers as tasks (``checkpoint_path``: the folder the
-    workers read the layers from); the free-running passes run here."""
-    from .executor import run_all
-
+    workers read the layers from); the free-running passes run here. Captured activations are spilled
+    to a temporary folder and read back one layer at a time (``fp8ref.io.spill``)."""
     modes = [parse_mode(m) for m in modes]
-    base = modes[0]
     layers = fp8ref_layers(model)
     for mode in modes:  # what a mode needs (original weights, a backend) is checked before any run
         for lin in layers.values():
             lin.check_mode(mode)
     if executor != "local" and checkpoint_path is None:
         raise ModelError(f"compare: executor {executor!r} needs checkpoint_path (the workers read the layers)")
-    logits0, in0, out0, order = capture(model, ids, base)
+    with SpillStore() as store:  # activations on disk: at most one layer's are held at a time
+        return _compare(model, ids, modes, layers, store, with_perplexity, progress, executor, checkpoint_path)
+
+
+def _compare(model, ids, modes, layers, store, with_perplexity, progress, executor, checkpoint_path) -> dict:
+    from .executor import run_all
+
+    base = modes[0]
+    logits0, order = capture(model, ids, base, _spiller(store, "base"))
     end = {str(base): {"perplexity": perplexity(logits0, ids)} if with_perplexity else {}}
     per_layer = {name: {"name": name, "teacher_forced": {}, "free_running": {}} for name in order}
     first: dict[str, dict] = {}
     bar = tqdm(total=(len(modes) - 1) * len(order), desc="free-running", unit="layer", disable=not progress)
     for mode in modes[1:]:
         key = str(mode)
-        logits, ins, outs, _ = capture(model, ids, mode)
+        logits, _ = capture(model, ids, mode, _spiller(store, key))
         end[key] = logit_metrics(logits, logits0)
         if with_perplexity:
             end[key]["perplexity"] = perplexity(logits, ids)
         for name in order:
-            fr = layer_metrics(_cat(outs[name]), _cat(out0[name]))
-            fr["code_differ"] = _code_differ(layers[name].layer, ins[name], in0[name])
+            fr = layer_metrics(_cat(_load(store, f"{key}/out/{name}")), _cat(_load(store, f"base/out/{name}")))
+            fr["code_differ"] = _code_differ(layers[name].layer, _load(store, f"{key}/in/{name}"),
+                                             _load(store, f"base/in/{name}"))
             per_layer[name]["free_running"][key] = fr
+            store.drop(f"{key}/in/{name}")
+            store.drop(f"{key}/out/{name}")
             bar.update()
     bar.close()
-    jobs = [(str(mode), name) for mode in modes[1:] for name in order]
+    jobs = [(str(mode), name) for name in order for mode in modes[1:]]  # layer by layer: each loaded once
+    cache: dict[str, tuple] = {}
+
+    def baseline(name):  # the one layer whose captured input and output are held
+        if name not in cache:
+            cache.clear()
+            cache[name] = (_load(store, f"base/in/{name}"), _load(store, f"base/out/{name}"))
+        return cache[name]
+
     if executor == "local":
-        results = run_all(lambda m, n: _teacher_forced(layers[n], m, in0[n], out0[n]), jobs, progress=progress,
-                          desc="teacher-forced")
+        results = run_all(lambda m, n: _teacher_forced(layers[n], m, *baseline(n)),
+                          ((m, n) for m, n in jobs), progress=progress, desc="teacher-forced", total=len(jobs))
     else:
-        items = [(str(checkpoint_path), n, m, layers[n].accumulate, layers[n].backends, layers[n].original_weight,
-                  layers[n].original_bias, in0[n], out0[n]) for m, n in jobs]
-        results = run_all(_teacher_forced_task, items, executor=executor, progress=progress, desc="teacher-forced")
+        items = ((str(checkpoint_path), n, m, layers[n].accumulate, layers[n].backends, layers[n].original_weight,
+                  layers[n].original_bias, *baseline(n)) for m, n in jobs)
+        results = run_all(_teacher_forced_task, items, executor=executor, progress=progress, desc="teacher-forced",
+                          total=len(jobs))
+    cache.clear()
     for (key, name), tf in zip(jobs, results):
         per_layer[name]["teacher_forced"][key] = tf
     for mode in modes[1:]:

@@ -15,12 +15,14 @@ from ..errors import ModelError
 EXECUTORS = ("local", "ray")
 
 
-def run_all(fn, items: list[tuple], *, executor: str = "local", progress: bool = False, desc: str = "") -> list:
-    """``[fn(*item) for item in items]``, locally or as one Ray task per item."""
+def run_all(fn, items, *, executor: str = "local", progress: bool = False, desc: str = "",
+            total: int | None = None) -> list:
+    """``[fn(*item) for item in items]``, locally or as one Ray task per item; ``items`` may be a
+    generator (consumed one item at a time locally; ray ships each to the object store as submitted)."""
     if executor not in EXECUTORS:
         raise ModelError(f"executor: {executor!r}; expected one of {', '.join(EXECUTORS)}")
     if executor == "local":
-        return [fn(*item) for item in tqdm(items, desc=desc, unit="layer", disable=not progress)]
+        return [fn(*item) for item in tqdm(items, desc=desc, unit="layer", disable=not progress, total=total)]
     try:
         import ray
     except ImportError:
@@ -29,7 +31,7 @@ def run_all(fn, items: list[tuple], *, executor: str = "local", progress: bool =
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
     task = ray.remote(num_cpus=1)(fn)
-    refs = [task.remote(*item) for item in items]
+    refs = [task.remote(*item) for item in items]  # the object store holds (or spills) the inputs
     out = []
     for ref in tqdm(refs, desc=desc, unit="layer", disable=not progress):
         out.append(ray.get(ref))
