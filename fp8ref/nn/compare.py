@@ -80,8 +80,9 @@ def _code_differ(layer, xs: list, xs0: list) -> float | None:
 def _teacher_forced(lin, mode, xs: list, ys: list) -> dict:
     """A layer's own error: run in ``mode`` on the baseline's inputs, against the baseline's outputs."""
     m = layer_metrics(_cat([lin.run(x, mode) for x in xs]), _cat(ys))
-    if parse_mode(mode).kind == "backend":  # the declared scaled_mm parameters the backend ran with
-        m["scaled_mm"] = dict(lin.last_backend_params)
+    if parse_mode(mode).kind == "backend":  # the operation (linear or scaled_mm) and the parameters it ran with
+        params = dict(lin.last_backend_params)
+        m[params.pop("op", "scaled_mm")] = params
     return m
 
 

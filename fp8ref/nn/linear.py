@@ -80,7 +80,7 @@ class Fp8RefLinear(torch.nn.Module):
         if mode.kind == "producer":
             return self.layer.forward(x.contiguous(), mode="producer")
         lead = x.shape[:-1]
-        x2 = numpy_of(x.reshape(-1, self.in_features)).astype(np.float32)
+        x2 = numpy_of(x.reshape(-1, self.in_features))  # the model dtype: a backend's linear quantizes it
         y, self.last_backend_params = backend_forward(self.layer, x2, self.backends[mode.arg], dtype_name(x))
         return torch_of(y).reshape(*lead, self.out_features)
 

@@ -6,8 +6,9 @@
   ``fp8ref.matmul.ACCUMULATIONS``).
 - ``producer``: the producer's own reload arithmetic (``QuantizedLayer.forward(mode="producer")``:
   compressed-tensors, auto-round, hf-fp8).
-- ``backend:NAME``: a conformance backend's ``scaled_mm`` on the reference's quantized input, so a
-  kernel author runs a whole model through their kernel. The backend object is passed in (the CLI
+- ``backend:NAME``: a conformance backend's ``linear`` where it declares the layer's case, else its
+  ``scaled_mm`` on the reference's quantized input, so a kernel author runs a whole model through
+  their kernel. The backend object is passed in (the CLI
   loads it with ``fp8ref.conformance.backend.load_backend``).
 """
 
@@ -86,17 +87,51 @@ def quantize_input(layer, x32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return linear_input(x32, dynamic=q.input.removeprefix("dynamic-"), block_k=q.input_group or 128)
 
 
+# (weight strategy, input) -> the scheme of the golden ``linear`` operation a layer is a case of
+_LINEAR_SCHEMES = {("channel", "static"): "FP8_STATIC", ("tensor", "static"): "FP8",
+                   ("channel", "dynamic-token"): "FP8_DYNAMIC"}
+
+
+def _linear_forward(layer, x2: np.ndarray, backend) -> tuple[np.ndarray, dict] | None:
+    """y from ``backend.linear`` (the whole W8A8 layer: the backend quantizes the input itself)
+    when the layer is a case of the golden linear operation the backend declares, else None."""
+    from ..matmul import ACCUMULATIONS
+    from ..scheme import PRESETS
+
+    q = layer.quant
+    scheme = _LINEAR_SCHEMES.get((q.weight_strategy, q.input))
+    if (scheme is None or q.weight_fmt != "float8_e4m3fn" or layer.bias is not None
+            or not callable(getattr(backend, "linear", None))):
+        return None
+    x = x2
+    for acc in ACCUMULATIONS:
+        params = {"scheme": scheme, "dtype": x.dtype.name, "accumulate": acc,
+                  "shape": [x.shape[0], x.shape[1], layer.shape[0]]}
+        if backend.implements("linear", params) is None:
+            static = q.input == "static"
+            y = backend.linear(x, layer.weight_codes, np.asarray(layer.weight_scale),
+                               input_scale=np.asarray(layer.input_scale).astype(np.float32) if static else None,
+                               dynamic=None if static else PRESETS[scheme]["act_granularity"], accumulate=acc)
+            return np.asarray(y), {"op": "linear", **params}
+    return None
+
+
 def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.ndarray, dict]:
-    """y (M, N) from ``backend.scaled_mm`` on the reference's quantized input and the stored weight
-    codes; per-tensor and per-row/per-channel scales (block scales need a block scaled_mm, which no
-    backend declares today). Returns y and the scaled_mm parameters the backend ran with."""
+    """y (M, N) from ``backend.linear`` when it declares the layer's case of the golden linear
+    operation (``x2`` in the model dtype), else ``backend.scaled_mm`` on the reference's quantized
+    input and the stored weight codes; per-tensor and per-row/per-channel scales (block scales need a
+    block scaled_mm, which the conformance operations do not define yet). Returns y and the
+    parameters of the operation the backend ran."""
     from ..matmul import ACCUMULATIONS, SCALE_ORDERS
 
+    done = _linear_forward(layer, x2, backend)
+    if done is not None:
+        return done
     q = layer.quant
     if q.weight_strategy == "block" or q.input == "dynamic-group":
         raise ModelError(f"{layer.name}: block-scaled layer; backend {backend.name!r} would need a block-scaled "
                          f"scaled_mm, which the conformance operations do not define yet")
-    codes, s_a = quantize_input(layer, x2.astype(np.float32))
+    codes, s_a = quantize_input(layer, np.asarray(x2, np.float32))
     M, N = x2.shape[0], layer.shape[0]
     s_w = np.asarray(layer.weight_scale).astype(np.float32)
     tensor = s_a.size == 1 and s_w.size == 1

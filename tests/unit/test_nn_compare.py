@@ -259,3 +259,32 @@ def test_verify_with_calibration_rederives_static_input_scales(tmp_path, capsys)
     assert r["mismatched_layers"] == [names[3]] and r["layers"][3]["input_scale"].startswith("mismatch: stored ")
     assert main(["verify", str(out), "--original", str(orig)]) == 0  # without calibration: not re-derived
     assert "14 static input scales not re-derived (give --calibration)" in capsys.readouterr().out
+
+
+class LinearBackend:
+    """fp8ref's own linear as a backend's (so bit-identical to mode reference); records its calls."""
+
+    name = "mylinear"
+
+    def __init__(self):
+        self.calls = []
+
+    def implements(self, op, params):
+        return None if op == "linear" and params["accumulate"] == "exact" else "exact linear only"
+
+    def linear(self, x, weight, weight_scale, *, input_scale, dynamic, accumulate):
+        self.calls.append((x.dtype.name, weight.shape, dynamic, input_scale is not None, accumulate))
+        return fp8ref.linear(x, weight, weight_scale.astype(np.float32), input_scale=input_scale, dynamic=dynamic,
+                             accumulate=accumulate)
+
+
+@pytest.mark.parametrize("fixture, dynamic, scheme", [("llmc_fp8", None, "FP8"), ("llmc_fp8_dynamic", "token", "FP8_DYNAMIC"),
+                                                      ("autoround_fp8_static", None, "FP8_STATIC")])
+def test_backend_mode_runs_the_backends_linear(fixture, dynamic, scheme):
+    be = LinearBackend()
+    r = compare(_model(fixture, backend=be), IDS, ["reference", "backend:mylinear"])
+    assert be.calls and all(c[0] == "bfloat16" and c[2] == dynamic and c[3] == (dynamic is None) for c in be.calls)
+    assert r["first_divergent"]["backend:mylinear"] == {"teacher_forced": None, "free_running": None}
+    tf = r["layers"][0]["teacher_forced"]["backend:mylinear"]
+    assert "scaled_mm" not in tf and tf["linear"]["accumulate"] == "exact"
+    assert tf["linear"]["scheme"] == scheme
