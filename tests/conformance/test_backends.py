@@ -56,7 +56,7 @@ def test_peer_differs_only_where_documented(name):
     pytest.importorskip(name)  # the peers extra installs ml_dtypes' and gfloat's latest checked versions
     backend = load_backend(name)
     xfails = default_xfails(name)
-    results = [run(backend, load_suite(s), xfails=xfails) for s in ("formats", "fp8-static-w8a8")]
+    results = [run(backend, load_suite(s), xfails=xfails) for s in ("formats", "fp8-static-w8a8", "fp8-attention")]
     assert all(r.unexpected == 0 for r in results), [
         (x.case, x.reason or x.mismatches[0]) for r in results for x in r.results
         if (x.status == "error" and not r.xfailed(x.case, ("error",))) or

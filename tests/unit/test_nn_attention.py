@@ -128,3 +128,19 @@ def test_backend_mode_runs_the_backends_attention():
     assert calls == [{"q_scale": None, "fmt": "float8_e4m3fn", "causal": True}]
     # torch's float64 SDPA rounds twice to bf16 (the xfailed double rounding): at most a few elements differ
     assert (got != ref_out).float().mean() < 0.01
+
+
+def test_kv_scales_read_a_declared_query_scale():
+    """auto-round's static attention form names q_scale beside k_scale / v_scale: the reference
+    attention then quantizes Q too (test_reference_attention_is_fp8ref_attention[True])."""
+    from types import SimpleNamespace
+
+    tensors = {"m.self_attn.q_scale": np.array([0.5], np.float32), "m.self_attn.k_scale": np.array([0.25], np.float32),
+               "m.self_attn.v_scale": np.array([0.125], np.float32)}
+    ckpt = SimpleNamespace(kv_scales={n: n for n in tensors}, tensor=tensors.__getitem__, path="ckpt",
+                           store=SimpleNamespace(where=str))
+    assert kv_scales(ckpt) == {"m.self_attn": {"q": np.float32(0.5), "k": np.float32(0.25), "v": np.float32(0.125)}}
+    del tensors["m.self_attn.k_scale"]
+    ckpt.kv_scales = {n: n for n in tensors}
+    with pytest.raises(fp8ref.Fp8RefError, match="but not both"):
+        kv_scales(ckpt)
