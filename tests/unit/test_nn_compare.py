@@ -278,7 +278,8 @@ class LinearBackend:
                              accumulate=accumulate)
 
 
-@pytest.mark.parametrize("fixture, dynamic, scheme", [("llmc_fp8", None, "FP8"), ("llmc_fp8_dynamic", "token", "FP8_DYNAMIC"),
+@pytest.mark.parametrize("fixture, dynamic, scheme", [("llmc_fp8", None, "FP8"),
+                                                      ("llmc_fp8_dynamic", "token", "FP8_DYNAMIC"),
                                                       ("autoround_fp8_static", None, "FP8_STATIC")])
 def test_backend_mode_runs_the_backends_linear(fixture, dynamic, scheme):
     be = LinearBackend()
