@@ -117,8 +117,6 @@ def _backend_for(state, module, query, attention_mask):
 
 
 def _attention(module, query, key, value, attention_mask=None, *args, **kwargs):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     state = module.fp8ref_kv
     mode = state["mode"]
     if mode.kind in ("reference", "backend"):
@@ -129,6 +127,8 @@ def _attention(module, query, key, value, attention_mask=None, *args, **kwargs):
             raise ModelError("fp8ref_kv attention: dropout is not part of the reference attention")
         return reference_attention(module, query, key, value, attention_mask, kwargs.get("scaling"), state,
                                    _backend_for(state, module, query, attention_mask)), None
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     key = quantize_kv(key, state["k"], mode)
     value = quantize_kv(value, state["v"], mode)
     return ALL_ATTENTION_FUNCTIONS[state["impl"]](module, query, key, value, attention_mask, *args, **kwargs)

@@ -88,8 +88,8 @@ def test_cli_conform_prints_lines_table_and_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("caps, message", [
-    ({"encdoe": {}}, r"capabilities\['encdoe'\]: unknown operation; expected one of \['decode', 'dequantize', "
-                     r"'encode'"),
+    ({"encdoe": {}}, r"capabilities\['encdoe'\]: unknown operation; expected one of \['attention', 'decode', "
+                     r"'dequantize', 'encode'"),
     ({"encode": {"fomat": ("float8_e4m3fn",)}},
      r"capabilities\['encode'\]: unknown parameter 'fomat'; encode cases have \['format', 'rounding'"),
     ({"decode": {"format": ("float8_e4m3fn",)}}, r"capabilities\['decode'\]: declared but the backend has no "
