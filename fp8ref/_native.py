@@ -51,6 +51,8 @@ _TASKS = ("fp8ref_encode_f32", "fp8ref_encode_f32_rne", "fp8ref_gather_u16", "fp
 _SIGNATURES = {**{name: [_vp, _sz, _sz] for name in _TASKS},
                "fp8ref_parallel": [_vp, _vp, _sz, _sz, _sz], "fp8ref_bind_openmp": [_vp, _vp, _vp]}
 _SIGNATURES.update({f"fp8ref_sizeof_{s.__name__}": [] for s in _STRUCTS})
+# fp8ref/_kernels_hw.c (fp8ref.hardware.native): plain arguments, split by the caller
+_SIGNATURES["fp8ref_hw_fused"] = [_vp] * 7 + [_sz] * 4 + [_i64] * 4 + [_sz] * 4
 
 
 def _refuse(path: str, why: str) -> None:

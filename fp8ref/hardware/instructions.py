@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import FormatError, InputTypeError, ShapeError
 from ..formats import FloatFormat
-from . import fdpa
+from . import fdpa, native
 from .isa import Instruction, instruction
 
 
@@ -81,10 +81,12 @@ def mma(op: str, arch: str, shape_and_type: str, a, b, c, *, scale_a=None, scale
         for what, x, shape in (("scale_a", SA, (ins.m, nb)), ("scale_b", SB, (nb, ins.n))):
             if x.shape != shape:
                 raise ShapeError(f"{what}: {ins.name} takes shape {shape}, got {tuple(x.shape)}")
-        SA, SB = SA[:, None, :], SB.T[None, :, :]
     elif scale_a is not None or scale_b is not None:
         raise InputTypeError(f"{ins.name}: not block-scaled; scale_a/scale_b must be None")
-    D = dot_add(ins, A[:, None, :], B.T[None, :, :], C, SA, SB)
+    D = native.fused_matmul(ins, A, B, C, SA, SB)
+    if D is None:
+        D = dot_add(ins, A[:, None, :], B.T[None, :, :], C, None if SA is None else SA[:, None, :],
+                    None if SB is None else SB.T[None, :, :])
     if _is_torch(a):
         import torch
         return torch.from_numpy(D)

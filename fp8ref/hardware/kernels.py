@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import InputTypeError, ScaleError, ShapeError, SpecError
+from . import native
 from .instructions import as_codes, dot_add
 from .isa import Instruction, instruction
 
@@ -278,13 +279,17 @@ def _tensor_core(ins, A, B, SA, SB, k0: int, k1: int) -> np.ndarray:
     """The instruction chained over K in [k0, k1) from C = 0, tiled over N to bound memory."""
     M, N = A.shape[0], B.shape[1]
     d = np.zeros((M, N), np.float32)
+    bl = ins.block
+    fast = native.fused_matmul(ins, A[:, k0:k1], B[k0:k1], d, None if SA is None else SA[:, k0 // bl:k1 // bl],
+                               None if SB is None else SB[k0 // bl:k1 // bl])
+    if fast is not None:
+        return fast
     width = max(1, min(N, _TILE // max(1, M * (ins.datapath.L + 1))))
     for j0 in range(0, N, width):
         j1 = min(j0 + width, N)
         a = A[:, None, k0:k1]
         b = B[k0:k1, j0:j1].T[None, :, :]
         if SA is not None:
-            bl = ins.block
             d[:, j0:j1] = dot_add(ins, a, b, d[:, j0:j1], SA[:, None, k0 // bl:k1 // bl],
                                   SB[k0 // bl:k1 // bl, j0:j1].T[None, :, :])
         else:
