@@ -31,7 +31,7 @@ from ..golden.judge import (
     judge_output,
 )
 from ..golden.suite import Suite, cases, load_suite
-from .backend import check_capabilities, load_backend
+from .backend import check_capabilities, guarded, load_backend
 from .xfails import Xfails
 
 
@@ -113,7 +113,8 @@ def expected_outputs(backend, op, params, inputs) -> dict:
 def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseResult:
     result = CaseResult(name, op.name, dict(params))
     bounded = accumulation_order(backend, op.name) == "unspecified"
-    reason = backend.implements(op.name, params) or (bound_reason(op.name, params) if bounded else None)
+    reason = (guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, params)
+              or (bound_reason(op.name, params) if bounded else None))
     if reason:
         result.status, result.reason = "not-implemented", reason
         return result

@@ -115,3 +115,31 @@ def test_every_builtin_adapter_declares_only_what_the_table_has():
 
     for name, target in BUILTIN.items():
         check_capabilities(instantiate(target, name))  # no peer needed: capabilities are class data
+
+
+@pytest.mark.parametrize("target, message", [
+    ("RaisesAtConstruction", r"constructing .*RaisesAtConstruction failed: RuntimeError: no device found"),
+    ("ExitsAtConstruction", r"constructing .*ExitsAtConstruction failed: called sys.exit\(3\)"),
+    ("exits_factory", r"exits_factory failed: called sys.exit\('bye'\)"),
+])
+def test_a_backend_failing_while_loaded_is_one_backend_error(target, message):
+    with pytest.raises(BackendError, match=message):
+        load_backend(f"tests.support.broken_backends:{target}")
+
+
+def test_a_backend_module_failing_at_import_is_one_backend_error(tmp_path, monkeypatch):
+    (tmp_path / "explodes_at_import.py").write_text("raise RuntimeError('CUDA not found')\n")
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(7)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BackendError, match=r"importing module 'explodes_at_import' failed: RuntimeError: CUDA"):
+        load_backend("explodes_at_import:B")
+    with pytest.raises(BackendError, match=r"importing module 'exits_at_import' failed: called sys.exit\(7\)"):
+        load_backend("exits_at_import:B")
+
+
+def test_a_backend_raising_in_implements_is_one_backend_error(capsys):
+    with pytest.raises(BackendError, match=r"'raises-in-implements'.*implements\('encode', \.\.\.\) failed: KeyError"):
+        run("tests.support.broken_backends:RaisesInImplements", "formats")
+    assert run_cli("conform", "--backend", "tests.support.broken_backends:ExitsAtConstruction") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fp8ref: error: backend ") and "sys.exit(3)" in err
