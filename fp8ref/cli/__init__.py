@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 
 from .. import __version__
 from ..errors import Fp8RefError
@@ -19,6 +20,7 @@ from . import checkpoint as checkpoint_cmds
 from . import codec_cmds, compare, conform, golden, main_job, probe, verify
 from . import eval as eval_cmds
 from . import spec as spec_cmds
+from .output import show_warning
 
 COMMAND_MODULES = (codec_cmds, spec_cmds, checkpoint_cmds, golden, conform, probe, compare, eval_cmds, verify)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell tool killed by a closed pipe exits with
@@ -65,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
+    with warnings.catch_warnings():
+        warnings.showwarning = show_warning
+        return _run(args, debug)
+
+
+def _run(args, debug: bool) -> int:
     try:
         code = main_job.run_default() if args.command is None else args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit

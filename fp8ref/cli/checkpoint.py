@@ -8,6 +8,7 @@ import math
 import sys
 
 from ..checkpoint import base as checkpoint_formats
+from .output import warn
 
 
 def register(sub) -> None:
@@ -59,7 +60,7 @@ def cmd_quantize(args) -> int:
     else:
         print(f"wrote {out}: {ckpt.format}, {len(ckpt)} quantized layers")
         for w in ckpt.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            warn(w)
     return 0
 
 
@@ -133,5 +134,5 @@ def cmd_inspect(args) -> int:
         for r in info["error"]:
             print(f"  {r['layer']:<48} {_fmt(r['max_abs']):>10} {_fmt(r['rel_rms']):>10} {_fmt(r['snr_db']):>8}")
     for w in info["warnings"]:
-        print(f"warning: {w}", file=sys.stderr)
+        warn(w)
     return 0

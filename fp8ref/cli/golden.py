@@ -20,8 +20,9 @@ def register(sub) -> None:
 
     p = gsub.add_parser("generate", help="write a suite's inputs and expected outputs to a new folder")
     p.add_argument("suite", help="suite YAML file, or the name of a shipped suite (formats, fp8-static-w8a8)")
-    p.add_argument("-o", "--output", required=True, type=Path, help="folder to create (must be new or empty)")
+    p.add_argument("-o", "--output", required=True, type=Path, help="folder to create (must be new or empty, or --force)")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: the suite's level)")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists and is not empty")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_generate)
 
@@ -72,7 +73,8 @@ def progress_bar(enabled: bool, desc: str):
 def cmd_generate(args) -> int:
     suite = load_suite(args.suite)
     start = time.perf_counter()
-    manifest = generate(suite, args.output, level=args.level, progress=progress_bar(not args.quiet, "generate"))
+    manifest = generate(suite, args.output, level=args.level, progress=progress_bar(not args.quiet, "generate"),
+                        force=args.force)
     size = sum((args.output / name).stat().st_size for name in manifest["files"])
     print(f"golden: suite {suite.name} level {manifest['level']} seed {suite.seed}: {len(manifest['cases'])} cases, "
           f"{len(manifest['files']) + 1} files, {size / 1e6:.1f} MB in {args.output} "

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import CheckpointError, SpecError
 from ..scheme import preset_name
 from ..spec import LayerConfig, SpecWarning, load_spec
+from .output import warn
 
 _COLUMNS = ("layer", "preset", "weight", "w_gran", "act", "a_gran", "dynamic", "scale", "rounding", "recipe")
 
@@ -63,7 +64,7 @@ def cmd_show(args) -> int:
             warnings.simplefilter("always", SpecWarning)
             resolved = config.resolve_all(names)
         for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
+            warn(w.message)
         rows = list(resolved.items())
     if args.json:
         print(json.dumps({layer: None if s is None else s.to_dict() for layer, s in rows}, indent=2))

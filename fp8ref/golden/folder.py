@@ -20,6 +20,7 @@ import numpy as np
 from .. import __version__
 from ..errors import GoldenError
 from ..io import safetensors as st
+from ..io.atomic import atomic_folder
 from ..io.files import read_bytes, read_json, read_text, write_bytes
 from .case import Case
 from .judge import ACCUMULATION_ORDERS, CaseResult, OutputError, bound_reason, exact_params, judge_output
@@ -48,12 +49,15 @@ def _load(path: Path) -> dict[str, np.ndarray]:
 
 
 def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
-             progress: Progress | None = None) -> dict:
-    """Write the golden folder of ``suite`` at ``level`` (default: the suite's); returns the manifest."""
+             progress: Progress | None = None, force: bool = False) -> dict:
+    """Write the golden folder of ``suite`` at ``level`` (default: the suite's); returns the manifest.
+    The folder appears complete or not at all (a full disk or a kill leaves nothing); an existing
+    one is replaced only when it is empty or with ``force``."""
     level = suite.level if level is None else level
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GoldenError(f"{out}: output folder exists and is not empty; choose a new folder")
+    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
+        raise GoldenError(f"{out}: output folder exists and is not empty; choose a new folder or pass "
+                          "force=True (CLI: --force)")
     total = count_cases(suite, level)
     per_op: dict[str, tuple[dict, dict]] = {}
     entries = []
@@ -68,20 +72,21 @@ def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
                         "outputs": {k: _spec(v) for k, v in expected.items()}})
         if progress:
             progress(done, total, case.name)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     files = {SUITE_FILE: suite.text.encode()}
     for op, (ins, exps) in sorted(per_op.items()):
         files[f"{op}.inputs.safetensors"] = st.dumps(ins, _META)
         files[f"{op}.expected.safetensors"] = st.dumps(exps, _META)
-    for name, data in files.items():
-        write_bytes(out / name, data)
     manifest = {
         "layout": LAYOUT, "fp8ref_version": __version__, "suite": suite.name,
         "suite_file": SUITE_FILE, "suite_sha256": suite.sha256, "seed": suite.seed, "level": level,
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
         "cases": entries,
     }
-    write_bytes(out / MANIFEST, dump_json(manifest))
+    with atomic_folder(out, force=out.exists(), error=GoldenError) as tmp:
+        for name, data in files.items():
+            write_bytes(tmp / name, data)
+        write_bytes(tmp / MANIFEST, dump_json(manifest))
     return manifest
 
 

@@ -193,3 +193,18 @@ def test_a_recipe_scale_no_loader_accepts_is_refused_before_writing(tmp_path):
     with pytest.raises(CheckpointError, match=r"recipe 'hf-fp8' gives .*weight_scale_inv = 0\.0 .* must be > 0"):
         export_checkpoint(src, tmp_path / "out", spec, format="hf-fp8")
     assert not (tmp_path / "out").exists()
+
+
+def test_exported_folder_and_files_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    make_source(tmp_path / "src")
+    old = os.umask(0o022)
+    try:
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").iterdir()}
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
+    assert modes["config.json"] == 0o644 and modes["model.safetensors"] == 0o644 and modes["extra"] == 0o755, modes
