@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, Fp8RefError
-from ..io.atomic import atomic_folder, atomic_write_text
+from ..io.atomic import atomic_folder, atomic_write_text, is_inside
 from ..io.files import read_json
 from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store, pack_nibbles
 from ..limits import shown
@@ -399,6 +400,19 @@ def _write_shard(folder: Path, fname: str, specs: list, metadata, items, weight_
     return sum(spec.nbytes for spec in specs)
 
 
+def metadata_names(sharded: bool, qc: dict, fmt: base.CheckpointFormat) -> set[str]:
+    """The files ``_write_metadata`` writes."""
+    return ({INDEX_NAME} if sharded else set()) | {"config.json"} | set(fmt.extra_files(qc))
+
+
+def _refuse_collisions(store: TensorStore, qc: dict, fmt: base.CheckpointFormat) -> None:
+    """Before anything is written: a shard named like a file the format writes beside it (an index
+    naming a shard ``quantization_config.json``) would be overwritten by it."""
+    for name in sorted(set(store.files) & metadata_names(store.index is not None, qc, fmt)):
+        raise CheckpointError(f"{store.files[name].path}: a shard named {name!r}, but the {fmt.name} format writes "
+                              f"its own {name!r} beside the shards; rename the shard (and its index entries)")
+
+
 def _write_metadata(tmp: Path, sharded: bool, weight_map: dict, total_size: int, config: dict, qc: dict,
                     fmt: base.CheckpointFormat) -> None:
     """The shard index (when the source had one), config.json with ``qc`` as its
@@ -471,6 +485,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     layers = {n: p.quant for n, p in plans.items()}
     unquantized = [m for m in _candidates(store) if m not in plans]
     qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans))
+    _refuse_collisions(store, qc, module)
     bar = _progress(len(store), progress)
     with atomic_folder(output, force=force, protect=[folder if source.is_dir() else source]) as tmp:
         weight_map, total_size = {}, 0
@@ -499,7 +514,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             total_size += _write_shard(tmp, fname, specs, f.metadata, tensors(), weight_map)
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if source.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files(),
+                         symlinks_out=symlinks_out)
     bar.close()
     return Path(output)
 
@@ -510,15 +526,40 @@ def _config_files() -> set[str]:
     return {f for name in base.names() for f in base.get(name).config_files}
 
 
-def _copy_others(src: Path, dst: Path, skip: set[str]) -> None:
+def _copy_others(src: Path, dst: Path, skip: set[str], *, symlinks_out: bool = False) -> None:
     """Copy every other file and folder of the source (tokenizer, generation config, ...)."""
+    root = src.resolve()
     for entry in sorted(src.iterdir()):
         if entry.name in skip or entry.name.startswith("."):
             continue
-        if entry.is_dir():
-            shutil.copytree(entry, dst / entry.name)
-        else:
-            shutil.copy2(entry, dst / entry.name)
+        _copy_entry(entry, dst / entry.name, root, symlinks_out, ())
+
+
+def _copy_entry(entry: Path, target: Path, root: Path, symlinks_out: bool, parents: tuple[Path, ...]) -> None:
+    """Regular files and folders only. A symlink is copied as what it names when that lies inside
+    the source folder (anywhere with ``symlinks_out``: a Hugging Face snapshot); a dangling link, a
+    loop, a FIFO, a device or a socket is refused, never opened (a FIFO would block the copy)."""
+    try:
+        real = entry.resolve(strict=True)
+        mode = real.stat().st_mode
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        why = getattr(exc, "strerror", None) or "symlink loop"
+        raise CheckpointError(f"{entry}: cannot copy it into the output: {why} (a dangling symlink or a loop?)") \
+            from None
+    if entry.is_symlink() and not symlinks_out and not is_inside(real, root):
+        raise CheckpointError(f"{entry}: a symlink to {real}, outside the source folder {root}; refusing to copy it "
+                              "into the output (pass symlinks_out=True, CLI --symlinks-out, if you trust it)")
+    if stat.S_ISDIR(mode):
+        if real in parents:
+            raise CheckpointError(f"{entry}: a symlink to its own parent folder {real} (a loop); refusing to copy it")
+        target.mkdir()
+        for child in sorted(entry.iterdir()):
+            _copy_entry(child, target / child.name, root, symlinks_out, (*parents, real))
+    elif stat.S_ISREG(mode):
+        shutil.copy2(real, target)
+    else:
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device file"
+        raise CheckpointError(f"{entry}: {kind}, not a regular file or folder; refusing to copy it into the output")
 
 
 class _NoBar:
@@ -538,10 +579,11 @@ def _progress(total: int, enabled: bool):
 
 
 def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,
-                     force: bool = False) -> Path:
+                     force: bool = False, symlinks_out: bool = False) -> Path:
     """Write a loaded ``Checkpoint`` again, in its own format or another one that can express
     every layer: codes and scale values are copied bit for bit (scales keep their dtype and
-    are only reshaped/renamed to the target layout); other tensors and files are copied."""
+    are only reshaped/renamed to the target layout); other tensors and files are copied
+    (``symlinks_out``: also files that are symlinks out of the checkpoint folder)."""
     fmt = format or checkpoint.format
     module = base.get(fmt)
     store = checkpoint.store
@@ -569,6 +611,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     if fmt == checkpoint.format:
         qc = module.carry_config(checkpoint.quantization_config, qc)
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
+    _refuse_collisions(store, qc, module)
     with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:
         weight_map, total_size = {}, 0
         for fname, f in store.files.items():
@@ -583,5 +626,6 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if checkpoint.path.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files(),
+                         symlinks_out=symlinks_out)
     return Path(output)

@@ -208,3 +208,91 @@ def test_exported_folder_and_files_follow_the_umask(tmp_path):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").iterdir()}
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
     assert modes["config.json"] == 0o644 and modes["model.safetensors"] == 0o644 and modes["extra"] == 0o755, modes
+
+
+def _rename_shard(folder, old, new):
+    (folder / old).rename(folder / new)
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] = {k: new if v == old else v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+
+
+def test_a_shard_named_like_a_config_file_is_refused_before_writing(tmp_path):
+    """auto-round writes quantization_config.json beside the shards: a shard of that name would be
+    overwritten and the broken folder renamed into place."""
+    make_source(tmp_path / "src", shards=2)
+    _rename_shard(tmp_path / "src", "model-00002-of-00002.safetensors", "quantization_config.json")
+    with pytest.raises(CheckpointError, match="a shard named 'quantization_config.json'.*auto-round format writes"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, format="auto-round", calibration=CAL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def _exported_names(tmp_path, **kw):
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL, **kw)
+    return sorted(p.name for p in (tmp_path / "out").rglob("*"))
+
+
+def test_source_copy_refuses_symlinks_out_of_the_source(tmp_path):
+    make_source(tmp_path / "src")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0")
+    (tmp_path / "src" / "passwd").symlink_to(secret)
+    with pytest.raises(CheckpointError, match=r"src/passwd: a symlink to .*secret.txt, outside the source folder"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "src" / "passwd").unlink()
+    (tmp_path / "src" / "extra" / "deep").symlink_to(secret)  # inside a copied subfolder too
+    with pytest.raises(CheckpointError, match="outside the source folder"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
+    # trusted: a Hugging Face snapshot links everything out; the content is copied, not the link
+    names = _exported_names(tmp_path, symlinks_out=True)
+    assert "deep" in names and not (tmp_path / "out" / "extra" / "deep").is_symlink()
+    assert (tmp_path / "out" / "extra" / "deep").read_text() == "root:x:0:0"
+
+
+def test_source_copy_keeps_symlinks_inside_the_source_as_files(tmp_path):
+    make_source(tmp_path / "src")
+    (tmp_path / "src" / "tok.json").symlink_to("tokenizer.json")
+    _exported_names(tmp_path)
+    out = tmp_path / "out" / "tok.json"
+    assert not out.is_symlink() and out.read_text() == '{"t": 1}'
+
+
+@pytest.mark.parametrize("kind", ["fifo", "loop", "dangling", "parent-loop"])
+def test_source_copy_refuses_special_files_and_broken_links_in_one_line(tmp_path, kind, capsys):
+    import os
+
+    make_source(tmp_path / "src")
+    entry = tmp_path / "src" / "odd"
+    if kind == "fifo":
+        os.mkfifo(entry)
+    elif kind == "loop":
+        entry.symlink_to("odd2")
+        (tmp_path / "src" / "odd2").symlink_to("odd")
+    elif kind == "dangling":
+        entry.symlink_to("missing")
+    else:
+        (tmp_path / "src" / "extra" / "up").symlink_to("..")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("scheme: FP8_DYNAMIC\nignore: [lm_head]\n")
+    assert run_cli("quantize", tmp_path / "src", tmp_path / "out", "--spec", spec) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fp8ref: error: "), err
+    assert re.search({"fifo": "a FIFO", "loop": "symlink loop|Too many levels", "dangling": "No such file",
+                      "parent-loop": "its own parent folder"}[kind], err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml", "src"]
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_symlinks_out_applies_to_config_and_index_too(tmp_path, name):
+    make_source(tmp_path / "src", shards=2)
+    moved = tmp_path / f"elsewhere-{name}"
+    (tmp_path / "src" / name).rename(moved)
+    (tmp_path / "src" / name).symlink_to(moved)
+    with pytest.raises(CheckpointError, match=f"'{name}' resolves to .*outside the checkpoint folder"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
+    with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
+        load_checkpoint(tmp_path / "src")
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL, symlinks_out=True)
+    assert not (tmp_path / "out" / name).is_symlink()
