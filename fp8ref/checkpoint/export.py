@@ -57,44 +57,106 @@ def _layer_config(spec):
     raise CheckpointError(f"spec: expected a YAML path, a mapping or a LayerConfig, got {type(spec).__name__}")
 
 
+CALIBRATION_FORMAT = "fp8ref-calibration/1"
+_CALIBRATION_KEYS = ("format", "holds", "fp8ref_version", "input_amax", "kv_amax")
+_NOT_CALIBRATION = (f"not an fp8ref calibration file (expected a JSON object with \"format\": "
+                    f"{CALIBRATION_FORMAT!r} and \"holds\": \"amax\"); write it with "
+                    "fp8ref.write_calibration(path, amax), from observe_linear_inputs' states or amax values. "
+                    "calibrate_input_scales returns scales, not amax: an input scale from them would be "
+                    "448x too small for float8_e4m3fn")
+
+
+def _amax_number(value, where: str) -> float:
+    """One activation amax: a finite number >= 0 (an AmaxState of tensor granularity, a one-element
+    array or a Python number)."""
+    from ..calibrate import AmaxState
+
+    if isinstance(value, AmaxState):
+        if value.amax is None:
+            raise CheckpointError(f"{where}: this layer saw no input (its AmaxState has no amax)")
+        value = value.amax
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        if np.size(value) != 1 or not np.issubdtype(np.asarray(value).dtype, np.number):
+            raise CheckpointError(f"{where}: an activation amax is one number (tensor granularity), got an array "
+                                  f"of shape {list(np.shape(value))}")
+        value = np.asarray(value).reshape(-1)[0].item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"{where}: expected a number (activation amax), got {type(value).__name__}")
+    try:
+        amax = float(value)
+    except OverflowError:
+        raise CheckpointError(f"{where}: amax {value:.3g} is larger than a float64") from None
+    if not np.isfinite(amax) or amax < 0:
+        raise CheckpointError(f"{where}: activation amax must be finite and >= 0, got {amax!r}")
+    return amax
+
+
+def write_calibration(path: str | os.PathLike, input_amax: Mapping, *, kv_amax: Mapping | None = None) -> Path:
+    """Write the calibration file ``export_checkpoint``/``fp8ref quantize --calibration`` read: per
+    layer the activation amax (numbers, one-element arrays, or the ``AmaxState`` values
+    ``observe_linear_inputs`` returns), and per attention module the KV-cache amax under
+    ``ATTN.k_scale``/``ATTN.v_scale`` or ``ATTN.{k,v}_proj.output_amax``. The file says what it
+    holds (amax, with this fp8ref's version), so a file of scales is never taken for one."""
+    from .. import __version__
+    from ..io.files import write_bytes
+
+    path = Path(path)
+    layers = {str(k): _amax_number(v, f"{path}: input_amax[{k!r}]") for k, v in dict(input_amax).items()}
+    kv = {str(k): _amax_number(v, f"{path}: kv_amax[{k!r}]") for k, v in dict(kv_amax or {}).items()}
+    _check_kv_split(path, layers, kv)
+    doc = {"format": CALIBRATION_FORMAT, "holds": "amax", "fp8ref_version": __version__,
+           "input_amax": dict(sorted(layers.items())), "kv_amax": dict(sorted(kv.items()))}
+    write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
+    return path
+
+
+def _check_kv_split(where, layers: Mapping, kv: Mapping) -> None:
+    not_kv = [k for k in kv if k in split_calibration({k: kv[k]}, str(where))[0]]
+    if not_kv:
+        raise CheckpointError(f"{where}: kv_amax[{not_kv[0]!r}]: expected a KV-cache key (ATTN.k_scale, ATTN.v_scale, "
+                              "ATTN.k_proj.output_amax or ATTN.v_proj.output_amax)")
+    is_kv = [k for k in layers if not split_calibration({k: layers[k]}, str(where))[0]]
+    if is_kv:
+        raise CheckpointError(f"{where}: input_amax[{is_kv[0]!r}]: a KV-cache key; put it under kv_amax")
+
+
 def load_calibration(path: str | os.PathLike) -> dict[str, float]:
-    """Per-layer activation amax from JSON (``{layer: amax}``, optionally under ``"input_amax"``,
-    with KV-cache entries beside it under ``"kv_amax"``) or safetensors (one-element tensors named
-    ``layer`` or ``layer.input_amax``). KV-cache amax keys (see ``KV_KEYS``) are kept as given."""
+    """The activation amax (and KV-cache amax) of a file ``write_calibration`` wrote: JSON with
+    ``"format": "fp8ref-calibration/1"``, ``"holds": "amax"``, ``"input_amax"`` and ``"kv_amax"``, or
+    safetensors whose metadata has the same ``format`` and ``holds`` (one-element tensors named
+    ``layer`` or a KV-cache key). Anything else, a bare ``{layer: value}`` object included, is refused:
+    nothing says whether it holds amax or scales."""
     path = Path(path)
     if path.suffix == ".safetensors":
         store = open_store(path)
+        meta = next(iter(store.files.values())).metadata or {}
+        if meta.get("format") != CALIBRATION_FORMAT or meta.get("holds") != "amax":
+            raise CheckpointError(f"{path}: safetensors metadata {dict(meta)!r:.120}: {_NOT_CALIBRATION}")
         raw = {}
         for name in store:
             values = np.asarray(store.get(name)).astype(np.float64).reshape(-1)
             if values.size != 1:
                 raise CheckpointError(f"{store.where(name)}: an activation amax is one number, got shape "
                                       f"{list(store.info(name).shape)}")
-            raw[name.removesuffix(".input_amax")] = values[0]
-    else:
-        data = read_json(path, "calibration file")
-        if isinstance(data, dict) and isinstance(data.get("input_amax"), dict):
-            kv = data.get("kv_amax", {})
-            if not isinstance(kv, dict):
-                raise CheckpointError(f"{path}: \"kv_amax\": expected an object of KV-cache key -> amax, "
-                                      f"got {kv!r:.80}")
-            clash = sorted(set(kv) & set(data["input_amax"]))
-            if clash:
-                raise CheckpointError(f"{path}: {clash[0]!r} is in both \"input_amax\" and \"kv_amax\"")
-            data = {**data["input_amax"], **kv}
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{path}: expected a JSON object of layer name -> activation amax")
-        raw = {}
-        for name, value in data.items():
-            if isinstance(value, list) and len(value) == 1:
-                value = value[0]
-            if type(value) not in (int, float) or (type(value) is int and abs(value) > 2**1024):
-                raise CheckpointError(f"{path}: {name!r}: expected a number (activation amax), got {shown(value)}")
-            raw[name.removesuffix(".input_amax")] = float(value)
-    for name, value in raw.items():
-        if not np.isfinite(value) or value < 0:
-            raise CheckpointError(f"{path}: {name!r}: activation amax must be finite and >= 0, got {value!r}")
-    return raw
+            raw[name] = _amax_number(float(values[0]), store.where(name))
+        return raw
+    data = read_json(path, "calibration file")
+    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+        raise CheckpointError(f"{path}: {_NOT_CALIBRATION}")
+    unknown = sorted(set(data) - set(_CALIBRATION_KEYS))
+    if unknown:
+        raise CheckpointError(f"{path}: unknown key {unknown[0]!r}; a calibration file has {list(_CALIBRATION_KEYS)}")
+    if data.get("holds") != "amax":
+        raise CheckpointError(f"{path}: \"holds\": expected \"amax\", got {shown(data.get('holds'))}; "
+                              "fp8ref computes scales from amax itself (the recipe decides how)")
+    sections = {}
+    for key, required in (("input_amax", True), ("kv_amax", False)):
+        value = data.get(key, None if required else {})
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{path}: \"{key}\": expected an object of name -> amax, got {shown(value)}")
+        sections[key] = {k: _amax_number(v, f"{path}: {key}[{k!r}]") for k, v in value.items()}
+    _check_kv_split(path, sections["input_amax"], sections["kv_amax"])
+    return {**sections["input_amax"], **sections["kv_amax"]}
 
 
 # Calibration keys that carry the amax of an attention module's cached keys/values: the

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoint
+from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoint, write_calibration
 from fp8ref.checkpoint.inspect import quantization_error
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
@@ -113,17 +113,64 @@ def test_already_quantized_source_is_refused(tmp_path):
 
 
 def test_calibration_files(tmp_path):
-    (tmp_path / "a.json").write_text(json.dumps({"input_amax": {"x.y": [2.5], "z": 1}}))
-    assert load_calibration(tmp_path / "a.json") == {"x.y": 2.5, "z": 1.0}
-    write_safetensors(tmp_path / "a.safetensors", {"x.y.input_amax": ("F32", np.array([3.0], np.float32)),
-                                                   "z": ("BF16", np.array(1.5, BF16))})
+    from fp8ref.calibrate import amax_state, observe
+    from fp8ref.checkpoint import write_calibration
+
+    state = observe(amax_state(), np.array([[-2.5, 1.0]], np.float32))
+    write_calibration(tmp_path / "a.json", {"x.y": state, "z": 1, "w": np.float32(0.5)})
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["format"] == "fp8ref-calibration/1" and doc["holds"] == "amax" and doc["fp8ref_version"]
+    assert load_calibration(tmp_path / "a.json") == {"x.y": 2.5, "z": 1.0, "w": 0.5}
+    write_safetensors(tmp_path / "a.safetensors", {"x.y": ("F32", np.array([3.0], np.float32)),
+                                                   "z": ("BF16", np.array(1.5, BF16))},
+                      {"format": "fp8ref-calibration/1", "holds": "amax"})
     assert load_calibration(tmp_path / "a.safetensors") == {"x.y": 3.0, "z": 1.5}
-    (tmp_path / "bad.json").write_text(json.dumps({"x": -1.0}))
+    doc["input_amax"]["x"] = -1.0
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="bad.json.*'x'.*>= 0"):
         load_calibration(tmp_path / "bad.json")
-    (tmp_path / "bad2.json").write_text(json.dumps({"x": "big"}))
+    doc["input_amax"]["x"] = "big"
+    (tmp_path / "bad2.json").write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="bad2.json.*'x'"):
         load_calibration(tmp_path / "bad2.json")
+    with pytest.raises(CheckpointError, match=r"input_amax\['m.k_scale'\]: a KV-cache key"):
+        write_calibration(tmp_path / "c.json", {"m.k_scale": 1.0})
+
+
+@pytest.mark.parametrize("document, message", [
+    ({"x.y": 2.5}, "not an fp8ref calibration file"),  # a bare mapping: amax or scales?
+    ({"input_amax": {"x.y": 2.5}}, "not an fp8ref calibration file"),
+    ({"format": "fp8ref-calibration/1", "holds": "scale", "input_amax": {"x.y": 0.005}}, '"holds": expected "amax"'),
+    ({"format": "fp8ref-calibration/1", "holds": "amax", "input_amax": {}, "scales": {}}, "unknown key 'scales'"),
+    ({"format": "fp8ref-calibration/1", "holds": "amax"}, '"input_amax": expected an object'),
+    ([1, 2], "not an fp8ref calibration file"),
+])
+def test_calibration_files_that_do_not_say_they_hold_amax_are_refused(tmp_path, document, message):
+    (tmp_path / "cal.json").write_text(json.dumps(document))
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_calibration(tmp_path / "cal.json")
+
+
+def test_the_calibrate_input_scales_trap_is_refused(tmp_path, capsys):
+    """Scales from calibrate_input_scales saved as the calibration file would give input scales
+    448x too small; without the header that says "amax" the file is refused, naming the trap."""
+    torch = pytest.importorskip("torch")
+    from fp8ref.calibrate import calibrate_input_scales, observe_linear_inputs
+    from fp8ref.checkpoint import write_calibration
+
+    make_source(tmp_path / "src")
+    model = torch.nn.Sequential()
+    model.add_module("lm_head", torch.nn.Linear(32, 16))
+    batches = [torch.ones(2, 32) * 3]
+    scales = calibrate_input_scales(model, batches, ["lm_head"])
+    (tmp_path / "scales.json").write_text(json.dumps({k: float(v) for k, v in scales.items()}))
+    (tmp_path / "spec.yaml").write_text("scheme: FP8_STATIC\n")
+    argv = ["quantize", tmp_path / "src", tmp_path / "out", "--spec", tmp_path / "spec.yaml", "--calibration"]
+    assert run_cli(*argv, tmp_path / "scales.json") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "calibrate_input_scales returns scales, not amax" in err
+    write_calibration(tmp_path / "amax.json", observe_linear_inputs(model, batches, ["lm_head"]))
+    assert load_calibration(tmp_path / "amax.json") == {"lm_head": 3.0}
 
 
 def test_spec_yaml_file_and_single_file_source(tmp_path):
@@ -154,7 +201,7 @@ def test_quantization_error_against_independent_sums(tmp_path):
 def test_cli_quantize_and_inspect(tmp_path, capsys):
     make_source(tmp_path / "src")
     (tmp_path / "spec.yaml").write_text("scheme: FP8_STATIC\nignore: [lm_head]\n")
-    (tmp_path / "cal.json").write_text(json.dumps(CAL))
+    write_calibration(tmp_path / "cal.json", CAL)
     argv = ["quantize", str(tmp_path / "src"), str(tmp_path / "out"), "--spec", str(tmp_path / "spec.yaml"),
             "--format", "auto-round", "--calibration", str(tmp_path / "cal.json"), "--json"]
     assert run_cli(*argv) == 0
