@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError, Fp8RefError
+from ..errors import CheckpointError, Fp8RefError, RecipeError
 from ..io.atomic import atomic_folder, atomic_write_text, is_inside
 from ..io.files import read_json
 from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store, pack_nibbles
 from ..limits import shown
+from ..recipes import store_dtype
 from . import base
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant, from_scheme, nan_count
 
@@ -263,7 +264,7 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
     return out
 
 
-def _candidates(store: TensorStore) -> list[str]:
+def linear_layers(store: TensorStore) -> list[str]:
     """Modules with a 2-D float ``.weight``: the linear layers a spec can quantize."""
     out = []
     for n in store:
@@ -288,7 +289,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         raise CheckpointError(f"{store.where(f8[0])}: the source is already quantized "
                               f"({store.info(f8[0]).dtype}); export needs the original weights")
     plans = {}
-    for name, scheme in config.resolve_all(_candidates(store)).items():
+    for name, scheme in config.resolve_all(linear_layers(store)).items():
         if scheme is None:
             continue
         where = f"{config.source}: layer {name!r}"
@@ -314,7 +315,15 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         block = quant.weight_strategy in BLOCK_SCALED
         if block != isinstance(rec, BlockRecipe):
             raise CheckpointError(f"{where}: recipe {rec.name!r} is not a {quant.weight_strategy} recipe")
-        scale_dtype = "F32" if block or rec.scale_store_dtype != "model" else D_DTYPES[dtype]
+        scale_dtype = "F32"  # block-scaled formats: the format's own scale codes, planned by the format
+        if not block:
+            try:
+                scale_dtype = _STORE[store_dtype(rec, dtype, scheme.scale_dtype)]
+            except RecipeError as exc:
+                raise CheckpointError(f"{where}: {exc}") from None
+            if not module.scales_follow_recipe and scheme.scale_dtype not in ("model", "float32"):
+                raise CheckpointError(f"{where}: scale_dtype {scheme.scale_dtype!r}: the {fmt} format stores "
+                                      "float32 scales (use scale_dtype model or float32)")
         tensors = []
         for role, tname, tdtype, shape in module.tensor_plan(name, quant, *info.shape, dtype):
             if role in ("weight_scale", "input_scale") and module.scales_follow_recipe and not block:
@@ -328,7 +337,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
             amax = calibration[name]
         plans[name] = LayerPlan(name, scheme, quant, rec.name, dtype, tensors, amax)
     if not plans:
-        raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(_candidates(store))} "
+        raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(linear_layers(store))} "
                               f"linear layers of {store.root}")
     _fuse_nvfp4_globals(store, plans)
     clash = [t for p in plans.values() for _, t, _, _ in p.tensors[1:] if t in store]
@@ -399,7 +408,8 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     if "input_scale" in roles:
         name, sdtype, shape = roles["input_scale"]
         rec = get_recipe(plan.recipe)
-        stored, _ = compute_scale(np.array([plan.amax]), rec, FLOAT_FORMATS[plan.quant.weight_fmt], plan.dtype)
+        stored, _ = compute_scale(np.array([plan.amax]), rec, FLOAT_FORMATS[plan.quant.weight_fmt], plan.dtype,
+                                  scale_dtype=plan.scheme.scale_dtype)
         out[name] = _checked_scale(store, name, plan,
                                    _as_stored(np.asarray(stored, np.float32), sdtype).reshape(shape))
     return out
@@ -545,7 +555,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
         if config.get("quantization_config") is not None:
             raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
     layers = {n: p.quant for n, p in plans.items()}
-    unquantized = [m for m in _candidates(store) if m not in plans]
+    unquantized = [m for m in linear_layers(store) if m not in plans]
     qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans))
     _refuse_collisions(store, qc, module)
     bar = _progress(len(store), progress)
@@ -668,7 +678,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
                                   f"it: {why}")
         renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
-    unquantized = [m for m in _candidates(store) if m not in layers]
+    unquantized = [m for m in linear_layers(store) if m not in layers]
     qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
     if fmt == checkpoint.format:
         qc = module.carry_config(checkpoint.quantization_config, qc)

@@ -106,20 +106,9 @@ def _read_names(path: str) -> list[str]:
 
 
 def checkpoint_layer_names(directory: str) -> list[str]:
-    """Names of the 2-D ``*.weight`` tensors in DIR/*.safetensors, minus the ``.weight`` suffix
-    (headers only; stand-in until fp8ref.checkpoint provides a loader)."""
-    from safetensors import safe_open
+    """The layers ``fp8ref quantize`` would resolve the spec over: export's own list (2-D float
+    ``.weight`` modules, embeddings excluded), read from the checkpoint's headers."""
+    from ..checkpoint.export import linear_layers
+    from ..io.safetensors import open_store
 
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{directory}: no *.safetensors files")
-    names = []
-    for file in files:
-        try:
-            with safe_open(str(file), framework="numpy") as f:
-                for key in f.keys():
-                    if key.endswith(".weight") and len(f.get_slice(key).get_shape()) == 2:
-                        names.append(key[: -len(".weight")])
-        except Exception as exc:  # safetensors raises its own SafetensorError/OSError types
-            raise CheckpointError(f"{file}: cannot read safetensors header: {exc}") from None
-    return sorted(names)
+    return linear_layers(open_store(directory))

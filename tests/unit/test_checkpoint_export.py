@@ -343,3 +343,52 @@ def test_symlinks_out_applies_to_config_and_index_too(tmp_path, name):
         load_checkpoint(tmp_path / "src")
     export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL, symlinks_out=True)
     assert not (tmp_path / "out" / name).is_symlink()
+
+
+_SCALE_NAMES = {"compressed-tensors": "weight_scale", "auto-round": "weight_scale", "hf-fp8": "weight_scale_inv"}
+
+
+@pytest.mark.parametrize("fmt, scheme", [("compressed-tensors", "FP8_BLOCK"), ("compressed-tensors", "FP8_STATIC"),
+                                         ("auto-round", "FP8_STATIC"), ("hf-fp8", "FP8_BLOCK")])
+@pytest.mark.parametrize("scale_dtype, stored", [("float32", "F32"), ("bfloat16", "BF16"), ("float16", "F16")])
+def test_scale_dtype_is_honoured_or_refused_naming_the_layer(tmp_path, fmt, scheme, scale_dtype, stored):
+    """The scheme's scale_dtype decides the stored scales' dtype: the recipe's float32 scale rounded
+    once to it (compared with an independent RNE of the float32 scale); hf-fp8 stores float32 only."""
+    make_source(tmp_path / "src")
+    layer = "model.layers.0.mlp.down_proj"
+    spec = {"scheme": "FP8_DYNAMIC" if scheme == "FP8_BLOCK" else scheme, "ignore": ["lm_head"],
+            "layer_config": {layer: {"scheme": scheme, "scale_dtype": scale_dtype}}} if fmt != "hf-fp8" else \
+        {"scheme": {"scheme": scheme, "scale_dtype": scale_dtype}, "ignore": ["lm_head"]}
+    if fmt == "hf-fp8" and scale_dtype != "float32":
+        with pytest.raises(CheckpointError, match=f"layer '.*': scale_dtype '{scale_dtype}': the hf-fp8 format "
+                                                  "stores float32"):
+            export_checkpoint(tmp_path / "src", tmp_path / "out", spec, format=fmt, calibration=CAL)
+        return
+    export_checkpoint(tmp_path / "src", tmp_path / "out", spec, format=fmt, calibration=CAL, recipe=None)
+    out = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    info = out.tensors[f"{layer}.{_SCALE_NAMES[fmt]}"]
+    assert info.dtype == stored
+    if fmt != "hf-fp8":
+        ref_dir = tmp_path / "ref"
+        ref_spec = {**spec, "layer_config": {layer: {"scheme": scheme, "scale_dtype": "float32"}}}
+        export_checkpoint(tmp_path / "src", ref_dir, ref_spec, format=fmt, calibration=CAL)
+        s32 = np.asarray(SafetensorsFile(ref_dir / "model.safetensors").get(f"{layer}.{_SCALE_NAMES[fmt]}"),
+                         np.float32)
+        got = np.asarray(out.get(f"{layer}.{_SCALE_NAMES[fmt]}")).astype(np.float32)
+        want = s32.astype(np.float16).astype(np.float32) if scale_dtype == "float16" else \
+            s32.astype(BF16).astype(np.float32) if scale_dtype == "bfloat16" else s32
+        assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("recipe, scale_dtype, message", [
+    ("compressed-tensors", "float8_e8m0fnu", "has no rule to round it to float8_e8m0fnu"),
+    ("fp8ref", "bfloat16", "computes its scale exactly and stores it in float32"),
+])
+def test_scale_dtype_a_recipe_cannot_produce_is_refused(tmp_path, recipe, scale_dtype, message):
+    make_source(tmp_path / "src")
+    spec = {"scheme": "FP8_DYNAMIC", "ignore": ["lm_head"],
+            "layer_config": {"model.layers.0.mlp.down_proj": {"scheme": "FP8_DYNAMIC", "scale_dtype": scale_dtype,
+                                                        "recipe": recipe}}}
+    with pytest.raises(CheckpointError, match=f"layer 'model.layers.0.mlp.down_proj'.*{message}"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", spec)
+    assert not (tmp_path / "out").exists()

@@ -194,3 +194,12 @@ def test_cli_show_layers_and_checkpoint(tmp_path, capsys):
     assert "selectors match no layer" in captured.err
     assert run_cli("spec", "show", mixed) == 0
     assert "(default)" in capsys.readouterr().out
+
+
+def test_cli_show_checkpoint_lists_what_export_quantizes(tmp_path, capsys):
+    """embed_tokens is a 2-D weight, but export leaves embeddings alone: spec show does too."""
+    save_file({"model.embed_tokens.weight": np.zeros((4, 8), np.float32),
+               "model.layers.0.mlp.up_proj.weight": np.zeros((4, 8), np.float32)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "spec.yaml").write_text("scheme: FP8_DYNAMIC\n")
+    assert run_cli("spec", "show", tmp_path / "spec.yaml", "--checkpoint", tmp_path, "--json") == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["model.layers.0.mlp.up_proj"]
