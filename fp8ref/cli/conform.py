@@ -73,9 +73,18 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     for e in stale:
         print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}", file=out)
     compared = sum(r.compared() for r in runs)
+    total = sum(len(r.results) for r in runs)
     code = 0 if unexpected == 0 and compared > 0 else 1
-    verdict = "PASS" if code == 0 else ("FAIL: nothing was compared (the backend implements none of these cases)"
-                                        if compared == 0 else f"FAIL: {unexpected} unexpected mismatch(es)/error(s)")
+    if code == 0:
+        verdict = "PASS"
+    elif total == 0:
+        verdict = "FAIL: no case selected (--case matched nothing)" if select else "FAIL: the suites have no cases"
+    elif unexpected:
+        verdict = f"FAIL: {unexpected} unexpected mismatch(es)/error(s)"
+    elif any(c.status == "error" for r in runs for c in r.results):
+        verdict = "FAIL: every case that ran raised an error (all of them xfailed); none was compared"
+    else:
+        verdict = "FAIL: nothing was compared (the backend implements none of these cases)"
     print(f"result: {verdict}; {compared} case(s) compared", file=out)
     if json_out:
         write_bytes(json_out, json.dumps({

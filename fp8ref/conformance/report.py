@@ -91,10 +91,28 @@ def mismatch_line(m: Mismatch, fmt_name: str | None) -> str:
     out = f"  {m.output}" if m.output not in ("codes", "values") else ""
     bound = ""
     if m.bound_used is not None:  # judged by the fp32-order bound against the exact result
-        bound = ("  outside the fp32-order bound's domain" if math.isnan(m.bound_used)
-                 else f"  fp32-order bound used {m.bound_used:.4g}x")
+        bound = (f"  {nan_result(m)}" if nan_result(m) else "  outside the fp32-order bound's domain"
+                 if math.isnan(m.bound_used) else f"  fp32-order bound used {m.bound_used:.4g}x")
     return (f"{m.op} {_param_text(m.op, m.params)}{out}  {where}{inputs}  expected {output_text(m.expected, fmt_name)}"
             f"  got {output_text(m.got, fmt_name)}  ulp {ulp}{bound}{tags}")
+
+
+def _is_nan(v) -> bool:
+    a = np.asarray(v)
+    return a.dtype.kind not in "uib" and bool(np.isnan(a.astype(np.float64)))
+
+
+def nan_result(m: Mismatch) -> str:
+    """'wrong NaN result' when the backend returned NaN for a number (or a number for NaN): the
+    case is wrong, whatever the bound would allow; empty otherwise."""
+    if _fmt_of(m) is not None:  # codes: a NaN code is judged by the NaN rule
+        return ""
+    got, exp = _is_nan(m.got), _is_nan(m.expected)
+    if got and not exp:
+        return "wrong NaN result (expected a number)"
+    if exp and not got:
+        return "wrong result: expected NaN"
+    return ""
 
 
 def _array_literal(v) -> str:
@@ -217,12 +235,13 @@ def mismatch_json(m: Mismatch, xfailed: bool) -> dict:
     fmt = _fmt_of(m)
 
     def enc(v):
-        return {"hex": hex_bits(v) if np.asarray(v).dtype.kind == "f" else hex(int(v)),
+        a = np.asarray(v)  # floats (bfloat16 included: numpy kind 'V') as their bit pattern
+        return {"hex": hex(int(a)) if a.dtype.kind in "uib" else hex_bits(a),
                 "text": output_text(v, fmt) if v is m.expected or v is m.got else value_text(v)}
 
     return {"output": m.output, "index": list(m.index), "inputs": {k: value_text(v) for k, v in m.inputs.items()},
             "expected": enc(m.expected), "got": enc(m.got), "ulp": m.ulp, "tags": list(m.tags), "xfail": xfailed,
-            "bound_used": _json_float(m.bound_used)}
+            "bound_used": _json_float(m.bound_used), "nan_result": nan_result(m) or None}
 
 
 def _json_float(v):

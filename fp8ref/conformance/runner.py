@@ -152,6 +152,13 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
             if accumulation_order(be, op.name) == "unspecified":
                 iv = getattr(op, "bound_interval", bound_interval)(c.params, c.inputs)
                 print(f"  fp32-order bound: exact {iv['x'][index]!r}, allowed [{iv['lo'][index]!r}, "
-                      f"{iv['hi'][index]!r}]" + ("" if iv["domain"][index] else " (outside the bound's domain)"))
+                      f"{iv['hi'][index]!r}]" + _domain_note(iv["domain"][index], exp[index], g[index]))
         return
     raise KeyError(f"suite {suite!r} level {level} has no case {case!r}")
+
+
+def _domain_note(in_domain: bool, expected, got) -> str:
+    """A NaN where a number is due is a wrong result, not a question of the bound's domain."""
+    if np.isnan(np.float64(got)) and not np.isnan(np.float64(expected)):
+        return " (got NaN: a wrong NaN result)"
+    return "" if in_domain else " (outside the bound's domain)"

@@ -1,0 +1,64 @@
+"""Reports: JSON bit patterns, NaN results, verdict lines."""
+
+import io
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8ref.conformance import run
+from fp8ref.conformance.report import mismatch_json, mismatch_line
+from fp8ref.golden import parse_suite
+from fp8ref.golden.judge import Mismatch
+from tests.support.broken_backends import NanMM
+from tests.support.cli import run_cli
+
+MM = parse_suite("""\
+suite: mm-nan
+seed: 3
+operations:
+  - op: scaled_mm
+    formats: [float8_e4m3fn]
+    shapes: {1: [[2, 3, 4]]}
+    scales: [tensor]
+    out_dtypes: [float32, bfloat16]
+    accumulate: [fp32]
+    scale_order: [operands]
+    bias: [false]
+""", source="mm-nan.yaml")
+
+
+@pytest.mark.parametrize("dtype, value, bits", [
+    (ml_dtypes.bfloat16, 3.859375, "0x4077"), (ml_dtypes.bfloat16, 3.875, "0x4078"),
+    (np.float16, 3.859375, "0x43b8"), (np.float32, 3.875, "0x40780000")])
+def test_json_hex_is_the_bit_pattern(dtype, value, bits):
+    v = np.array(value, dtype)[()]
+    m = Mismatch("c", "scaled_mm", {}, "out", (0, 0), {}, v, v, 0)
+    assert mismatch_json(m, False)["expected"]["hex"] == bits
+
+
+def test_a_nan_result_is_reported_as_a_wrong_nan_result():
+    result = run(NanMM(), MM)
+    bad = [m for r in result.results for m in r.mismatches]
+    assert [m.index for m in bad] == [(0, 0), (0, 0)]
+    for m in bad:
+        line = mismatch_line(m, None)
+        assert "wrong NaN result (expected a number)" in line and "domain" not in line
+        assert mismatch_json(m, False)["nan_result"] == "wrong NaN result (expected a number)"
+
+
+def test_verdict_when_case_matches_nothing(capsys):
+    assert run_cli("conform", "--backend", "torch", "--suite", "formats", "--case", "nosuch*", "--quiet") == 1
+    out = capsys.readouterr().out
+    assert "--case matched nothing" in out and "nothing was compared" not in out
+
+
+def test_verdict_when_every_case_errored(tmp_path, capsys):
+    (tmp_path / "xf.txt").write_text("* error\n")
+    (tmp_path / "s.yaml").write_text("suite: e\nseed: 1\noperations:\n  - op: encode\n    formats: [float8_e4m3fn]\n"
+                                     "    rounding: [rne]\n    saturate: [true]\n    random: {1: 8}\n")
+    assert run_cli("conform", "--backend", "tests.support.broken_backends:Raises", "--suite", tmp_path / "s.yaml",
+                   "--xfails", tmp_path / "xf.txt", "--quiet") == 1
+    out = capsys.readouterr().out
+    assert "raised an error" in out and "nothing was compared" not in out
