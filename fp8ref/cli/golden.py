@@ -36,7 +36,9 @@ def register(sub) -> None:
     p.add_argument("--outputs", required=True, type=Path, help="safetensors file with tensors '<case>/<output>'")
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any NaN "
                    "equals any NaN; 'sign': signs must agree; 'exact': codes must agree)")
-    p.add_argument("--allow-missing", action="store_true", help="compare only the cases present in --outputs")
+    p.add_argument("--allow-missing", action="store_true", help="compare only the cases present in --outputs "
+                   "(the report says how many went unchecked)")
+    p.add_argument("--xfails", type=Path, help="known differences file (the format of fp8ref conform --xfails)")
     p.add_argument("--accumulation-order", choices=ACCUMULATION_ORDERS, default="declared",
                    help="'declared' (default): bit-exact; 'unspecified': your GEMM sums in fp32 in an order it "
                    "does not declare, so accumulate=fp32 scaled_mm cases are judged against the exact result by "
@@ -98,7 +100,11 @@ def cmd_check(args) -> int:
 
     results, problems = check(args.folder, args.outputs, nan_rule=args.nan_rule, allow_missing=args.allow_missing,
                               accumulation_order=args.accumulation_order)
-    never = lambda case, tags: False  # noqa: E731 - golden check has no xfails: every difference counts
+    from ..conformance.xfails import load_xfails
+
+    xfails = load_xfails(args.xfails) if args.xfails else None
+    never = xfails.match if xfails else (lambda case, tags: False)  # without --xfails every difference counts
+    unchecked = sum(r.status == "missing" for r in results)
     if args.allow_missing:
         results = [r for r in results if r.status != "missing"]
     header = (f"golden check {args.folder} against {args.outputs} (NaN rule {args.nan_rule!r}, "
@@ -112,11 +118,17 @@ def cmd_check(args) -> int:
               "counts elements that differ from it inside the bound, never as matches); every other case bit-exact")
     for problem in problems:
         print(f"ERROR {problem}")
+    if args.allow_missing and unchecked:
+        print(f"note: {unchecked} case(s) have no outputs in {args.outputs} and went unchecked (--allow-missing)")
+    if xfails is not None:
+        xfails.record(results)
+        for e in xfails.stale():
+            print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}")
     compared = sum(r.status == "compared" for r in results)
     if args.json:
         write_bytes(args.json, json.dumps({"folder": str(args.folder), "outputs": str(args.outputs),
                                            "nan_rule": args.nan_rule, "accumulation_order": args.accumulation_order,
-                                           "summary": rows, "problems": problems,
+                                           "summary": rows, "problems": problems, "unchecked": unchecked,
                                            "cases": results_json(results, never)}, sort_keys=True, indent=1).encode())
     ok = unexpected == 0 and not problems and compared > 0
     print("result: " + ("PASS" if ok else f"FAIL ({unexpected} unexpected, {len(problems)} problem(s), "
