@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
     p.add_argument("--case", help="only cases whose name matches this glob")
-    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print (0: all; default 20)")
+    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print per operation (0: all; default 20)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write a JSON report to OUT")
     p.add_argument("--list-backends", action="store_true", help="list the known backends and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

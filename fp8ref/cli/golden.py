@@ -43,7 +43,7 @@ def register(sub) -> None:
                    help="'declared' (default): bit-exact; 'unspecified': your GEMM sums in fp32 in an order it "
                    "does not declare, so accumulate=fp32 scaled_mm cases are judged against the exact result by "
                    "the proven fp32-order bound (docs/conformance.md); all else stays bit-exact")
-    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print (0: all; default 20)")
+    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print per operation (0: all; default 20)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write a JSON report to OUT")
     p.set_defaults(handler=cmd_check)
 

@@ -48,6 +48,16 @@ def _decimal(a: np.ndarray) -> str:
     return repr(a.item()) if a.dtype.name in ("float64", "float32", "float16") else repr(f)
 
 
+def operand_text(v) -> str:
+    """A repro operand: codes as hex, floats as dtype:bits (value), one or many."""
+    a = np.asarray(v)
+    if a.ndim == 0:
+        return value_text(a) if a.dtype.kind not in "ui" else f"0x{int(a):02x}" if a.dtype == np.uint8 else str(int(a))
+    if a.dtype == np.uint8:
+        return f"uint8 codes [{' '.join(f'{int(c):02x}' for c in a)}]"
+    return "[" + ", ".join(value_text(x) for x in a) + "]"
+
+
 def code_text(code: int, fmt_name: str) -> str:
     """``0x7e (+.1111.110 448)``: the code, its sign/exponent/mantissa fields and its value."""
     fmt = get_format(fmt_name)
@@ -179,8 +189,11 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
 
     out = out or sys.stdout
     print(header, file=out)
-    shown = unexpected = 0
-    for r in results:
+    unexpected = 0
+    shown: dict[str, int] = {}  # per operation: a flood of encode lines must not hide the GEMMs
+    order = {op: i for i, op in enumerate(OPERATIONS)}
+    # simplest failing cases first within each operation (the smallest GEMM shape first)
+    for r in sorted(results, key=lambda r: (order.get(r.op, len(order)), int(np.prod(r.params.get("shape", [0]))))):
         if r.status in ("error", "missing") and not is_xfailed(r.case, ("error",)):
             unexpected += 1
             print(f"{r.status.upper()} {r.case}: {r.reason}", file=out)
@@ -188,15 +201,17 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
             if is_xfailed(m.case, m.tags):
                 continue
             unexpected += 1
-            if max_errors and shown >= max_errors:
+            if max_errors and shown.get(r.op, 0) >= max_errors:
                 continue
-            shown += 1
+            shown[r.op] = shown.get(r.op, 0) + 1
             print(mismatch_line(m, _fmt_of(m)), file=out)
             if repro:
                 print(f"  repro: {repro(m)}", file=out)
-    mism = sum(1 for r in results for m in r.mismatches if not is_xfailed(m.case, m.tags))
-    if mism > shown:
-        print(f"... {mism - shown} more unexpected mismatches not shown (--max-errors)", file=out)
+    for op in sorted({r.op for r in results}, key=lambda o: order.get(o, len(order))):
+        mism = sum(1 for r in results if r.op == op for m in r.mismatches if not is_xfailed(m.case, m.tags))
+        if mism > shown.get(op, 0):
+            print(f"... {mism - shown.get(op, 0)} more unexpected {op} mismatches not shown (--max-errors, "
+                  "per operation)", file=out)
     return unexpected
 
 

@@ -145,7 +145,11 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
         c = op.make_case(name, params, entry, s, level)
         expected = expected_outputs(be, op, c.params, c.inputs)
         got = op.call(be, c.params, c.inputs)
-        print(f"{case} [{', '.join(map(str, index))}]: inputs {op.element_inputs(c.params, c.inputs, index)}")
+        from .report import operand_text
+
+        print(f"{case} [{', '.join(map(str, index))}]:")
+        for label, value in op.operands(c.params, c.inputs, tuple(index)).items():
+            print(f"  {label} = {operand_text(value)}")
         for out_name, exp in expected.items():
             g = np.asarray(got[out_name])
             print(f"  {out_name}: expected {exp[index]!r}, got {g[index]!r}")

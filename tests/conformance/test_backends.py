@@ -80,7 +80,7 @@ def test_cli_conform_prints_lines_table_and_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert code == 1
     assert "expected 0x7f (+.1111.111 nan)  got 0x7e (+.1111.110 448)" in text
-    assert "repro: python -c" in text and "more unexpected mismatches not shown" in text
+    assert "repro: python -c" in text and "more unexpected encode mismatches not shown" in text
     assert "operation  cases  not impl." in text
     assert '"exit_code": 1' in (tmp_path / "r.json").read_text()
     assert run_cli("conform", "--backend", "torch", "--suite", "formats", "--case",

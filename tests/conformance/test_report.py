@@ -62,3 +62,44 @@ def test_verdict_when_every_case_errored(tmp_path, capsys):
                    "--xfails", tmp_path / "xf.txt", "--quiet") == 1
     out = capsys.readouterr().out
     assert "raised an error" in out and "nothing was compared" not in out
+
+
+def test_gemm_repro_prints_the_operands_it_needs(tmp_path, capsys):
+    """The a row, the b column, their scales (and the bias element): enough for a kernel's unit test."""
+    from fp8ref.conformance.runner import repro
+    from fp8ref.golden.suite import cases
+
+    text = MM.text.replace("bias: [false]", "bias: [true]").replace("scales: [tensor]", "scales: [row]")
+    (tmp_path / "mm.yaml").write_text(text)
+    name = next(n for _, _, n, p in cases(parse_suite(text, source="mm.yaml"), 1) if p["out_dtype"] == "float32")
+    repro("tests.support.broken_backends:NanMM", str(tmp_path / "mm.yaml"), name, index=(0, 0))
+    out = capsys.readouterr().out
+    assert "a[0, :] = uint8 codes [" in out and "b[:, 0] = uint8 codes [" in out
+    assert "scale_a[0] = f32:0x" in out and "scale_b[0] = f32:0x" in out and "bias[0] = f32:0x" in out
+    assert "(got NaN: a wrong NaN result)" in out
+
+
+def test_max_errors_is_per_operation():
+    from fp8ref.conformance.report import print_results
+    from tests.support.broken_backends import FlushSubnormals
+
+    suite = parse_suite(MM.text + """\
+  - op: encode
+    formats: [float8_e4m3fn]
+    rounding: [rne]
+    saturate: [true]
+    random: {1: 64}
+""", source="two.yaml")
+
+    class Both(NanMM):
+        name = "both"
+        capabilities = {**FlushSubnormals.capabilities, **NanMM.capabilities}
+        encode, breaks = FlushSubnormals.encode, FlushSubnormals.breaks
+
+    result = run(Both(), suite)
+    out = io.StringIO()
+    print_results(result.results, header="h", is_xfailed=result.xfailed, max_errors=1, out=out)
+    lines = out.getvalue().splitlines()
+    assert sum(line.startswith("scaled_mm ") for line in lines) == 1  # not hidden behind encode's lines
+    assert sum(line.startswith("encode ") for line in lines) == 1
+    assert any("more unexpected encode mismatches not shown" in line for line in lines)
