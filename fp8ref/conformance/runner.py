@@ -77,9 +77,10 @@ class RunResult:
 
 def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str = "any",
         xfails: Xfails | None = None, select: Callable[[str], bool] | None = None,
-        progress: Callable[[int, int, str], None] | None = None) -> RunResult:
+        progress: Callable[[int, int, str], None] | None = None, keep_failing: bool = False) -> RunResult:
     """Run ``suite`` (a Suite, a path or a shipped suite name) against ``backend`` (an object
-    or a name for ``load_backend``)."""
+    or a name for ``load_backend``). ``keep_failing``: a case with mismatches keeps its tensors
+    (``input/NAME``, ``expected/NAME``, ``got/NAME``) in ``CaseResult.tensors``."""
     if isinstance(backend, str):
         backend = load_backend(backend)
     else:
@@ -94,7 +95,8 @@ def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str 
     out = RunResult(backend.name, version, suite.name, level, nan_rule, xfails=xfails)
     for done, (op, entry, name, params) in enumerate(todo, 1):
         with np.errstate(all="ignore"):  # peers' overflow/invalid-cast warnings are not results
-            out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule))
+            out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule,
+                                        keep_failing=keep_failing))
         if progress:
             progress(done, len(todo), name)
     if xfails is not None:
@@ -110,7 +112,7 @@ def expected_outputs(backend, op, params, inputs) -> dict:
     return op.reference(params, inputs)
 
 
-def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseResult:
+def run_case(backend, op, entry, name, params, suite, level, nan_rule, *, keep_failing: bool = False) -> CaseResult:
     result = CaseResult(name, op.name, dict(params))
     bounded = accumulation_order(backend, op.name) == "unspecified"
     reason = (guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, params)
@@ -127,6 +129,10 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseRe
         for out_name, exp in expected.items():
             judge_output(result, op, name, case.params, case.inputs, out_name, exp, got[out_name], nan_rule,
                          bounded=bounded)
+        if keep_failing and result.mismatches:
+            result.tensors = {**{f"input/{k}": v for k, v in case.inputs.items()},
+                              **{f"expected/{k}": v for k, v in expected.items()},
+                              **{f"got/{k}": np.asarray(got[k]) for k in expected}}
     except OutputError as exc:
         result.status, result.reason, result.mismatches = "error", f"wrong output: {exc}", []
     except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours

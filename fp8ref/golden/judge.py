@@ -168,6 +168,7 @@ class CaseResult:
     in_bound: int = 0  # elements that differ from the exact result but lie inside the bound
     in_bound_max_ulp: int | None = None
     max_bound_used: float | None = None  # over every element in the bound's domain
+    tensors: dict | None = None  # a failing case's inputs, expected and got (run(keep_failing=True))
 
 
 def bound_reason(op: str, params) -> str | None:

@@ -103,3 +103,16 @@ def test_max_errors_is_per_operation():
     assert sum(line.startswith("scaled_mm ") for line in lines) == 1  # not hidden behind encode's lines
     assert sum(line.startswith("encode ") for line in lines) == 1
     assert any("more unexpected encode mismatches not shown" in line for line in lines)
+
+
+def test_dump_failing_saves_each_failing_case(tmp_path, capsys):
+    from fp8ref.io import safetensors as st
+
+    (tmp_path / "mm.yaml").write_text(MM.text)
+    assert run_cli("conform", "--backend", "tests.support.broken_backends:NanMM", "--suite", tmp_path / "mm.yaml",
+                   "--quiet", "--dump-failing", tmp_path / "d") == 1
+    files = sorted(p.name for p in (tmp_path / "d").iterdir())
+    assert len(files) == 2 and "note: 2 failing case(s) saved" in capsys.readouterr().out
+    t = st.load(tmp_path / "d" / files[0])
+    assert set(t) == {"input/a", "input/b", "input/scale_a", "input/scale_b", "expected/out", "got/out"}
+    assert np.isnan(t["got/out"][0, 0].astype(np.float64)) and not np.isnan(t["expected/out"][0, 0].astype(np.float64))
