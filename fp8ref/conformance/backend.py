@@ -136,6 +136,32 @@ def check_capabilities(backend) -> None:
                 raise BackendError(f"{where}: unknown parameter {key!r}; {op} cases have {list(row.params)}")
         if not callable(getattr(backend, op, None)):
             raise BackendError(f"{where}: declared but the backend has no method {row.signature}")
+        for key, allowed in caps.items():
+            if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Collection):
+                raise BackendError(f"{where}[{key!r}]: expected a list of accepted values, got {allowed!r:.80} "
+                                   "(omit the key to accept every value)")
+        _check_method(backend, op, row.signature)
+
+
+def _check_method(backend, op: str, signature: str) -> None:
+    """The method must accept the call the contract makes (``fp8ref.golden.ops`` signatures):
+    its positional arguments and its keyword-only ones, by name."""
+    import inspect
+    import re
+
+    args = re.match(r"\w+\((.*?)\)", signature).group(1)
+    positional, _, keywords = args.partition("*")
+    pos = [a.strip() for a in positional.split(",") if a.strip()]
+    kw = [a.split("=")[0].strip() for a in keywords.split(",") if a.strip()]
+    try:
+        sig = inspect.signature(getattr(backend, op))
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return
+    try:
+        sig.bind(*pos, **dict.fromkeys(kw))
+    except TypeError as exc:
+        raise BackendError(f"backend {backend.name!r}: method {op}{sig} cannot take the contract's call "
+                           f"{signature.split(' ->')[0]}: {exc}") from None
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -143,3 +143,48 @@ def test_a_backend_raising_in_implements_is_one_backend_error(capsys):
     assert run_cli("conform", "--backend", "tests.support.broken_backends:ExitsAtConstruction") == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("fp8ref: error: backend ") and "sys.exit(3)" in err
+
+
+def test_the_contract_is_checked_when_a_backend_is_loaded():
+    from fp8ref.conformance import Backend
+    from fp8ref.conformance.backend import check_capabilities
+
+    class NoKeywords(Backend):
+        name = "no-keywords"
+        capabilities = {"encode": {"format": ["float8_e4m3fn"]}}
+
+        def encode(self, x, fmt):
+            return x
+
+    with pytest.raises(BackendError, match=r"method encode\(x, fmt\) cannot take the contract's call "
+                                           r"encode\(x, fmt, \*, rounding, saturate, random_bits=None\)"):
+        check_capabilities(NoKeywords())
+
+    class StringCaps(Backend):
+        name = "string-caps"
+        capabilities = {"encode": {"rounding": "rne"}}  # 'r' in "rne" would be True
+
+        def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
+            return x
+
+    with pytest.raises(BackendError, match=r"capabilities\['encode'\]\['rounding'\]: expected a list"):
+        check_capabilities(StringCaps())
+
+
+def test_an_output_that_cannot_be_converted_says_so():
+    from fp8ref.conformance import Backend
+    from fp8ref.golden import parse_suite
+
+    class Unconvertible(Backend):
+        name = "unconvertible"
+        capabilities = {"decode": {"format": ["float8_e4m3fn"]}}
+
+        def decode(self, codes, fmt):
+            class Weird:
+                def __array__(self, *a, **k):
+                    raise TypeError("Got unsupported ScalarType BFloat16")
+            return Weird()
+
+    suite = parse_suite("suite: d\nseed: 1\noperations:\n  - op: decode\n    formats: [float8_e4m3fn]\n", source="d")
+    r = run(Unconvertible(), suite).results[0]
+    assert r.status == "error" and "cannot convert the backend's output (Weird) to a numpy array" in r.reason
