@@ -23,6 +23,7 @@ _EXPORTS = {
     "registry": ("get_recipe", "load_recipes"),
     "scheme": ("KNOWN_RECIPES", "PRESETS", "QuantizationScheme"),
     "spec": ("LayerConfig", "load_spec", "load_spec_dict"),
+    "ulp": ("ulp_distance",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF) + ["__version__"]
