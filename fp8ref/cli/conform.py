@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import sys
 from pathlib import Path
 
@@ -12,8 +11,7 @@ from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, res
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
-from ..io.files import write_bytes
-from .golden import progress_bar
+from .output import add_json, add_progress_flags, emit_json, progress_bar, progress_enabled
 
 
 def register(sub) -> None:
@@ -26,12 +24,13 @@ def register(sub) -> None:
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
     p.add_argument("--case", help="only cases whose name matches this glob")
-    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print per operation (0: all; default 20)")
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write a JSON report to OUT")
+    p.add_argument("--max-errors", type=int, default=20,
+                   help="mismatch lines to print per operation (0: all; default 20)")
+    add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
     p.add_argument("--dump-failing", type=Path, metavar="DIR", help="save each failing case as DIR/CASE.safetensors "
                    "(input/NAME, expected/NAME, got/NAME: for a kernel's own unit test)")
     p.add_argument("--list-backends", action="store_true", help="list the known backends and exit")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.set_defaults(handler=cmd_conform)
 
 
@@ -49,7 +48,8 @@ def cmd_conform(args) -> int:
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
     return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)], level=args.level,
                    xfails=xfails, nan_rule=args.nan_rule, select=select, max_errors=args.max_errors,
-                   json_out=args.json, progress=not args.quiet, dump_failing=args.dump_failing)
+                   json_out=args.json, progress=progress_enabled(args), dump_failing=args.dump_failing,
+                   out=sys.stderr if args.json == "-" else None)
 
 
 def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_rule="any", select=None,
@@ -90,11 +90,10 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     else:
         verdict = "FAIL: nothing was compared (the backend implements none of these cases)"
     print(f"result: {verdict}; {compared} case(s) compared", file=out)
-    if json_out:
-        write_bytes(json_out, json.dumps({
-            "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
-            "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
-            "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1).encode())
+    emit_json(json_out, {
+        "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
+        "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
+        "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1)
     return code
 
 

@@ -185,9 +185,10 @@ def _check_cases(where: Path, manifest: dict, suite: Suite) -> None:
                           + ("; ".join(parts) or "listed in another order or more than once"))
     for entry in manifest["cases"]:
         outputs = OPERATIONS[entry["op"]].outputs
-        if not isinstance(entry["outputs"], dict) or set(entry["outputs"]) != set(outputs):
+        got = entry["outputs"]
+        if not isinstance(got, dict) or set(got) != set(outputs):
             raise GoldenError(f"{where}: case {entry['name']!r}: outputs must be {sorted(outputs)}, "
-                              f"got {sorted(entry['outputs']) if isinstance(entry['outputs'], dict) else entry['outputs']}")
+                              f"got {sorted(got) if isinstance(got, dict) else got!r:.80}")
         if not isinstance(entry["inputs"], dict):
             raise GoldenError(f"{where}: case {entry['name']!r}: inputs: expected an object")
     files = {manifest["suite_file"]} | {f"{op}.{kind}.safetensors" for _, op, _ in derived

@@ -203,14 +203,14 @@ def test_cli_quantize_and_inspect(tmp_path, capsys):
     (tmp_path / "spec.yaml").write_text("scheme: FP8_STATIC\nignore: [lm_head]\n")
     write_calibration(tmp_path / "cal.json", CAL)
     argv = ["quantize", str(tmp_path / "src"), str(tmp_path / "out"), "--spec", str(tmp_path / "spec.yaml"),
-            "--format", "auto-round", "--calibration", str(tmp_path / "cal.json"), "--json"]
+            "--format", "auto-round", "--calibration", str(tmp_path / "cal.json"), "--json", "-"]
     assert run_cli(*argv) == 0
     assert json.loads(capsys.readouterr().out)["format"] == "auto-round"
     assert run_cli(*argv) == 1
     assert re.fullmatch(r"fp8ref: error: .*force.*\n", capsys.readouterr().err)
     assert run_cli(*argv, "--force") == 0
     capsys.readouterr()
-    assert run_cli("inspect", tmp_path / "out", "--original", tmp_path / "src", "--json") == 0
+    assert run_cli("inspect", tmp_path / "out", "--original", tmp_path / "src", "--json", "-") == 0
     info = json.loads(capsys.readouterr().out)
     assert info["format"] == "auto-round" and len(info["layers"]) == 3 and len(info["error"]) == 3
     assert info["layers"]["model.layers.0.self_attn.q_proj"]["weight_scale"]["shape"] == [32]

@@ -206,7 +206,7 @@ def test_cli_quantize_writes_kv_scales(tmp_path, capsys):
     (tmp_path / "spec.yaml").write_text("scheme: FP8_DYNAMIC\nignore: [lm_head]\n")
     write_calibration(tmp_path / "cal.json", {}, kv_amax=KV)
     assert run_cli("quantize", tmp_path / "src", tmp_path / "out", "--spec", tmp_path / "spec.yaml",
-                   "--calibration", tmp_path / "cal.json", "--json") == 0
+                   "--calibration", tmp_path / "cal.json", "--json", "-") == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == []
     ckpt = load_checkpoint(tmp_path / "out")
     assert ckpt.tensor(f"{ATTN[1]}.v_scale").tobytes() == ct_scale_bits(448.0, "bfloat16")

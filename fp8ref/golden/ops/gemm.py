@@ -160,8 +160,9 @@ class Linear(Operation):
         t, n = index
         ws = inputs["weight_scale"]
         per_channel = ws.size > 1 and ws.shape[0] > 1
+        scale = ws.reshape(ws.shape[0], -1)[n if per_channel else 0]
         out = {f"x[{t}, :]": inputs["x"][t], f"weight[{n}, :]": inputs["weight"][n],
-               f"weight_scale[{n}]" if per_channel else "weight_scale": ws.reshape(ws.shape[0], -1)[n if per_channel else 0]}
+               f"weight_scale[{n}]" if per_channel else "weight_scale": scale}
         if "input_scale" in inputs:
             out["input_scale"] = inputs["input_scale"].reshape(-1)[0]
         return out
