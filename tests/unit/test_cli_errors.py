@@ -10,6 +10,8 @@ import fp8ref
 from fp8ref.cli import codec_cmds
 from tests.support.cli import run_cli
 
+TINY = "tests/golden/data/tiny.yaml"
+
 
 def _one_error_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
@@ -87,3 +89,19 @@ def test_broken_pipe_from_the_shell_exits_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert err == ""
+
+
+@pytest.mark.parametrize("err, text", [(28, "No space left on device"), (30, "Read-only file system")])
+def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys, err, text):
+    import os
+
+    from fp8ref.golden import folder
+
+    def fail(path, data):
+        raise OSError(err, os.strerror(err), str(path))
+
+    monkeypatch.setattr(folder, "write_bytes", fail)
+    assert run_cli("golden", "generate", TINY, "-o", tmp_path / "g", "--quiet") == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert text in line and str(tmp_path) in line
+    assert list(tmp_path.iterdir()) == []
