@@ -28,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .errors import ScaleError, did_you_mean
+from .errors import RecipeError, ScaleError, did_you_mean
 from .exact import residual_sign
 from .formats import FloatFormat
 from .rounding import eps_of, round_to
