@@ -457,8 +457,9 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
         store = given_dtype if given_dtype in ("bfloat16", "float16") else "float32"  # as given
     else:
         # the fused loop's operand table holds the recipe's own scales (scale_dtype 'model')
-        fused = None if amax is not None or qa.scale_dtype != "model" else _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding,
-                                                                 saturate, cast16, neg0, codes)
+        fusable = amax is None and qa.scale_dtype == "model"
+        fused = _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
+                                  codes) if fusable else None
         done = fused is not None and fused[1]
         a = _scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
         if amax is None:

@@ -1,7 +1,6 @@
 """Reports: JSON bit patterns, NaN results, verdict lines."""
 
 import io
-import json
 
 import ml_dtypes
 import numpy as np
