@@ -40,7 +40,7 @@ def register(sub) -> None:
     e.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
     e.add_argument("--engine", default="vllm", help="an engine of specs/engines/ (default vllm)")
     e.add_argument("--target", default="cuda", choices=("cuda", "rocm-mi300"), help="the device (default cuda)")
-    e.add_argument("--json", action="store_true", help="print JSON")
+    add_json(e, "the steps and their effects")
     e.set_defaults(handler=cmd_explain)
 
 
@@ -83,9 +83,8 @@ def cmd_explain(args) -> int:
 
     ckpt = load_checkpoint(args.checkpoint)
     meta, steps, effects = explain(ckpt, args.engine, target=args.target)
-    if args.json:
-        print(json.dumps({**meta, "target": args.target, "format": ckpt.format, "steps": [asdict(s) for s in steps],
-                          "effects": [asdict(e) for e in effects]}, indent=2))
+    if emit_json(args.json, {**meta, "target": args.target, "format": ckpt.format,
+                             "steps": [asdict(s) for s in steps], "effects": [asdict(e) for e in effects]}):
         return 0
     print(f"{ckpt.path}: {ckpt.format}; {meta['engine']} on {args.target} (from source, verified: "
           f"{str(meta['verified']).lower()})")
