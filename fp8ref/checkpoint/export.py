@@ -85,8 +85,8 @@ def _amax_number(value, where: str) -> float:
         raise CheckpointError(f"{where}: expected a number (activation amax), got {type(value).__name__}")
     try:
         amax = float(value)
-    except OverflowError:
-        raise CheckpointError(f"{where}: amax {value:.3g} is larger than a float64") from None
+    except OverflowError:  # a 5,000-digit integer
+        raise CheckpointError(f"{where}: expected a number (activation amax), got {shown(value)}") from None
     if not np.isfinite(amax) or amax < 0:
         raise CheckpointError(f"{where}: activation amax must be finite and >= 0, got {amax!r}")
     return amax

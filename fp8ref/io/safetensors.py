@@ -303,7 +303,7 @@ def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> Tensor
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such file or folder")
     for meta in METADATA_NAMES:  # the folder's own JSON files obey the same symlink rule as its shards
-        if os.path.lexists(path / meta):
+        if os.path.islink(path / meta):
             safe_member(path, meta, str(path / meta), symlinks_out=symlinks_out)
     index_path = path / INDEX_NAME
     if index_path.exists():

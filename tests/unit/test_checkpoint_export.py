@@ -269,6 +269,7 @@ def test_a_shard_named_like_a_config_file_is_refused_before_writing(tmp_path):
     """auto-round writes quantization_config.json beside the shards: a shard of that name would be
     overwritten and the broken folder renamed into place."""
     make_source(tmp_path / "src", shards=2)
+    _rename_shard(tmp_path / "src", "model-00001-of-00002.safetensors", "weights.safetensors")
     _rename_shard(tmp_path / "src", "model-00002-of-00002.safetensors", "quantization_config.json")
     with pytest.raises(CheckpointError, match="a shard named 'quantization_config.json'.*auto-round format writes"):
         export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, format="auto-round", calibration=CAL)
