@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "calibrate": ("AmaxState", "amax_state", "calibrate_input_scales", "finalize", "merge", "observe",
                   "observe_linear_inputs"),
-    "checkpoint": ("Checkpoint", "export_checkpoint", "load_checkpoint", "write_checkpoint"),
+    "checkpoint": ("Checkpoint", "export_checkpoint", "load_checkpoint", "write_calibration", "write_checkpoint"),
     "codec": ("ROUNDING_MODES", "decode", "encode", "view_as_codes", "view_as_float8"),
     "errors": ("Fp8RefError",),
     "formats": ("FORMATS", "FloatFormat", "get_format"),
@@ -23,6 +23,7 @@ _EXPORTS = {
     "registry": ("get_recipe", "load_recipes"),
     "scheme": ("KNOWN_RECIPES", "PRESETS", "QuantizationScheme"),
     "spec": ("LayerConfig", "load_spec", "load_spec_dict"),
+    "ulp": ("ulp_distance",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF) + ["__version__"]

@@ -61,6 +61,10 @@ class ModelError(Fp8RefError, ValueError):
     """A whole model that cannot be built, swapped or run (missing extra, unplaced layer, bad mode)."""
 
 
+class Fp8RefWarning(UserWarning):
+    """Something fp8ref did or noticed that the user should know (the CLI prints ``fp8ref: warning: ...``)."""
+
+
 def did_you_mean(value: object, choices, *, n: int = 1, cutoff: float = 0.6, clause: bool = False,
                  fold=None) -> str:
     """The "did you mean" hint every unknown-name message ends with: `` (did you mean 'x'?)``, or

@@ -343,12 +343,31 @@ FORMATS: Mapping[str, FloatFormat] = _Registry(_registry())
 
 
 def get_format(fmt: FloatFormat | str) -> FloatFormat:
-    """Accept a FloatFormat or a registered name."""
+    """Accept a FloatFormat, a registered name, or a torch or ml_dtypes/numpy dtype of that name
+    (``torch.float8_e4m3fn``, ``ml_dtypes.float8_e5m2``): the names follow ml_dtypes/LLVM, so
+    the dtype names the format; nothing of the other library is used."""
     if isinstance(fmt, FloatFormat):
         return fmt
     if not isinstance(fmt, str):
-        raise UnknownFormatError(f"fmt must be a FloatFormat or a format name, got {type(fmt).__name__}")
+        name = _dtype_name(fmt)
+        if name is None:
+            raise UnknownFormatError(f"fmt must be a FloatFormat, a format name or a torch/ml_dtypes dtype, got "
+                                     f"{type(fmt).__name__}")
+        fmt = name
     return FORMATS[fmt]
+
+
+def _dtype_name(obj) -> str | None:
+    """'float8_e4m3fn' for torch.float8_e4m3fn, numpy/ml_dtypes dtypes and their scalar types."""
+    import numpy as np
+
+    if type(obj).__module__ == "torch" and type(obj).__name__ == "dtype":
+        return str(obj).removeprefix("torch.")
+    if isinstance(obj, np.dtype):
+        return obj.name
+    if isinstance(obj, type) and issubclass(obj, np.generic):
+        return np.dtype(obj).name
+    return None
 
 
 # --- the one format <-> safetensors dtype map -------------------------------------------------

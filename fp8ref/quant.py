@@ -25,7 +25,7 @@ from .codec import ROUNDING_MODES, _c_encode_params, _c_rne_params, decode, enco
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
 from .limits import MAX_DIM, int_in, shown
-from .recipes import BlockRecipe, Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes
+from .recipes import BlockRecipe, Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes, store_dtype
 from .registry import get_recipe
 from .rounding import round_to
 from .scaling import (
@@ -45,6 +45,9 @@ _ROWS_ELEMENTS = 1 << 18  # elements per work chunk: temporaries stay in cache, 
 _NVFP4_SCALE_FORMAT = "float8_e4m3fn"
 
 
+_SCALE_DTYPES = ("model", "float32", "bfloat16", "float16", "float8_e8m0fnu", "float8_e4m3fn")
+
+
 @dataclass(frozen=True)
 class QuantArgs:
     """What to quantize to (the recipe says how the producer computes it)."""
@@ -59,6 +62,7 @@ class QuantArgs:
     saturate: bool = True
     mx_rule: str = "floor"               # MX E8M0 scale rule by name: scaling.MX_SCALE_RULES (floor = ocp-floor)
     recipe: str | None = None            # default recipe when quantize(recipe=None)
+    scale_dtype: str = "model"           # 'model': the recipe's own; float32/bfloat16/float16 (recipes.store_dtype)
 
     def __post_init__(self):
         get_format(self.format)
@@ -75,6 +79,8 @@ class QuantArgs:
         for name in ("saturate", "dynamic"):
             if not isinstance(getattr(self, name), bool):
                 raise InputTypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        if self.scale_dtype not in _SCALE_DTYPES:
+            raise InputTypeError(f"scale_dtype: expected one of {', '.join(_SCALE_DTYPES)}, got {self.scale_dtype!r}")
         if self.mx_rule not in MX_SCALE_RULES:
             raise InputTypeError(f"mx_rule: expected one of {', '.join(MX_SCALE_RULES)}, got {self.mx_rule!r}")
 
@@ -157,7 +163,8 @@ def as_args(args, *, role: str = "weight") -> QuantArgs:
                      group_size=group if gran == "group" else None,
                      block_shape=None if act else s["block_shape"],
                      dynamic=bool(s["act_dynamic"]) if act else True,  # a weight's scale comes from W
-                     rounding=s["rounding"], saturate=s["saturate"], recipe=s["recipe"])
+                     rounding=s["rounding"], saturate=s["saturate"], recipe=s["recipe"],
+                     scale_dtype=s["scale_dtype"] if family == "fp" else "model")  # MX/NVFP4: the format's
 
 
 def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight") -> QuantResult:
@@ -430,7 +437,7 @@ def _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturat
 
 def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> dict:
     cast16 = rec.apply_float16_to if dtype == "float16" else None
-    store = dtype if rec.scale_store_dtype == "model" else "float32"
+    store = store_dtype(rec, dtype, qa.scale_dtype)
     rounding = qa.rounding if rec.rounding == "from_args" else rec.rounding
     saturate = qa.saturate if rec.saturate == "from_args" else rec.saturate
     codes = np.empty(shape, np.uint8)
@@ -449,15 +456,17 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
             operand = np.float32(1.0) / stored if rec.apply_op == "multiply_multiplier" else stored
         store = given_dtype if given_dtype in ("bfloat16", "float16") else "float32"  # as given
     else:
-        fused = None if amax is not None else _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding,
-                                                                 saturate, cast16, neg0, codes)
+        # the fused loop's operand table holds the recipe's own scales (scale_dtype 'model')
+        fusable = amax is None and qa.scale_dtype == "model"
+        fused = _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
+                                  codes) if fusable else None
         done = fused is not None and fused[1]
         a = _scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
         if amax is None:
             _reject_nonfinite(a, arr, dtype, rec)
         elif rec.nonfinite == "error" and not (np.isfinite(a) & (a >= 0)).all():
             raise ScaleError(f"amax: expected finite non-negative values, got {a[~(np.isfinite(a) & (a >= 0))][:3]}")
-        stored, operand = compute_scale(a, rec, fmt, dtype)
+        stored, operand = compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
     if not done and not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
                                     codes):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)

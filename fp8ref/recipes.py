@@ -28,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .errors import ScaleError, did_you_mean
+from .errors import RecipeError, ScaleError, did_you_mean
 from .exact import residual_sign
 from .formats import FloatFormat
 from .rounding import eps_of, round_to
@@ -71,8 +71,25 @@ class Recipe:
 
 
 # --- scale step ---------------------------------------------------------------------------
-def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtype: str
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def store_dtype(recipe: Recipe, model_dtype: str, scale_dtype: str = "model") -> str:
+    """The dtype a recipe's scale is stored in. ``scale_dtype`` is the scheme's: ``model`` (the
+    default) keeps the recipe's own choice (the model dtype D for ``store_dtype: model``, else
+    float32); float32, bfloat16 and float16 replace it (the recipe's float32 scale rounded once to
+    that dtype). RecipeError where the recipe cannot: an exact scale is stored in float32, and no
+    float recipe has a rule to round a scale to a power of two (``data_type: mx_fp`` has)."""
+    if scale_dtype == "model":
+        return model_dtype if recipe.scale_store_dtype == "model" else "float32"
+    if scale_dtype not in ("float32", "bfloat16", "float16"):
+        raise RecipeError(f"scale_dtype {scale_dtype!r}: recipe {recipe.name!r} computes a float scale and has no "
+                          f"rule to round it to {scale_dtype} (power-of-two scales: use data_type mx_fp)")
+    if recipe.scale_dtype == "exact" and scale_dtype != "float32":
+        raise RecipeError(f"scale_dtype {scale_dtype!r}: recipe {recipe.name!r} computes its scale exactly and "
+                          "stores it in float32; rounding it a second time is not its arithmetic")
+    return scale_dtype
+
+
+def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtype: str, *,
+                  scale_dtype: str = "model") -> tuple[np.ndarray, np.ndarray]:
     """(stored scale, operand of the apply step), float32 arrays of amax's shape.
 
     The stored scale is a dequantization multiplier (x ~ decode(q) * s) in every recipe. The
@@ -105,7 +122,7 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
             s = np.where(s < np.float32(recipe.scale_min), np.float32(recipe.scale_min), s)
         if recipe.zero_amax_scale is not None:  # `amax > 0` is False for 0 and NaN (HF's test)
             s = np.where(a > 0, s, np.float32(recipe.zero_amax_scale))
-    store = model_dtype if recipe.scale_store_dtype == "model" else "float32"
+    store = store_dtype(recipe, model_dtype, scale_dtype)
     stored = round_to(s, store).astype(np.float32)
     if recipe.zero_stored_scale == "eps":
         stored = np.where(stored == 0, np.float32(eps_of(store)), stored)

@@ -5,8 +5,8 @@ export, inspect."""
 
 # the built-in formats register themselves (fp8ref.checkpoint.base.register), before anything asks
 from . import autoround, compressed_tensors, hf_fp8, modelopt, quark  # noqa: F401  isort: skip
-from .export import export_checkpoint, load_calibration, write_checkpoint
+from .export import export_checkpoint, load_calibration, write_calibration, write_checkpoint
 from .loader import Checkpoint, QuantizedLayer, load_checkpoint
 
 __all__ = ["Checkpoint", "QuantizedLayer", "export_checkpoint", "load_calibration", "load_checkpoint",
-           "write_checkpoint"]
+           "write_calibration", "write_checkpoint"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError, Fp8RefError
-from ..io.atomic import atomic_folder, atomic_write_text
+from ..errors import CheckpointError, Fp8RefError, RecipeError
+from ..io.atomic import atomic_folder, atomic_write_text, is_inside
 from ..io.files import read_json
 from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store, pack_nibbles
 from ..limits import shown
+from ..recipes import store_dtype
 from . import base
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant, from_scheme, nan_count
 
@@ -56,44 +58,106 @@ def _layer_config(spec):
     raise CheckpointError(f"spec: expected a YAML path, a mapping or a LayerConfig, got {type(spec).__name__}")
 
 
+CALIBRATION_FORMAT = "fp8ref-calibration/1"
+_CALIBRATION_KEYS = ("format", "holds", "fp8ref_version", "input_amax", "kv_amax")
+_NOT_CALIBRATION = (f"not an fp8ref calibration file (expected a JSON object with \"format\": "
+                    f"{CALIBRATION_FORMAT!r} and \"holds\": \"amax\"); write it with "
+                    "fp8ref.write_calibration(path, amax), from observe_linear_inputs' states or amax values. "
+                    "calibrate_input_scales returns scales, not amax: an input scale from them would be "
+                    "448x too small for float8_e4m3fn")
+
+
+def _amax_number(value, where: str) -> float:
+    """One activation amax: a finite number >= 0 (an AmaxState of tensor granularity, a one-element
+    array or a Python number)."""
+    from ..calibrate import AmaxState
+
+    if isinstance(value, AmaxState):
+        if value.amax is None:
+            raise CheckpointError(f"{where}: this layer saw no input (its AmaxState has no amax)")
+        value = value.amax
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        if np.size(value) != 1 or not np.issubdtype(np.asarray(value).dtype, np.number):
+            raise CheckpointError(f"{where}: an activation amax is one number (tensor granularity), got an array "
+                                  f"of shape {list(np.shape(value))}")
+        value = np.asarray(value).reshape(-1)[0].item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"{where}: expected a number (activation amax), got {type(value).__name__}")
+    try:
+        amax = float(value)
+    except OverflowError:  # a 5,000-digit integer
+        raise CheckpointError(f"{where}: expected a number (activation amax), got {shown(value)}") from None
+    if not np.isfinite(amax) or amax < 0:
+        raise CheckpointError(f"{where}: activation amax must be finite and >= 0, got {amax!r}")
+    return amax
+
+
+def write_calibration(path: str | os.PathLike, input_amax: Mapping, *, kv_amax: Mapping | None = None) -> Path:
+    """Write the calibration file ``export_checkpoint``/``fp8ref quantize --calibration`` read: per
+    layer the activation amax (numbers, one-element arrays, or the ``AmaxState`` values
+    ``observe_linear_inputs`` returns), and per attention module the KV-cache amax under
+    ``ATTN.k_scale``/``ATTN.v_scale`` or ``ATTN.{k,v}_proj.output_amax``. The file says what it
+    holds (amax, with this fp8ref's version), so a file of scales is never taken for one."""
+    from .. import __version__
+    from ..io.files import write_bytes
+
+    path = Path(path)
+    layers = {str(k): _amax_number(v, f"{path}: input_amax[{k!r}]") for k, v in dict(input_amax).items()}
+    kv = {str(k): _amax_number(v, f"{path}: kv_amax[{k!r}]") for k, v in dict(kv_amax or {}).items()}
+    _check_kv_split(path, layers, kv)
+    doc = {"format": CALIBRATION_FORMAT, "holds": "amax", "fp8ref_version": __version__,
+           "input_amax": dict(sorted(layers.items())), "kv_amax": dict(sorted(kv.items()))}
+    write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
+    return path
+
+
+def _check_kv_split(where, layers: Mapping, kv: Mapping) -> None:
+    not_kv = [k for k in kv if k in split_calibration({k: kv[k]}, str(where))[0]]
+    if not_kv:
+        raise CheckpointError(f"{where}: kv_amax[{not_kv[0]!r}]: expected a KV-cache key (ATTN.k_scale, ATTN.v_scale, "
+                              "ATTN.k_proj.output_amax or ATTN.v_proj.output_amax)")
+    is_kv = [k for k in layers if not split_calibration({k: layers[k]}, str(where))[0]]
+    if is_kv:
+        raise CheckpointError(f"{where}: input_amax[{is_kv[0]!r}]: a KV-cache key; put it under kv_amax")
+
+
 def load_calibration(path: str | os.PathLike) -> dict[str, float]:
-    """Per-layer activation amax from JSON (``{layer: amax}``, optionally under ``"input_amax"``,
-    with KV-cache entries beside it under ``"kv_amax"``) or safetensors (one-element tensors named
-    ``layer`` or ``layer.input_amax``). KV-cache amax keys (see ``KV_KEYS``) are kept as given."""
+    """The activation amax (and KV-cache amax) of a file ``write_calibration`` wrote: JSON with
+    ``"format": "fp8ref-calibration/1"``, ``"holds": "amax"``, ``"input_amax"`` and ``"kv_amax"``, or
+    safetensors whose metadata has the same ``format`` and ``holds`` (one-element tensors named
+    ``layer`` or a KV-cache key). Anything else, a bare ``{layer: value}`` object included, is refused:
+    nothing says whether it holds amax or scales."""
     path = Path(path)
     if path.suffix == ".safetensors":
         store = open_store(path)
+        meta = next(iter(store.files.values())).metadata or {}
+        if meta.get("format") != CALIBRATION_FORMAT or meta.get("holds") != "amax":
+            raise CheckpointError(f"{path}: safetensors metadata {dict(meta)!r:.120}: {_NOT_CALIBRATION}")
         raw = {}
         for name in store:
             values = np.asarray(store.get(name)).astype(np.float64).reshape(-1)
             if values.size != 1:
                 raise CheckpointError(f"{store.where(name)}: an activation amax is one number, got shape "
                                       f"{list(store.info(name).shape)}")
-            raw[name.removesuffix(".input_amax")] = values[0]
-    else:
-        data = read_json(path, "calibration file")
-        if isinstance(data, dict) and isinstance(data.get("input_amax"), dict):
-            kv = data.get("kv_amax", {})
-            if not isinstance(kv, dict):
-                raise CheckpointError(f"{path}: \"kv_amax\": expected an object of KV-cache key -> amax, "
-                                      f"got {kv!r:.80}")
-            clash = sorted(set(kv) & set(data["input_amax"]))
-            if clash:
-                raise CheckpointError(f"{path}: {clash[0]!r} is in both \"input_amax\" and \"kv_amax\"")
-            data = {**data["input_amax"], **kv}
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{path}: expected a JSON object of layer name -> activation amax")
-        raw = {}
-        for name, value in data.items():
-            if isinstance(value, list) and len(value) == 1:
-                value = value[0]
-            if type(value) not in (int, float) or (type(value) is int and abs(value) > 2**1024):
-                raise CheckpointError(f"{path}: {name!r}: expected a number (activation amax), got {shown(value)}")
-            raw[name.removesuffix(".input_amax")] = float(value)
-    for name, value in raw.items():
-        if not np.isfinite(value) or value < 0:
-            raise CheckpointError(f"{path}: {name!r}: activation amax must be finite and >= 0, got {value!r}")
-    return raw
+            raw[name] = _amax_number(float(values[0]), store.where(name))
+        return raw
+    data = read_json(path, "calibration file")
+    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+        raise CheckpointError(f"{path}: {_NOT_CALIBRATION}")
+    unknown = sorted(set(data) - set(_CALIBRATION_KEYS))
+    if unknown:
+        raise CheckpointError(f"{path}: unknown key {unknown[0]!r}; a calibration file has {list(_CALIBRATION_KEYS)}")
+    if data.get("holds") != "amax":
+        raise CheckpointError(f"{path}: \"holds\": expected \"amax\", got {shown(data.get('holds'))}; "
+                              "fp8ref computes scales from amax itself (the recipe decides how)")
+    sections = {}
+    for key, required in (("input_amax", True), ("kv_amax", False)):
+        value = data.get(key, None if required else {})
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{path}: \"{key}\": expected an object of name -> amax, got {shown(value)}")
+        sections[key] = {k: _amax_number(v, f"{path}: {key}[{k!r}]") for k, v in value.items()}
+    _check_kv_split(path, sections["input_amax"], sections["kv_amax"])
+    return {**sections["input_amax"], **sections["kv_amax"]}
 
 
 # Calibration keys that carry the amax of an attention module's cached keys/values: the
@@ -200,7 +264,7 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
     return out
 
 
-def _candidates(store: TensorStore) -> list[str]:
+def linear_layers(store: TensorStore) -> list[str]:
     """Modules with a 2-D float ``.weight``: the linear layers a spec can quantize."""
     out = []
     for n in store:
@@ -225,7 +289,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         raise CheckpointError(f"{store.where(f8[0])}: the source is already quantized "
                               f"({store.info(f8[0]).dtype}); export needs the original weights")
     plans = {}
-    for name, scheme in config.resolve_all(_candidates(store)).items():
+    for name, scheme in config.resolve_all(linear_layers(store)).items():
         if scheme is None:
             continue
         where = f"{config.source}: layer {name!r}"
@@ -251,7 +315,15 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         block = quant.weight_strategy in BLOCK_SCALED
         if block != isinstance(rec, BlockRecipe):
             raise CheckpointError(f"{where}: recipe {rec.name!r} is not a {quant.weight_strategy} recipe")
-        scale_dtype = "F32" if block or rec.scale_store_dtype != "model" else D_DTYPES[dtype]
+        scale_dtype = "F32"  # block-scaled formats: the format's own scale codes, planned by the format
+        if not block:
+            try:
+                scale_dtype = _STORE[store_dtype(rec, dtype, scheme.scale_dtype)]
+            except RecipeError as exc:
+                raise CheckpointError(f"{where}: {exc}") from None
+            if not module.scales_follow_recipe and scheme.scale_dtype not in ("model", "float32"):
+                raise CheckpointError(f"{where}: scale_dtype {scheme.scale_dtype!r}: the {fmt} format stores "
+                                      "float32 scales (use scale_dtype model or float32)")
         tensors = []
         for role, tname, tdtype, shape in module.tensor_plan(name, quant, *info.shape, dtype):
             if role in ("weight_scale", "input_scale") and module.scales_follow_recipe and not block:
@@ -265,7 +337,7 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
             amax = calibration[name]
         plans[name] = LayerPlan(name, scheme, quant, rec.name, dtype, tensors, amax)
     if not plans:
-        raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(_candidates(store))} "
+        raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(linear_layers(store))} "
                               f"linear layers of {store.root}")
     _fuse_nvfp4_globals(store, plans)
     clash = [t for p in plans.values() for _, t, _, _ in p.tensors[1:] if t in store]
@@ -336,7 +408,8 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     if "input_scale" in roles:
         name, sdtype, shape = roles["input_scale"]
         rec = get_recipe(plan.recipe)
-        stored, _ = compute_scale(np.array([plan.amax]), rec, FLOAT_FORMATS[plan.quant.weight_fmt], plan.dtype)
+        stored, _ = compute_scale(np.array([plan.amax]), rec, FLOAT_FORMATS[plan.quant.weight_fmt], plan.dtype,
+                                  scale_dtype=plan.scheme.scale_dtype)
         out[name] = _checked_scale(store, name, plan,
                                    _as_stored(np.asarray(stored, np.float32), sdtype).reshape(shape))
     return out
@@ -397,6 +470,19 @@ def _write_shard(folder: Path, fname: str, specs: list, metadata, items, weight_
     writer.close()
     weight_map.update({spec.name: fname for spec in specs})
     return sum(spec.nbytes for spec in specs)
+
+
+def metadata_names(sharded: bool, qc: dict, fmt: base.CheckpointFormat) -> set[str]:
+    """The files ``_write_metadata`` writes."""
+    return ({INDEX_NAME} if sharded else set()) | {"config.json"} | set(fmt.extra_files(qc))
+
+
+def _refuse_collisions(store: TensorStore, qc: dict, fmt: base.CheckpointFormat) -> None:
+    """Before anything is written: a shard named like a file the format writes beside it (an index
+    naming a shard ``quantization_config.json``) would be overwritten by it."""
+    for name in sorted(set(store.files) & metadata_names(store.index is not None, qc, fmt)):
+        raise CheckpointError(f"{store.files[name].path}: a shard named {name!r}, but the {fmt.name} format writes "
+                              f"its own {name!r} beside the shards; rename the shard (and its index entries)")
 
 
 def _write_metadata(tmp: Path, sharded: bool, weight_map: dict, total_size: int, config: dict, qc: dict,
@@ -469,8 +555,9 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
         if config.get("quantization_config") is not None:
             raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
     layers = {n: p.quant for n, p in plans.items()}
-    unquantized = [m for m in _candidates(store) if m not in plans]
+    unquantized = [m for m in linear_layers(store) if m not in plans]
     qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans))
+    _refuse_collisions(store, qc, module)
     bar = _progress(len(store), progress)
     with atomic_folder(output, force=force, protect=[folder if source.is_dir() else source]) as tmp:
         weight_map, total_size = {}, 0
@@ -499,7 +586,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             total_size += _write_shard(tmp, fname, specs, f.metadata, tensors(), weight_map)
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if source.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files(),
+                         symlinks_out=symlinks_out)
     bar.close()
     return Path(output)
 
@@ -510,15 +598,40 @@ def _config_files() -> set[str]:
     return {f for name in base.names() for f in base.get(name).config_files}
 
 
-def _copy_others(src: Path, dst: Path, skip: set[str]) -> None:
+def _copy_others(src: Path, dst: Path, skip: set[str], *, symlinks_out: bool = False) -> None:
     """Copy every other file and folder of the source (tokenizer, generation config, ...)."""
+    root = src.resolve()
     for entry in sorted(src.iterdir()):
         if entry.name in skip or entry.name.startswith("."):
             continue
-        if entry.is_dir():
-            shutil.copytree(entry, dst / entry.name)
-        else:
-            shutil.copy2(entry, dst / entry.name)
+        _copy_entry(entry, dst / entry.name, root, symlinks_out, ())
+
+
+def _copy_entry(entry: Path, target: Path, root: Path, symlinks_out: bool, parents: tuple[Path, ...]) -> None:
+    """Regular files and folders only. A symlink is copied as what it names when that lies inside
+    the source folder (anywhere with ``symlinks_out``: a Hugging Face snapshot); a dangling link, a
+    loop, a FIFO, a device or a socket is refused, never opened (a FIFO would block the copy)."""
+    try:
+        real = entry.resolve(strict=True)
+        mode = real.stat().st_mode
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        why = getattr(exc, "strerror", None) or "symlink loop"
+        raise CheckpointError(f"{entry}: cannot copy it into the output: {why} (a dangling symlink or a loop?)") \
+            from None
+    if entry.is_symlink() and not symlinks_out and not is_inside(real, root):
+        raise CheckpointError(f"{entry}: a symlink to {real}, outside the source folder {root}; refusing to copy it "
+                              "into the output (pass symlinks_out=True, CLI --symlinks-out, if you trust it)")
+    if stat.S_ISDIR(mode):
+        if real in parents:
+            raise CheckpointError(f"{entry}: a symlink to its own parent folder {real} (a loop); refusing to copy it")
+        target.mkdir()
+        for child in sorted(entry.iterdir()):
+            _copy_entry(child, target / child.name, root, symlinks_out, (*parents, real))
+    elif stat.S_ISREG(mode):
+        shutil.copy2(real, target)
+    else:
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device file"
+        raise CheckpointError(f"{entry}: {kind}, not a regular file or folder; refusing to copy it into the output")
 
 
 class _NoBar:
@@ -538,10 +651,11 @@ def _progress(total: int, enabled: bool):
 
 
 def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,
-                     force: bool = False) -> Path:
+                     force: bool = False, symlinks_out: bool = False) -> Path:
     """Write a loaded ``Checkpoint`` again, in its own format or another one that can express
     every layer: codes and scale values are copied bit for bit (scales keep their dtype and
-    are only reshaped/renamed to the target layout); other tensors and files are copied."""
+    are only reshaped/renamed to the target layout); other tensors and files are copied
+    (``symlinks_out``: also files that are symlinks out of the checkpoint folder)."""
     fmt = format or checkpoint.format
     module = base.get(fmt)
     store = checkpoint.store
@@ -564,11 +678,12 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
                                   f"it: {why}")
         renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
-    unquantized = [m for m in _candidates(store) if m not in layers]
+    unquantized = [m for m in linear_layers(store) if m not in layers]
     qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
     if fmt == checkpoint.format:
         qc = module.carry_config(checkpoint.quantization_config, qc)
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
+    _refuse_collisions(store, qc, module)
     with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:
         weight_map, total_size = {}, 0
         for fname, f in store.files.items():
@@ -583,5 +698,6 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if checkpoint.path.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files())
+            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files(),
+                         symlinks_out=symlinks_out)
     return Path(output)

@@ -3,11 +3,10 @@ and, given the original, how far each layer is from it)."""
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 
 from ..checkpoint import base as checkpoint_formats
+from .output import add_json, add_progress_flags, emit_json, progress_enabled, warn
 
 
 def register(sub) -> None:
@@ -16,15 +15,15 @@ def register(sub) -> None:
     q.add_argument("output", metavar="OUT", help="output folder (written atomically)")
     q.add_argument("--spec", required=True, metavar="SPEC.yaml", help="which layers get which scheme/recipe")
     q.add_argument("--format", choices=checkpoint_formats.names(), default="compressed-tensors",
-                   help="checkpoint format")
+                   help="checkpoint format (default: compressed-tensors)")
     q.add_argument("--calibration", metavar="FILE",
                    help="per-layer activation amax (JSON or safetensors), needed for static inputs")
     q.add_argument("--recipe", help="override every scheme's producer recipe")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("--symlinks-out", action="store_true",
                    help="accept source files that are symlinks out of SRC (a Hugging Face cache snapshot)")
-    q.add_argument("--no-progress", action="store_true", help="no progress bar")
-    q.add_argument("--json", action="store_true", help="print a JSON summary")
+    add_progress_flags(q)
+    add_json(q, "a summary")
     q.set_defaults(handler=cmd_quantize)
 
     i = sub.add_parser("inspect", help="format, per-layer schemes and scale statistics of a checkpoint")
@@ -33,7 +32,7 @@ def register(sub) -> None:
     i.add_argument("--headers-only", action="store_true", help="read headers and config only (no scales)")
     i.add_argument("--symlinks-out", action="store_true",
                    help="accept shard files that are symlinks out of CKPT (a Hugging Face cache snapshot)")
-    i.add_argument("--json", action="store_true", help="print JSON")
+    add_json(i, "the description")
     i.set_defaults(handler=cmd_inspect)
 
     e = sub.add_parser("explain", help="the load-time steps a serving engine applies to each layer, and how many "
@@ -41,7 +40,7 @@ def register(sub) -> None:
     e.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
     e.add_argument("--engine", default="vllm", help="an engine of specs/engines/ (default vllm)")
     e.add_argument("--target", default="cuda", choices=("cuda", "rocm-mi300"), help="the device (default cuda)")
-    e.add_argument("--json", action="store_true", help="print JSON")
+    add_json(e, "the steps and their effects")
     e.set_defaults(handler=cmd_explain)
 
 
@@ -51,15 +50,13 @@ def cmd_quantize(args) -> int:
 
     out = export_checkpoint(args.source, args.output, args.spec, format=args.format, calibration=args.calibration,
                             recipe=args.recipe, force=args.force, symlinks_out=args.symlinks_out,
-                            progress=not args.no_progress and sys.stderr.isatty())
+                            progress=progress_enabled(args))
     ckpt = load_checkpoint(out)
-    if args.json:
-        print(json.dumps({"output": str(out), "format": ckpt.format, "layers": sorted(ckpt),
-                          "warnings": ckpt.warnings}, indent=2))
-    else:
+    if not emit_json(args.json, {"output": str(out), "format": ckpt.format, "layers": sorted(ckpt),
+                                 "warnings": ckpt.warnings}):
         print(f"wrote {out}: {ckpt.format}, {len(ckpt)} quantized layers")
         for w in ckpt.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            warn(w)
     return 0
 
 
@@ -86,9 +83,8 @@ def cmd_explain(args) -> int:
 
     ckpt = load_checkpoint(args.checkpoint)
     meta, steps, effects = explain(ckpt, args.engine, target=args.target)
-    if args.json:
-        print(json.dumps({**meta, "target": args.target, "format": ckpt.format, "steps": [asdict(s) for s in steps],
-                          "effects": [asdict(e) for e in effects]}, indent=2))
+    if emit_json(args.json, {**meta, "target": args.target, "format": ckpt.format,
+                             "steps": [asdict(s) for s in steps], "effects": [asdict(e) for e in effects]}):
         return 0
     print(f"{ckpt.path}: {ckpt.format}; {meta['engine']} on {args.target} (from source, verified: "
           f"{str(meta['verified']).lower()})")
@@ -111,8 +107,7 @@ def cmd_inspect(args) -> int:
     info = describe(ckpt, values=not args.headers_only)
     if args.original:
         info["error"] = quantization_error(ckpt, args.original)
-    if args.json:
-        print(json.dumps(_jsonable(info), indent=2))
+    if emit_json(args.json, _jsonable(info)):
         return 0
     print(f"{info['path']}: {info['format']}, model dtype {info['dtype']}, {len(info['layers'])} quantized layers, "
           f"{info['unquantized_tensors']} other tensors")
@@ -133,5 +128,5 @@ def cmd_inspect(args) -> int:
         for r in info["error"]:
             print(f"  {r['layer']:<48} {_fmt(r['max_abs']):>10} {_fmt(r['rel_rms']):>10} {_fmt(r['snr_db']):>8}")
     for w in info["warnings"]:
-        print(f"warning: {w}", file=sys.stderr)
+        warn(w)
     return 0

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from ..codec import ROUNDING_MODES, decode, encode
 from ..codefields import fields_text
 from ..errors import InputTypeError
 from ..formats import FORMATS, get_format
+from .output import add_json, emit_json
 
 
 def register(sub) -> None:
     p = sub.add_parser("formats", help="table of the registered formats and their constants")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json(p, "the formats")
     p.set_defaults(handler=cmd_formats)
 
     p = sub.add_parser("encode", help="encode decimal or hex-float values, e.g. 464 0x1.cp8 -nan")
     p.add_argument("values", nargs="+", help="values parsed as float64 (Python float() or float.fromhex)")
     _common(p)
-    p.add_argument("--rounding", default="rne", choices=[m for m in ROUNDING_MODES if m != "stochastic"])
+    p.add_argument("--rounding", default="rne", choices=ROUNDING_MODES, help="rounding mode (default rne)")
+    p.add_argument("--random-bits", nargs="+", metavar="BITS", help="stochastic rounding: the random bits, one "
+                   "integer per value (or one for all), e.g. 0x80000000")
+    p.add_argument("--random-bits-dtype", choices=("uint8", "uint16", "uint32"), default="uint32",
+                   help="width of --random-bits (default uint32)")
     p.add_argument("--no-saturate", dest="saturate", action="store_false", help="OCP non-saturating overflow")
     p.set_defaults(handler=cmd_encode)
 
@@ -32,7 +35,7 @@ def register(sub) -> None:
 
 def _common(p) -> None:
     p.add_argument("--format", "-f", default="float8_e4m3fn", help="format name (default float8_e4m3fn)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json(p, "the rows")
 
 
 def _parse_value(text: str) -> float:
@@ -65,8 +68,7 @@ def _rows(codes: np.ndarray, fmt) -> list[dict]:
 
 def cmd_formats(args) -> int:
     rows = [fmt.describe() for fmt in FORMATS.values()]
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    if emit_json(args.json, rows):
         return 0
     cols = ["name", "E", "M", "bias", "specials", "max", "max_code", "min_normal", "min_subnormal", "nan_code",
             "inf_code", "safetensors"]
@@ -81,11 +83,34 @@ def cmd_formats(args) -> int:
 def cmd_encode(args) -> int:
     fmt = get_format(args.format)
     values = np.array([_parse_value(v) for v in args.values], dtype=np.float64)
-    rows = _rows(encode(values, fmt, saturate=args.saturate, rounding=args.rounding), fmt)
+    rows = _rows(encode(values, fmt, saturate=args.saturate, rounding=args.rounding,
+                        random_bits=_random_bits(args, len(values))), fmt)
     for text, row in zip(args.values, rows):
         row["input"] = text
     _print(rows, args.json, ["input", "code", "fields", "value"])
     return 0
+
+
+def _random_bits(args, n: int):
+    if args.random_bits is None:
+        if args.rounding == "stochastic":
+            raise InputTypeError("--rounding stochastic needs --random-bits (one integer per value, or one for all)")
+        return None
+    if args.rounding != "stochastic":
+        raise InputTypeError(f"--random-bits is only used with --rounding stochastic, not {args.rounding!r}")
+    if len(args.random_bits) not in (1, n):
+        raise InputTypeError(f"--random-bits: expected 1 or {n} integers (one per value), got {len(args.random_bits)}")
+    limit = np.iinfo(args.random_bits_dtype).max
+    bits = []
+    for text in args.random_bits:
+        try:
+            b = int(text, 0)
+        except ValueError:
+            raise InputTypeError(f"--random-bits {text!r}: expected an integer such as 0x80000000") from None
+        if not 0 <= b <= limit:
+            raise InputTypeError(f"--random-bits {text!r}: expected 0..{limit:#x} ({args.random_bits_dtype})")
+        bits.append(b)
+    return np.array(bits * (n if len(bits) == 1 else 1), dtype=args.random_bits_dtype)
 
 
 def cmd_decode(args) -> int:
@@ -95,9 +120,8 @@ def cmd_decode(args) -> int:
     return 0
 
 
-def _print(rows: list[dict], as_json: bool, cols: list[str]) -> None:
-    if as_json:
-        print(json.dumps(rows, indent=2))
+def _print(rows: list[dict], as_json: str | None, cols: list[str]) -> None:
+    if emit_json(as_json, rows):
         return
     for row in rows:
         print("  ".join(f"{c}={row[c]!r}" if c == "value" else f"{c}={row[c]}" for c in cols))

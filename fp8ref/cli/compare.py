@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from .output import add_progress_flags, progress_enabled
+
 INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (bytes -> ids "
               "modulo the vocabulary; not the model's tokenizer) or --random BxT (default 2x16, seed 0)")
 
@@ -34,7 +36,7 @@ def register(sub) -> None:
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON to OUT ('-': stdout)")
     p.add_argument("--html", metavar="OUT", help="write a self-contained HTML report (needs matplotlib: "
                                                  "fp8ref[report])")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_flags(p)
     p.set_defaults(handler=cmd_compare)
 
 
@@ -78,7 +80,7 @@ def cmd_compare(args) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     model = build_model(ckpt, mode=modes[0], original=args.original, backend=backends_for(modes))
     ids, source = token_ids(args, int(model.config.vocab_size))
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = progress_enabled(args)
     report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress,
                      executor=args.executor, checkpoint_path=ckpt.path)
     report = {"checkpoint": str(ckpt.path), "format": ckpt.format, "input": source, **report}

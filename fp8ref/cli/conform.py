@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import sys
 from pathlib import Path
 
@@ -12,8 +11,7 @@ from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, res
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
-from ..io.files import write_bytes
-from .golden import progress_bar
+from .output import add_json, add_progress_flags, emit_json, progress_bar, progress_enabled
 
 
 def register(sub) -> None:
@@ -26,10 +24,13 @@ def register(sub) -> None:
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
     p.add_argument("--case", help="only cases whose name matches this glob")
-    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print (0: all; default 20)")
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write a JSON report to OUT")
+    p.add_argument("--max-errors", type=int, default=20,
+                   help="mismatch lines to print per operation (0: all; default 20)")
+    add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
+    p.add_argument("--dump-failing", type=Path, metavar="DIR", help="save each failing case as DIR/CASE.safetensors "
+                   "(input/NAME, expected/NAME, got/NAME: for a kernel's own unit test)")
     p.add_argument("--list-backends", action="store_true", help="list the known backends and exit")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.set_defaults(handler=cmd_conform)
 
 
@@ -47,18 +48,21 @@ def cmd_conform(args) -> int:
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
     return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)], level=args.level,
                    xfails=xfails, nan_rule=args.nan_rule, select=select, max_errors=args.max_errors,
-                   json_out=args.json, progress=not args.quiet)
+                   json_out=args.json, progress=progress_enabled(args), dump_failing=args.dump_failing,
+                   out=sys.stderr if args.json == "-" else None)
 
 
 def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_rule="any", select=None,
-            max_errors=20, json_out=None, progress=True, out=None) -> int:
+            max_errors=20, json_out=None, progress=True, out=None, dump_failing=None) -> int:
     """Run every suite, print the report, return the exit code (0: nothing unexpected)."""
     out = out or sys.stdout
     runs, unexpected, report = [], 0, []
     for suite in suites:
         r = run(backend, suite, level=level, nan_rule=nan_rule, xfails=xfails, select=select,
-                progress=progress_bar(progress, f"{backend.name} {suite.name}"))
+                progress=progress_bar(progress, f"{backend.name} {suite.name}"), keep_failing=dump_failing is not None)
         runs.append(r)
+        if dump_failing is not None:
+            _dump(dump_failing, r, out)
         header = (f"== fp8ref conform: backend {r.backend} ({r.backend_version or 'version unknown'}), suite "
                   f"{r.suite} level {r.level}, NaN rule {nan_rule!r}, xfails "
                   f"{xfails.source if xfails else 'none'}")
@@ -73,13 +77,35 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     for e in stale:
         print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}", file=out)
     compared = sum(r.compared() for r in runs)
+    total = sum(len(r.results) for r in runs)
     code = 0 if unexpected == 0 and compared > 0 else 1
-    verdict = "PASS" if code == 0 else ("FAIL: nothing was compared (the backend implements none of these cases)"
-                                        if compared == 0 else f"FAIL: {unexpected} unexpected mismatch(es)/error(s)")
+    if code == 0:
+        verdict = "PASS"
+    elif total == 0:
+        verdict = "FAIL: no case selected (--case matched nothing)" if select else "FAIL: the suites have no cases"
+    elif unexpected:
+        verdict = f"FAIL: {unexpected} unexpected mismatch(es)/error(s)"
+    elif any(c.status == "error" for r in runs for c in r.results):
+        verdict = "FAIL: every case that ran raised an error (all of them xfailed); none was compared"
+    else:
+        verdict = "FAIL: nothing was compared (the backend implements none of these cases)"
     print(f"result: {verdict}; {compared} case(s) compared", file=out)
-    if json_out:
-        write_bytes(json_out, json.dumps({
-            "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
-            "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
-            "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1).encode())
+    emit_json(json_out, {
+        "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
+        "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
+        "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1)
     return code
+
+
+def _dump(folder: Path, r, out) -> None:
+    """Each case with an unexpected mismatch as one safetensors file."""
+    from ..io import safetensors as st
+
+    failing = [c for c in r.results if c.tensors and any(not r.xfailed(m.case, m.tags) for m in c.mismatches)]
+    if not failing:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for c in failing:
+        st.save(folder / f"{c.case}.safetensors", c.tensors, {"producer": "fp8ref conform --dump-failing",
+                                                              "case": c.case, "suite": r.suite})
+    print(f"note: {len(failing)} failing case(s) saved in {folder}", file=out)

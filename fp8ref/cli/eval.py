@@ -3,9 +3,8 @@ static model from disk and evaluate its accuracy")."""
 
 from __future__ import annotations
 
-import sys
-
 from .compare import INPUT_HELP, add_input_args, backends_for, token_ids, write_json
+from .output import add_progress_flags, progress_enabled
 
 
 def register(sub) -> None:
@@ -18,7 +17,7 @@ def register(sub) -> None:
     add_input_args(p, random=False)
     p.add_argument("--batch", type=int, default=8, help="sequences per forward pass (default 8)")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.set_defaults(handler=cmd_eval)
 
 
@@ -33,7 +32,7 @@ def cmd_eval(args) -> int:
     model = build_model(args.checkpoint, mode=mode, original=args.original, backend=backends_for([mode]))
     ids, source = token_ids(args, int(model.config.vocab_size))
     res = {"checkpoint": str(args.checkpoint), "input": source,
-           **evaluate(model, ids, mode, batch=args.batch, progress=not args.no_progress and sys.stderr.isatty())}
+           **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
     if args.json:
         write_json(res, args.json)
     if args.json != "-":

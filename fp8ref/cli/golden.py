@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from ..golden import check, generate, load_suite, verify
 from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
-from ..io.files import write_bytes
+from .output import add_json, add_progress_flags, emit_json, progress_bar, progress_enabled
 
 
 def register(sub) -> None:
@@ -20,14 +19,16 @@ def register(sub) -> None:
 
     p = gsub.add_parser("generate", help="write a suite's inputs and expected outputs to a new folder")
     p.add_argument("suite", help="suite YAML file, or the name of a shipped suite (formats, fp8-static-w8a8)")
-    p.add_argument("-o", "--output", required=True, type=Path, help="folder to create (must be new or empty)")
+    p.add_argument("-o", "--output", required=True, type=Path,
+                   help="folder to create (must be new or empty, or --force)")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: the suite's level)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists and is not empty")
+    add_progress_flags(p)
     p.set_defaults(handler=cmd_generate)
 
     p = gsub.add_parser("verify", help="check every sha256 and re-derive every expected output")
     p.add_argument("folder", type=Path)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.set_defaults(handler=cmd_verify)
 
     p = gsub.add_parser("check", help="compare a backend's outputs (a safetensors file, same tensor names)")
@@ -35,13 +36,16 @@ def register(sub) -> None:
     p.add_argument("--outputs", required=True, type=Path, help="safetensors file with tensors '<case>/<output>'")
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any NaN "
                    "equals any NaN; 'sign': signs must agree; 'exact': codes must agree)")
-    p.add_argument("--allow-missing", action="store_true", help="compare only the cases present in --outputs")
+    p.add_argument("--allow-missing", action="store_true", help="compare only the cases present in --outputs "
+                   "(the report says how many went unchecked)")
+    p.add_argument("--xfails", type=Path, help="known differences file (the format of fp8ref conform --xfails)")
     p.add_argument("--accumulation-order", choices=ACCUMULATION_ORDERS, default="declared",
                    help="'declared' (default): bit-exact; 'unspecified': your GEMM sums in fp32 in an order it "
                    "does not declare, so accumulate=fp32 scaled_mm cases are judged against the exact result by "
                    "the proven fp32-order bound (docs/conformance.md); all else stays bit-exact")
-    p.add_argument("--max-errors", type=int, default=20, help="mismatch lines to print (0: all; default 20)")
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write a JSON report to OUT")
+    p.add_argument("--max-errors", type=int, default=20,
+                   help="mismatch lines to print per operation (0: all; default 20)")
+    add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
     p.set_defaults(handler=cmd_check)
 
     p = gsub.add_parser("list", help="list the cases of a suite (names, operation, parameters)")
@@ -50,29 +54,11 @@ def register(sub) -> None:
     p.set_defaults(handler=cmd_list)
 
 
-def progress_bar(enabled: bool, desc: str):
-    """A (done, total, name) callback drawing a tqdm bar on stderr, or None."""
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    state = {}
-
-    def update(done: int, total: int, name: str) -> None:
-        bar = state.get("bar")
-        if bar is None:
-            bar = state["bar"] = tqdm(total=total, desc=desc, unit="case", file=sys.stderr, leave=False)
-        bar.update(done - bar.n)
-        if done == total:
-            bar.close()
-
-    return update
-
-
 def cmd_generate(args) -> int:
     suite = load_suite(args.suite)
     start = time.perf_counter()
-    manifest = generate(suite, args.output, level=args.level, progress=progress_bar(not args.quiet, "generate"))
+    manifest = generate(suite, args.output, level=args.level, progress=progress_bar(progress_enabled(args), "generate"),
+                        force=args.force)
     size = sum((args.output / name).stat().st_size for name in manifest["files"])
     print(f"golden: suite {suite.name} level {manifest['level']} seed {suite.seed}: {len(manifest['cases'])} cases, "
           f"{len(manifest['files']) + 1} files, {size / 1e6:.1f} MB in {args.output} "
@@ -81,22 +67,38 @@ def cmd_generate(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    problems, notes = verify(args.folder, progress=progress_bar(not args.quiet, "verify"))
+    problems, notes = verify(args.folder, progress=progress_bar(progress_enabled(args), "verify"))
     for note in notes:
         print(f"note: {note}")
     for problem in problems:
         print(f"MISMATCH {problem}")
-    print(f"golden verify {args.folder}: " + ("OK: every file intact, every expected output re-derived"
-                                              if not problems else f"FAILED: {len(problems)} problem(s)"))
+    print(f"golden verify {args.folder}: every file intact, every input regenerated and every expected output "
+          "re-derived" if not problems else f"golden verify {args.folder}: {len(problems)} problem(s)")
+    print("result: " + ("PASS" if not problems else f"FAIL ({len(problems)} problem(s))"))
     return 1 if problems else 0
 
 
 def cmd_check(args) -> int:
+    import contextlib
+    import sys
+
+    # with --json -, stdout holds the JSON and nothing else
+    with contextlib.redirect_stdout(sys.stderr) if args.json == "-" else contextlib.nullcontext():
+        code, report = _check(args)
+    emit_json(args.json, report, sort_keys=True, indent=1)
+    return code
+
+
+def _check(args) -> tuple[int, dict]:
     from ..conformance.report import SUMMARY_COLUMNS, print_results, results_json, summarize, table
 
     results, problems = check(args.folder, args.outputs, nan_rule=args.nan_rule, allow_missing=args.allow_missing,
                               accumulation_order=args.accumulation_order)
-    never = lambda case, tags: False  # noqa: E731 - golden check has no xfails: every difference counts
+    from ..conformance.xfails import load_xfails
+
+    xfails = load_xfails(args.xfails) if args.xfails else None
+    never = xfails.match if xfails else (lambda case, tags: False)  # without --xfails every difference counts
+    unchecked = sum(r.status == "missing" for r in results)
     if args.allow_missing:
         results = [r for r in results if r.status != "missing"]
     header = (f"golden check {args.folder} against {args.outputs} (NaN rule {args.nan_rule!r}, "
@@ -110,16 +112,20 @@ def cmd_check(args) -> int:
               "counts elements that differ from it inside the bound, never as matches); every other case bit-exact")
     for problem in problems:
         print(f"ERROR {problem}")
+    if args.allow_missing and unchecked:
+        print(f"note: {unchecked} case(s) have no outputs in {args.outputs} and went unchecked (--allow-missing)")
+    if xfails is not None:
+        xfails.record(results)
+        for e in xfails.stale():
+            print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}")
     compared = sum(r.status == "compared" for r in results)
-    if args.json:
-        write_bytes(args.json, json.dumps({"folder": str(args.folder), "outputs": str(args.outputs),
-                                           "nan_rule": args.nan_rule, "accumulation_order": args.accumulation_order,
-                                           "summary": rows, "problems": problems,
-                                           "cases": results_json(results, never)}, sort_keys=True, indent=1).encode())
+    report = {"folder": str(args.folder), "outputs": str(args.outputs), "nan_rule": args.nan_rule,
+              "accumulation_order": args.accumulation_order, "summary": rows, "problems": problems,
+              "unchecked": unchecked, "cases": results_json(results, never)}
     ok = unexpected == 0 and not problems and compared > 0
     print("result: " + ("PASS" if ok else f"FAIL ({unexpected} unexpected, {len(problems)} problem(s), "
                                           f"{compared} case(s) compared)"))
-    return 0 if ok else 1
+    return (0 if ok else 1), report
 
 
 def cmd_list(args) -> int:

@@ -69,5 +69,5 @@ def run_default(out=None) -> int:
                 f"fp8ref conform --backend torch --suite {suite.name}")
             ok = False
         say()
-    say("result: " + ("OK" if ok else "FAILED"))
+    say("result: " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
-
 import numpy as np
 
 from ..errors import BackendError
 from ..hardware.probe import PARAMETERS, matching_models, model_gemm, probe
+from .output import add_json, emit_json
 
 OPS = ("scaled_mm",)
 
@@ -20,7 +18,7 @@ def register(sub) -> None:
     src.add_argument("--backend", help="conformance backend name (built-in, entry point, or module:object)")
     src.add_argument("--model", help="probe one of fp8ref's kernel models instead (e.g. hopper-promoted)")
     p.add_argument("--op", choices=OPS, default="scaled_mm", help="operation to probe (default: scaled_mm)")
-    p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
+    add_json(p, "the result")
     p.set_defaults(handler=cmd_probe)
 
 
@@ -56,15 +54,10 @@ def cmd_probe(args) -> int:
         gemm, label = model_gemm(args.model), f"model {args.model}"
     found = probe(gemm)
     found["matches"] = matching_models(found)
-    if args.json == "-":
-        json.dump({"subject": label, "op": args.op, **found}, sys.stdout, indent=2)
-        print()
+    if emit_json(args.json, {"subject": label, "op": args.op, **found}):
         return 0
     print(f"fp8ref probe: {label} {args.op}")
     for key in PARAMETERS:
         print(f"  {key:14} {found[key]['value']!s:20} {found[key]['evidence']}")
     print(f"  {'matches':14} {', '.join(found['matches']) or 'no preset kernel model'}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"subject": label, "op": args.op, **found}, fh, indent=2)
     return 0

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path
 
-from ..errors import CheckpointError, SpecError
+from ..errors import SpecError
 from ..scheme import preset_name
 from ..spec import LayerConfig, SpecWarning, load_spec
+from .output import add_json, emit_json, warn
 
 _COLUMNS = ("layer", "preset", "weight", "w_gran", "act", "a_gran", "dynamic", "scale", "rounding", "recipe")
 
@@ -21,7 +21,7 @@ def register(sub) -> None:
     v = cmds.add_parser("validate", help="check spec files; one line per error, exit 1 on any error")
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--strict", action="store_true", default=None, help="force strict mode")
-    v.add_argument("--json", action="store_true", help="print JSON")
+    add_json(v, "the results")
     v.set_defaults(handler=cmd_validate)
 
     s = cmds.add_parser("show", help="print the scheme each layer resolves to")
@@ -30,7 +30,7 @@ def register(sub) -> None:
     src.add_argument("--layers", metavar="NAMES_FILE", help="file with one layer name per line (# comments)")
     src.add_argument("--checkpoint", metavar="DIR", help="take the layer names from DIR/*.safetensors")
     s.add_argument("--strict", action="store_true", default=None, help="force strict mode")
-    s.add_argument("--json", action="store_true", help="print JSON")
+    add_json(s, "the resolved schemes")
     s.set_defaults(handler=cmd_show)
 
 
@@ -42,9 +42,7 @@ def cmd_validate(args) -> int:
             results.append({"file": file, "ok": True, "errors": []})
         except SpecError as exc:
             results.append({"file": file, "ok": False, "errors": getattr(exc, "errors", [str(exc)])})
-    if args.json:
-        print(json.dumps({"files": results}, indent=2))
-    else:
+    if not emit_json(args.json, {"files": results}):
         for r in results:
             if r["ok"]:
                 print(f"{r['file']}: ok")
@@ -63,10 +61,9 @@ def cmd_show(args) -> int:
             warnings.simplefilter("always", SpecWarning)
             resolved = config.resolve_all(names)
         for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
+            warn(w.message)
         rows = list(resolved.items())
-    if args.json:
-        print(json.dumps({layer: None if s is None else s.to_dict() for layer, s in rows}, indent=2))
+    if emit_json(args.json, {layer: None if s is None else s.to_dict() for layer, s in rows}):
         return 0
     table = [_COLUMNS] + [_row(layer, s) for layer, s in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
@@ -105,20 +102,9 @@ def _read_names(path: str) -> list[str]:
 
 
 def checkpoint_layer_names(directory: str) -> list[str]:
-    """Names of the 2-D ``*.weight`` tensors in DIR/*.safetensors, minus the ``.weight`` suffix
-    (headers only; stand-in until fp8ref.checkpoint provides a loader)."""
-    from safetensors import safe_open
+    """The layers ``fp8ref quantize`` would resolve the spec over: export's own list (2-D float
+    ``.weight`` modules, embeddings excluded), read from the checkpoint's headers."""
+    from ..checkpoint.export import linear_layers
+    from ..io.safetensors import open_store
 
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{directory}: no *.safetensors files")
-    names = []
-    for file in files:
-        try:
-            with safe_open(str(file), framework="numpy") as f:
-                for key in f.keys():
-                    if key.endswith(".weight") and len(f.get_slice(key).get_shape()) == 2:
-                        names.append(key[: -len(".weight")])
-        except Exception as exc:  # safetensors raises its own SafetensorError/OSError types
-            raise CheckpointError(f"{file}: cannot read safetensors header: {exc}") from None
-    return sorted(names)
+    return linear_layers(open_store(directory))

@@ -3,9 +3,8 @@ re-derived from the original weights and the producer's recipe; exit 1 on any mi
 
 from __future__ import annotations
 
-import sys
-
 from .compare import write_json
+from .output import add_progress_flags, progress_enabled
 
 
 def register(sub) -> None:
@@ -18,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="run the layers here (default) or as Ray tasks (RAY_ADDRESS, else a local cluster)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT ('-': stdout)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.set_defaults(handler=cmd_verify)
 
 
@@ -29,7 +28,7 @@ def cmd_verify(args) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     cal = load_calibration(args.calibration) if args.calibration else None
     res = verify(ckpt, load_checkpoint(args.original), recipe=args.recipe, calibration=cal,
-                 progress=not args.no_progress and sys.stderr.isatty(), executor=args.executor)
+                 progress=progress_enabled(args), executor=args.executor)
     if args.json:
         write_json(res, args.json)
     if args.json != "-":

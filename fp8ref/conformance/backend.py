@@ -105,7 +105,7 @@ def load_backend(name: str):
     if not isinstance(backend, BackendProtocol):
         raise BackendError(f"backend {name!r}: {type(backend).__name__} has no 'name' and 'implements' "
                            "(subclass fp8ref.conformance.Backend)")
-    reason = getattr(backend, "unavailable", lambda: None)()
+    reason = guarded(name, "unavailable()", getattr(backend, "unavailable", lambda: None))
     if reason:
         raise BackendUnavailable(f"backend {name!r} is unavailable: {reason}")
     check_capabilities(backend)
@@ -124,7 +124,9 @@ def check_capabilities(backend) -> None:
     table does not have, or an operation whose method the backend lacks."""
     from ..golden.ops import OPERATIONS
 
-    for op, caps in dict(getattr(backend, "capabilities", None) or {}).items():
+    declared = guarded(getattr(backend, "name", "?"), "reading capabilities",
+                       lambda: dict(getattr(backend, "capabilities", None) or {}))
+    for op, caps in declared.items():
         where = f"backend {backend.name!r}: capabilities[{op!r}]"
         if op not in OPERATIONS:
             raise BackendError(f"{where}: unknown operation; expected one of {sorted(OPERATIONS)}")
@@ -134,6 +136,49 @@ def check_capabilities(backend) -> None:
                 raise BackendError(f"{where}: unknown parameter {key!r}; {op} cases have {list(row.params)}")
         if not callable(getattr(backend, op, None)):
             raise BackendError(f"{where}: declared but the backend has no method {row.signature}")
+        for key, allowed in caps.items():
+            if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Collection):
+                raise BackendError(f"{where}[{key!r}]: expected a list of accepted values, got {allowed!r:.80} "
+                                   "(omit the key to accept every value)")
+        _check_method(backend, op, row.signature)
+
+
+def _check_method(backend, op: str, signature: str) -> None:
+    """The method must accept the call the contract makes (``fp8ref.golden.ops`` signatures):
+    its positional arguments and its keyword-only ones, by name."""
+    import inspect
+    import re
+
+    args = re.match(r"\w+\((.*?)\)", signature).group(1)
+    positional, _, keywords = args.partition("*")
+    pos = [a.strip() for a in positional.split(",") if a.strip()]
+    kw = [a.split("=")[0].strip() for a in keywords.split(",") if a.strip()]
+    try:
+        sig = inspect.signature(getattr(backend, op))
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return
+    try:
+        sig.bind(*pos, **dict.fromkeys(kw))
+    except TypeError as exc:
+        raise BackendError(f"backend {backend.name!r}: method {op}{sig} cannot take the contract's call "
+                           f"{signature.split(' ->')[0]}: {exc}") from None
+
+
+def describe_failure(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def guarded(name: str, what: str, call, *args):
+    """``call(*args)`` with anything it raises, ``sys.exit`` included, turned into one BackendError
+    naming the backend and the step (a backend is user code: its failure is not fp8ref's traceback)."""
+    try:
+        return call(*args)
+    except BackendError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        raise BackendError(f"backend {name!r}: {what} failed: {describe_failure(exc)}") from None
 
 
 def _instantiate(spec: str, name: str):
@@ -142,6 +187,9 @@ def _instantiate(spec: str, name: str):
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BackendError(f"backend {name!r}: cannot import module {module_name!r} ({exc})") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own code failed
+        raise BackendError(f"backend {name!r}: importing module {module_name!r} failed: "
+                           f"{describe_failure(exc)}") from None
     obj = module
     for part in attr.split(".") if attr else []:
         try:
@@ -149,5 +197,5 @@ def _instantiate(spec: str, name: str):
         except AttributeError:
             raise BackendError(f"backend {name!r}: module {module_name!r} has no attribute {attr!r}") from None
     if isinstance(obj, type) or (callable(obj) and not isinstance(obj, BackendProtocol)):
-        return obj()  # a class or a factory
+        return guarded(name, f"constructing {spec}", obj)  # a class or a factory
     return obj

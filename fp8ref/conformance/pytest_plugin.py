@@ -1,17 +1,21 @@
 """pytest plugin (entry point ``pytest11``: ``fp8ref``): ``pytest --fp8ref-backend=NAME`` runs
 the conformance suites inside a backend project's own test run.
 
-One test item per suite case (skipped with the reason when the backend does not implement
-it, xfailed when all its differences are in the backend's xfails file), plus one
+One test item per suite case the backend implements (xfailed when all its differences are in
+the backend's xfails file; the cases it does not implement are counted in the terminal
+summary, one line per reason, with the xfails entries that matched nothing), plus one
 hypothesis test per encode format x mode x saturate the backend implements, on float32
 values drawn by hypothesis: any float32, and sign x exponent (over the format's range and
-past it) x significand (derandomized, so every run gives the same verdict).
+past it) x significand (derandomized, so every run gives the same verdict). A failure reports
+only its mismatch lines and a repro; an unknown or broken backend is a usage error.
 
 Without ``--fp8ref-backend`` the plugin does nothing; importing it costs the ``fp8ref``
 package import (numpy and the codec) and nothing else: no peer library, no suite.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -28,19 +32,73 @@ def pytest_addoption(parser) -> None:
     group.addoption("--fp8ref-max-examples", type=int, default=100, help="hypothesis examples per test")
 
 
-def pytest_collection_modifyitems(session, config, items) -> None:
-    name = config.getoption("fp8ref_backend")
+class ConformanceFailure(AssertionError):
+    """A case's verdict: its message (mismatch lines and a repro) is the whole failure report."""
+
+
+def pytest_configure(config) -> None:
+    """Load the backend once, before collection: an unknown or broken backend is a usage error
+    (one line), not an INTERNALERROR."""
+    name = config.getoption("fp8ref_backend", None)
     if not name:
         return
+    from ..errors import Fp8RefError
     from .backend import BackendUnavailable, load_backend
 
-    collector = _Collector.from_parent(session, name="fp8ref-conformance")
+    config._fp8ref = {"backend": None, "unavailable": None, "deselected": {}, "xfails": None, "ran": set()}
     try:
-        backend = load_backend(name)
+        config._fp8ref["backend"] = load_backend(name)
     except BackendUnavailable as exc:
-        items.append(_Skip.from_parent(collector, name=f"backend[{name}]", reason=str(exc)))
+        config._fp8ref["unavailable"] = str(exc)
+    except Fp8RefError as exc:
+        raise pytest.UsageError(f"--fp8ref-backend={name}: {exc}") from None
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    state = getattr(config, "_fp8ref", None)
+    if state is None:
         return
-    items.extend(_items(collector, backend, name, config))
+    name = config.getoption("fp8ref_backend")
+    collector = _Collector.from_parent(session, name="fp8ref-conformance")
+    if state["unavailable"]:
+        items.append(_Skip.from_parent(collector, name=f"backend[{name}]", reason=state["unavailable"]))
+        return
+    from ..errors import Fp8RefError
+
+    try:
+        items.extend(_items(collector, state["backend"], name, config))
+    except Fp8RefError as exc:  # a bad suite or xfails file
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config):
+    state = getattr(config, "_fp8ref", None)
+    if state and state["backend"] is not None:
+        return f"fp8ref: backend {state['backend'].name!r} ({config.getoption('fp8ref_backend')})"
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Cases the backend does not implement (deselected, one line per reason, not one skip each)
+    and xfails entries that matched nothing this run (stale: delete them)."""
+    state = getattr(config, "_fp8ref", None)
+    if not state or state["backend"] is None:
+        return
+    write = terminalreporter.write_line
+    deselected = state["deselected"]
+    if deselected:
+        write(f"fp8ref: {sum(deselected.values())} case(s) not implemented by {state['backend'].name}, "
+              "not run:")
+        for reason, n in sorted(deselected.items(), key=lambda kv: -kv[1]):
+            write(f"  {n:5d}  {reason}")
+    xfails = state["xfails"]
+    if xfails is not None:
+        import fnmatch
+
+        ran = state["ran"]  # an entry for cases this run did not include is not judged
+        for entry in (e for e in xfails.stale() if any(fnmatch.fnmatchcase(c, e.pattern) for c in ran)):
+            write(f"fp8ref: stale xfail {xfails.source}:{entry.line}: {entry.text!r} matched nothing in this run; "
+                  "delete it")
 
 
 class _Collector(pytest.Collector):
@@ -52,27 +110,36 @@ def _items(collector, backend, spec: str, config):
     from ..golden import DEFAULT_SUITES, load_suite
     from ..golden.ops import OPERATIONS
     from ..golden.suite import cases
+    from .backend import guarded
     from .xfails import default_xfails, load_xfails
 
     path = config.getoption("fp8ref_xfails")
     xfails = load_xfails(path) if path else default_xfails(backend.name)
+    config._fp8ref["xfails"] = xfails
+    deselected = config._fp8ref["deselected"]
     level_opt = config.getoption("fp8ref_level")
     nan_rule = config.getoption("fp8ref_nan_rule")
     encode_params = []
     for suite in map(load_suite, config.getoption("fp8ref_suite") or DEFAULT_SUITES):
         level = level_opt or suite.level
         for op, entry, name, params in cases(suite, level):
+            reason = guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, params)
+            if reason:
+                generic = re.sub(r"=.*", "", reason)  # one line per missing parameter, not per case
+                deselected[generic] = deselected.get(generic, 0) + 1
+                continue
             yield _CaseItem.from_parent(collector, name=f"{suite.name}::{name}", backend=backend, spec=spec,
                                         op=op, entry=entry, case=name, params=params, suite=suite, level=level,
                                         xfails=xfails, nan_rule=nan_rule)
             key = {k: params[k] for k in ("format", "rounding", "saturate")} if op.name == "encode" else None
             if key and key["rounding"] != "stochastic" and key not in encode_params \
-                    and backend.implements("encode", {**params, "dtype": "float32"}) is None:
+                    and guarded(backend.name, "implements('encode', ...)", backend.implements, "encode",
+                                {**params, "dtype": "float32"}) is None:
                 encode_params.append(key)
     for key in encode_params:
         yield _HypothesisItem.from_parent(
             collector, name=f"hypothesis::{OPERATIONS['encode'].case_name({**key, 'dtype': 'float32'})}",
-            backend=backend, params=key, xfails=xfails, nan_rule=nan_rule,
+            backend=backend, spec=spec, params=key, xfails=xfails, nan_rule=nan_rule,
             max_examples=config.getoption("fp8ref_max_examples"))
 
 
@@ -97,9 +164,6 @@ class _CaseItem(pytest.Item):
         from .report import mismatch_line, repro_line
         from .runner import run_case
 
-        reason = self.backend.implements(self.op.name, self.params)
-        if reason:
-            pytest.skip(f"not implemented: {reason}")
         with np.errstate(all="ignore"):
             r = run_case(self.backend, self.op, self.entry, self.case, self.params, self.suite, self.level,
                          self.nan_rule)
@@ -109,28 +173,44 @@ class _CaseItem(pytest.Item):
             self.user_properties.append(("fp32_order_bound", f"{r.in_bound} of {r.elements} elements in bound, "
                                                              f"max {r.max_bound_used:.3g} of the bound used"))
         known = self.xfails.match if self.xfails else (lambda case, tags: False)
+        if self.xfails is not None:
+            self.xfails.record([r])
+            self.config._fp8ref["ran"].add(r.case)
         if r.status == "error":
             if known(r.case, ("error",)):
                 pytest.xfail(r.reason)
-            raise AssertionError(r.reason)
+            raise ConformanceFailure(f"{self.case}: {r.reason}")
         bad = [m for m in r.mismatches if not known(m.case, m.tags)]
         if bad:
             fmt = self.op.output_format(self.params, bad[0].output)
             lines = [mismatch_line(m, fmt) for m in bad[:10]]
-            raise AssertionError(f"{len(bad)} of {r.elements} elements differ; simplest first:\n"
-                                 + "\n".join(lines) + "\nrepro: " + repro_line(bad[0], self.spec, self.suite.name,
-                                                                               self.level))
+            more = f"\n... and {len(bad) - 10} more" if len(bad) > 10 else ""
+            raise ConformanceFailure(f"{self.case}: {len(bad)} of {r.elements} elements differ; simplest first:\n"
+                                     + "\n".join(lines) + more + "\nrepro: "
+                                     + repro_line(bad[0], self.spec, self.suite.name, self.level))
         if r.mismatches:
             pytest.xfail(f"{len(r.mismatches)} documented differences ({self.xfails.source})")
 
     def reportinfo(self):
         return self.suite.source, None, f"fp8ref {self.backend.name}: {self.case}"
 
+    def repr_failure(self, excinfo, style=None):
+        return _short_failure(excinfo) or super().repr_failure(excinfo, style=style)
+
+
+def _short_failure(excinfo) -> str | None:
+    """The verdict's own text, without pytest's and pluggy's frames."""
+    if excinfo.errisinstance(ConformanceFailure):
+        return str(excinfo.value)
+    if excinfo.errisinstance(pytest.fail.Exception):
+        return str(excinfo.value.msg if hasattr(excinfo.value, "msg") else excinfo.value)
+    return None
+
 
 class _HypothesisItem(pytest.Item):
-    def __init__(self, *, backend, params, xfails, nan_rule, max_examples, **kw):
+    def __init__(self, *, backend, spec, params, xfails, nan_rule, max_examples, **kw):
         super().__init__(**kw)
-        self.backend, self.params, self.xfails = backend, params, xfails
+        self.backend, self.spec, self.params, self.xfails = backend, spec, params, xfails
         self.nan_rule, self.max_examples = nan_rule, max_examples
 
     def runtest(self):
@@ -168,6 +248,13 @@ class _HypothesisItem(pytest.Item):
                 bad = [m for m in mismatches(op, name, p, inputs, "codes", expected, got, self.nan_rule)
                        if not known(m.case, m.tags)]
             if bad:  # pytest.fail, not assert: the verdict must survive python -O
-                pytest.fail(mismatch_line(bad[0], f.name), pytrace=False)
+                x_hex = " ".join(f"0x{int(v):08x}" for v in np.asarray(x, np.float32).view(np.uint32))
+                pytest.fail(f"{self.name}: {len(bad)} element(s) differ; first: {mismatch_line(bad[0], f.name)}\n"
+                            f"hypothesis input (float32 bits, derandomized: the same on every run): {x_hex}\n"
+                            f"repro: pytest --fp8ref-backend={self.spec} --fp8ref-max-examples={self.max_examples} "
+                            f"-k '{self.name}'", pytrace=False)
 
         check()
+
+    def repr_failure(self, excinfo, style=None):
+        return _short_failure(excinfo) or super().repr_failure(excinfo, style=style)

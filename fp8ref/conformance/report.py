@@ -48,6 +48,16 @@ def _decimal(a: np.ndarray) -> str:
     return repr(a.item()) if a.dtype.name in ("float64", "float32", "float16") else repr(f)
 
 
+def operand_text(v) -> str:
+    """A repro operand: codes as hex, floats as dtype:bits (value), one or many."""
+    a = np.asarray(v)
+    if a.ndim == 0:
+        return value_text(a) if a.dtype.kind not in "ui" else f"0x{int(a):02x}" if a.dtype == np.uint8 else str(int(a))
+    if a.dtype == np.uint8:
+        return f"uint8 codes [{' '.join(f'{int(c):02x}' for c in a)}]"
+    return "[" + ", ".join(value_text(x) for x in a) + "]"
+
+
 def code_text(code: int, fmt_name: str) -> str:
     """``0x7e (+.1111.110 448)``: the code, its sign/exponent/mantissa fields and its value."""
     fmt = get_format(fmt_name)
@@ -91,10 +101,28 @@ def mismatch_line(m: Mismatch, fmt_name: str | None) -> str:
     out = f"  {m.output}" if m.output not in ("codes", "values") else ""
     bound = ""
     if m.bound_used is not None:  # judged by the fp32-order bound against the exact result
-        bound = ("  outside the fp32-order bound's domain" if math.isnan(m.bound_used)
-                 else f"  fp32-order bound used {m.bound_used:.4g}x")
+        bound = (f"  {nan_result(m)}" if nan_result(m) else "  outside the fp32-order bound's domain"
+                 if math.isnan(m.bound_used) else f"  fp32-order bound used {m.bound_used:.4g}x")
     return (f"{m.op} {_param_text(m.op, m.params)}{out}  {where}{inputs}  expected {output_text(m.expected, fmt_name)}"
             f"  got {output_text(m.got, fmt_name)}  ulp {ulp}{bound}{tags}")
+
+
+def _is_nan(v) -> bool:
+    a = np.asarray(v)
+    return a.dtype.kind not in "uib" and bool(np.isnan(a.astype(np.float64)))
+
+
+def nan_result(m: Mismatch) -> str:
+    """'wrong NaN result' when the backend returned NaN for a number (or a number for NaN): the
+    case is wrong, whatever the bound would allow; empty otherwise."""
+    if _fmt_of(m) is not None:  # codes: a NaN code is judged by the NaN rule
+        return ""
+    got, exp = _is_nan(m.got), _is_nan(m.expected)
+    if got and not exp:
+        return "wrong NaN result (expected a number)"
+    if exp and not got:
+        return "wrong result: expected NaN"
+    return ""
 
 
 def _array_literal(v) -> str:
@@ -161,8 +189,11 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
 
     out = out or sys.stdout
     print(header, file=out)
-    shown = unexpected = 0
-    for r in results:
+    unexpected = 0
+    shown: dict[str, int] = {}  # per operation: a flood of encode lines must not hide the GEMMs
+    order = {op: i for i, op in enumerate(OPERATIONS)}
+    # simplest failing cases first within each operation (the smallest GEMM shape first)
+    for r in sorted(results, key=lambda r: (order.get(r.op, len(order)), int(np.prod(r.params.get("shape", [0]))))):
         if r.status in ("error", "missing") and not is_xfailed(r.case, ("error",)):
             unexpected += 1
             print(f"{r.status.upper()} {r.case}: {r.reason}", file=out)
@@ -170,15 +201,17 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
             if is_xfailed(m.case, m.tags):
                 continue
             unexpected += 1
-            if max_errors and shown >= max_errors:
+            if max_errors and shown.get(r.op, 0) >= max_errors:
                 continue
-            shown += 1
+            shown[r.op] = shown.get(r.op, 0) + 1
             print(mismatch_line(m, _fmt_of(m)), file=out)
             if repro:
                 print(f"  repro: {repro(m)}", file=out)
-    mism = sum(1 for r in results for m in r.mismatches if not is_xfailed(m.case, m.tags))
-    if mism > shown:
-        print(f"... {mism - shown} more unexpected mismatches not shown (--max-errors)", file=out)
+    for op in sorted({r.op for r in results}, key=lambda o: order.get(o, len(order))):
+        mism = sum(1 for r in results if r.op == op for m in r.mismatches if not is_xfailed(m.case, m.tags))
+        if mism > shown.get(op, 0):
+            print(f"... {mism - shown.get(op, 0)} more unexpected {op} mismatches not shown (--max-errors, "
+                  "per operation)", file=out)
     return unexpected
 
 
@@ -217,12 +250,13 @@ def mismatch_json(m: Mismatch, xfailed: bool) -> dict:
     fmt = _fmt_of(m)
 
     def enc(v):
-        return {"hex": hex_bits(v) if np.asarray(v).dtype.kind == "f" else hex(int(v)),
+        a = np.asarray(v)  # floats (bfloat16 included: numpy kind 'V') as their bit pattern
+        return {"hex": hex(int(a)) if a.dtype.kind in "uib" else hex_bits(a),
                 "text": output_text(v, fmt) if v is m.expected or v is m.got else value_text(v)}
 
     return {"output": m.output, "index": list(m.index), "inputs": {k: value_text(v) for k, v in m.inputs.items()},
             "expected": enc(m.expected), "got": enc(m.got), "ulp": m.ulp, "tags": list(m.tags), "xfail": xfailed,
-            "bound_used": _json_float(m.bound_used)}
+            "bound_used": _json_float(m.bound_used), "nan_result": nan_result(m) or None}
 
 
 def _json_float(v):

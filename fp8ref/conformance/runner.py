@@ -31,7 +31,7 @@ from ..golden.judge import (
     judge_output,
 )
 from ..golden.suite import Suite, cases, load_suite
-from .backend import check_capabilities, load_backend
+from .backend import check_capabilities, guarded, load_backend
 from .xfails import Xfails
 
 
@@ -77,9 +77,10 @@ class RunResult:
 
 def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str = "any",
         xfails: Xfails | None = None, select: Callable[[str], bool] | None = None,
-        progress: Callable[[int, int, str], None] | None = None) -> RunResult:
+        progress: Callable[[int, int, str], None] | None = None, keep_failing: bool = False) -> RunResult:
     """Run ``suite`` (a Suite, a path or a shipped suite name) against ``backend`` (an object
-    or a name for ``load_backend``)."""
+    or a name for ``load_backend``). ``keep_failing``: a case with mismatches keeps its tensors
+    (``input/NAME``, ``expected/NAME``, ``got/NAME``) in ``CaseResult.tensors``."""
     if isinstance(backend, str):
         backend = load_backend(backend)
     else:
@@ -94,7 +95,8 @@ def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str 
     out = RunResult(backend.name, version, suite.name, level, nan_rule, xfails=xfails)
     for done, (op, entry, name, params) in enumerate(todo, 1):
         with np.errstate(all="ignore"):  # peers' overflow/invalid-cast warnings are not results
-            out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule))
+            out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule,
+                                        keep_failing=keep_failing))
         if progress:
             progress(done, len(todo), name)
     if xfails is not None:
@@ -110,10 +112,11 @@ def expected_outputs(backend, op, params, inputs) -> dict:
     return op.reference(params, inputs)
 
 
-def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseResult:
+def run_case(backend, op, entry, name, params, suite, level, nan_rule, *, keep_failing: bool = False) -> CaseResult:
     result = CaseResult(name, op.name, dict(params))
     bounded = accumulation_order(backend, op.name) == "unspecified"
-    reason = backend.implements(op.name, params) or (bound_reason(op.name, params) if bounded else None)
+    reason = (guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, params)
+              or (bound_reason(op.name, params) if bounded else None))
     if reason:
         result.status, result.reason = "not-implemented", reason
         return result
@@ -126,6 +129,10 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule) -> CaseRe
         for out_name, exp in expected.items():
             judge_output(result, op, name, case.params, case.inputs, out_name, exp, got[out_name], nan_rule,
                          bounded=bounded)
+        if keep_failing and result.mismatches:
+            result.tensors = {**{f"input/{k}": v for k, v in case.inputs.items()},
+                              **{f"expected/{k}": v for k, v in expected.items()},
+                              **{f"got/{k}": np.asarray(got[k]) for k in expected}}
     except OutputError as exc:
         result.status, result.reason, result.mismatches = "error", f"wrong output: {exc}", []
     except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours
@@ -144,13 +151,24 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
         c = op.make_case(name, params, entry, s, level)
         expected = expected_outputs(be, op, c.params, c.inputs)
         got = op.call(be, c.params, c.inputs)
-        print(f"{case} [{', '.join(map(str, index))}]: inputs {op.element_inputs(c.params, c.inputs, index)}")
+        from .report import operand_text
+
+        print(f"{case} [{', '.join(map(str, index))}]:")
+        for label, value in op.operands(c.params, c.inputs, tuple(index)).items():
+            print(f"  {label} = {operand_text(value)}")
         for out_name, exp in expected.items():
             g = np.asarray(got[out_name])
             print(f"  {out_name}: expected {exp[index]!r}, got {g[index]!r}")
             if accumulation_order(be, op.name) == "unspecified":
                 iv = getattr(op, "bound_interval", bound_interval)(c.params, c.inputs)
                 print(f"  fp32-order bound: exact {iv['x'][index]!r}, allowed [{iv['lo'][index]!r}, "
-                      f"{iv['hi'][index]!r}]" + ("" if iv["domain"][index] else " (outside the bound's domain)"))
+                      f"{iv['hi'][index]!r}]" + _domain_note(iv["domain"][index], exp[index], g[index]))
         return
     raise KeyError(f"suite {suite!r} level {level} has no case {case!r}")
+
+
+def _domain_note(in_domain: bool, expected, got) -> str:
+    """A NaN where a number is due is a wrong result, not a question of the bound's domain."""
+    if np.isnan(np.float64(got)) and not np.isnan(np.float64(expected)):
+        return " (got NaN: a wrong NaN result)"
+    return "" if in_domain else " (outside the bound's domain)"

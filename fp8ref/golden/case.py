@@ -66,6 +66,11 @@ class Operation:
         """The inputs that produced output element ``index`` (for mismatch lines and repros)."""
         return {}
 
+    def operands(self, params: Mapping, inputs: Mapping[str, np.ndarray], index: tuple) -> dict:
+        """Every input value output element ``index`` depends on (a repro's whole input: for a
+        GEMM the row of a, the column of b and their scales); by default ``element_inputs``."""
+        return self.element_inputs(params, inputs, index)
+
 
 def shape_name(shape) -> str:
     return "x".join(map(str, shape))

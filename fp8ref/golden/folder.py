@@ -20,11 +20,13 @@ import numpy as np
 from .. import __version__
 from ..errors import GoldenError
 from ..io import safetensors as st
+from ..io.atomic import atomic_folder
 from ..io.files import read_bytes, read_json, read_text, write_bytes
 from .case import Case
 from .judge import ACCUMULATION_ORDERS, CaseResult, OutputError, bound_reason, exact_params, judge_output
 from .ops import OPERATIONS
-from .suite import Suite, build, count_cases, parse_suite
+from .fields import LEVELS
+from .suite import Suite, build, cases, count_cases, parse_suite
 
 MANIFEST = "MANIFEST.json"
 SUITE_FILE = "suite.yaml"
@@ -48,12 +50,15 @@ def _load(path: Path) -> dict[str, np.ndarray]:
 
 
 def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
-             progress: Progress | None = None) -> dict:
-    """Write the golden folder of ``suite`` at ``level`` (default: the suite's); returns the manifest."""
+             progress: Progress | None = None, force: bool = False) -> dict:
+    """Write the golden folder of ``suite`` at ``level`` (default: the suite's); returns the manifest.
+    The folder appears complete or not at all (a full disk or a kill leaves nothing); an existing
+    one is replaced only when it is empty or with ``force``."""
     level = suite.level if level is None else level
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GoldenError(f"{out}: output folder exists and is not empty; choose a new folder")
+    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
+        raise GoldenError(f"{out}: output folder exists and is not empty; choose a new folder or pass "
+                          "force=True (CLI: --force)")
     total = count_cases(suite, level)
     per_op: dict[str, tuple[dict, dict]] = {}
     entries = []
@@ -68,20 +73,21 @@ def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
                         "outputs": {k: _spec(v) for k, v in expected.items()}})
         if progress:
             progress(done, total, case.name)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     files = {SUITE_FILE: suite.text.encode()}
     for op, (ins, exps) in sorted(per_op.items()):
         files[f"{op}.inputs.safetensors"] = st.dumps(ins, _META)
         files[f"{op}.expected.safetensors"] = st.dumps(exps, _META)
-    for name, data in files.items():
-        write_bytes(out / name, data)
     manifest = {
         "layout": LAYOUT, "fp8ref_version": __version__, "suite": suite.name,
         "suite_file": SUITE_FILE, "suite_sha256": suite.sha256, "seed": suite.seed, "level": level,
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
         "cases": entries,
     }
-    write_bytes(out / MANIFEST, dump_json(manifest))
+    with atomic_folder(out, force=out.exists(), error=GoldenError) as tmp:
+        for name, data in files.items():
+            write_bytes(tmp / name, data)
+        write_bytes(tmp / MANIFEST, dump_json(manifest))
     return manifest
 
 
@@ -94,6 +100,7 @@ class Golden:
     manifest: dict
     suite: Suite
     _tensors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    _used: set[tuple[str, str]] = field(default_factory=set)
 
     def tensors(self, op: str, kind: str) -> dict[str, np.ndarray]:
         name = f"{op}.{kind}.safetensors"
@@ -112,7 +119,15 @@ class Golden:
             except KeyError as exc:
                 raise GoldenError(f"{self.path}: case {entry['name']!r}: tensor {exc.args[0]} is listed "
                                   "in MANIFEST.json but missing from the safetensors file") from None
+            self._used.update((f"{entry['op']}.inputs.safetensors", f"{entry['name']}/{k}") for k in inputs)
+            self._used.update((f"{entry['op']}.expected.safetensors", f"{entry['name']}/{k}") for k in expected)
             yield Case(entry["name"], entry["op"], entry["params"], inputs, entry["n_special"]), expected
+
+    def orphans(self) -> list[str]:
+        """After ``iter_cases``: one problem per tensor of the folder's files that no case uses."""
+        return [f"orphaned tensor {key!r} in {fname} (no case of {MANIFEST} uses it)"
+                for fname, tensors in sorted(self._tensors.items()) for key in sorted(tensors)
+                if (fname, key) not in self._used]
 
 
 def open_golden(path: str | Path) -> Golden:
@@ -136,9 +151,50 @@ def open_golden(path: str | Path) -> Golden:
         raise GoldenError(f"{path}: " + "; ".join(problems))
     text = read_text(path / manifest["suite_file"], error=GoldenError)
     suite = parse_suite(text, source=str(path / manifest["suite_file"]))
-    if suite.sha256 != manifest["suite_sha256"] or suite.seed != manifest["seed"]:
-        raise GoldenError(f"{mpath}: suite_sha256/seed do not match {manifest['suite_file']}")
+    if suite.sha256 != manifest["suite_sha256"] or suite.seed != manifest["seed"] or suite.name != manifest["suite"]:
+        raise GoldenError(f"{mpath}: suite, suite_sha256 or seed do not match {manifest['suite_file']}")
+    _check_cases(mpath, manifest, suite)
     return Golden(path, manifest, suite)
+
+
+def _jsonish(value):
+    """Parameters as MANIFEST.json holds them (tuples are lists)."""
+    return json.loads(json.dumps(value))
+
+
+def _check_cases(where: Path, manifest: dict, suite: Suite) -> None:
+    """The manifest is not hashed, so nothing it says is trusted that the hashed suite and level
+    determine: its case list (names, operations, parameters, output names, in order) and its
+    file list must be exactly what the suite expands to (a manifest that drops cases would
+    otherwise verify OK and check PASS)."""
+    level = manifest["level"]
+    if level not in LEVELS:
+        raise GoldenError(f"{where}: level: expected one of {list(LEVELS)}, got {level!r}")
+    derived = [(name, op.name, _jsonish(params)) for op, _, name, params in cases(suite, level)]
+    listed = [(e["name"], e["op"], e["params"]) for e in manifest["cases"]]
+    if listed != derived:
+        d_names, l_names = {d[0]: d for d in derived}, {x[0]: x for x in listed}
+        dropped = [n for n in d_names if n not in l_names]
+        added = [n for n in l_names if n not in d_names]
+        changed = [n for n in l_names if n in d_names and l_names[n] != d_names[n]]
+        parts = [f"{len(what)} {label}, e.g. {what[0]!r}" for what, label in
+                 ((dropped, "case(s) of the suite missing"), (added, "case(s) not in the suite"),
+                  (changed, "case(s) with other operations or parameters")) if what]
+        raise GoldenError(f"{where}: cases do not match {manifest['suite_file']} at level {level} "
+                          f"({len(listed)} listed, {len(derived)} derived): "
+                          + ("; ".join(parts) or "listed in another order or more than once"))
+    for entry in manifest["cases"]:
+        outputs = OPERATIONS[entry["op"]].outputs
+        got = entry["outputs"]
+        if not isinstance(got, dict) or set(got) != set(outputs):
+            raise GoldenError(f"{where}: case {entry['name']!r}: outputs must be {sorted(outputs)}, "
+                              f"got {sorted(got) if isinstance(got, dict) else got!r:.80}")
+        if not isinstance(entry["inputs"], dict):
+            raise GoldenError(f"{where}: case {entry['name']!r}: inputs: expected an object")
+    files = {manifest["suite_file"]} | {f"{op}.{kind}.safetensors" for _, op, _ in derived
+                                        for kind in ("inputs", "expected")}
+    if set(manifest["files"]) != files:
+        raise GoldenError(f"{where}: files: expected {sorted(files)} for these cases, got {sorted(manifest['files'])}")
 
 
 _MANIFEST_KEYS = {"layout": str, "fp8ref_version": str, "suite": str, "suite_file": str, "suite_sha256": str,
@@ -153,6 +209,10 @@ def _check_manifest(where: Path, manifest) -> None:
             raise GoldenError(f"{where}: {key}: expected a {kind.__name__}, got {manifest.get(key)!r}")
     if manifest["layout"] != LAYOUT:
         raise GoldenError(f"{where}: layout: expected {LAYOUT!r}, got {manifest['layout']!r}")
+    suite_file = manifest["suite_file"]
+    if suite_file not in manifest["files"] or suite_file != Path(suite_file).name or suite_file in ("", ".", ".."):
+        raise GoldenError(f"{where}: suite_file: expected the name of a file of the folder listed in files "
+                          f"(normally {SUITE_FILE!r}), got {suite_file!r}")
     for i, entry in enumerate(manifest["cases"]):
         if not isinstance(entry, dict) or entry.get("op") not in OPERATIONS or not {
                 "name", "params", "inputs", "outputs", "n_special"} <= set(entry):
@@ -170,7 +230,16 @@ def verify(path: str | Path, *, progress: Progress | None = None) -> tuple[list[
     if golden.manifest["fp8ref_version"] != __version__:
         notes.append(f"written by fp8ref {golden.manifest['fp8ref_version']}, verified with {__version__}")
     total = len(golden.manifest["cases"])
+    regenerated = build(golden.suite, golden.manifest["level"])
     for done, (case, expected) in enumerate(golden.iter_cases(), 1):
+        fresh = next(regenerated)  # the hashed suite determines the inputs too: nothing is taken on trust
+        if set(fresh.inputs) != set(case.inputs) or fresh.n_special != case.n_special:
+            problems.append(f"case {case.name!r}: inputs {sorted(case.inputs)} (n_special {case.n_special}) differ "
+                            f"from the suite's {sorted(fresh.inputs)} (n_special {fresh.n_special})")
+        for name in sorted(set(fresh.inputs) & set(case.inputs)):
+            a, b = fresh.inputs[name], case.inputs[name]
+            if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+                problems.append(f"case {case.name!r} input {name!r}: differs from the input the suite generates")
         derived = OPERATIONS[case.op].reference(case.params, case.inputs)
         for name, exp in expected.items():
             got = derived[name]
@@ -180,6 +249,7 @@ def verify(path: str | Path, *, progress: Progress | None = None) -> tuple[list[
                 problems.append(f"case {case.name!r} output {name!r}: re-derived output differs ({n} bytes)")
         if progress:
             progress(done, total, case.name)
+    problems += golden.orphans()
     return problems, notes
 
 
@@ -217,7 +287,8 @@ def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
             except OutputError as exc:
                 result.status, result.reason = "error", str(exc)
         results.append(result)
-    problems = [f"unknown tensor {n!r} in {outputs_file} (no such case output)" for n in sorted(set(outputs) - known)]
+    problems = golden.orphans()
+    problems += [f"unknown tensor {n!r} in {outputs_file} (no such case output)" for n in sorted(set(outputs) - known)]
     if not allow_missing:
         missing = [r.case for r in results if r.status == "missing"]
         if missing:

@@ -94,7 +94,11 @@ def ordinal(a: np.ndarray, fmt: FloatFormat | None) -> np.ndarray:
 
 def check_output(name: str, expected: np.ndarray, got, fmt: str | None) -> np.ndarray:
     """The backend output as a numpy array of the expected dtype and shape, or OutputError."""
-    got = np.asarray(got)
+    try:
+        got = np.asarray(got)
+    except Exception as exc:  # noqa: BLE001 - whatever the backend returned, say what it was
+        raise OutputError(f"{name}: cannot convert the backend's output ({type(got).__name__}) to a numpy "
+                          f"array: {type(exc).__name__}: {exc}") from None
     if got.dtype.name != expected.dtype.name or got.shape != expected.shape:
         raise OutputError(f"{name}: expected {expected.dtype.name}{list(expected.shape)}"
                           + (f" ({fmt} codes)" if fmt else "")
@@ -168,6 +172,7 @@ class CaseResult:
     in_bound: int = 0  # elements that differ from the exact result but lie inside the bound
     in_bound_max_ulp: int | None = None
     max_bound_used: float | None = None  # over every element in the bound's domain
+    tensors: dict | None = None  # a failing case's inputs, expected and got (run(keep_failing=True))
 
 
 def bound_reason(op: str, params) -> str | None:

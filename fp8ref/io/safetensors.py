@@ -40,6 +40,7 @@ MAX_FILE_NAME = 255  # bytes in one path component (NAME_MAX on Linux and macOS)
 MAX_PATH = 4096
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+METADATA_NAMES = (INDEX_NAME, "config.json", "quantization_config.json")  # read beside the shards
 DTYPES = SAFETENSORS_DTYPES
 ORDERS = ("safetensors", "name")
 PLAIN_DTYPES = tuple(name for name, t in DTYPES.items() if t.fmt is None)
@@ -301,6 +302,9 @@ def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> Tensor
         return TensorStore(path.parent, {path.name: f}, dict.fromkeys(f.tensors, path.name))
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such file or folder")
+    for meta in METADATA_NAMES:  # the folder's own JSON files obey the same symlink rule as its shards
+        if os.path.islink(path / meta):
+            safe_member(path, meta, str(path / meta), symlinks_out=symlinks_out)
     index_path = path / INDEX_NAME
     if index_path.exists():
         return _open_index(path, index_path, symlinks_out)

@@ -69,8 +69,13 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
         raise ModelError(f"{layer.name}: original weight {list(weight.shape)}, checkpoint {list(layer.shape)}")
     amax = reduce_amax(weight, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
     stored = layer.weight_codes
+    from ..checkpoint import base
+
+    scheme = layer.scheme
+    if not base.get(layer.producer).scales_follow_recipe:  # the format's fixed scale dtype (hf-fp8: F32) says
+        scheme = scheme.replace(scale_dtype="model")      # how it stores, not how the recipe rounds
     try:
-        q = quantize(weight, layer.scheme, recipe=recipe, amax=amax)
+        q = quantize(weight, scheme, recipe=recipe, amax=amax)
     except Fp8RefError as exc:  # the recipe cannot have produced this layer: every byte unexplained
         n = int(np.asarray(layer.weight_scale).size)
         return {"name": layer.name, "recipe": recipe or layer.scheme["recipe"], "codes": int(stored.size),

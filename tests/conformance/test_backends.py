@@ -80,7 +80,7 @@ def test_cli_conform_prints_lines_table_and_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert code == 1
     assert "expected 0x7f (+.1111.111 nan)  got 0x7e (+.1111.110 448)" in text
-    assert "repro: python -c" in text and "more unexpected mismatches not shown" in text
+    assert "repro: python -c" in text and "more unexpected encode mismatches not shown" in text
     assert "operation  cases  not impl." in text
     assert '"exit_code": 1' in (tmp_path / "r.json").read_text()
     assert run_cli("conform", "--backend", "torch", "--suite", "formats", "--case",
@@ -115,3 +115,76 @@ def test_every_builtin_adapter_declares_only_what_the_table_has():
 
     for name, target in BUILTIN.items():
         check_capabilities(instantiate(target, name))  # no peer needed: capabilities are class data
+
+
+@pytest.mark.parametrize("target, message", [
+    ("RaisesAtConstruction", r"constructing .*RaisesAtConstruction failed: RuntimeError: no device found"),
+    ("ExitsAtConstruction", r"constructing .*ExitsAtConstruction failed: called sys.exit\(3\)"),
+    ("exits_factory", r"exits_factory failed: called sys.exit\('bye'\)"),
+])
+def test_a_backend_failing_while_loaded_is_one_backend_error(target, message):
+    with pytest.raises(BackendError, match=message):
+        load_backend(f"tests.support.broken_backends:{target}")
+
+
+def test_a_backend_module_failing_at_import_is_one_backend_error(tmp_path, monkeypatch):
+    (tmp_path / "explodes_at_import.py").write_text("raise RuntimeError('CUDA not found')\n")
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(7)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BackendError, match=r"importing module 'explodes_at_import' failed: RuntimeError: CUDA"):
+        load_backend("explodes_at_import:B")
+    with pytest.raises(BackendError, match=r"importing module 'exits_at_import' failed: called sys.exit\(7\)"):
+        load_backend("exits_at_import:B")
+
+
+def test_a_backend_raising_in_implements_is_one_backend_error(capsys):
+    with pytest.raises(BackendError, match=r"'raises-in-implements'.*implements\('encode', \.\.\.\) failed: KeyError"):
+        run("tests.support.broken_backends:RaisesInImplements", "formats")
+    assert run_cli("conform", "--backend", "tests.support.broken_backends:ExitsAtConstruction") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fp8ref: error: backend ") and "sys.exit(3)" in err
+
+
+def test_the_contract_is_checked_when_a_backend_is_loaded():
+    from fp8ref.conformance import Backend
+    from fp8ref.conformance.backend import check_capabilities
+
+    class NoKeywords(Backend):
+        name = "no-keywords"
+        capabilities = {"encode": {"format": ["float8_e4m3fn"]}}
+
+        def encode(self, x, fmt):
+            return x
+
+    with pytest.raises(BackendError, match=r"method encode\(x, fmt\) cannot take the contract's call "
+                                           r"encode\(x, fmt, \*, rounding, saturate, random_bits=None\)"):
+        check_capabilities(NoKeywords())
+
+    class StringCaps(Backend):
+        name = "string-caps"
+        capabilities = {"encode": {"rounding": "rne"}}  # 'r' in "rne" would be True
+
+        def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
+            return x
+
+    with pytest.raises(BackendError, match=r"capabilities\['encode'\]\['rounding'\]: expected a list"):
+        check_capabilities(StringCaps())
+
+
+def test_an_output_that_cannot_be_converted_says_so():
+    from fp8ref.conformance import Backend
+    from fp8ref.golden import parse_suite
+
+    class Unconvertible(Backend):
+        name = "unconvertible"
+        capabilities = {"decode": {"format": ["float8_e4m3fn"]}}
+
+        def decode(self, codes, fmt):
+            class Weird:
+                def __array__(self, *a, **k):
+                    raise TypeError("Got unsupported ScalarType BFloat16")
+            return Weird()
+
+    suite = parse_suite("suite: d\nseed: 1\noperations:\n  - op: decode\n    formats: [float8_e4m3fn]\n", source="d")
+    r = run(Unconvertible(), suite).results[0]
+    assert r.status == "error" and "cannot convert the backend's output (Weird) to a numpy array" in r.reason

@@ -62,3 +62,23 @@ def test_bad_suite_exits_1_with_file_and_line(tmp_path, capsys):
 def test_list_prints_case_names(capsys):
     assert run_cli("golden", "list", "fp8-static-w8a8") == 0
     assert "linear.FP8_STATIC.auto-round.bfloat16.exact.8x256x64" in capsys.readouterr().out
+
+
+def test_check_allow_missing_counts_the_unchecked_and_xfails_excuse_known_differences(tmp_path, suite_file,
+                                                                                     capsys):
+    out = tmp_path / "g"
+    assert run_cli("golden", "generate", suite_file, "-o", out, "--quiet") == 0
+    outputs = st.load(out / "encode.expected.safetensors")
+    key = "encode.float8_e4m3fn.rtz.nosat.float32/codes"
+    outputs[key] = np.where(outputs[key] == 0x7E, np.uint8(0x7F), outputs[key])
+    del outputs["encode.float8_e4m3fn.rne.nosat.float32/codes"]
+    st.save(tmp_path / "o.safetensors", outputs)
+    capsys.readouterr()
+    assert run_cli("golden", "check", out, "--outputs", tmp_path / "o.safetensors", "--allow-missing") == 1
+    text = capsys.readouterr().out
+    assert "note: 1 case(s) have no outputs" in text and "went unchecked" in text
+    (tmp_path / "xf.txt").write_text("encode.float8_e4m3fn.rtz.nosat.*\nencode.float8_e5m2.* tie\n")
+    assert run_cli("golden", "check", out, "--outputs", tmp_path / "o.safetensors", "--allow-missing",
+                   "--xfails", tmp_path / "xf.txt") == 0
+    text = capsys.readouterr().out
+    assert "result: PASS" in text and "stale xfail (matched nothing): " in text and "xf.txt:2" in text

@@ -220,3 +220,88 @@ def test_shipped_suites_generate_and_verify(tmp_path):
     for name in ("formats", "fp8-static-w8a8"):
         generate(load_suite(name), tmp_path / name)
         assert verify(tmp_path / name)[0] == []
+
+
+# --- tamper evidence: the manifest is not hashed, so what it says must follow from the hashed suite
+def _rewrite_manifest(folder, edit):
+    m = json.loads((folder / MANIFEST).read_bytes())
+    edit(m)
+    (folder / MANIFEST).write_text(json.dumps(m))
+
+
+def _rehash(folder, name, tensors):
+    data = st.save(folder / name, tensors, {"producer": "fp8ref golden"})
+    _rewrite_manifest(folder, lambda m: m["files"].__setitem__(name, hashlib.sha256(data).hexdigest()))
+
+
+def _drop_scaled_mm(m, files_too=False):
+    m["cases"] = [c for c in m["cases"] if c["op"] != "scaled_mm"]
+    if files_too:
+        for kind in ("inputs", "expected"):
+            del m["files"][f"scaled_mm.{kind}.safetensors"]
+
+
+@pytest.mark.parametrize("files_too", [False, True], ids=["cases", "cases-and-files"])
+def test_a_manifest_that_drops_cases_fails_verify_and_check(folder, tmp_path, files_too, capsys):
+    from tests.support.cli import run_cli
+
+    st.save(tmp_path / "out.safetensors", _outputs(folder))
+    _rewrite_manifest(folder, lambda m: _drop_scaled_mm(m, files_too))
+    if files_too:
+        for kind in ("inputs", "expected"):
+            (folder / f"scaled_mm.{kind}.safetensors").unlink()
+    message = r"cases do not match suite.yaml at level 1 \(\d+ listed, \d+ derived\): 2 case\(s\) of the suite missing"
+    with pytest.raises(GoldenError, match=message):
+        verify(folder)
+    with pytest.raises(GoldenError, match=message):
+        check(folder, tmp_path / "out.safetensors", allow_missing=True)
+    assert run_cli("golden", "verify", folder, "--quiet") == 1
+    assert run_cli("golden", "check", folder, "--outputs", tmp_path / "out.safetensors") == 1
+    assert "cases do not match" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.__setitem__("level", 3), "level: expected one of [1, 2], got 3"),
+    (lambda m: m["cases"][0]["params"].__setitem__("rounding", "rtz"), "with other operations or parameters"),
+    (lambda m: m["cases"].append(m["cases"][0]), "in another order or more than once"),
+    (lambda m: m["cases"][-1]["outputs"].clear(), "outputs must be"),
+    (lambda m: m.__setitem__("suite", "other"), "suite, suite_sha256 or seed do not match"),
+    (lambda m: m["files"].__setitem__("extra.safetensors", "0" * 64), "missing file 'extra.safetensors'"),
+    (lambda m: m.__setitem__("suite_file", "../small.yaml"), "suite_file: expected the name of a file"),
+    (lambda m: m.__setitem__("suite_file", "/etc/passwd"), "suite_file: expected the name of a file"),
+])
+def test_every_manifest_field_is_checked_against_the_hashed_files(folder, edit, message):
+    _rewrite_manifest(folder, edit)
+    with pytest.raises(GoldenError, match=re.escape(message) if "(" not in message else message):
+        verify(folder)
+
+
+def test_orphaned_tensors_are_reported(folder, tmp_path):
+    name = "encode.expected.safetensors"
+    tensors = st.load(folder / name)
+    tensors["encode.hidden/codes"] = np.zeros(4, np.uint8)
+    _rehash(folder, name, tensors)
+    problems, _ = verify(folder)
+    assert problems == [f"orphaned tensor 'encode.hidden/codes' in {name} (no case of MANIFEST.json uses it)"]
+    st.save(tmp_path / "out.safetensors", _outputs(folder))
+    _, problems = check(folder, tmp_path / "out.safetensors")
+    assert problems[0].startswith("orphaned tensor 'encode.hidden/codes'")
+
+
+def test_verify_regenerates_the_inputs(folder):
+    """An input changed together with its expected output and both hashes is still caught: the
+    suite, its seed and level determine every input."""
+    from fp8ref.golden.ops import OPERATIONS
+
+    m = json.loads((folder / MANIFEST).read_bytes())
+    entry = next(c for c in m["cases"] if c["op"] == "encode")
+    ins, exps = st.load(folder / "encode.inputs.safetensors"), st.load(folder / "encode.expected.safetensors")
+    key = f"{entry['name']}/x"
+    ins[key] = np.zeros_like(ins[key])
+    case_inputs = {k: ins[f"{entry['name']}/{k}"] for k in entry["inputs"]}
+    for k, v in OPERATIONS["encode"].reference(entry["params"], case_inputs).items():
+        exps[f"{entry['name']}/{k}"] = v
+    _rehash(folder, "encode.inputs.safetensors", ins)
+    _rehash(folder, "encode.expected.safetensors", exps)
+    problems, _ = verify(folder)
+    assert problems == [f"case {entry['name']!r} input 'x': differs from the input the suite generates"]

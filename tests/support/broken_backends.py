@@ -71,6 +71,35 @@ class Nothing(Backend):
 instance = RoundHalfUp()  # for the 'module:object' form
 
 
+# --- backends whose own code fails while being loaded or asked what they implement: each must
+# end as one BackendError line naming the backend, never a traceback or an exit of fp8ref.
+class RaisesAtConstruction(Backend):
+    name = "raises-at-construction"
+
+    def __init__(self):
+        raise RuntimeError("no device found")
+
+
+class ExitsAtConstruction(Backend):
+    name = "exits-at-construction"
+
+    def __init__(self):
+        raise SystemExit(3)
+
+
+class RaisesInImplements(_Broken):
+    name = "raises-in-implements"
+
+    def implements(self, op, params):
+        raise KeyError(op)
+
+
+def exits_factory():
+    import sys
+
+    sys.exit("bye")
+
+
 # --- scaled_mm: each computes torch's CPU model (scales into the operands, an fp32 sum) in its
 # own way and breaks one thing; all declare an unspecified order, so they are judged by the
 # fp32-order bound against fp8ref's exact result (docs/conformance.md).
@@ -140,3 +169,16 @@ class Fp16AccumulationMM(_MM):
 
     name = "mm-fp16-accumulation"
     acc_dtype = np.float16
+
+
+class NanMM(_MM):
+    """Correct but for a NaN in element [0, 0] (an uninitialised accumulator tile)."""
+
+    name = "mm-nan"
+
+    def scaled_mm(self, a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order):
+        out = super().scaled_mm(a, b, scale_a, scale_b, bias=bias, fmt=fmt, out_dtype=out_dtype,
+                                accumulate=accumulate, scale_order=scale_order)
+        out = np.array(out)
+        out[0, 0] = np.nan
+        return out

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fp8ref.checkpoint import export_checkpoint, load_checkpoint
+from fp8ref.checkpoint import export_checkpoint, load_checkpoint, write_calibration
 from fp8ref.checkpoint.export import write_checkpoint
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
@@ -103,16 +103,17 @@ def test_kv_scales_sit_in_the_projection_shard(tmp_path):
 
 
 def test_calibration_file_forms_and_aliases(tmp_path):
-    """JSON with "kv_amax" beside "input_amax", JSON flat with the k/v_proj output-amax aliases, and
-    safetensors: the same bytes as the compressed-tensors names given as a mapping."""
+    """JSON with "kv_amax" beside "input_amax" (compressed-tensors names, or the k/v_proj output-amax
+    aliases), and safetensors: the same bytes as the compressed-tensors names given as a mapping."""
     make_source(tmp_path / "src")
     export_checkpoint(tmp_path / "src", tmp_path / "ref", SPEC, calibration=KV)
     ref = SafetensorsFile(tmp_path / "ref" / "model.safetensors")
     alias = {k.replace(".k_scale", ".k_proj.output_amax").replace(".v_scale", ".v_proj.output_amax"): v
              for k, v in KV.items()}
-    (tmp_path / "a.json").write_text(json.dumps({"input_amax": {"x.y": 1.0}, "kv_amax": KV}))
-    (tmp_path / "b.json").write_text(json.dumps(alias))
-    write_safetensors(tmp_path / "c.safetensors", {k: ("F32", np.array([v], np.float32)) for k, v in alias.items()})
+    write_calibration(tmp_path / "a.json", {"x.y": 1.0}, kv_amax=KV)
+    write_calibration(tmp_path / "b.json", {}, kv_amax=alias)
+    write_safetensors(tmp_path / "c.safetensors", {k: ("F32", np.array([v], np.float32)) for k, v in alias.items()},
+                      {"format": "fp8ref-calibration/1", "holds": "amax"})
     for cal in ("a.json", "b.json", "c.safetensors"):
         export_checkpoint(tmp_path / "src", tmp_path / f"out_{cal}", SPEC, calibration=tmp_path / cal)
         out = SafetensorsFile(tmp_path / f"out_{cal}" / "model.safetensors")
@@ -203,9 +204,9 @@ def test_write_checkpoint_renames_old_output_scale_names(tmp_path):
 def test_cli_quantize_writes_kv_scales(tmp_path, capsys):
     make_source(tmp_path / "src")
     (tmp_path / "spec.yaml").write_text("scheme: FP8_DYNAMIC\nignore: [lm_head]\n")
-    (tmp_path / "cal.json").write_text(json.dumps({"input_amax": {}, "kv_amax": KV}))
+    write_calibration(tmp_path / "cal.json", {}, kv_amax=KV)
     assert run_cli("quantize", tmp_path / "src", tmp_path / "out", "--spec", tmp_path / "spec.yaml",
-                   "--calibration", tmp_path / "cal.json", "--json") == 0
+                   "--calibration", tmp_path / "cal.json", "--json", "-") == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == []
     ckpt = load_checkpoint(tmp_path / "out")
     assert ckpt.tensor(f"{ATTN[1]}.v_scale").tobytes() == ct_scale_bits(448.0, "bfloat16")

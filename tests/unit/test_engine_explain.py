@@ -120,7 +120,7 @@ def test_moe_input_scales_merge_to_the_max_multiplier(tmp_path):
 
 
 def test_cli_explain_json_and_errors(capsys):
-    assert run_cli("explain", ROOT / "quark_fp8", "--engine", "vllm", "--json") == 0
+    assert run_cli("explain", ROOT / "quark_fp8", "--engine", "vllm", "--json", "-") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["engine"] == "vllm" and out["verified"] is False and len(out["effects"]) == 5
     assert run_cli("explain", ROOT / "quark_fp8", "--target", "rocm-mi300") == 0

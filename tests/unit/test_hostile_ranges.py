@@ -128,8 +128,9 @@ def test_calibration_amax_past_float64_is_refused(tmp_path):
     from fp8ref.checkpoint import load_calibration
 
     path = tmp_path / "cal.json"
-    path.write_text(json.dumps({"a.b": 10**400}))
-    with pytest.raises(CheckpointError, match=r"cal.json: 'a.b': expected a number \(activation amax\), got <an int"):
+    path.write_text(json.dumps({"format": "fp8ref-calibration/1", "holds": "amax", "input_amax": {"a.b": 10**400}}))
+    with pytest.raises(CheckpointError, match=r"cal.json: input_amax\['a.b'\]: expected a number \(activation amax\), "
+                                              r"got <an int"):
         load_calibration(path)
 
 

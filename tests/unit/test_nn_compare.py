@@ -246,13 +246,13 @@ def test_verify_with_calibration_rederives_static_input_scales(tmp_path, capsys)
     cal = {n: 0.5 + i / 7 for i, n in enumerate(names)}
     out = tmp_path / "static"
     fp8ref.export_checkpoint(orig, out, {"scheme": "FP8", "ignore": ["lm_head"]}, calibration=cal)
-    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    fp8ref.write_calibration(tmp_path / "cal.json", cal)
     assert main(["verify", str(out), "--original", str(orig), "--calibration", str(tmp_path / "cal.json"),
                  "--json", "-"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert [x["input_scale"] for x in r["layers"]] == ["ok"] * 14
     cal[names[3]] *= 1.5
-    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    fp8ref.write_calibration(tmp_path / "cal.json", cal)
     assert main(["verify", str(out), "--original", str(orig), "--calibration", str(tmp_path / "cal.json"),
                  "--json", "-"]) == 1
     r = json.loads(capsys.readouterr().out)

@@ -324,3 +324,21 @@ def test_a_given_scale_is_returned_in_its_own_dtype_and_nan_x_still_rejected():
     x[0, 1] = np.inf
     with pytest.raises(EncodeError, match=r"first at index \(0, 1\)"):
         quantize(x, QuantArgs(dynamic=False), scale=np.array([1.0]))
+
+
+@pytest.mark.parametrize("scale_dtype", ["float32", "bfloat16", "float16"])
+def test_scheme_scale_dtype_decides_the_stored_scale(scale_dtype):
+    """compressed-tensors stores its scale in the model dtype by default; a scheme's scale_dtype
+    replaces that: the same float32 scale, rounded once (RNE) to the asked dtype."""
+    import ml_dtypes
+
+    from fp8ref.scheme import PRESETS
+
+    x = np.linspace(-3.3, 5.7, 64, dtype=np.float32).reshape(4, 16).astype(ml_dtypes.bfloat16)
+    base = PRESETS["FP8_DYNAMIC"].replace(scale_dtype="float32")
+    s32 = np.asarray(quantize(x, base, recipe="compressed-tensors").scale, np.float32)
+    q = quantize(x, PRESETS["FP8_DYNAMIC"].replace(scale_dtype=scale_dtype), recipe="compressed-tensors")
+    want = {"float32": s32, "bfloat16": s32.astype(ml_dtypes.bfloat16).astype(np.float32),
+            "float16": s32.astype(np.float16).astype(np.float32)}[scale_dtype]
+    assert q.scale_dtype == scale_dtype
+    assert np.asarray(q.scale).astype(np.float32).tobytes() == want.tobytes()

@@ -171,7 +171,7 @@ def test_cli_validate(tmp_path, capsys):
     assert run_cli("spec", "validate", str(EXAMPLES[0]), str(bad)) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [f"{bad}:2: scheme: duplicate key (first defined on line 1)"]
-    assert run_cli("spec", "validate", "--json", str(bad)) == 1
+    assert run_cli("spec", "validate", "--json", "-", str(bad)) == 1
     assert json.loads(capsys.readouterr().out)["files"][0]["ok"] is False
 
 
@@ -179,7 +179,7 @@ def test_cli_show_layers_and_checkpoint(tmp_path, capsys):
     names = tmp_path / "names.txt"
     names.write_text("# llama\nmodel.layers.0.self_attn.k_proj\nlm_head\n")
     mixed = str(ROOT / "specs/examples/mixed.yaml")
-    assert run_cli("spec", "show", mixed, "--layers", str(names), "--json") == 0
+    assert run_cli("spec", "show", mixed, "--layers", str(names), "--json", "-") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["lm_head"] is None and out["model.layers.0.self_attn.k_proj"] == PRESETS["FP8"].to_dict()
     save_file({"model.layers.0.self_attn.k_proj.weight": np.zeros((4, 8), np.float32),
@@ -194,3 +194,12 @@ def test_cli_show_layers_and_checkpoint(tmp_path, capsys):
     assert "selectors match no layer" in captured.err
     assert run_cli("spec", "show", mixed) == 0
     assert "(default)" in capsys.readouterr().out
+
+
+def test_cli_show_checkpoint_lists_what_export_quantizes(tmp_path, capsys):
+    """embed_tokens is a 2-D weight, but export leaves embeddings alone: spec show does too."""
+    save_file({"model.embed_tokens.weight": np.zeros((4, 8), np.float32),
+               "model.layers.0.mlp.up_proj.weight": np.zeros((4, 8), np.float32)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "spec.yaml").write_text("scheme: FP8_DYNAMIC\n")
+    assert run_cli("spec", "show", tmp_path / "spec.yaml", "--checkpoint", tmp_path, "--json", "-") == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["model.layers.0.mlp.up_proj"]

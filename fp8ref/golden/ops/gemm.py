@@ -87,6 +87,16 @@ class ScaledMM(Operation):
         m, n = index
         return {"a_row": m, "b_col": n}
 
+    def operands(self, params, inputs, index):
+        m, n = index
+        sa, sb = inputs["scale_a"].reshape(-1), inputs["scale_b"].reshape(-1)
+        out = {f"a[{m}, :]": inputs["a"][m], f"b[:, {n}]": inputs["b"][:, n],
+               "scale_a" if sa.size == 1 else f"scale_a[{m}]": sa[0 if sa.size == 1 else m],
+               "scale_b" if sb.size == 1 else f"scale_b[{n}]": sb[0 if sb.size == 1 else n]}
+        if "bias" in inputs:
+            out[f"bias[{n}]"] = inputs["bias"][n]
+        return out
+
 
 class Linear(Operation):
     name = "linear"
@@ -145,3 +155,14 @@ class Linear(Operation):
     def element_inputs(self, params, inputs, index):
         t, n = index
         return {"token": t, "out_channel": n}
+
+    def operands(self, params, inputs, index):
+        t, n = index
+        ws = inputs["weight_scale"]
+        per_channel = ws.size > 1 and ws.shape[0] > 1
+        scale = ws.reshape(ws.shape[0], -1)[n if per_channel else 0]
+        out = {f"x[{t}, :]": inputs["x"][t], f"weight[{n}, :]": inputs["weight"][n],
+               f"weight_scale[{n}]" if per_channel else "weight_scale": scale}
+        if "input_scale" in inputs:
+            out["input_scale"] = inputs["input_scale"].reshape(-1)[0]
+        return out
