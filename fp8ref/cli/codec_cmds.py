@@ -16,7 +16,8 @@ def register(sub) -> None:
     add_json(p, "the formats")
     p.set_defaults(handler=cmd_formats)
 
-    p = sub.add_parser("encode", help="encode decimal or hex-float values, e.g. 464 0x1.cp8 -- -nan (-- before values that look like options)")
+    p = sub.add_parser("encode", help="encode decimal or hex-float values, e.g. 464 0x1.cp8 -- -nan "
+                       "(-- before values that look like options)")
     p.add_argument("values", nargs="+", help="values parsed as float64 (Python float() or float.fromhex)")
     _common(p)
     p.add_argument("--rounding", default="rne", choices=ROUNDING_MODES, help="rounding mode (default rne)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 
 from ..errors import SpecError
 from ..scheme import preset_name

@@ -23,9 +23,9 @@ from ..io import safetensors as st
 from ..io.atomic import atomic_folder
 from ..io.files import read_bytes, read_json, read_text, write_bytes
 from .case import Case
+from .fields import LEVELS
 from .judge import ACCUMULATION_ORDERS, CaseResult, OutputError, bound_reason, exact_params, judge_output
 from .ops import OPERATIONS
-from .fields import LEVELS
 from .suite import Suite, build, cases, count_cases, parse_suite
 
 MANIFEST = "MANIFEST.json"

@@ -15,8 +15,8 @@ import pytest
 from fp8ref import attention as ref
 from fp8ref.conformance import Backend, default_xfails, run
 from fp8ref.golden import parse_suite
-from fp8ref.golden.suite import cases
 from fp8ref.golden.ops import OPERATIONS
+from fp8ref.golden.suite import cases
 
 torch = pytest.importorskip("torch")
 

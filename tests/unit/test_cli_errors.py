@@ -52,7 +52,6 @@ def test_recursion_error_is_one_line(monkeypatch, capsys):
 
 def test_json_report_into_a_missing_folder_is_one_line(tmp_path, capsys):
     from fp8ref.golden import generate, load_suite
-
     from fp8ref.io import safetensors as st
 
     folder = tmp_path / "g"
