@@ -261,16 +261,15 @@ def _exact_keys(doc, path, mapping, keys):
         raise doc.error(path, f"missing key(s) {', '.join(missing)}")
 
 
-def recipe_from_document(doc) -> Recipe:
-    """Validate a loaded recipe YAML document (fp8ref.io.yaml.YamlDocument) strictly."""
-    data = doc.data
-    _exact_keys(doc, (), data, _TOP)
+def _header(doc, data, granularities: tuple, formats: tuple | None) -> dict:
+    """The fields every recipe kind starts with: non-empty strings, then non-empty lists of the
+    granularities and formats it applies to (``None``: any name)."""
     values: dict = {}
     for key in ("name", "summary", "source", "verified", "nonfinite"):
         if not isinstance(data[key], str) or not data[key]:
             raise doc.error((key,), f"expected a non-empty string, got {data[key]!r}")
         values[key] = data[key]
-    for key, allowed in (("granularities", GRANULARITIES), ("formats", None)):
+    for key, allowed in (("granularities", granularities), ("formats", formats)):
         seq = data[key]
         if not isinstance(seq, list) or not seq or not all(isinstance(v, str) for v in seq):
             raise doc.error((key,), f"expected a non-empty list of strings, got {seq!r}")
@@ -278,6 +277,14 @@ def recipe_from_document(doc) -> Recipe:
             if allowed is not None and v not in allowed:
                 raise doc.error((key, i), f"expected one of {', '.join(allowed)}, got {v!r}")
         values[key] = tuple(seq)
+    return values
+
+
+def recipe_from_document(doc) -> Recipe:
+    """Validate a loaded recipe YAML document (fp8ref.io.yaml.YamlDocument) strictly."""
+    data = doc.data
+    _exact_keys(doc, (), data, _TOP)
+    values = _header(doc, data, GRANULARITIES, None)
     values["require_divisible"] = data["require_divisible"]
     _exact_keys(doc, ("steps",), data["steps"], tuple(_STEPS))
     for step, keys in _STEPS.items():
@@ -379,16 +386,7 @@ def block_recipe_from_document(doc) -> BlockRecipe:
 
     data = doc.data
     _exact_keys(doc, (), data, _BLOCK_TOP)
-    values: dict = {}
-    for key in ("name", "summary", "source", "verified", "nonfinite"):
-        if not isinstance(data[key], str) or not data[key]:
-            raise doc.error((key,), f"expected a non-empty string, got {data[key]!r}")
-        values[key] = data[key]
-    for key, allowed in (("granularities", ("mx", "nvfp4")), ("formats", ("float4_e2m1fn", "float8_e4m3fn"))):
-        seq = data[key]
-        if not isinstance(seq, list) or not seq or not all(v in allowed for v in seq):
-            raise doc.error((key,), f"expected a non-empty list of {', '.join(allowed)}, got {seq!r}")
-        values[key] = tuple(seq)
+    values = _header(doc, data, ("mx", "nvfp4"), ("float4_e2m1fn", "float8_e4m3fn"))
     if len(values["granularities"]) != 1:
         raise doc.error(("granularities",), "a block recipe is for one of mx, nvfp4")
     _exact_keys(doc, ("steps",), data["steps"], tuple(_BLOCK_STEPS))
