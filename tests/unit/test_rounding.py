@@ -4,7 +4,6 @@ hair either side of it) and against an exact Fraction oracle on random float64 v
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -13,27 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fp8ref.rounding import FLOAT_FORMATS, OUT_FORMATS, from_bits, round_to, round_to_format, to_bits
+from tests.support.matmul_oracle import round_fraction
 
-PARAMS = {"bfloat16": (8, -126, 127), "float16": (11, -14, 15), "float32": (24, -126, 127)}  # p, emin, emax
-
-
-def fraction_rne(x: Fraction, dtype: str) -> float:
-    """RNE of an exact rational to an IEEE binary format, from the definition (overflow -> Inf)."""
-    p, emin, emax = PARAMS[dtype]
-    if x == 0:
-        return 0.0
-    sign, a = (-1 if x < 0 else 1), abs(x)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    if Fraction(2) ** e > a:
-        e -= 1
-    quantum = Fraction(2) ** (max(e, emin) - p + 1)
-    q, r = divmod(a, quantum)
-    if r * 2 > quantum or (r * 2 == quantum and q % 2 == 1):
-        q += 1
-    value = q * quantum
-    if value > (2 - Fraction(2) ** (1 - p)) * Fraction(2) ** emax:
-        return sign * math.inf
-    return math.copysign(float(value), sign)
+fraction_rne = round_fraction  # the independent Fraction RNE oracle (tests/support)
 
 
 def same(x, y) -> bool:
