@@ -13,6 +13,14 @@ import numpy as np
 from .errors import InputTypeError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+BITS_DTYPES = {"bfloat16": np.uint16, "float16": np.uint16, "float32": np.uint32, "float64": np.uint64}
+"""The unsigned integer type that holds each float dtype's bit pattern."""
+_UINT_OF_WIDTH = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def bits_view(a: np.ndarray) -> np.ndarray:
+    """The bit patterns of a numeric array: a view as the unsigned integer of the same width."""
+    return a.view(_UINT_OF_WIDTH[a.dtype.itemsize])
 
 
 def torch():

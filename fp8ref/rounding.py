@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._arrays import bf16_bits_to_f32
+from ._arrays import BITS_DTYPES, bf16_bits_to_f32
 from .errors import InputTypeError, RecipeError
 
 
@@ -47,7 +47,6 @@ OUT_FORMATS = {
 }
 FLOAT_FORMATS = {**OUT_FORMATS, "float64": OutFormat("float64", 53, -1022, 1023)}
 MODEL_DTYPES = ("bfloat16", "float16", "float32", "float64")
-_UINT = {"bfloat16": np.uint16, "float16": np.uint16, "float32": np.uint32, "float64": np.uint64}
 
 
 def exponent(a: np.ndarray) -> np.ndarray:
@@ -107,15 +106,15 @@ def to_bits(values: np.ndarray, dtype: str) -> np.ndarray:
         u = np.ascontiguousarray(values, np.float32).view(np.uint32)
         nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
         return np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), u >> np.uint32(16)).astype(np.uint16)
-    if dtype not in _UINT:
+    if dtype not in BITS_DTYPES:
         raise InputTypeError(f"dtype: expected one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
     with np.errstate(over="ignore"):
-        return np.ascontiguousarray(values.astype(dtype)).view(_UINT[dtype])
+        return np.ascontiguousarray(values.astype(dtype)).view(BITS_DTYPES[dtype])
 
 
 def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
     """Exact values of bit patterns of ``dtype``: float32 for bfloat16, else ``dtype`` itself."""
-    bits = np.asarray(bits).astype(_UINT[dtype])
+    bits = np.asarray(bits).astype(BITS_DTYPES[dtype])
     if dtype == "bfloat16":
         return bf16_bits_to_f32(bits)
     return bits.view(dtype)

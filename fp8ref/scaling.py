@@ -28,6 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ._arrays import bits_view
 from .errors import ShapeError
 from .formats import FloatFormat
 from .limits import MAX_GROUP, shown
@@ -40,7 +41,6 @@ NVFP4_BLOCK = 16
 # a float32 bit trick), ct-round-to-power-2 (compressed-tensors 0.19.0, MXFP4 and MXFP8 alike).
 MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even")
 
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def layout(shape: tuple, granularity: str, *, group_size: int | None = None,
@@ -90,7 +90,7 @@ def _magnitude_bits(x: np.ndarray) -> np.ndarray:
     """|x| as unsigned ints (same width), order-preserving; NaN patterns sort above Inf."""
     if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
         raise ShapeError(f"x: expected a floating-point array, got {x.dtype.name}")
-    u = x.view(_UINT[x.dtype.itemsize])
+    u = bits_view(x)
     return u & u.dtype.type((1 << (8 * x.dtype.itemsize - 1)) - 1)
 
 

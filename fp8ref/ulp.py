@@ -10,12 +10,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import to_numpy
+from ._arrays import BITS_DTYPES, bits_view, to_numpy
 from .errors import EncodeError, InputTypeError
 from .formats import FORMATS, FloatFormat, get_format
 from .rounding import round_to, to_bits
 
-_FLOATS = {"bfloat16": 16, "float16": 16, "float32": 32, "float64": 64}
+
+def sign_bit(a: np.ndarray, fmt: FloatFormat | None = None) -> np.ndarray:
+    """The sign bit of FP8/FP6/FP4 codes (``fmt`` given) or of a float array's bit patterns."""
+    if fmt is not None:
+        return (a & fmt.sign_mask) != 0
+    return (bits_view(a).astype(np.uint64) >> np.uint64(a.dtype.itemsize * 8 - 1)) != 0
+
+
+def ordinal(a: np.ndarray, fmt: FloatFormat | None = None) -> np.ndarray:
+    """Position of each code (``fmt`` given) or float bit pattern on its grid (sign-magnitude ->
+    signed integer), so that neighbours differ by 1 and +0 == -0; Inf sits one past the largest
+    finite value. Meaningless for NaN."""
+    if fmt is not None:
+        mag = (a & fmt.magnitude_mask).astype(np.int64)
+    else:
+        bits = bits_view(a).astype(np.uint64)
+        mag = (bits & ~(np.uint64(1) << np.uint64(a.dtype.itemsize * 8 - 1))).astype(np.int64)
+    return np.where(sign_bit(a, fmt), -mag, mag)
 
 
 def _values(x, what: str) -> np.ndarray:
@@ -34,7 +51,7 @@ def _at(what: str, index: tuple) -> str:
 
 def _ordinal(v: np.ndarray, dtype, what: str) -> np.ndarray:
     """Signed position of each value on dtype's grid (+0 and -0 both 0)."""
-    name = dtype if isinstance(dtype, str) and dtype in _FLOATS else None
+    name = dtype if isinstance(dtype, str) and dtype in BITS_DTYPES else None
     if name is None:
         fmt: FloatFormat = get_format(dtype)
         from .codec import decode, encode
@@ -48,17 +65,13 @@ def _ordinal(v: np.ndarray, dtype, what: str) -> np.ndarray:
         if bad.any():
             i = tuple(np.argwhere(bad)[0])
             raise EncodeError(f"{_at(what, i)} = {float(v[i])!r} is not a {fmt.name} value")
-        mag = (codes & fmt.magnitude_mask).astype(np.int64)
-        return np.where((codes & fmt.sign_mask) != 0 if fmt.sign_mask else False, -mag, mag)
+        return ordinal(codes, fmt)
     exact = round_to(v, name).astype(np.float64) if name != "float64" else v
     bad = exact != v
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
         raise EncodeError(f"{_at(what, i)} = {float(v[i])!r} is not a {name} value")
-    bits = to_bits(v.astype(np.float32) if name == "bfloat16" else v, name).astype(np.uint64)
-    width = _FLOATS[name]
-    mag = (bits & np.uint64((1 << (width - 1)) - 1)).astype(np.int64)
-    return np.where((bits >> np.uint64(width - 1)) != 0, -mag, mag)
+    return ordinal(to_bits(v.astype(np.float32) if name == "bfloat16" else v, name))
 
 
 def ulp_distance(a, b, dtype) -> np.ndarray:
@@ -67,7 +80,7 @@ def ulp_distance(a, b, dtype) -> np.ndarray:
     ``dtype``: a format name, FloatFormat or torch/ml_dtypes dtype (``FORMATS``), or
     'bfloat16', 'float16', 'float32', 'float64'. EncodeError when an input is not a value of
     ``dtype``; InputTypeError for NaN."""
-    if isinstance(dtype, str) and dtype not in _FLOATS and dtype not in FORMATS:
+    if isinstance(dtype, str) and dtype not in BITS_DTYPES and dtype not in FORMATS:
         get_format(dtype)  # the unknown-format error, with its suggestions
     va, vb = np.broadcast_arrays(_values(a, "a"), _values(b, "b"))
     return np.abs(_ordinal(va, dtype, "a") - _ordinal(vb, dtype, "b"))

@@ -34,9 +34,11 @@ from fractions import Fraction
 import numpy as np
 
 from .. import codec
+from .._arrays import bits_view
 from ..errors import GoldenError
 from ..formats import FloatFormat, get_format
 from ..rounding import round_to
+from ..ulp import ordinal, sign_bit
 
 ACCUMULATION_ORDERS = ("declared", "unspecified")
 NAN_RULES = ("any", "sign", "exact")
@@ -63,33 +65,12 @@ class OutputError(GoldenError):
     """A backend output with the wrong dtype or shape: the whole case fails."""
 
 
-def _uint_view(a: np.ndarray) -> np.ndarray:
-    width = a.dtype.itemsize
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width])
-
-
 def _nan_mask(a: np.ndarray, fmt: FloatFormat | None) -> np.ndarray:
     if fmt is not None:
         return np.isin(a, np.array(sorted(fmt.nan_codes), dtype=np.uint8))
     return np.isnan(a.astype(np.float64))
 
 
-def _sign(a: np.ndarray, fmt: FloatFormat | None) -> np.ndarray:
-    if fmt is not None:
-        return (a & fmt.sign_mask) != 0
-    bits = _uint_view(a).astype(np.uint64)
-    return (bits >> np.uint64(a.dtype.itemsize * 8 - 1)) != 0
-
-
-def ordinal(a: np.ndarray, fmt: FloatFormat | None) -> np.ndarray:
-    """Position of each value on its grid (sign-magnitude -> signed integer), so that
-    neighbouring values differ by 1 and +0 == -0; Inf sits one past the largest finite."""
-    if fmt is not None:
-        mag = (a & fmt.magnitude_mask).astype(np.int64)
-    else:
-        bits = _uint_view(a).astype(np.uint64)
-        mag = (bits & ~(np.uint64(1) << np.uint64(a.dtype.itemsize * 8 - 1))).astype(np.int64)
-    return np.where(_sign(a, fmt), -mag, mag)
 
 
 def check_output(name: str, expected: np.ndarray, got, fmt: str | None) -> np.ndarray:
@@ -111,12 +92,12 @@ def differing(expected: np.ndarray, got: np.ndarray, fmt_name: str | None, nan_r
     if nan_rule not in NAN_RULES:
         raise GoldenError(f"nan_rule: expected one of {NAN_RULES}, got {nan_rule!r}")
     fmt = get_format(fmt_name) if fmt_name else None
-    diff = _uint_view(expected) != _uint_view(got)
+    diff = bits_view(expected) != bits_view(got)
     if nan_rule == "exact":
         return diff
     both_nan = _nan_mask(expected, fmt) & _nan_mask(got, fmt)
     if nan_rule == "sign":
-        both_nan &= _sign(expected, fmt) == _sign(got, fmt)
+        both_nan &= sign_bit(expected, fmt) == sign_bit(got, fmt)
     return diff & ~both_nan
 
 

@@ -15,11 +15,10 @@ from fractions import Fraction
 import numpy as np
 
 from .. import rounding
-from .._arrays import numpy_bf16
+from .._arrays import BITS_DTYPES, numpy_bf16
 from ..formats import FloatFormat
 
 INPUT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-_UINT = {"float64": np.uint64, "float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
 _FLOAT = {"float64": np.float64, "float32": np.float32, "float16": np.float16}
 # NaN bit patterns with both signs, quiet and signalling, canonical and odd payloads.
 _NANS = {
@@ -67,12 +66,12 @@ class Stream:
 # --- conversions between float64 values and input dtypes, done without any FP8/bf16 cast ---
 def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
     """View integer bit patterns as the input dtype (bfloat16 through ml_dtypes' dtype)."""
-    bits = np.asarray(bits).astype(_UINT[dtype])
+    bits = np.asarray(bits).astype(BITS_DTYPES[dtype])
     return numpy_bf16(bits) if dtype == "bfloat16" else bits.view(_FLOAT[dtype])
 
 
 def to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
-    return np.asarray(x).view(_UINT[dtype])
+    return np.asarray(x).view(BITS_DTYPES[dtype])
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -86,11 +85,11 @@ def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def ulp_steps(bits: np.ndarray, steps: np.ndarray, dtype: str) -> np.ndarray:
     """Move each finite value ``steps`` ulps away from zero (negative: toward zero)."""
-    width = np.dtype(_UINT[dtype]).itemsize * 8
+    width = np.dtype(BITS_DTYPES[dtype]).itemsize * 8
     sign = np.uint64(1) << np.uint64(width - 1)
     b = bits.astype(np.uint64)
     mag = (b & ~sign).astype(np.int64) + steps
-    return ((b & sign) | np.maximum(mag, 0).astype(np.uint64)).astype(_UINT[dtype])
+    return ((b & sign) | np.maximum(mag, 0).astype(np.uint64)).astype(BITS_DTYPES[dtype])
 
 
 # --- special values ------------------------------------------------------------------------
@@ -129,9 +128,9 @@ def special_values(fmt: FloatFormat, dtype: str) -> np.ndarray:
     mid_bits = np.concatenate([pos_mid, ulp_steps(pos_mid, np.full(len(pos_mid), 1), dtype),
                                ulp_steps(pos_mid, np.full(len(pos_mid), -1), dtype)])
     # the input dtype's own zero, smallest subnormal, largest finite value and Inf
-    ends = np.array([0, 1, _INF[dtype] - 1, _INF[dtype]], dtype=_UINT[dtype])
+    ends = np.array([0, 1, _INF[dtype] - 1, _INF[dtype]], dtype=BITS_DTYPES[dtype])
     pos_bits = np.concatenate([ends, round_to(pos, dtype), mid_bits])
-    sign = np.uint64(1) << np.uint64(np.dtype(_UINT[dtype]).itemsize * 8 - 1)
+    sign = np.uint64(1) << np.uint64(np.dtype(BITS_DTYPES[dtype]).itemsize * 8 - 1)
     neg_bits = (pos_bits.astype(np.uint64) | sign).astype(pos_bits.dtype)
     both = np.stack([pos_bits, neg_bits], axis=1).reshape(-1)
     both = np.concatenate([both, np.array(_NANS[dtype], dtype=np.uint64).astype(pos_bits.dtype)])
@@ -150,8 +149,8 @@ def random_values(stream: Stream, fmt: FloatFormat, dtype: str, n: int) -> np.nd
     decisions happen), and heavy-tailed values with outliers (what real tensors look like).
     """
     k = [n // 4 + (1 if i < n % 4 else 0) for i in range(4)]
-    width = np.dtype(_UINT[dtype]).itemsize * 8
-    parts = [stream.bits(k[0], width).astype(_UINT[dtype])]
+    width = np.dtype(BITS_DTYPES[dtype]).itemsize * 8
+    parts = [stream.bits(k[0], width).astype(BITS_DTYPES[dtype])]
 
     sign = np.where(stream.bits(k[1], 8) & 1, -1.0, 1.0)
     exps = stream.integers(k[1], fmt.emin - fmt.mantissa_bits - 4, fmt.emax + 5)
@@ -163,7 +162,7 @@ def random_values(stream: Stream, fmt: FloatFormat, dtype: str, n: int) -> np.nd
     centre = np.where(half == 1, (g[pick] + g[pick + 1]) / 2, g[pick + 1])
     near = ulp_steps(round_to(centre, dtype), stream.integers(k[2], -3, 4), dtype)
     near_sign = (stream.bits(k[2], 8) & 1).astype(np.uint64) << np.uint64(width - 1)
-    parts.append((near.astype(np.uint64) | near_sign).astype(_UINT[dtype]))
+    parts.append((near.astype(np.uint64) | near_sign).astype(BITS_DTYPES[dtype]))
 
     parts.append(round_to(heavy_tailed(stream, k[3], centre_exp=(fmt.emin + fmt.emax) // 2), dtype))
     return np.concatenate(parts)

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._arrays import numpy_bf16
-
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+from .._arrays import bits_view, numpy_bf16
 
 
 class SpillStore:
@@ -27,15 +25,15 @@ class SpillStore:
         items = self._meta.setdefault(key, [])
         self._files += 1
         path = Path(self._dir.name) / f"{self._files}.bin"
-        a.view(_UINT[a.dtype.itemsize]).tofile(path)
+        bits_view(a).tofile(path)
         items.append((str(path), a.dtype.name, a.shape))
 
     def get(self, key: str) -> list[np.ndarray]:
         """The arrays appended under ``key``, read back (fresh arrays)."""
         out = []
         for path, dtype, shape in self._meta.get(key, []):
-            width = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-            bits = np.fromfile(path, dtype=_UINT[width]).reshape(shape)
+            uint = np.uint16 if dtype == "bfloat16" else bits_view(np.empty(0, dtype)).dtype
+            bits = np.fromfile(path, dtype=uint).reshape(shape)
             out.append(numpy_bf16(bits) if dtype == "bfloat16" else bits.view(dtype))
         return out
 

@@ -12,14 +12,13 @@ from functools import lru_cache
 
 import numpy as np
 
+from .._arrays import bits_view
 from ..errors import Fp8RefError, ModelError
-
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a)
-    return a.view(_UINT[a.dtype.itemsize])
+    return bits_view(a)
 
 
 def _first(mask: np.ndarray) -> list[int] | None:
