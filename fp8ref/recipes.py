@@ -5,8 +5,9 @@ A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
 1. ``amax``         max|x| over the granularity's reduction set (exact), optionally clamped;
                     ``token_2d`` says whether 'token' on a 2-D input is per token or per tensor.
 2. ``scale``        ``amax/max`` or ``1/(max/amax)``, rounded in ``scale.dtype``; a minimum,
-                    a replacement for amax == 0; rounded again to ``store_dtype``; a stored 0
-                    replaced by eps(store dtype) where the producer does that.
+                    a replacement for amax == 0 (and for an infinite amax, and for an infinite
+                    multiplier); optionally a power of two (``pow2``); rounded again to
+                    ``store_dtype``; a stored 0 replaced by eps(store dtype) where the producer does that.
 3. ``apply``        x (fp16 x first cast to ``float16_to`` where the producer does that:
                     auto-round) divided by the scale, multiplied by its reciprocal or by
                     max/amax, in ``apply.dtype``; the stored or the unrounded scale; ``+ 0`` (turns -0.0
@@ -23,7 +24,7 @@ This module is pure: ``recipe_from_document`` builds a Recipe from a loaded YAML
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 
 import numpy as np
@@ -56,6 +57,9 @@ class Recipe:
     scale_dtype: str               # exact | float32
     scale_min: float | None
     zero_amax_scale: float | None
+    scale_pow2: str | None         # None | ceil (s up to 2**k: DeepGEMM, vLLM UE8M0) | floor-multiplier (TE)
+    inf_amax_scale: float | None   # the scale of an infinite amax (TE: 1); None: what the formula gives
+    multiplier_overflow: str | None  # None | fp32-max: an infinite multiplier becomes FLT_MAX (TE)
     scale_store_dtype: str         # float32 | model
     zero_stored_scale: str | None  # None | eps
     apply_float16_to: str | None   # None | bfloat16: dtype fp16 x is cast to before the apply step
@@ -115,13 +119,23 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
                     m = (np.float32(1.0) / a32) * np.float32(fmt.max)
                 if recipe.zero_amax_scale is not None:
                     m = np.where(a32 > 0, m, np.float32(1.0 / recipe.zero_amax_scale))
+                if recipe.inf_amax_scale is not None:
+                    m = np.where(np.isinf(a32), np.float32(1.0 / recipe.inf_amax_scale), m)
+                if recipe.multiplier_overflow == "fp32-max":  # TE's value_for_inf
+                    m = np.where(np.isinf(m), np.finfo(np.float32).max, m)
                 m = np.asarray(m, np.float32)
+                if recipe.scale_pow2 == "floor-multiplier":  # TE force_pow_2_scales: bits & 0xFF800000
+                    m = (m.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
                 s = np.float32(1.0) / m
         s = np.asarray(s, np.float32)
         if recipe.scale_min is not None:
             s = np.where(s < np.float32(recipe.scale_min), np.float32(recipe.scale_min), s)
         if recipe.zero_amax_scale is not None:  # `amax > 0` is False for 0 and NaN (HF's test)
             s = np.where(a > 0, s, np.float32(recipe.zero_amax_scale))
+        if recipe.inf_amax_scale is not None:
+            s = np.where(np.isinf(a), np.float32(recipe.inf_amax_scale), s)
+        if recipe.scale_pow2 == "ceil":
+            s = ceil_to_ue8m0(s)
     store = store_dtype(recipe, model_dtype, scale_dtype)
     stored = round_to(s, store).astype(np.float32)
     if recipe.zero_stored_scale == "eps":
@@ -130,6 +144,26 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
         return stored, m
     used = stored if recipe.apply_scale == "stored" else s
     return stored, np.asarray(used, np.float32)
+
+
+def ceil_to_ue8m0(s: np.ndarray) -> np.ndarray:
+    """2**ceil(log2 |s|) as float32, by DeepGEMM's bit rule (deep_gemm/utils/math.py ``ceil_to_ue8m0``):
+    biased exponent + [mantissa != 0], clamped to 1..254. Exact for every float32 (no log2): a
+    subnormal or zero s gives 2**-126, an infinite s (and NaN) 2**127."""
+    bits = np.abs(np.asarray(s, np.float32)).view(np.uint32)
+    e = (bits >> np.uint32(23)).astype(np.int64) + ((bits & np.uint32(0x7FFFFF)) != 0)
+    return (np.clip(e, 1, 254).astype(np.uint32) << np.uint32(23)).view(np.float32)
+
+
+def with_amax_ub(recipe: Recipe, ub) -> Recipe:
+    """``recipe`` with its amax capped at the run-time upper bound ``ub`` (fp32): vLLM's ``scale_ub``
+    and FBGEMM's ``activation_scale_ub`` (``min(amax, ub)`` before the scale formula)."""
+    value = np.float32(ub)
+    if not (np.isfinite(value) and value > 0):
+        raise RecipeError(f"scale_ub: expected a positive finite number, got {ub!r}")
+    if recipe.amax_max is not None and recipe.amax_max < float(value):
+        value = np.float32(recipe.amax_max)
+    return replace(recipe, amax_max=float(value))
 
 
 def check_scale(scale: np.ndarray, what: str = "scale") -> None:
@@ -212,7 +246,8 @@ _STEPS = {
     "amax": {"min": "amax_min", "max": "amax_max", "token_2d": "token_2d"},
     "scale": {"form": "scale_form", "dtype": "scale_dtype", "min": "scale_min",
               "zero_amax": "zero_amax_scale", "store_dtype": "scale_store_dtype",
-              "zero_stored": "zero_stored_scale"},
+              "zero_stored": "zero_stored_scale", "pow2": "scale_pow2", "inf_amax": "inf_amax_scale",
+              "multiplier_overflow": "multiplier_overflow"},
     "apply": {"float16_to": "apply_float16_to", "op": "apply_op", "scale": "apply_scale", "dtype": "apply_dtype",
               "add_zero": "add_zero", "clamp": "clamp"},
     "encode": {"rounding": "rounding", "saturate": "saturate", "negative_zero": "negative_zero"},
@@ -225,13 +260,16 @@ _CHOICES = {
     "apply_float16_to": (None, "bfloat16"),
     "scale_form": ("amax/max", "1/(max/amax)", "1/(max*(1/amax))"), "scale_dtype": ("exact", "float32"),
     "scale_store_dtype": ("float32", "model"), "zero_stored_scale": (None, "eps"),
+    "scale_pow2": (None, "ceil", "floor-multiplier"), "multiplier_overflow": (None, "fp32-max"),
     "apply_op": ("divide", "multiply_reciprocal", "multiply_multiplier"),
     "apply_scale": ("stored", "computed"), "apply_dtype": DTYPES,
     "rounding": ("from_args", "rne", "rna", "rtz", "rup", "rdown", "rto"),
     "saturate": ("from_args", True, False), "negative_zero": ("keep", "positive"),
     "dequantize_dtype": ("exact", "model"),
 }
-_NUMBERS = ("amax_min", "amax_max", "scale_min", "zero_amax_scale")
+_NUMBERS = ("amax_min", "amax_max", "scale_min", "zero_amax_scale", "inf_amax_scale")
+# keys added after the first recipes: absent means null (the older recipes' behaviour)
+_OPTIONAL = {"scale": ("pow2", "inf_amax", "multiplier_overflow")}
 _BOOLS = ("add_zero", "clamp", "require_divisible")
 
 
@@ -249,14 +287,14 @@ def _number(doc, path, value):
         raise doc.error(path, f"expected a number, a fraction like '1/229376' or null, got {value!r}") from None
 
 
-def _exact_keys(doc, path, mapping, keys):
+def _exact_keys(doc, path, mapping, keys, optional=()):
     if not isinstance(mapping, dict):
         raise doc.error(path, f"expected a mapping, got {type(mapping).__name__}")
     unknown = [k for k in mapping if k not in keys]
     if unknown:
         raise doc.error(tuple(path) + (unknown[0],), "unknown key" + did_you_mean(unknown[0], keys, clause=True)
                         + f" (expected {', '.join(keys)})")
-    missing = [k for k in keys if k not in mapping]
+    missing = [k for k in keys if k not in mapping and k not in optional]
     if missing:
         raise doc.error(path, f"missing key(s) {', '.join(missing)}")
 
@@ -289,10 +327,10 @@ def recipe_from_document(doc) -> Recipe:
     _exact_keys(doc, ("steps",), data["steps"], tuple(_STEPS))
     for step, keys in _STEPS.items():
         body = data["steps"][step]
-        _exact_keys(doc, ("steps", step), body, tuple(keys))
+        _exact_keys(doc, ("steps", step), body, tuple(keys), _OPTIONAL.get(step, ()))
         for key, field_name in keys.items():
             path = ("steps", step, key)
-            value = body[key]
+            value = body.get(key)
             if field_name in _NUMBERS:
                 value = _number(doc, path, value)
             values[field_name] = value
@@ -305,6 +343,12 @@ def recipe_from_document(doc) -> Recipe:
             raise doc.error(_path_of(name), f"expected one of {shown}, got {values[name]!r}")
     if values["scale_dtype"] == "exact" and values["scale_store_dtype"] != "float32":
         raise doc.error(("steps", "scale", "store_dtype"), "an exact scale is stored in float32")
+    multiplier = values["scale_form"] != "amax/max" and values["scale_dtype"] != "exact"
+    if values["scale_pow2"] is not None and (values["scale_pow2"] == "floor-multiplier") != multiplier:
+        raise doc.error(("steps", "scale", "pow2"), "floor-multiplier goes with a float32 multiplier form "
+                        "(1/(max/amax)), ceil with amax/max")
+    if values["multiplier_overflow"] is not None and not multiplier:
+        raise doc.error(("steps", "scale", "multiplier_overflow"), "needs a float32 multiplier form (1/(max/amax))")
     from .formats import FORMATS
     for i, f in enumerate(values["formats"]):
         if f not in FORMATS:

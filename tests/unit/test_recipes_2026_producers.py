@@ -1,0 +1,243 @@
+"""TransformerEngine current scaling (and its power-of-two option), DeepGEMM's and vLLM's UE8M0
+group scales, FBGEMM's CUDA per-row quantizer and run-time amax upper bounds (``scale_ub``),
+each checked against an independent Fraction oracle written here from the producers' source:
+scales from exact rationals rounded once to float32 (tests/support/quant_oracle.fp32_nearest),
+powers of two by integer search, codes by the Fraction grid (quant_oracle.exact_code).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8ref import QuantArgs, quantize
+from fp8ref.errors import Fp8RefError, RecipeError
+from fp8ref.formats import FORMATS
+from fp8ref.recipes import ceil_to_ue8m0, with_amax_ub
+from fp8ref.registry import get_recipe
+from tests.support.quant_oracle import exact_code, fp32_nearest
+
+E4M3 = FORMATS["float8_e4m3fn"]
+E5M2 = FORMATS["float8_e5m2"]
+F32_MAX = float(np.finfo(np.float32).max)
+BF16 = ml_dtypes.bfloat16
+
+
+def _f(v) -> Fraction:
+    return Fraction(float(v))
+
+
+def _pow2_ceil(r: Fraction) -> Fraction:
+    """Smallest 2**k >= r, k clamped to -126..127 (DeepGEMM's exponent clamp 1..254)."""
+    if r <= 0:
+        return Fraction(2) ** -126
+    k = r.numerator.bit_length() - r.denominator.bit_length() - 1
+    while Fraction(2) ** k < r:
+        k += 1
+    while Fraction(2) ** (k - 1) >= r:
+        k -= 1
+    return Fraction(2) ** min(max(k, -126), 127)
+
+
+def _pow2_floor(r: Fraction) -> Fraction:
+    k = r.numerator.bit_length() - r.denominator.bit_length() + 1
+    while Fraction(2) ** k > r:
+        k -= 1
+    return Fraction(2) ** k
+
+
+def _code(r: Fraction, neg_zero: bool, fmt=E4M3) -> int:
+    return exact_code(r, fmt, negative_zero=neg_zero)
+
+
+def _neg(v) -> bool:
+    return math.copysign(1.0, float(v)) < 0
+
+
+# --- oracles, one per producer ---------------------------------------------------------------
+def te_oracle(x: np.ndarray, fmt, pow2: bool):
+    amax = max((abs(float(v)) for v in x.reshape(-1)), default=0.0)
+    if amax == 0 or math.isinf(amax):
+        m = Fraction(1)
+    else:
+        q = Fraction(fmt.max) / _f(amax)
+        m = Fraction(F32_MAX) if q > Fraction(F32_MAX) * (1 + Fraction(1, 1 << 25)) else _f(fp32_nearest(q))
+    if pow2:
+        m = _pow2_floor(m)
+    s = _f(fp32_nearest(1 / m))
+    codes = [_code(_f(fp32_nearest(_f(v) * m)), _neg(v), fmt) for v in x.reshape(-1)]
+    return np.array(codes, np.uint8).reshape(x.shape), np.float32(float(s))
+
+
+def group_ue8m0_oracle(x: np.ndarray, group: int, floor: float, divide: bool):
+    """DeepGEMM (floor 1e-4, x * (1/s)) and vLLM (floor 1e-10, x / s); s is a power of two, so both
+    are the exact quotient."""
+    rows, k = x.shape
+    ng = -(-k // group)
+    codes = np.empty(x.shape, np.uint8)
+    scales = np.empty((rows, ng), np.float32)
+    for r in range(rows):
+        for g in range(ng):
+            vals = x[r, g * group:(g + 1) * group]
+            amax = max(abs(float(v)) for v in vals)
+            amax = max(_f(amax), _f(np.float32(floor)))
+            s = _pow2_ceil(_f(fp32_nearest(amax / 448)))
+            scales[r, g] = float(s)
+            for j, v in enumerate(vals):
+                codes[r, g * group + j] = _code(_f(v) / s, _neg(v))
+    return codes, scales
+
+
+def fbgemm_oracle(x: np.ndarray, ub: float | None):
+    codes = np.empty(x.shape, np.uint8)
+    scales = np.empty((x.shape[0], 1), np.float32)
+    floor = _f(fp32_nearest(Fraction(1, 448 * 512)))
+    for r in range(x.shape[0]):
+        amax = _f(max(abs(float(v)) for v in x[r]))
+        if ub is not None:
+            amax = min(amax, _f(np.float32(ub)))
+        s = max(_f(fp32_nearest(amax / 448)), floor)
+        scales[r, 0] = float(s)
+        for j, v in enumerate(x[r]):
+            codes[r, j] = _code(_f(fp32_nearest(_f(v) / s)), _neg(v))
+    return codes, scales
+
+
+# --- inputs: random values plus the edges ------------------------------------------------------
+def _edges(dtype, rows=6, k=256, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-12, 8, (rows, 1)))).astype(np.float32)
+    x[1, :128] = 0.0                                   # an all-zero group
+    x[2, :] = 0.0                                      # an all-zero row
+    x[2, 7] = -0.0
+    tiny = float((ml_dtypes.finfo(BF16) if dtype is BF16 else np.finfo(np.float32)).smallest_subnormal)
+    x[3, :128] = tiny * rng.integers(-3, 4, 128)       # subnormals only
+    x[4, 3] = 448.0 * 2.0 ** -3                        # amax exactly 448 * 2^k: the scale lands on a power of two
+    x[4, 130] = 448.0 * 2.0 ** 5 * (1 + 2.0 ** -7)     # ... and just above one
+    x[5, :] = rng.integers(-6, 7, k) * 2.0 ** -9        # many ties on the e4m3 grid
+    return x.astype(dtype)
+
+
+DTYPES = [np.float32, BF16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("recipe,fmt", [("te-current", E4M3), ("te-current", E5M2), ("te-current-pow2", E4M3),
+                                        ("te-current-pow2", E5M2)])
+def test_te_current_scaling_matches_the_oracle(recipe, fmt, dtype):
+    x = _edges(dtype)
+    for part in (x, x[1:3], x[2:3], x[3:4]):     # per tensor: whole, zero-heavy, all-zero, subnormal-only
+        q = quantize(part, QuantArgs(format=fmt.name, granularity="tensor"), recipe=recipe)
+        codes, s = te_oracle(part, fmt, pow2=recipe.endswith("pow2"))
+        assert np.array_equal(q.codes, codes)
+        assert q.scale.reshape(-1).view(np.uint32)[0] == np.float32(s).view(np.uint32)
+
+
+def test_te_corner_scales():
+    """amax 0 and Inf give scale 1; a subnormal amax whose 448/amax overflows gives FLT_MAX (scale_inv
+    fp32(1/FLT_MAX)), and with power-of-two scales 2^127."""
+    args = QuantArgs(granularity="tensor")
+    assert quantize(np.zeros(4, np.float32), args, recipe="te-current").scale[0] == 1.0
+    inf = np.array([1.0, np.inf], np.float32)
+    q = quantize(inf, args, recipe="te-current")
+    assert q.scale[0] == 1.0 and list(q.codes) == [0x38, 0x7E]   # x * 1, Inf saturates to 448
+    sub = np.array([1e-39, -2e-39], np.float32)
+    q = quantize(sub, args, recipe="te-current")
+    assert q.scale[0] == np.float32(1.0) / np.finfo(np.float32).max
+    q2 = quantize(sub, args, recipe="te-current-pow2")
+    assert q2.scale[0] == np.float32(2.0 ** -127)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("recipe,floor", [("deepgemm-ue8m0", 1e-4), ("vllm-group-ue8m0", 1e-10)])
+def test_ue8m0_group_scales_match_the_oracle(recipe, floor, dtype):
+    x = _edges(dtype)
+    q = quantize(x, QuantArgs(granularity="group", group_size=128), recipe=recipe)
+    codes, scales = group_ue8m0_oracle(x, 128, floor, divide=recipe.startswith("vllm"))
+    assert np.array_equal(q.codes, codes)
+    assert np.array_equal(q.scale.view(np.uint32), scales.view(np.uint32))
+    m, _ = np.frexp(q.scale)
+    assert (m == 0.5).all()                                   # every scale a power of two (UE8M0)
+    assert q.scale[4, 0] == 2.0 ** -3 and q.scale[4, 1] == 2.0 ** 6   # on a power of two: kept; above: up
+
+
+def test_deepgemm_partial_group_and_block():
+    """K not a multiple of 128 (DeepGEMM zero-pads) and 128x128 weight blocks."""
+    x = _edges(np.float32, rows=6, k=200, seed=4)
+    q = quantize(x, QuantArgs(granularity="group", group_size=128), recipe="deepgemm-ue8m0")
+    codes, scales = group_ue8m0_oracle(x, 128, 1e-4, divide=False)
+    assert np.array_equal(q.codes, codes) and np.array_equal(q.scale, scales)
+    w = _edges(BF16, rows=130, k=256, seed=5)
+    qb = quantize(w, QuantArgs(granularity="block", block_shape=(128, 128)), recipe="deepgemm-ue8m0")
+    wf = w.astype(np.float32)
+    for bi in range(2):
+        for bj in range(2):
+            blk = wf[bi * 128:(bi + 1) * 128, bj * 128:(bj + 1) * 128]
+            s = _pow2_ceil(_f(fp32_nearest(max(_f(np.abs(blk).max()), _f(np.float32(1e-4))) / 448)))
+            assert qb.scale[bi, bj] == float(s)
+            got = qb.codes[bi * 128:(bi + 1) * 128, bj * 128:(bj + 1) * 128]
+            want = [_code(_f(v) / s, _neg(v)) for v in blk.reshape(-1)[::97]]
+            assert list(got.reshape(-1)[::97]) == want
+
+
+def test_ceil_to_ue8m0_bit_rule():
+    """Exponent + [mantissa != 0] clamped to 1..254, for every kind of float32."""
+    s = np.array([1.0, 1.5, 2.0 ** -130, 0.0, 2.0 ** 127 * 1.5, np.inf, 3.0, 2.0 ** -126], np.float32)
+    want = [1.0, 2.0, 2.0 ** -126, 2.0 ** -126, 2.0 ** 127, 2.0 ** 127, 4.0, 2.0 ** -126]
+    assert ceil_to_ue8m0(s).tolist() == want
+    rng = np.random.default_rng(1)
+    r = (rng.random(2000) * np.exp2(rng.integers(-120, 120, 2000))).astype(np.float32)
+    assert [float(v) for v in ceil_to_ue8m0(r)] == [float(_pow2_ceil(_f(v))) for v in r]
+
+
+@pytest.mark.parametrize("ub", [None, 1200.0, 0.5])
+def test_fbgemm_cuda_rowwise_matches_the_oracle(ub):
+    x = _edges(BF16, seed=7)
+    x[0, 9] = 3000.0                                            # an outlier above activation_scale_ub
+    rec = get_recipe("fbgemm-fp8") if ub is None else with_amax_ub(get_recipe("fbgemm-fp8"), ub)
+    q = quantize(x, QuantArgs(granularity="token"), recipe=rec)
+    codes, scales = fbgemm_oracle(x, ub)
+    assert np.array_equal(q.codes, codes)
+    assert np.array_equal(q.scale.view(np.uint32), scales.view(np.uint32))
+    if ub == 1200.0:
+        assert q.scale[0, 0] == np.float32(np.float32(1200.0) / np.float32(448)) and q.codes[0, 9] == 0x7E
+
+
+def test_vllm_dynamic_scale_ub():
+    """vLLM's dynamic per-token quantization with scale_ub: min(amax, ub) / 448, floor 1/(448*512)."""
+    x = np.array([[1.0, -900.0, 3.0], [0.0, 0.0, 0.0]], np.float32)
+    q = quantize(x, QuantArgs(granularity="token"), recipe=with_amax_ub(get_recipe("vllm-dynamic"), 448.0))
+    assert q.scale[0, 0] == 1.0 and list(q.codes[0]) == [0x38, 0xFE, 0x44]   # -900 clamps to -448
+    assert q.scale[1, 0] == np.float32(1 / 229376)
+
+
+def test_scale_ub_refuses_bad_bounds():
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(RecipeError, match="scale_ub"):
+            with_amax_ub(get_recipe("fbgemm-fp8"), bad)
+
+
+def test_vllm_ue8m0_requires_whole_groups():
+    with pytest.raises(Fp8RefError, match="128"):
+        quantize(np.ones((2, 200), np.float32), QuantArgs(granularity="group", group_size=128),
+                 recipe="vllm-group-ue8m0")
+
+
+def test_recipe_validation_of_the_new_keys(tmp_path):
+    """pow2 ceil needs amax/max, floor-multiplier a multiplier form; unknown values are refused."""
+    from fp8ref.io.yaml import load_yaml
+    from fp8ref.recipes import recipe_from_document
+    from fp8ref.registry import RECIPES_DIR
+
+    base = (RECIPES_DIR / "te-current.yaml").read_text()
+    path = tmp_path / "te-current.yaml"
+    for bad in ("pow2: ceil", "pow2: up"):
+        path.write_text(base.replace("pow2: null", bad))
+        with pytest.raises(Fp8RefError, match="pow2"):
+            recipe_from_document(load_yaml(path))
+    path.write_text(base.replace("    pow2: null\n", ""))   # an optional key: absent means null
+    assert recipe_from_document(load_yaml(path)).scale_pow2 is None
