@@ -57,9 +57,6 @@ class Recipe:
     scale_dtype: str               # exact | float32
     scale_min: float | None
     zero_amax_scale: float | None
-    scale_pow2: str | None         # None | ceil (s up to 2**k: DeepGEMM, vLLM UE8M0) | floor-multiplier (TE)
-    inf_amax_scale: float | None   # the scale of an infinite amax (TE: 1); None: what the formula gives
-    multiplier_overflow: str | None  # None | fp32-max: an infinite multiplier becomes FLT_MAX (TE)
     scale_store_dtype: str         # float32 | model
     zero_stored_scale: str | None  # None | eps
     apply_float16_to: str | None   # None | bfloat16: dtype fp16 x is cast to before the apply step
@@ -72,6 +69,10 @@ class Recipe:
     saturate: str | bool           # from_args | True | False
     negative_zero: str             # keep | positive
     dequantize_dtype: str          # exact | model
+    # scale-step keys added later (optional in the YAML, null by default)
+    scale_pow2: str | None = None  # None | ceil (s up to 2**k: DeepGEMM, vLLM UE8M0) | floor-multiplier (TE)
+    inf_amax_scale: float | None = None  # the scale of an infinite amax (TE: 1); None: what the formula gives
+    multiplier_overflow: str | None = None  # None | fp32-max: an infinite multiplier becomes FLT_MAX (TE)
 
 
 # --- scale step ---------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """FP8 safetensors checkpoints: load (``load_checkpoint``) and write (``export_checkpoint``,
-``write_checkpoint``) the formats compressed-tensors/llm-compressor, auto-round and Hugging Face
-fp8 use. Modules: detect, one module per format, loader, forward,
+``write_checkpoint``) the formats compressed-tensors/llm-compressor, auto-round, Hugging Face
+fp8, ModelOpt, Quark and FBGEMM use. Modules: detect, one module per format, loader, forward,
 export, inspect."""
 
 # the built-in formats register themselves (fp8ref.checkpoint.base.register), before anything asks
-from . import autoround, compressed_tensors, hf_fp8, modelopt, quark  # noqa: F401  isort: skip
+from . import autoround, compressed_tensors, fbgemm_fp8, hf_fp8, modelopt, quark  # noqa: F401  isort: skip
 from .export import export_checkpoint, load_calibration, write_calibration, write_checkpoint
 from .loader import Checkpoint, QuantizedLayer, load_checkpoint
 

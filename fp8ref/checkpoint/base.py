@@ -56,7 +56,7 @@ class CheckpointFormat(Protocol):
     # Defaults supplies these: kv_export_refusal (export from amax cannot write its KV names),
     # config_files (files besides config.json it owns), nvfp4_global (divisor | multiplier | None),
     # recipe_of(quant) (the recipe reproducing its bytes), kv_tensor(name, shape) (a KV scale's
-    # name and shape when written in this format)
+    # name and shape when written in this format), input_recipe(entry) (dynamic inputs' recipe)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         """Without a config: do float8 weights with these tensor names look like this format?"""
@@ -100,6 +100,10 @@ class Defaults:
     def recipe_of(self, quant: LayerQuant) -> str:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
         return self.name
+
+    def input_recipe(self, entry: LayerEntry):
+        """The recipe a dynamic input is quantized with in mode="reference" (None: fp8ref's)."""
+        return None
 
     def carry_config(self, source: dict | None, qc: dict) -> dict:
         """``qc`` for a checkpoint of this format written again: the config fields of ``source``

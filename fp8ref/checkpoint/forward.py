@@ -43,6 +43,12 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
     if q.input is None:
         raise CheckpointError(f"{layer.name}: weight-only layer; a W8A8 forward needs quantized inputs")
     static = q.input == "static"
+    if not static:
+        from . import base
+
+        recipe = base.get(layer.producer).input_recipe(layer.entry)
+        if recipe is not None:
+            mm_options = {"input_recipe": recipe, **mm_options}
     return linear(x, layer.weight_codes, np.asarray(layer.weight_scale).astype(np.float32),
                   input_scale=np.asarray(layer.input_scale).astype(np.float32) if static else None,
                   dynamic=None if static else q.input.removeprefix("dynamic-"),

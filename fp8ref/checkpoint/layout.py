@@ -105,6 +105,8 @@ class LayerEntry:
     # weight-scale dtypes beyond the float ones a float-scaled layer may store (hf-fp8 with
     # scale_fmt ue8m0: F8_E8M0 power-of-two multipliers)
     extra_scale_dtypes: tuple[str, ...] = ()
+    # a run-time cap on the dynamic input amax (fbgemm_fp8's activation_scale_ub); None: none
+    input_amax_ub: float | None = None
 
 
 def model_dtype(config: dict | None, store: TensorStore) -> str:

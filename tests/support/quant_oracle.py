@@ -50,3 +50,96 @@ def oracle_codes(x: np.ndarray, s: np.ndarray, fmt, **kw) -> np.ndarray:
         out[i] = exact_code(Fraction(xv) / Fraction(float(sb[i])), fmt,
                             negative_zero=math.copysign(1, xv) < 0, **kw)
     return out
+
+
+# --- producers' scale rules, from their source (tests/unit/test_recipes_2026_producers.py) -------
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _e4m3():
+    from fp8ref.formats import FORMATS  # only the format's parameters: the grid is the oracle's own
+
+    return FORMATS["float8_e4m3fn"]
+
+
+def frac(v) -> Fraction:
+    return Fraction(float(v))
+
+
+def pow2_ceil(r: Fraction) -> Fraction:
+    """Smallest 2**k >= r, k clamped to -126..127 (DeepGEMM's exponent clamp 1..254)."""
+    if r <= 0:
+        return Fraction(2) ** -126
+    k = r.numerator.bit_length() - r.denominator.bit_length() - 1
+    while Fraction(2) ** k < r:
+        k += 1
+    while Fraction(2) ** (k - 1) >= r:
+        k -= 1
+    return Fraction(2) ** min(max(k, -126), 127)
+
+
+def pow2_floor(r: Fraction) -> Fraction:
+    k = r.numerator.bit_length() - r.denominator.bit_length() + 1
+    while Fraction(2) ** k > r:
+        k -= 1
+    return Fraction(2) ** k
+
+
+def code_of(r: Fraction, neg_zero: bool, fmt=None) -> int:
+    fmt = fmt if fmt is not None else _e4m3()
+    return exact_code(r, fmt, negative_zero=neg_zero)
+
+
+def is_negative(v) -> bool:
+    return math.copysign(1.0, float(v)) < 0
+
+
+# --- oracles, one per producer ---------------------------------------------------------------
+def te_oracle(x: np.ndarray, fmt, pow2: bool):
+    amax = max((abs(float(v)) for v in x.reshape(-1)), default=0.0)
+    if amax == 0 or math.isinf(amax):
+        m = Fraction(1)
+    else:
+        q = Fraction(fmt.max) / frac(amax)
+        m = Fraction(F32_MAX) if q > Fraction(F32_MAX) * (1 + Fraction(1, 1 << 25)) else frac(fp32_nearest(q))
+    if pow2:
+        m = pow2_floor(m)
+    s = frac(fp32_nearest(1 / m))
+    codes = [code_of(frac(fp32_nearest(frac(v) * m)), is_negative(v), fmt) for v in x.reshape(-1)]
+    return np.array(codes, np.uint8).reshape(x.shape), np.float32(float(s))
+
+
+def group_ue8m0_oracle(x: np.ndarray, group: int, floor: float, divide: bool):
+    """DeepGEMM (floor 1e-4, x * (1/s)) and vLLM (floor 1e-10, x / s); s is a power of two, so both
+    are the exact quotient."""
+    rows, k = x.shape
+    ng = -(-k // group)
+    codes = np.empty(x.shape, np.uint8)
+    scales = np.empty((rows, ng), np.float32)
+    for r in range(rows):
+        for g in range(ng):
+            vals = x[r, g * group:(g + 1) * group]
+            amax = max(abs(float(v)) for v in vals)
+            amax = max(frac(amax), frac(np.float32(floor)))
+            s = pow2_ceil(frac(fp32_nearest(amax / 448)))
+            scales[r, g] = float(s)
+            for j, v in enumerate(vals):
+                codes[r, g * group + j] = code_of(frac(v) / s, is_negative(v))
+    return codes, scales
+
+
+def fbgemm_oracle(x: np.ndarray, ub: float | None):
+    codes = np.empty(x.shape, np.uint8)
+    scales = np.empty((x.shape[0], 1), np.float32)
+    floor = frac(fp32_nearest(Fraction(1, 448 * 512)))
+    for r in range(x.shape[0]):
+        amax = frac(max(abs(float(v)) for v in x[r]))
+        if ub is not None:
+            amax = min(amax, frac(np.float32(ub)))
+        s = max(frac(fp32_nearest(amax / 448)), floor)
+        scales[r, 0] = float(s)
+        for j, v in enumerate(x[r]):
+            codes[r, j] = code_of(frac(fp32_nearest(frac(v) / s)), is_negative(v))
+    return codes, scales
+
+

@@ -7,9 +7,6 @@ powers of two by integer search, codes by the Fraction grid (quant_oracle.exact_
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -19,92 +16,20 @@ from fp8ref.errors import Fp8RefError, RecipeError
 from fp8ref.formats import FORMATS
 from fp8ref.recipes import ceil_to_ue8m0, with_amax_ub
 from fp8ref.registry import get_recipe
-from tests.support.quant_oracle import exact_code, fp32_nearest
+from tests.support.quant_oracle import (
+    code_of,
+    fbgemm_oracle,
+    fp32_nearest,
+    frac,
+    group_ue8m0_oracle,
+    is_negative,
+    pow2_ceil,
+    te_oracle,
+)
 
 E4M3 = FORMATS["float8_e4m3fn"]
 E5M2 = FORMATS["float8_e5m2"]
-F32_MAX = float(np.finfo(np.float32).max)
 BF16 = ml_dtypes.bfloat16
-
-
-def _f(v) -> Fraction:
-    return Fraction(float(v))
-
-
-def _pow2_ceil(r: Fraction) -> Fraction:
-    """Smallest 2**k >= r, k clamped to -126..127 (DeepGEMM's exponent clamp 1..254)."""
-    if r <= 0:
-        return Fraction(2) ** -126
-    k = r.numerator.bit_length() - r.denominator.bit_length() - 1
-    while Fraction(2) ** k < r:
-        k += 1
-    while Fraction(2) ** (k - 1) >= r:
-        k -= 1
-    return Fraction(2) ** min(max(k, -126), 127)
-
-
-def _pow2_floor(r: Fraction) -> Fraction:
-    k = r.numerator.bit_length() - r.denominator.bit_length() + 1
-    while Fraction(2) ** k > r:
-        k -= 1
-    return Fraction(2) ** k
-
-
-def _code(r: Fraction, neg_zero: bool, fmt=E4M3) -> int:
-    return exact_code(r, fmt, negative_zero=neg_zero)
-
-
-def _neg(v) -> bool:
-    return math.copysign(1.0, float(v)) < 0
-
-
-# --- oracles, one per producer ---------------------------------------------------------------
-def te_oracle(x: np.ndarray, fmt, pow2: bool):
-    amax = max((abs(float(v)) for v in x.reshape(-1)), default=0.0)
-    if amax == 0 or math.isinf(amax):
-        m = Fraction(1)
-    else:
-        q = Fraction(fmt.max) / _f(amax)
-        m = Fraction(F32_MAX) if q > Fraction(F32_MAX) * (1 + Fraction(1, 1 << 25)) else _f(fp32_nearest(q))
-    if pow2:
-        m = _pow2_floor(m)
-    s = _f(fp32_nearest(1 / m))
-    codes = [_code(_f(fp32_nearest(_f(v) * m)), _neg(v), fmt) for v in x.reshape(-1)]
-    return np.array(codes, np.uint8).reshape(x.shape), np.float32(float(s))
-
-
-def group_ue8m0_oracle(x: np.ndarray, group: int, floor: float, divide: bool):
-    """DeepGEMM (floor 1e-4, x * (1/s)) and vLLM (floor 1e-10, x / s); s is a power of two, so both
-    are the exact quotient."""
-    rows, k = x.shape
-    ng = -(-k // group)
-    codes = np.empty(x.shape, np.uint8)
-    scales = np.empty((rows, ng), np.float32)
-    for r in range(rows):
-        for g in range(ng):
-            vals = x[r, g * group:(g + 1) * group]
-            amax = max(abs(float(v)) for v in vals)
-            amax = max(_f(amax), _f(np.float32(floor)))
-            s = _pow2_ceil(_f(fp32_nearest(amax / 448)))
-            scales[r, g] = float(s)
-            for j, v in enumerate(vals):
-                codes[r, g * group + j] = _code(_f(v) / s, _neg(v))
-    return codes, scales
-
-
-def fbgemm_oracle(x: np.ndarray, ub: float | None):
-    codes = np.empty(x.shape, np.uint8)
-    scales = np.empty((x.shape[0], 1), np.float32)
-    floor = _f(fp32_nearest(Fraction(1, 448 * 512)))
-    for r in range(x.shape[0]):
-        amax = _f(max(abs(float(v)) for v in x[r]))
-        if ub is not None:
-            amax = min(amax, _f(np.float32(ub)))
-        s = max(_f(fp32_nearest(amax / 448)), floor)
-        scales[r, 0] = float(s)
-        for j, v in enumerate(x[r]):
-            codes[r, j] = _code(_f(fp32_nearest(_f(v) / s)), _neg(v))
-    return codes, scales
 
 
 # --- inputs: random values plus the edges ------------------------------------------------------
@@ -177,10 +102,10 @@ def test_deepgemm_partial_group_and_block():
     for bi in range(2):
         for bj in range(2):
             blk = wf[bi * 128:(bi + 1) * 128, bj * 128:(bj + 1) * 128]
-            s = _pow2_ceil(_f(fp32_nearest(max(_f(np.abs(blk).max()), _f(np.float32(1e-4))) / 448)))
+            s = pow2_ceil(frac(fp32_nearest(max(frac(np.abs(blk).max()), frac(np.float32(1e-4))) / 448)))
             assert qb.scale[bi, bj] == float(s)
             got = qb.codes[bi * 128:(bi + 1) * 128, bj * 128:(bj + 1) * 128]
-            want = [_code(_f(v) / s, _neg(v)) for v in blk.reshape(-1)[::97]]
+            want = [code_of(frac(v) / s, is_negative(v)) for v in blk.reshape(-1)[::97]]
             assert list(got.reshape(-1)[::97]) == want
 
 
@@ -191,7 +116,7 @@ def test_ceil_to_ue8m0_bit_rule():
     assert ceil_to_ue8m0(s).tolist() == want
     rng = np.random.default_rng(1)
     r = (rng.random(2000) * np.exp2(rng.integers(-120, 120, 2000))).astype(np.float32)
-    assert [float(v) for v in ceil_to_ue8m0(r)] == [float(_pow2_ceil(_f(v))) for v in r]
+    assert [float(v) for v in ceil_to_ue8m0(r)] == [float(pow2_ceil(frac(v))) for v in r]
 
 
 @pytest.mark.parametrize("ub", [None, 1200.0, 0.5])
