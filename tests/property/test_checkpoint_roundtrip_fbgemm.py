@@ -36,8 +36,8 @@ NAME = "model.layers.0.self_attn.o_proj"
 def _source(folder: Path, w: np.ndarray, dtype: str) -> None:
     folder.mkdir()
     head = np.ones((4, w.shape[1]), NP[dtype])
-    write_safetensors(folder / "model.safetensors", {f"{NAME}.weight": (ST[dtype], w), "lm_head.weight": (ST[dtype], head)},
-                      {"format": "pt"})
+    tensors = {f"{NAME}.weight": (ST[dtype], w), "lm_head.weight": (ST[dtype], head)}
+    write_safetensors(folder / "model.safetensors", tensors, {"format": "pt"})
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": dtype}))
 
 
