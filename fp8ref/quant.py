@@ -593,6 +593,10 @@ def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if rec.global_meaning == "multiplier":
             return np.float32(a32 / top)
+        if rec.global_rule == "fp32-max":  # TE compute_global_encode_scaling_factor_FP4
+            g = np.float32(top / a32)
+            g = np.finfo(np.float32).max if not np.isfinite(g) else g  # fminf: inf and NaN -> FLT_MAX
+            return np.float32(1.0) if a32 == 0 or g == 0 else np.float32(g)
         tiny = np.float32({"float32": np.finfo(np.float32).tiny, "bfloat16": 2.0 ** -126,
                            "float16": 2.0 ** -14}.get(dtype, np.finfo(np.float32).tiny))
         g = np.float32(round_to(np.float32(top / max(a32, tiny)), dtype if rec.global_dtype == "model" else "float32"))
@@ -608,6 +612,12 @@ def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     x32 = _f32(_exact_values(arr, dtype))
     amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")
     _reject_nonfinite(amax_b, arr, dtype, rec)
+    if rec.tile_rows > 1:  # one scale per tile_rows x 16 tile, written to each of its rows' 1x16 blocks
+        if arr.ndim < 2:
+            raise ShapeError(f"x: recipe {rec.name!r} scales {rec.tile_rows}x16 tiles and needs a 2-D weight, "
+                             f"got shape {tuple(arr.shape)}")
+        tiles = reduce_amax(_exact_values(arr, dtype), "block", block_shape=(rec.tile_rows, 16))
+        amax_b = np.repeat(tiles, rec.tile_rows, axis=-2)[..., :arr.shape[-2], :]
     if amax is not None and given is not None:
         raise InputTypeError("scale, amax: give one of them, not both")
     if given is not None:
@@ -620,6 +630,9 @@ def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
         ab = _f32(amax_b)  # block amax values are D values: exact in fp32
         if rec.block_form == "global*D(amax/max_elem)":
             sb = _f32(g) * _f32(round_to(ab / np.float32(fmt.max), dtype))
+        elif rec.block_form == "amax*fp32(global*fp32(1/max_elem))":  # TE: the 1/6 folded into the multiplier
+            sb = _f32(ab * _f32(_f32(g) * _f32(np.float32(1.0) / np.float32(fmt.max))))
+            sb = np.minimum(sb, np.finfo(np.float32).max)
         else:
             sb = ab / _f32(np.float32(fmt.max) * g)
         if rec.block_zero_amax is not None:
@@ -634,8 +647,13 @@ def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
         scale_codes = np.where(zero, encode(np.float32(rec.block_zero_stored), sfmt), scale_codes).astype(np.uint8)
         s_blk = decode(scale_codes, sfmt)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        eff = _f32(s_blk / g) if rec.global_meaning == "divisor" else _f32(s_blk * g)  # fp32, rounded once
-        y = x32 / expand(eff, x32.shape, "nvfp4").astype(np.float32)
+        if rec.apply_op == "multiply_reciprocal":  # TE: x * fminf(1 / (s_b * fp32(1/g)), FLT_MAX)
+            m = _f32(np.float32(1.0) / _f32(s_blk * (np.float32(1.0) / _f32(g))))
+            m = np.minimum(m, np.finfo(np.float32).max).astype(np.float32)
+            y = _f32(x32 * expand(m, x32.shape, "nvfp4").astype(np.float32))
+        else:
+            eff = _f32(s_blk / g) if rec.global_meaning == "divisor" else _f32(s_blk * g)  # fp32, rounded once
+            y = x32 / expand(eff, x32.shape, "nvfp4").astype(np.float32)
     codes = _block_encode(y, rec, fmt)
     return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
                 scale_dtype=_NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,

@@ -405,21 +405,29 @@ class BlockRecipe:
     add_zero: bool
     negative_zero: str              # keep | positive
     dequantize_dtype: str           # exact | model
+    # keys added later (optional in the YAML; the defaults are the older recipes' behaviour)
+    global_rule: str = "clamp-amax"  # clamp-amax: 2688/max(A, tiny) (CT) | fp32-max: 2688/A, inf/NaN -> FLT_MAX (TE)
+    tile_rows: int = 1               # 1: 1x16 blocks | 16: 16x16 tiles share one scale (TE's 2-D weights)
+    apply_op: str = "divide"         # divide: x / fp32(s_b/g) | multiply_reciprocal: x * min(fp32(1/fp32(s_b*fp32(1/g))), FLT_MAX)
 
 
 _BLOCK_STEPS = {
-    "global": {"meaning": "global_meaning", "dtype": "global_dtype"},
+    "global": {"meaning": "global_meaning", "dtype": "global_dtype", "rule": "global_rule"},
     "block_scale": {"form": "block_form", "zero_amax": "block_zero_amax", "min": "block_min",
-                    "zero_stored": "block_zero_stored", "mx_rule": "mx_rule", "zero_code": "mx_zero_code"},
-    "apply": {"dtype": "apply_dtype", "add_zero": "add_zero"},
+                    "zero_stored": "block_zero_stored", "mx_rule": "mx_rule", "zero_code": "mx_zero_code",
+                    "tile_rows": "tile_rows"},
+    "apply": {"dtype": "apply_dtype", "add_zero": "add_zero", "op": "apply_op"},
     "encode": {"negative_zero": "negative_zero"},
     "dequantize": {"dtype": "dequantize_dtype"},
 }
+_BLOCK_OPTIONAL = ("rule", "tile_rows", "op")
 _BLOCK_TOP = ("name", "kind", "summary", "source", "verified", "granularities", "formats", "nonfinite", "steps")
 _BLOCK_CHOICES = {
     "nonfinite": ("error", "propagate"), "global_meaning": (None, "divisor", "multiplier"),
     "global_dtype": (None, "model", "float32"),
-    "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)"),
+    "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)",
+                   "amax*fp32(global*fp32(1/max_elem))"),
+    "global_rule": ("clamp-amax", "fp32-max"), "tile_rows": (1, 16), "apply_op": ("divide", "multiply_reciprocal"),
     "apply_dtype": ("float32", "model"), "negative_zero": ("keep", "positive"),
     "dequantize_dtype": ("exact", "model"),
 }
@@ -435,10 +443,12 @@ def block_recipe_from_document(doc) -> BlockRecipe:
     if len(values["granularities"]) != 1:
         raise doc.error(("granularities",), "a block recipe is for one of mx, nvfp4")
     _exact_keys(doc, ("steps",), data["steps"], tuple(_BLOCK_STEPS))
+    defaults = {f.name: f.default for f in fields(BlockRecipe)}
     for step, keys in _BLOCK_STEPS.items():
-        _exact_keys(doc, ("steps", step), data["steps"][step], tuple(keys))
+        body = data["steps"][step]
+        _exact_keys(doc, ("steps", step), body, tuple(keys), _BLOCK_OPTIONAL)
         for key, field_name in keys.items():
-            value = data["steps"][step][key]
+            value = body[key] if key in body else defaults[field_name]
             if field_name in ("block_zero_amax", "block_min", "block_zero_stored"):
                 value = _number(doc, ("steps", step, key), value)
             values[field_name] = value
@@ -456,6 +466,10 @@ def block_recipe_from_document(doc) -> BlockRecipe:
     for name in nv_fields if nv else mx_fields:
         if values[name] is None:
             raise doc.error(_block_path(name), f"needed for granularity {values['granularities'][0]}")
+    if not nv and (values["global_rule"], values["tile_rows"], values["apply_op"]) != ("clamp-amax", 1, "divide"):
+        raise doc.error(("steps",), "global.rule, block_scale.tile_rows and apply.op are NVFP4 steps")
+    if nv and values["global_rule"] == "fp32-max" and values["global_meaning"] != "divisor":
+        raise doc.error(_block_path("global_rule"), "fp32-max is a rule for a divisor global (2688 / amax)")
     if not nv:
         if values["mx_rule"] not in MX_SCALE_RULES:
             raise doc.error(_block_path("mx_rule"), f"expected one of {', '.join(MX_SCALE_RULES)}, "

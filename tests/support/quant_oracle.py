@@ -143,3 +143,40 @@ def fbgemm_oracle(x: np.ndarray, ub: float | None):
     return codes, scales
 
 
+
+
+def _fp32_capped(r: Fraction) -> Fraction:
+    """fp32 RNE of a positive rational, FLT_MAX where it would overflow (CUDA's fminf after an inf)."""
+    cap = Fraction(F32_MAX) * (1 + Fraction(1, 1 << 25))
+    return Fraction(F32_MAX) if r >= cap else frac(fp32_nearest(r))
+
+
+def te_nvfp4_oracle(x: np.ndarray, tile_rows: int):
+    """TransformerEngine NVFP4 (core_nvfp4.cuh, quantize_transpose_nvfp4.cuh): S_enc = fp32(2688/A)
+    (FLT_MAX on overflow, 1 for A = 0); s_b = e4m3_sat(fp32(amax_b * fp32(S_enc * fp32(1/6))));
+    m_b = min(fp32(1 / fp32(s_b * fp32(1/S_enc))), FLT_MAX); q = e2m1_sat(fp32(x * m_b))."""
+    from fp8ref.formats import FORMATS
+
+    e4m3, e2m1 = FORMATS["float8_e4m3fn"], FORMATS["float4_e2m1fn"]
+    rows, k = x.shape
+    a = max((abs(float(v)) for v in x.reshape(-1)), default=0.0)
+    g = Fraction(1) if a == 0 else _fp32_capped(Fraction(2688) / frac(a))
+    t = frac(fp32_nearest(g * frac(fp32_nearest(Fraction(1, 6)))))
+    nb = -(-k // 16)
+    scale_codes = np.empty((rows, nb), np.uint8)
+    codes = np.empty(x.shape, np.uint8)
+    dec = frac(fp32_nearest(1 / g))
+    for r in range(rows):
+        r0 = r - r % tile_rows
+        for b in range(nb):
+            tile = x[r0:r0 + tile_rows, b * 16:(b + 1) * 16]
+            amax = max(abs(float(v)) for v in tile.reshape(-1))
+            sb_code = exact_code(_fp32_capped(frac(amax) * t) if amax else Fraction(0), e4m3)
+            scale_codes[r, b] = sb_code
+            sb = oracle.decode(sb_code, e4m3)
+            p = frac(fp32_nearest(sb * dec)) if sb else Fraction(0)
+            m = Fraction(F32_MAX) if p == 0 else _fp32_capped(1 / p)
+            for j in range(b * 16, min((b + 1) * 16, k)):
+                v = float(x[r, j])
+                codes[r, j] = exact_code(frac(fp32_nearest(frac(v) * m)), e2m1, negative_zero=is_negative(v))
+    return codes, scale_codes, np.float32(float(g))

@@ -24,6 +24,7 @@ from tests.support.quant_oracle import (
     group_ue8m0_oracle,
     is_negative,
     pow2_ceil,
+    te_nvfp4_oracle,
     te_oracle,
 )
 
@@ -166,3 +167,43 @@ def test_recipe_validation_of_the_new_keys(tmp_path):
             recipe_from_document(load_yaml(path))
     path.write_text(base.replace("    pow2: null\n", ""))   # an optional key: absent means null
     assert recipe_from_document(load_yaml(path)).scale_pow2 is None
+
+
+# --- TransformerEngine NVFP4 -----------------------------------------------------------------
+def _nvfp4_input(dtype, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((32, 40)) * np.exp2(rng.integers(-10, 6, (32, 1)))).astype(np.float32)
+    x[0, :16] = 0.0                                     # an all-zero 1x16 block
+    x[16:32, 16:32] = 0.0                               # an all-zero 16x16 tile
+    x[3, 16:32] = 6.0 * 2.0 ** -4                       # block amax = 6 * 2^k
+    x[5, 20] = -0.0
+    tiny = float((ml_dtypes.finfo(BF16) if dtype is BF16 else np.finfo(np.float32)).smallest_subnormal)
+    x[7, 32:] = tiny * rng.integers(-3, 4, 8)          # subnormals only (a partial block: K = 40)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("recipe,tile", [("te-nvfp4", 1), ("te-nvfp4-2d", 16)])
+def test_te_nvfp4_matches_the_oracle(recipe, tile, dtype):
+    x = _nvfp4_input(dtype)
+    for part in (x, x[16:32, 16:32], np.zeros((16, 16), dtype)):
+        q = quantize(part, QuantArgs(format="float4_e2m1fn", granularity="nvfp4"), recipe=recipe)
+        codes, scale_codes, g = te_nvfp4_oracle(part, tile)
+        assert np.array_equal(q.codes, codes)
+        assert np.array_equal(q.scale_codes, scale_codes)
+        assert q.global_scale[0] == g and q.global_meaning == "divisor"
+    if tile == 16:  # the 16 rows of a tile carry one scale
+        assert (q.scale_codes.reshape(-1, 16, q.scale_codes.shape[-1]) == q.scale_codes[::16, None]).all()
+
+
+def test_te_nvfp4_global_corners():
+    from fp8ref.quant import nvfp4_producer_global
+
+    rec = get_recipe("te-nvfp4")
+    assert nvfp4_producer_global(0.0, rec, "float32") == 1.0
+    assert nvfp4_producer_global(float("inf"), rec, "float32") == 1.0            # 2688/inf = 0 -> 1
+    assert nvfp4_producer_global(1e-42, rec, "float32") == np.finfo(np.float32).max
+    assert nvfp4_producer_global(float("nan"), rec, "float32") == np.finfo(np.float32).max  # fminf(NaN, max)
+    with pytest.raises(Fp8RefError, match="2-D"):
+        quantize(np.ones(32, np.float32), QuantArgs(format="float4_e2m1fn", granularity="nvfp4"),
+                 recipe="te-nvfp4-2d")
