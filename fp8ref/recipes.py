@@ -408,7 +408,8 @@ class BlockRecipe:
     # keys added later (optional in the YAML; the defaults are the older recipes' behaviour)
     global_rule: str = "clamp-amax"  # clamp-amax: 2688/max(A, tiny) (CT) | fp32-max: 2688/A, inf/NaN -> FLT_MAX (TE)
     tile_rows: int = 1               # 1: 1x16 blocks | 16: 16x16 tiles share one scale (TE's 2-D weights)
-    apply_op: str = "divide"         # divide: x / fp32(s_b/g) | multiply_reciprocal: x * min(fp32(1/fp32(s_b*fp32(1/g))), FLT_MAX)
+    # divide: x / fp32(s_b/g) | multiply_reciprocal: x * min(fp32(1/fp32(s_b*fp32(1/g))), FLT_MAX) (TE)
+    apply_op: str = "divide"
 
 
 _BLOCK_STEPS = {
