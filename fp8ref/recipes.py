@@ -374,14 +374,19 @@ class BlockRecipe:
 
     1. ``global`` (NVFP4): from the tensor amax A (a fused group's max where the producer fuses):
        ``divisor`` g = D-or-fp32(max_elem*max_scale / max(A, tiny)) (compressed-tensors), or
-       ``multiplier`` = fp32(A) / (max_elem*max_scale) in float32 (ModelOpt).
+       ``multiplier`` = fp32(A) / (max_elem*max_scale) in float32 (ModelOpt); ``rule: fp32-max``
+       (TE): g = fp32(2688 / A) with no tiny clamp, inf and NaN -> FLT_MAX, A == 0 -> 1.
     2. ``block_scale``: NVFP4 ``global*D(amax/max_elem)`` (fp32 product of the divisor and the
-       D-rounded amax/6) or ``amax/fp32(max_elem*global)`` (fp32 quotient by the fp32 product);
+       D-rounded amax/6), ``amax/fp32(max_elem*global)`` (fp32 quotient by the fp32 product) or
+       ``amax*fp32(global*fp32(1/max_elem))`` (TE: the 1/6 folded into the multiplier, capped at
+       FLT_MAX); ``tile_rows: 16`` takes amax over 16x16 tiles (TE's 2-D weights), each row's
+       1x16 block storing its tile's scale;
        ``zero_amax`` replaces a 0 quotient before the E4M3 rounding, ``min`` clamps it from
        below, ``zero_stored`` replaces a stored 0 after it. MX: the E8M0 exponent by ``rule``
        (``fp8ref.scaling.mx_scale_exponent``), ``zero_code`` the byte of an all-zero block.
     3. ``apply``: NVFP4 x / fp32(effective scale) in float32 (effective = s_b/g or s_b*multiplier,
-       rounded to fp32 first); MX x * 2**-k, exact, then rounded to ``dtype``; ``+ 0`` if
+       rounded to fp32 first), or with ``op: multiply_reciprocal`` (TE) x * min(fp32(1/fp32(s_b *
+       fp32(1/g))), FLT_MAX); MX x * 2**-k, exact, then rounded to ``dtype``; ``+ 0`` if
        ``add_zero`` (-0.0 -> +0.0); clamp to +-max_elem.
     4. ``encode``: RNE, saturating; ``negative_zero`` keep (tiny negatives give the -0 code) or positive.
     """
