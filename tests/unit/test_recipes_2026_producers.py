@@ -207,3 +207,26 @@ def test_te_nvfp4_global_corners():
     with pytest.raises(Fp8RefError, match="2-D"):
         quantize(np.ones(32, np.float32), QuantArgs(format="float4_e2m1fn", granularity="nvfp4"),
                  recipe="te-nvfp4-2d")
+
+
+@pytest.mark.parametrize("recipe", ["te-current", "te-current-pow2"])
+def test_te_amax_on_the_edges(recipe):
+    """amax exactly max*2^k (m a power of two), the largest bf16, and just above a power of two."""
+    big = float(ml_dtypes.finfo(BF16).max)
+    for amax in (448.0 * 2.0 ** -3, 448.0 * 2.0 ** 20, big, 448.0 * (1 + 2.0 ** -7), 2.0 ** -133):
+        x = np.array([[amax, -amax / 3, 1e-3, -0.0], [0.0, amax / 7, -amax, 2.0 ** -130]], np.float32)
+        x = x.astype(BF16).astype(np.float32)
+        q = quantize(x, QuantArgs(granularity="tensor"), recipe=recipe)
+        codes, s = te_oracle(x, E4M3, pow2=recipe.endswith("pow2"))
+        assert np.array_equal(q.codes, codes) and q.scale[0] == s, amax
+
+
+def test_fbgemm_floor_and_ub_edges():
+    """amax = 1/512 puts amax/448 exactly on the 1/(448*512) floor; amax = ub exactly."""
+    x = np.array([[2.0 ** -9, -2.0 ** -10, 0.0], [1200.0, -600.0, 3.0], [1e-30, 0.0, -0.0]], np.float32)
+    for ub in (None, 1200.0):
+        rec = get_recipe("fbgemm-fp8") if ub is None else with_amax_ub(get_recipe("fbgemm-fp8"), ub)
+        q = quantize(x, QuantArgs(granularity="token"), recipe=rec)
+        codes, scales = fbgemm_oracle(x, ub)
+        assert np.array_equal(q.codes, codes) and np.array_equal(q.scale, scales)
+    assert q.scale[0, 0] == np.float32(1 / 229376) and q.scale[2, 0] == np.float32(1 / 229376)
