@@ -75,3 +75,47 @@ def test_auto_rounds_own_reload_drops_the_kv_scales(checkpoint):
         attn = layer.self_attn
         assert not hasattr(attn, "k_scale") and not hasattr(attn, "v_scale")
         assert [n for n, _ in attn.named_parameters(recurse=False)] == []
+
+
+def test_producer_mode_is_auto_rounds_reload_and_reference_mode_uses_the_scales(checkpoint):
+    """``producer``: bit for bit transformers + auto-round's reload (K and V unquantized, the scales
+    dropped); ``reference``: the reference attention with the stored k/v scales, which changes the
+    logits against the same model without KV quantization."""
+    from fp8ref.nn import build_model
+    from fp8ref.nn.attention import NAME
+
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(5))
+    tool = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        theirs = tool(ids).logits
+        producer = build_model(checkpoint, mode="producer")
+        assert producer.config._attn_implementation == NAME  # the KV hook is installed, and passes K, V through
+        ours = producer(ids).logits
+        ref_kv = build_model(checkpoint, mode="reference")(ids).logits
+        ref_plain = build_model(checkpoint, mode="reference", kv_cache=False)(ids).logits
+    assert ours.dtype == theirs.dtype == torch.bfloat16 and torch.equal(ours.view(torch.int16), theirs.view(torch.int16))
+    assert not torch.equal(ref_kv, ref_plain)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_producer_layers_equal_auto_rounds_reload_in_every_model_dtype(checkpoint, dtype):
+    """auto-round's reload holds weight and scales as bfloat16 whatever the model dtype and the stored
+    dtype (this checkpoint stores F32 scales: auto-round disables amp on a CPU without bf16; the
+    committed fixture stores BF16): mode="producer" of every layer equals its QuantLinear bit for bit."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints" / "autoround_fp8_static"
+    dt = getattr(torch, dtype)
+    for folder in (checkpoint, fixture):
+        ckpt = fp8ref.load_checkpoint(folder)
+        tool = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt).eval()
+        g = torch.Generator().manual_seed(1)
+        for name in ckpt:
+            lin = tool.get_submodule(name)
+            assert lin.weight_scale.dtype == lin.input_scale.dtype == torch.bfloat16
+            x = torch.randn(3, 7, lin.in_features, generator=g) * torch.exp(torch.randn(3, 7, lin.in_features, generator=g))
+            x = x.to(dt)
+            with torch.no_grad():
+                want = lin(x)
+            got = ckpt[name].forward(x, mode="producer")
+            assert got.dtype == want.dtype and torch.equal(got, want), (folder.name, name)
