@@ -18,7 +18,6 @@ from fp8ref.errors import BackendError
 from fp8ref.golden import load_suite, parse_suite
 from fp8ref.golden.ops import OPERATIONS
 from fp8ref.golden.suite import cases
-from fp8ref.rounding import round_to
 from tests.support import oracle
 from tests.support.matmul_oracle import round_fraction
 

@@ -10,8 +10,8 @@ from fp8ref.conformance import run
 from fp8ref.golden import load_suite
 from fp8ref.golden.ops import OPERATIONS
 from fp8ref.golden.suite import build
-from tests.support.matmul_oracle import fraction_oracle, rounded, same
 from tests.support.broken_backends import BlockMM, IgnoresBlockScales, SwapsBlockScales
+from tests.support.matmul_oracle import fraction_oracle, rounded, same
 
 SUITE = load_suite("fp8-block-w8a8")
 

@@ -93,7 +93,8 @@ def test_producer_mode_is_auto_rounds_reload_and_reference_mode_uses_the_scales(
         ours = producer(ids).logits
         ref_kv = build_model(checkpoint, mode="reference")(ids).logits
         ref_plain = build_model(checkpoint, mode="reference", kv_cache=False)(ids).logits
-    assert ours.dtype == theirs.dtype == torch.bfloat16 and torch.equal(ours.view(torch.int16), theirs.view(torch.int16))
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    assert torch.equal(ours.view(torch.int16), theirs.view(torch.int16))
     assert not torch.equal(ref_kv, ref_plain)
 
 
@@ -113,8 +114,8 @@ def test_producer_layers_equal_auto_rounds_reload_in_every_model_dtype(checkpoin
         for name in ckpt:
             lin = tool.get_submodule(name)
             assert lin.weight_scale.dtype == lin.input_scale.dtype == torch.bfloat16
-            x = torch.randn(3, 7, lin.in_features, generator=g) * torch.exp(torch.randn(3, 7, lin.in_features, generator=g))
-            x = x.to(dt)
+            shape = (3, 7, lin.in_features)
+            x = (torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g))).to(dt)
             with torch.no_grad():
                 want = lin(x)
             got = ckpt[name].forward(x, mode="producer")
