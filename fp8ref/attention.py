@@ -16,6 +16,11 @@ multipliers k_s, v_s (and q_s) held by float32:
 3. softmax: ``m = max_j S``, ``e = exp64(S - m)`` (``exp64`` below: + * / and ldexp only, so its
    result does not depend on a libm), ``z = e[0] + e[1] + ...`` (sequential in j), ``P = e / z``.
 4. bmm2: ``O = ((P[0] v[0] + P[1] v[1]) + ...) * v_s`` (sequential in j), rounded once (RNE) to D.
+   With ``p_scale`` p_s (FP8 P, as FP8 attention kernels feed an FP8 bmm2): ``P8 = encode(P / p_s)``
+   (one float64 division, one RNE to e4m3fn from float64, saturating), p = decode(P8), and
+   ``O = ((p[0] v[0] + p[1] v[1]) + ...) * c2`` with ``c2 = p_s * v_s`` (exact: two float32 values);
+   with e4m3fn V the sum is exact (every e4m3 x e4m3 product is a multiple of 2**-18, every partial
+   sum below 2**53 of them for Tk < 2**17), so O is the real (p_s v_s) sum p v rounded to float64, then to D.
 
 A query row with no unmasked key gives +0. NaN propagates (a NaN K or V code poisons its rows).
 """
@@ -35,6 +40,7 @@ from .rounding import round_to
 _LN2_HI = 6.93147180369123816490e-01
 _LN2_LO = 1.90821492927058770002e-10
 _INV_LN2 = 1.44269504088896338700e+00
+P_FORMAT = get_format("float8_e4m3fn")  # FP8 P: the format FP8 attention kernels feed bmm2
 _TAYLOR = tuple(1.0 / math.factorial(n) for n in range(14))  # each correctly rounded
 
 
@@ -72,10 +78,12 @@ def _heads(x: np.ndarray, h: int, what: str) -> np.ndarray:
 
 
 def attention(q, k, v, k_scale, v_scale, *, dtype: str, q_scale=None, fmt="float8_e4m3fn", causal=False,
-              mask=None, sm_scale: float | None = None, unrounded: bool = False):
+              mask=None, sm_scale: float | None = None, p_scale=None, unrounded: bool = False):
     """The reference attention output (B, H, Tq, d) as float32 values of ``dtype`` (float64
     for ``unrounded=True``: O before its rounding to D, which the torch tolerance rule is centred on).
-    ``mask``: bool, broadcastable to (B, H, Tq, Tk), True where attending is allowed (with ``causal``)."""
+    ``mask``: bool, broadcastable to (B, H, Tq, Tk), True where attending is allowed (with ``causal``).
+    ``p_scale``: P's float32 dequantization multiplier (e.g. fp32(1/448)): bmm2 on e4m3fn P codes
+    (step 4); None keeps P in float64."""
     q, k, v = (np.asarray(t, np.float32) for t in (q, k, v))
     if q.ndim != 4 or k.shape != v.shape or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise InputTypeError(f"attention: expected q (B, H, Tq, d) and k, v (B, Hkv, Tk, d), got "
@@ -108,8 +116,13 @@ def attention(q, k, v, k_scale, v_scale, *, dtype: str, q_scale=None, fmt="float
         for j in range(1, Tk):
             z = z + e[..., j]
         p = e / np.where(empty[..., 0], 1.0, z)[..., None]
+        c2 = float(np.float32(v_scale))
+        if p_scale is not None:
+            ps = float(np.float32(p_scale))
+            p = decode(encode(p / ps, P_FORMAT), P_FORMAT).astype(np.float64)
+            c2 = ps * c2
         o = p[..., 0, None] * vd[:, :, None, 0, :]
         for j in range(1, Tk):
             o = o + p[..., j, None] * vd[:, :, None, j, :]
-        o = o * float(np.float32(v_scale))
+        o = o * c2
     return o if unrounded else round_to(o, dtype)

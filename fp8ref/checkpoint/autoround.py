@@ -119,10 +119,20 @@ KV_REFUSAL = ("fp8ref does not write auto-round's KV-cache form (static_kv_dtype
 
 
 def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """mode="producer": auto-round's loader fake-quantizes the input with the stored scale (the
-    division rounded to D, negative zero kept) and uses the D weight as is."""
-    s_in = np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0])
-    return w, qdq(x32, s_in, dtype, d_division=True, positive_zero=False)
+    """mode="producer": auto-round 0.16.1's reload (``auto_round/experimental/qmodules/fp8_static.py``,
+    ``WeightFP8ActFP8StaticQuantLinear``) holds weight, weight_scale and input_scale as bfloat16 (its
+    ``dtype`` default, whatever the model dtype D or the stored dtype: an F32 or F16 stored scale is
+    rounded to bf16 on load). W = bf16(q * s_w); the input x (D) / s_in in D's promotion with bf16
+    (bf16 for a bf16 model, else fp32), clamp, e4m3, bf16(q * s_in); both then converted to D."""
+    from ..codec import decode
+    from .forward import _round, fp32_weight_scale
+
+    bf = "bfloat16"
+    s_w = _round(fp32_weight_scale(layer), bf)
+    w = _round(_round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, bf), dtype)
+    s_in = _round(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[:1], bf)[0]
+    x = qdq(x32, np.float32(s_in), bf, d_division=dtype == bf, positive_zero=False)
+    return w, _round(x, dtype)
 
 
 class AutoRound(Defaults):
@@ -136,6 +146,9 @@ class AutoRound(Defaults):
     scheme_scale_dtype = "model"
     scales_follow_recipe = True
     kv_refusal = KV_REFUSAL
+    # transformers + auto-round 0.16.1 reload {k,v}_scale as unexpected keys and drop them: K and V stay in
+    # D (auto_round/inference has no KV code; tests/interop/test_autoround_static_kv.py)
+    kv_reload_quantizes = False
     config_files = ("quantization_config.json",)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:

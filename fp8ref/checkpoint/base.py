@@ -88,6 +88,9 @@ class Defaults:
     # mode="producer" after the D matmul: (layer, fp32 y holding D values, D) -> y as the producer's
     # output quantizer leaves it (Quark's k/v_proj KV-cache fake quantization); None: y as it is
     emulate_output = None
+    # mode="producer" attention: the producer's reload fake-quantizes K and V with the stored KV-cache
+    # scales (compressed-tensors' forward_quantize); False: its reload drops them (auto-round 0.16.1)
+    kv_reload_quantizes = True
     kv_export_refusal: str | None = None  # why export (from amax) cannot write KV scales it can rewrite
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)

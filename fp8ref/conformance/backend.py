@@ -141,6 +141,9 @@ def check_capabilities(backend) -> None:
                 raise BackendError(f"{where}[{key!r}]: expected a list of accepted values, got {allowed!r:.80} "
                                    "(omit the key to accept every value)")
         _check_method(backend, op, row.signature)
+        for kw, (param, values) in getattr(row, "conditional_keywords", {}).items():
+            if param in caps and any(v in caps[param] for v in values):
+                _check_keyword(backend, op, kw, f"{param} {'/'.join(v for v in values if v in caps[param])}")
 
 
 def _check_method(backend, op: str, signature: str) -> None:
@@ -162,6 +165,20 @@ def _check_method(backend, op: str, signature: str) -> None:
     except TypeError as exc:
         raise BackendError(f"backend {backend.name!r}: method {op}{sig} cannot take the contract's call "
                            f"{signature.split(' ->')[0]}: {exc}") from None
+
+
+def _check_keyword(backend, op: str, kw: str, cases: str) -> None:
+    """The method must take keyword ``kw``, which the contract passes to the ``cases`` it declares."""
+    import inspect
+
+    try:
+        sig = inspect.signature(getattr(backend, op))
+    except (TypeError, ValueError):
+        return
+    takes = kw in sig.parameters or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    if not takes:
+        raise BackendError(f"backend {backend.name!r}: declares {op} cases with {cases}, which pass {kw}=, "
+                           f"but method {op}{sig} does not take it")
 
 
 def describe_failure(exc: BaseException) -> str:

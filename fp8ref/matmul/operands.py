@@ -13,6 +13,10 @@ from ..formats import FloatFormat, get_format
 from ..recipes import check_scale
 
 DEFAULT_FORMAT = "float8_e4m3fn"
+#: the block of the block-scaled layout backends share (scales per 1 x 128 group of a and per 128 x 128
+#: block of b: torch's ScalingType.BlockWise1x128 / BlockWise128x128, cuBLASLt's, DeepSeek-V3's, HF
+#: fine-grained FP8's ``weight_block_size: [128, 128]``); the golden scaled_mm's ``scales: block128``
+SCALE_BLOCK = 128
 
 
 def _shape_text(shape) -> str:

@@ -9,8 +9,9 @@ Per mode: ``reference``: ``fp8ref.attention.attention`` (the one reference, also
 and bmm2 in a declared float64 order, rounded once to the model dtype); ``backend:NAME``: the
 backend's ``attention`` when it declares one for the case, else the reference; ``producer``: the
 producer's fake-quantize of K and V in the model dtype (compressed-tensors' ``forward_quantize``: D
-division, clamp, e4m3, D product), then transformers' own attention; ``original``: transformers'
-attention on unquantized K and V.
+division, clamp, e4m3, D product), then transformers' own attention (unquantized K and V for a
+format whose reload drops the scales: auto-round's, ``kv_reload_quantizes``); ``original``:
+transformers' attention on unquantized K and V.
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def _attention(module, query, key, value, attention_mask=None, *args, **kwargs):
                                    _backend_for(state, module, query, attention_mask)), None
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    key = quantize_kv(key, state["k"], mode)
-    value = quantize_kv(value, state["v"], mode)
+    if mode.kind != "producer" or state.get("producer_quantizes", True):
+        key = quantize_kv(key, state["k"], mode)
+        value = quantize_kv(value, state["v"], mode)
     return ALL_ATTENTION_FUNCTIONS[state["impl"]](module, query, key, value, attention_mask, *args, **kwargs)
 
 
@@ -143,7 +145,10 @@ def install_kv_attention(model, ckpt, mode, backend=None) -> list[str]:
     scales = kv_scales(ckpt)
     if not scales:
         return []
+    from ..checkpoint import base
+
     impl = model.config._attn_implementation
+    producer_quantizes = ckpt.format not in base.names() or base.get(ckpt.format).kv_reload_quantizes
     backends = {} if backend is None else dict(backend) if isinstance(backend, dict) else {backend.name: backend}
     if impl == NAME:
         raise ModelError("install_kv_attention: the model's attention is already fp8ref's")
@@ -152,7 +157,8 @@ def install_kv_attention(model, ckpt, mode, backend=None) -> list[str]:
             module = model.get_submodule(attn)
         except AttributeError:
             raise ModelError(f"{ckpt.path}: KV-cache scales for {attn!r}, which the model does not have") from None
-        module.fp8ref_kv = {**s, "mode": parse_mode(mode), "impl": impl, "backends": backends}
+        module.fp8ref_kv = {**s, "mode": parse_mode(mode), "impl": impl, "backends": backends,
+                            "producer_quantizes": producer_quantizes}
     ALL_ATTENTION_FUNCTIONS.register(NAME, _attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS[impl])
     model.set_attn_implementation(NAME)

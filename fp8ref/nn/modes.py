@@ -116,33 +116,59 @@ def _linear_forward(layer, x2: np.ndarray, backend) -> tuple[np.ndarray, dict] |
     return None
 
 
+def _block_scales(layer, s_a: np.ndarray, M: int, K: int, N: int) -> tuple[np.ndarray, np.ndarray]:
+    """The scales of a block-scaled layer in the golden scaled_mm's ``block128`` layout: a (M, KB)
+    per 1x128 group, b (KB, NB) per 128x128 block (KB = ceil(K/128), NB = ceil(N/128)). A per-tensor
+    or per-token input scale and a per-tensor weight scale repeat over the blocks: the same scales
+    of every product, so the same result in every accumulation model."""
+    from ..matmul import SCALE_BLOCK as BLOCK
+
+    q = layer.quant
+    if (q.block or (BLOCK, BLOCK)) != (BLOCK, BLOCK) or (q.input == "dynamic-group" and q.input_group != BLOCK):
+        raise ModelError(f"{layer.name}: weight blocks {list(q.block or [BLOCK, BLOCK])}, input groups "
+                         f"{q.input_group}; a backend's block-scaled scaled_mm (scales block128) takes "
+                         f"{BLOCK}x{BLOCK} weight blocks and 1x{BLOCK} input groups only")
+    kb, nb = -(-K // BLOCK), -(-N // BLOCK)
+    s_w = np.asarray(layer.weight_scale).astype(np.float32)
+    if q.weight_strategy == "block":
+        s_b = np.ascontiguousarray(s_w.reshape(nb, kb).T)
+    elif s_w.size == 1:
+        s_b = np.full((kb, nb), s_w.reshape(-1)[0], np.float32)
+    else:
+        raise ModelError(f"{layer.name}: per-channel weight scales with 1x{BLOCK} input groups have no block128 "
+                         f"layout (a weight scale per 128 columns); no backend scaled_mm case covers them")
+    s_a = np.asarray(s_a, np.float32)
+    s_a = s_a if s_a.shape == (M, kb) else np.broadcast_to(s_a.reshape(-1, 1), (M, kb))
+    return np.ascontiguousarray(s_a), s_b
+
+
 def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.ndarray, dict]:
     """y (M, N) from ``backend.linear`` when it declares the layer's case of the golden linear
     operation (``x2`` in the model dtype), else ``backend.scaled_mm`` on the reference's quantized
-    input and the stored weight codes; per-tensor and per-row/per-channel scales (block scales need a
-    block scaled_mm, which the conformance operations do not define yet). Returns y and the
-    parameters of the operation the backend ran."""
+    input and the stored weight codes: per-tensor and per-row/per-channel scales, and for
+    block-scaled layers (128x128 weight blocks, 1x128 input groups) the golden scaled_mm's
+    ``block128`` case. Returns y and the parameters of the operation the backend ran."""
     from ..matmul import ACCUMULATIONS, SCALE_ORDERS
 
     done = _linear_forward(layer, x2, backend)
     if done is not None:
         return done
     q = layer.quant
-    if q.weight_strategy == "block" or q.input == "dynamic-group":
-        raise ModelError(f"{layer.name}: block-scaled layer; backend {backend.name!r} would need a block-scaled "
-                         f"scaled_mm, which the conformance operations do not define yet")
     codes, s_a = quantize_input(layer, np.asarray(x2, np.float32))
-    M, N = x2.shape[0], layer.shape[0]
+    M, K, N = x2.shape[0], x2.shape[1], layer.shape[0]
     s_w = np.asarray(layer.weight_scale).astype(np.float32)
-    tensor = s_a.size == 1 and s_w.size == 1
-    if tensor:
+    if q.weight_strategy == "block" or q.input == "dynamic-group":
+        scales = "block128"
+        s_a, s_b = _block_scales(layer, s_a, M, K, N)
+    elif s_a.size == 1 and s_w.size == 1:
+        scales = "tensor"
         s_a, s_b = s_a.reshape(1), s_w.reshape(1)
     else:
+        scales = "row"
         s_a = np.broadcast_to(s_a.reshape(-1, 1), (M, 1)).copy()
         s_b = np.broadcast_to(s_w.reshape(1, -1), (1, N)).copy()
     bias = layer.bias
-    params = {"format": q.weight_fmt, "scales": "tensor" if tensor else "row", "out_dtype": out_dtype,
-              "bias": bias is not None}
+    params = {"format": q.weight_fmt, "scales": scales, "out_dtype": out_dtype, "bias": bias is not None}
     reasons = []
     for acc in ACCUMULATIONS:
         for order in SCALE_ORDERS:

@@ -182,3 +182,46 @@ class NanMM(_MM):
         out = np.array(out)
         out[0, 0] = np.nan
         return out
+
+
+# --- block-scaled scaled_mm (scales: block128): fp8ref's own exact/fp32 models with 1x128 / 128x128
+# scale blocks, correct in BlockMM and broken in one way each in the others; declared orders, so
+# they are judged bit for bit.
+BLOCK_CAPS = {"scaled_mm": {"format": ("float8_e4m3fn",), "scales": ("block128",), "accumulate": ("exact", "fp32")}}
+
+
+class BlockMM(Backend):
+    """Correct: fp8ref.scaled_mm with the 128-element blocks the case declares."""
+
+    name = "mm-block"
+    capabilities = BLOCK_CAPS
+
+    def scales(self, scale_a, scale_b):
+        return scale_a, scale_b
+
+    def scaled_mm(self, a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order):
+        from fp8ref import scaled_mm
+
+        sa, sb = self.scales(np.asarray(scale_a, np.float32), np.asarray(scale_b, np.float32))
+        return scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype, accumulate=accumulate, fmt_a=fmt,
+                         fmt_b=fmt, scale_order=scale_order, block_k=128, block_n=128)
+
+
+class IgnoresBlockScales(BlockMM):
+    """Uses the first K-block's scales for every K-block (a per-row/per-column kernel fed block scales)."""
+
+    name = "mm-block-ignores-k-blocks"
+
+    def scales(self, scale_a, scale_b):
+        return (np.repeat(scale_a[:, :1], scale_a.shape[1], axis=1),
+                np.repeat(scale_b[:1, :], scale_b.shape[0], axis=0))
+
+
+class SwapsBlockScales(BlockMM):
+    """Reads b's (KB, NB) block scales as if stored (NB, KB) (the checkpoint's weight_scale layout)."""
+
+    name = "mm-block-swapped-scale-b"
+
+    def scales(self, scale_a, scale_b):
+        kb, nb = scale_b.shape
+        return scale_a, np.ascontiguousarray(scale_b).reshape(nb, kb).T

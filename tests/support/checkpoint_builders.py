@@ -77,14 +77,14 @@ def build_autoround(seed: int = 0) -> tuple[dict, dict]:
     return tensors, {"model_type": "llama", "dtype": "bfloat16", "quantization_config": qc}
 
 
-def build_hf(seed: int = 0) -> tuple[dict, dict]:
+def build_hf(seed: int = 0, *, block: int = 16, layers: dict = LAYERS) -> tuple[dict, dict]:
     rng = np.random.default_rng(seed)
     tensors: dict = {}
-    for name, (out, inp) in LAYERS.items():
+    for name, (out, inp) in layers.items():
         tensors[f"{name}.weight"] = ("F8_E4M3", codes(rng, (out, inp)))
-        tensors[f"{name}.weight_scale_inv"] = ("F32", scales(rng, (ceil(out / 16), ceil(inp / 16)), np.float32))
+        tensors[f"{name}.weight_scale_inv"] = ("F32", scales(rng, (ceil(out / block), ceil(inp / block)), np.float32))
     _plain(rng, tensors)
-    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [16, 16],
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [block, block],
           "modules_to_not_convert": ["lm_head"]}
     return tensors, {"model_type": "llama", "dtype": "bfloat16", "quantization_config": qc}
 

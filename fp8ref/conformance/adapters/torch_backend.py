@@ -22,6 +22,8 @@ class TorchBackend(Backend):
         "decode": {"format": _FORMATS},
         # CPU _scaled_mm: (A.f32 * scale_a) @ (B.f32 * scale_b) in fp32 (ATen Blas.cpp), i.e.
         # fp32 accumulation with the scales applied to the operands, in BLAS's own order.
+        # No block128: torch 2.13's CPU _scaled_mm (and F.scaled_mm with ScalingType.BlockWise1x128 /
+        # BlockWise128x128) accepts TensorWise and RowWise scales only ("Invalid scaling configuration").
         "scaled_mm": {"format": ("float8_e4m3fn", "float8_e5m2"), "scales": ("tensor", "row"),
                       "out_dtype": ("float32", "bfloat16", "float16"), "accumulate": ("fp32",),
                       "scale_order": ("operands",), "bias": (False, True)},

@@ -33,6 +33,8 @@ from .quantize import DTYPES
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 TOLERANCE = 2.0 ** -45  # times (d + Tk + 8): the module docstring
+QUANTIZE = ("kv", "qkv", "kvp", "qkvp")
+P_SCALE = np.float32(1.0 / 448.0)  # P in [0, 1] onto e4m3fn's full range: 1 -> 448 (saturating)
 
 
 def _calibrated(stream, shape, dtype, fmt) -> np.ndarray:
@@ -45,16 +47,21 @@ class Attention(Operation):
     name = "attention"
     params = ("format", "dtype", "quantize", "causal", "shape")
     outputs = ("out",)
+    # p_scale is passed to FP8-P cases only, so a backend without them keeps the signature it has
     signature = ("attention(q, k, v, k_scale, v_scale, *, q_scale, fmt, causal) "
-                 "-> out (B, H, Tq, d) in q's dtype")
+                 "-> out (B, H, Tq, d) in q's dtype; quantize kvp / qkvp cases also pass p_scale=")
     fields = {
         "formats": (choices(_FP8), ("float8_e4m3fn",)),
         "dtypes": (choices(DTYPES), ("bfloat16",)),
-        "quantize": (choices(("kv", "qkv"), allow_all=False), ("kv",)),
+        # kv: K and V in FP8; qkv: Q too; kvp / qkvp: and P, e4m3fn with p_scale = fp32(1/448), before bmm2
+        "quantize": (choices(QUANTIZE, allow_all=False), ("kv",)),
         "causal": (choices((False, True), allow_all=False, kind=bool), (True,)),
         "shapes": (per_level(shapes(6)), None),  # B, H, Hkv, Tq, Tk, d
     }
     tolerance_rule = "float64-order tolerance"
+    # keyword -> (case parameter, values): passed only to those cases; a backend that declares one
+    # of the values must take the keyword (checked at load)
+    conditional_keywords = {"p_scale": ("quantize", ("kvp", "qkvp"))}
 
     def expand(self, entry, level):
         f, out = entry.fields, []
@@ -79,7 +86,9 @@ class Attention(Operation):
                   "v": values.tensor(stream, (B, Hkv, Tk, d), dtype),
                   "k_scale": _calibrated(stream, (B, Hkv, Tk, d), dtype, fmt),
                   "v_scale": _calibrated(stream, (B, Hkv, Tk, d), dtype, fmt)}
-        if params["quantize"] == "qkv":
+        if params["quantize"] in ("kvp", "qkvp"):
+            inputs["p_scale"] = P_SCALE.reshape(1)
+        if params["quantize"].startswith("qkv"):
             inputs["q_scale"] = (np.abs(qv).max() / np.float64(get_format(fmt).max)).astype(np.float32).reshape(1)
         return Case(name, self.name, params, inputs)
 
@@ -88,16 +97,18 @@ class Attention(Operation):
         return ref.attention(inputs["q"], inputs["k"], inputs["v"] if v is None else v, inputs["k_scale"][0],
                              inputs["v_scale"][0], dtype=params["dtype"], fmt=params["format"],
                              q_scale=inputs["q_scale"][0] if "q_scale" in inputs else None,
-                             causal=params["causal"], unrounded=unrounded)
+                             causal=params["causal"], unrounded=unrounded,
+                             p_scale=inputs["p_scale"][0] if "p_scale" in inputs else None)
 
     def reference(self, params, inputs):
         out = self._run(params, inputs)
         return {"out": values.from_bits(to_bits(out, params["dtype"]), params["dtype"])}
 
     def call(self, backend, params, inputs):
+        p = {"p_scale": inputs["p_scale"]} if "p_scale" in inputs else {}
         return {"out": backend.attention(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"],
                                          q_scale=inputs.get("q_scale"), fmt=params["format"],
-                                         causal=params["causal"])}
+                                         causal=params["causal"], **p)}
 
     def element_inputs(self, params, inputs, index):
         b, h, i, t = index
@@ -113,6 +124,9 @@ class Attention(Operation):
 
     # --- the float64-order tolerance (module docstring) ---
     def bound_applies(self, params) -> str | None:
+        if params.get("quantize") in ("kvp", "qkvp"):
+            return ("the float64-order tolerance does not cover an FP8 P (a P that differs in its last bits "
+                    "can round to another e4m3 code)")
         return None
 
     def bound_interval(self, params, inputs) -> dict[str, np.ndarray]:

@@ -17,6 +17,7 @@ from ..fields import at_level, choices, per_level, shapes
 from .quantize import DTYPES, RECIPES
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
+BLOCK = matmul.SCALE_BLOCK  # scales: block128: a's per 1 x BLOCK group, b's per BLOCK x BLOCK block
 
 
 def _codes(stream, shape, fmt) -> tuple[np.ndarray, np.ndarray]:
@@ -25,6 +26,20 @@ def _codes(stream, shape, fmt) -> tuple[np.ndarray, np.ndarray]:
     amax = np.abs(v).max(axis=1, keepdims=True)
     scale = (amax / np.float64(get_format(fmt).max)).astype(np.float32)
     return codec.encode((v / scale).astype(np.float32), fmt), scale
+
+
+def _block_codes(stream, shape, fmt, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of a heavy-tailed (R, K) tensor quantized per ``rows`` x BLOCK block (edge blocks
+    cropped) and the dequant scales (ceil(R/rows), ceil(K/BLOCK)): ``fp32(amax / max)``, 1 where amax is 0."""
+    R, K = shape
+    v = values.heavy_tailed(stream, R * K).reshape(shape)
+    rb, kb = -(-R // rows), -(-K // BLOCK)
+    pad = np.zeros((rb * rows, kb * BLOCK))
+    pad[:R, :K] = np.abs(v)
+    amax = pad.reshape(rb, rows, kb, BLOCK).max(axis=(1, 3))
+    scale = np.where(amax > 0, amax / np.float64(get_format(fmt).max), 1.0).astype(np.float32)
+    full = np.repeat(np.repeat(scale, rows, axis=0), BLOCK, axis=1)[:R, :K]
+    return codec.encode((v / full).astype(np.float32), fmt), scale
 
 
 class ScaledMM(Operation):
@@ -36,7 +51,7 @@ class ScaledMM(Operation):
     fields = {
         "formats": (choices(_FP8), ("float8_e4m3fn",)),
         "shapes": (per_level(shapes(3)), None),
-        "scales": (choices(("tensor", "row"), allow_all=False), ("tensor", "row")),
+        "scales": (choices(("tensor", "row", "block128"), allow_all=False), ("tensor", "row")),
         "out_dtypes": (choices(("float32", "bfloat16", "float16")), ("float32",)),
         "accumulate": (choices(matmul.ACCUMULATIONS), ("exact",)),
         "scale_order": (choices(matmul.SCALE_ORDERS, allow_all=False), ("epilogue",)),
@@ -59,11 +74,16 @@ class ScaledMM(Operation):
     def make_case(self, name, params, entry, suite, level) -> Case:
         stream = values.Stream(suite.seed, name)
         M, K, N = params["shape"]
-        a, sa = _codes(stream, (M, K), params["format"])
-        bt, sb = _codes(stream, (N, K), params["format"])
+        if params["scales"] == "block128":  # a: (M, KB) per 1x128 group; b: (KB, NB) per 128x128 block
+            a, sa = _block_codes(stream, (M, K), params["format"], 1)
+            bt, sbt = _block_codes(stream, (N, K), params["format"], BLOCK)
+            sb = np.ascontiguousarray(sbt.T)
+        else:
+            a, sa = _codes(stream, (M, K), params["format"])
+            bt, sb = _codes(stream, (N, K), params["format"])
         if params["scales"] == "tensor":
             sa, sb = sa.max().reshape(1), sb.max().reshape(1)
-        else:
+        elif params["scales"] == "row":
             sb = sb.reshape(1, N)
         inputs = {"a": a, "b": np.ascontiguousarray(bt.T), "scale_a": sa, "scale_b": sb}
         if params["bias"]:
@@ -72,10 +92,12 @@ class ScaledMM(Operation):
         return Case(name, self.name, params, inputs)
 
     def reference(self, params, inputs):
+        # block_k also sets fp32's K-blocks: given for block cases only (tensor and row cases sum K whole)
+        blocks = {"block_k": BLOCK, "block_n": BLOCK} if params["scales"] == "block128" else {}
         return {"out": matmul.scaled_mm(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"],
                                         bias=inputs.get("bias"), out_dtype=params["out_dtype"],
                                         accumulate=params["accumulate"], fmt_a=params["format"],
-                                        fmt_b=params["format"], scale_order=params["scale_order"])}
+                                        fmt_b=params["format"], scale_order=params["scale_order"], **blocks)}
 
     def call(self, backend, params, inputs):
         return {"out": backend.scaled_mm(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"],
@@ -89,6 +111,13 @@ class ScaledMM(Operation):
 
     def operands(self, params, inputs, index):
         m, n = index
+        if params["scales"] == "block128":
+            nb = n // BLOCK
+            out = {f"a[{m}, :]": inputs["a"][m], f"b[:, {n}]": inputs["b"][:, n],
+                   f"scale_a[{m}, :]": inputs["scale_a"][m], f"scale_b[:, {nb}]": inputs["scale_b"][:, nb]}
+            if "bias" in inputs:
+                out[f"bias[{n}]"] = inputs["bias"][n]
+            return out
         sa, sb = inputs["scale_a"].reshape(-1), inputs["scale_b"].reshape(-1)
         out = {f"a[{m}, :]": inputs["a"][m], f"b[:, {n}]": inputs["b"][:, n],
                "scale_a" if sa.size == 1 else f"scale_a[{m}]": sa[0 if sa.size == 1 else m],
