@@ -44,7 +44,8 @@ quant_job = _struct("quant_job", [(n, _vp) for n in ("src", "dst", "s", "s_off",
 mm_job = _struct("mm_job", [(n, _vp) for n in ("A", "B", "tab_a", "tab_b", "sa", "sb", "total", "part", "scratch")]
                  + [(n, _sz) for n in ("M", "K", "N", "L", "bk", "KB", "step", "scratch_stride", "fused")])
 hw_job = _struct("hw_job", [(n, _vp) for n in ("pa", "ea", "pb", "eb", "esa", "esb", "c")]
-                 + [(n, _sz) for n in ("M", "N", "K", "L")] + [(n, _i64) for n in ("F", "out_bits", "e_zero", "zero_in")]
+                 + [(n, _sz) for n in ("M", "N", "K", "L")]
+                 + [(n, _i64) for n in ("F", "out_bits", "e_zero", "zero_in")]
                  + [(n, _sz) for n in ("by_batch", "nbatch", "panel")])
 _STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job)
 

@@ -8,6 +8,8 @@ hypothesis test per encode format x mode x saturate the backend implements, on f
 values drawn by hypothesis: any float32, and sign x exponent (over the format's range and
 past it) x significand (derandomized, so every run gives the same verdict). A failure reports
 only its mismatch lines and a repro; an unknown or broken backend is a usage error.
+``--fp8ref-accumulation=MODEL`` judges the GEMM cases against a registered accumulation model
+(fp8ref.golden.accumulation; a failure also names the model that explains that case best).
 
 Without ``--fp8ref-backend`` the plugin does nothing; importing it costs the ``fp8ref``
 package import (numpy and the codec) and nothing else: no peer library, no suite.

@@ -10,6 +10,10 @@ sum follows an order it does not specify, as BLAS does) has its fp32 scaled_mm c
 by the fp32-order bound instead (``fp8ref.golden.judge``): expected is fp8ref's exact result, elements
 equal to it match, elements inside the proven bound are counted as "in bound" (never as
 matches), and only elements outside it are mismatches.
+
+``run(..., accumulation=MODEL)`` judges the GEMM cases against a named accumulation model instead
+(the backend asked for ``accumulate=MODEL``; ``fp8ref.golden.accumulation``), whatever order the
+backend declares, and ranks every registered model by the elements it explains.
 """
 
 from __future__ import annotations
