@@ -154,10 +154,7 @@ class ModelJudge:
                 row.reason = row.reason or reason
                 continue
             for name, g in got.items():
-                fmt = op.output_format(params, name)
-                exp = outs[name]
-                if exp.dtype != g.dtype or exp.shape != g.shape:  # a model with another output type
-                    continue
+                fmt, exp = op.output_format(params, name), outs[name]
                 diff = differing(exp, g, fmt, self.nan_rule)
                 row.matched += int(g.size - diff.sum())
                 finite = diff & ~(_is_nan(exp, fmt) | _is_nan(g, fmt))
@@ -173,8 +170,7 @@ class ModelJudge:
 
     def best(self) -> Standing | None:
         """The top-ranked model that computes at least one case, or None (no GEMM case ranked)."""
-        top = next((s for s in self.ranked() if s.cases > s.not_applicable), None)
-        return top
+        return next((s for s in self.ranked() if s.cases > s.not_applicable), None)
 
     def tied(self) -> list[str]:
         """The other models that match exactly as many elements as the best one."""
@@ -227,12 +223,13 @@ class ModelJudge:
         top, tied = self.best(), self.tied()
         if top is None:
             return [*lines, "best: none (no registered model computes these cases)"]
-        share = "every element" if top.matched == total else f"{top.matched} of {total} elements"
+        every = top.matched == total
         same = ""
         if tied:
-            same = (f"; {', '.join(tied)} match{'es' if len(tied) == 1 else ''} the same elements (these cases "
-                    "do not tell them apart)")
-        return [*lines, f"best: {top.model} ({share}){same}"]
+            same = (f"; {', '.join(tied)} also every element (these cases do not tell them apart)" if every
+                    else f"; {', '.join(tied)} as many")
+        return [*lines, f"best: {top.model} ({'every element' if every else f'{top.matched} of {total} elements'})"
+                        f"{same}"]
 
 
 def _is_nan(a: np.ndarray, fmt: str | None) -> np.ndarray:

@@ -8,6 +8,7 @@ import pytest
 
 from fp8ref.conformance import Backend, run
 from fp8ref.golden import parse_suite
+from fp8ref.io import safetensors as st
 from tests.conformance.test_plugin import pytest_in
 from tests.support import model_backends
 from tests.support.cli import run_cli
@@ -64,10 +65,15 @@ def test_best_names_the_model_in_json(capsys, suite_file, model):
     assert acc["ranking"][0]["matched"] == acc["ranking"][0]["elements"] > acc["ranking"][1]["matched"]
 
 
-def test_one_wrong_bit_fails_under_the_right_model(capsys, suite_file):
-    code, cap = _conform(capsys, "FlippedLsb", suite_file, "--accumulation", "hopper-fast-accum")
+def test_one_wrong_bit_fails_under_the_right_model(capsys, suite_file, tmp_path):
+    code, cap = _conform(capsys, "FlippedLsb", suite_file, "--accumulation", "hopper-fast-accum",
+                         "--dump-failing", tmp_path / "dump")
     assert code == 1 and "result: FAIL: 8 unexpected mismatch(es)" in cap.out, cap.out
     assert "best: hopper-fast-accum (" in cap.out and "every element" not in cap.out
+    dumped = sorted(tmp_path.joinpath("dump").iterdir())
+    assert len(dumped) == 8  # each failing case, its expected outputs those of the model judged against
+    t = st.load(dumped[0])
+    assert (t["expected/out"] != t["got/out"]).sum() == 1
 
 
 class Asked(Backend):

@@ -175,3 +175,22 @@ def test_judge_names_cdna3_and_ada_on_their_operands(fmt, kernel):
     assert verdicts[kernel] == (0, "compared", kernel, kernel)
     assert verdicts["exact"][0] > 0 and verdicts["exact"][2] == kernel
     assert verdicts["best"] == (0, "compared", kernel, kernel)
+
+
+def test_models_the_cases_cannot_tell_apart_are_named_as_ties():
+    """With K <= 128 (one promotion interval) the three Hopper presets give the same bits: best is
+    the first of them in registry order and the others are named, not hidden."""
+    from fp8ref.hardware import kernel_mm
+
+    op = OPERATIONS["scaled_mm"]
+    params = {"format": "float8_e4m3fn", "scales": "row", "out_dtype": "float32", "accumulate": "exact",
+              "scale_order": "epilogue", "bias": False, "shape": [5, 64, 9]}
+    case = op.make_case("tie-case", params, None, _Seed(), 1)
+    got = {"out": kernel_mm(case.inputs["a"], case.inputs["b"], case.inputs["scale_a"].reshape(-1, 1),
+                            case.inputs["scale_b"].reshape(1, -1), kernel="hopper-promoted")}
+    judge, result = ModelJudge("best"), CaseResult("tie-case", "scaled_mm", params)
+    judge.judge(result, op, "tie-case", params, case.inputs, got)
+    judge.finish()
+    assert judge.judged_against == "hopper-fast-accum" and not result.mismatches
+    assert judge.tied() == ["hopper-promoted", "deepgemm-1x128-128x128"]
+    assert judge.report_lines()[-1].endswith("also every element (these cases do not tell them apart)")
