@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import Fp8RefError, GoldenError, did_you_mean
-from ..matmul import ACCUMULATION_MODELS
 from ..formats import get_format
+from ..matmul import ACCUMULATION_MODELS
 from .judge import CaseResult, OutputError, _nan_mask, check_output, differing, judge_output, ulp_distance
 
 BEST = "best"
