@@ -116,6 +116,7 @@ SIZEOF(ew_job)
 SIZEOF(amax_job)
 SIZEOF(quant_job)
 SIZEOF(mm_job)
+SIZEOF(hw_job)
 
 static struct PyModuleDef kernels_module = {PyModuleDef_HEAD_INIT, "_kernels",
                                             "C loops for fp8ref (used through ctypes).", -1, NULL};

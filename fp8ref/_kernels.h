@@ -70,6 +70,19 @@ typedef struct { /* the declared-order fp32 GEMM, see _kernels_matmul.c; tasks a
     size_t fused;
 } mm_job;
 
+typedef struct { /* fp8ref.hardware's fused datapath chained over K, see _kernels_hw.c */
+    const float *pa;            /* a values (fp32), (nbatch, M, K) */
+    const int32_t *ea;          /* their alignment exponents */
+    const float *pb;            /* b values (fp32), (nbatch, K, N) */
+    const int32_t *eb;          /* their alignment exponents */
+    const int32_t *esa, *esb;   /* scale exponents (nbatch, M, K / L), (nbatch, K / L, N), or NULL */
+    float *c;                   /* (nbatch, M, N): C in, D out */
+    size_t M, N, K, L;
+    int64_t F, out_bits, e_zero, zero_in;
+    size_t by_batch;            /* 1: tasks are batches; 0: tasks are panels of `panel` columns of every batch */
+    size_t nbatch, panel;
+} hw_job;
+
 /* ---- shared helpers ----------------------------------------------------------------------------- */
 enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
 enum { BF16 = 0, F16 = 1, F32 = 2 };

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_kernels.h"
+
 #define NB 256
 #define ZERO_EXP (-(1 << 20)) /* alignment exponent of a zero operand: below everything */
 
@@ -140,4 +142,19 @@ void fp8ref_hw_fused(const float *pa, const int32_t *ea, const float *pb, const 
                 }
         }
     }
+}
+
+/* The parallel task (fp8ref_parallel, _native.parallel): units [lo, hi) are batches, or column
+ * panels of every batch; outputs are independent, so the bytes never depend on the split. */
+void fp8ref_hw_fused_task(const hw_job *j, size_t lo, size_t hi) {
+    size_t b0 = 0, b1 = j->nbatch, n0 = 0, n1 = j->N;
+    if (j->by_batch) {
+        b0 = lo;
+        b1 = hi;
+    } else {
+        n0 = lo * j->panel;
+        n1 = hi * j->panel < j->N ? hi * j->panel : j->N;
+    }
+    fp8ref_hw_fused(j->pa, j->ea, j->pb, j->eb, j->esa, j->esb, j->c, j->M, j->N, j->K, j->L, j->F, j->out_bits,
+                    j->e_zero, j->zero_in, b0, b1, n0, n1);
 }

@@ -11,7 +11,15 @@ from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, res
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
-from .output import add_json, add_progress_flags, emit_json, progress_bar, progress_enabled
+from .output import (
+    add_accumulation,
+    add_json,
+    add_progress_flags,
+    bad_accumulation,
+    emit_json,
+    progress_bar,
+    progress_enabled,
+)
 
 
 def register(sub) -> None:
@@ -24,6 +32,7 @@ def register(sub) -> None:
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
     p.add_argument("--case", help="only cases whose name matches this glob")
+    add_accumulation(p)
     p.add_argument("--max-errors", type=int, default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
@@ -43,36 +52,48 @@ def cmd_conform(args) -> int:
         print("fp8ref conform: --backend is required (known: " + ", ".join(sorted(known_backends())) + ")",
               file=sys.stderr)
         return 2
+    if bad_accumulation(args, "fp8ref conform"):
+        return 2
     backend = load_backend(args.backend)
     xfails = None if args.no_xfails else (load_xfails(args.xfails) if args.xfails else default_xfails(backend.name))
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
     return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)], level=args.level,
                    xfails=xfails, nan_rule=args.nan_rule, select=select, max_errors=args.max_errors,
                    json_out=args.json, progress=progress_enabled(args), dump_failing=args.dump_failing,
-                   out=sys.stderr if args.json == "-" else None)
+                   out=sys.stderr if args.json == "-" else None, accumulation=args.accumulation)
 
 
 def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_rule="any", select=None,
-            max_errors=20, json_out=None, progress=True, out=None, dump_failing=None) -> int:
+            max_errors=20, json_out=None, progress=True, out=None, dump_failing=None, accumulation=None) -> int:
     """Run every suite, print the report, return the exit code (0: nothing unexpected)."""
     out = out or sys.stdout
     runs, unexpected, report = [], 0, []
     for suite in suites:
         r = run(backend, suite, level=level, nan_rule=nan_rule, xfails=xfails, select=select,
-                progress=progress_bar(progress, f"{backend.name} {suite.name}"), keep_failing=dump_failing is not None)
+                progress=progress_bar(progress, f"{backend.name} {suite.name}"), keep_failing=dump_failing is not None,
+                accumulation=accumulation)
         runs.append(r)
         if dump_failing is not None:
             _dump(dump_failing, r, out)
+        judge = r.accumulation
         header = (f"== fp8ref conform: backend {r.backend} ({r.backend_version or 'version unknown'}), suite "
                   f"{r.suite} level {r.level}, NaN rule {nan_rule!r}, xfails "
-                  f"{xfails.source if xfails else 'none'}")
+                  f"{xfails.source if xfails else 'none'}" + (f", {judge.header()}" if judge is not None else ""))
+        model = judge.judged_against if judge is not None else None
+
+        def repro(m, s=suite.name, lv=r.level, model=model):
+            return repro_line(m, backend_spec, s, lv, accumulation, model)
+
         unexpected += print_results(r.results, header=header, is_xfailed=r.xfailed, max_errors=max_errors,
-                                    repro=lambda m, s=suite.name, lv=r.level: repro_line(m, backend_spec, s, lv),
-                                    out=out)
+                                    repro=repro, out=out)
         rows = summarize(r.results, r.xfailed)
         print(table(rows, SUMMARY_COLUMNS), file=out)
+        if judge is not None:
+            print("\n".join(judge.report_lines()), file=out)
         report.append({"suite": r.suite, "level": r.level, "summary": rows,
                        "cases": results_json(r.results, r.xfailed)})
+        if judge is not None:
+            report[-1]["accumulation"] = judge.to_json()
     stale = xfails.stale() if xfails else []
     for e in stale:
         print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}", file=out)

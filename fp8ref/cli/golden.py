@@ -10,7 +10,15 @@ from ..golden import check, generate, load_suite, verify
 from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
-from .output import add_json, add_progress_flags, emit_json, progress_bar, progress_enabled
+from .output import (
+    add_accumulation,
+    add_json,
+    add_progress_flags,
+    bad_accumulation,
+    emit_json,
+    progress_bar,
+    progress_enabled,
+)
 
 
 def register(sub) -> None:
@@ -39,10 +47,12 @@ def register(sub) -> None:
     p.add_argument("--allow-missing", action="store_true", help="compare only the cases present in --outputs "
                    "(the report says how many went unchecked)")
     p.add_argument("--xfails", type=Path, help="known differences file (the format of fp8ref conform --xfails)")
-    p.add_argument("--accumulation-order", choices=ACCUMULATION_ORDERS, default="declared",
-                   help="'declared' (default): bit-exact; 'unspecified': your GEMM sums in fp32 in an order it "
-                   "does not declare, so accumulate=fp32 scaled_mm cases are judged against the exact result by "
-                   "the proven fp32-order bound (docs/conformance.md); all else stays bit-exact")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--accumulation-order", choices=ACCUMULATION_ORDERS, default="declared",
+                       help="'declared' (default): bit-exact; 'unspecified': your GEMM sums in fp32 in an order it "
+                       "does not declare, so accumulate=fp32 scaled_mm cases are judged against the exact result by "
+                       "the proven fp32-order bound (docs/conformance.md); all else stays bit-exact")
+    add_accumulation(order)
     p.add_argument("--max-errors", type=int, default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
@@ -82,18 +92,23 @@ def cmd_check(args) -> int:
     import contextlib
     import sys
 
+    if bad_accumulation(args, "fp8ref golden check"):
+        return 2
+    from ..golden.accumulation import ModelJudge
+
+    judge = None if args.accumulation is None else ModelJudge(args.accumulation, args.nan_rule, cannot="error")
     # with --json -, stdout holds the JSON and nothing else
     with contextlib.redirect_stdout(sys.stderr) if args.json == "-" else contextlib.nullcontext():
-        code, report = _check(args)
+        code, report = _check(args, judge)
     emit_json(args.json, report, sort_keys=True, indent=1)
     return code
 
 
-def _check(args) -> tuple[int, dict]:
+def _check(args, judge) -> tuple[int, dict]:
     from ..conformance.report import SUMMARY_COLUMNS, print_results, results_json, summarize, table
 
     results, problems = check(args.folder, args.outputs, nan_rule=args.nan_rule, allow_missing=args.allow_missing,
-                              accumulation_order=args.accumulation_order)
+                              accumulation_order=args.accumulation_order, accumulation=judge)
     from ..conformance.xfails import load_xfails
 
     xfails = load_xfails(args.xfails) if args.xfails else None
@@ -101,11 +116,13 @@ def _check(args) -> tuple[int, dict]:
     unchecked = sum(r.status == "missing" for r in results)
     if args.allow_missing:
         results = [r for r in results if r.status != "missing"]
-    header = (f"golden check {args.folder} against {args.outputs} (NaN rule {args.nan_rule!r}, "
-              f"accumulation order {args.accumulation_order!r})")
+    how = judge.header() if judge is not None else f"accumulation order {args.accumulation_order!r}"
+    header = f"golden check {args.folder} against {args.outputs} (NaN rule {args.nan_rule!r}, {how})"
     unexpected = print_results(results, header=header, is_xfailed=never, max_errors=args.max_errors)
     rows = summarize(results, never)
     print(table(rows, SUMMARY_COLUMNS))
+    if judge is not None:
+        print("\n".join(judge.report_lines()))
     if args.accumulation_order == "unspecified":
         bounded = sum(r.rule != "bit-exact" for r in results)
         print(f"note: {bounded} case(s) judged by the fp32-order bound against the exact result ('in bound' "
@@ -122,6 +139,8 @@ def _check(args) -> tuple[int, dict]:
     report = {"folder": str(args.folder), "outputs": str(args.outputs), "nan_rule": args.nan_rule,
               "accumulation_order": args.accumulation_order, "summary": rows, "problems": problems,
               "unchecked": unchecked, "cases": results_json(results, never)}
+    if judge is not None:
+        report["accumulation"] = judge.to_json()
     ok = unexpected == 0 and not problems and compared > 0
     print("result: " + ("PASS" if ok else f"FAIL ({unexpected} unexpected, {len(problems)} problem(s), "
                                           f"{compared} case(s) compared)"))

@@ -69,3 +69,28 @@ def emit_json(target: str | None, obj, *, indent: int = 2, sort_keys: bool = Fal
 
     write_bytes(target, text.encode())
     return False
+
+
+def add_accumulation(p) -> None:
+    """``--accumulation MODEL|best`` (golden check, conform): GEMM outputs judged against a named model."""
+    p.add_argument("--accumulation", metavar="MODEL", help="judge scaled_mm/linear outputs bit for bit against "
+                   "this registered accumulation model (exact, fp32, fp32-limited, hopper-fast-accum, "
+                   "hopper-promoted, deepgemm-1x128-128x128, ada-fast-accum, blackwell-fp8, cdna3, ...: "
+                   "docs/accumulation.md), re-derived from each case's inputs, and rank every model by the "
+                   "elements it explains; 'best': judge against the top-ranked model")
+
+
+def bad_accumulation(args, prog: str) -> bool:
+    """True after printing the one-line usage error of an unknown ``--accumulation`` model (the
+    caller exits 2); False when the option is absent or names a registered model or 'best'."""
+    if args.accumulation is None:
+        return False
+    from ..errors import GoldenError
+    from ..golden.accumulation import check_name
+
+    try:
+        check_name(args.accumulation)
+    except GoldenError as exc:
+        print(f"{prog}: error: --accumulation: {str(exc).removeprefix('accumulation: ')}", file=sys.stderr)
+        return True
+    return False

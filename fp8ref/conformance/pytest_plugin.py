@@ -8,6 +8,8 @@ hypothesis test per encode format x mode x saturate the backend implements, on f
 values drawn by hypothesis: any float32, and sign x exponent (over the format's range and
 past it) x significand (derandomized, so every run gives the same verdict). A failure reports
 only its mismatch lines and a repro; an unknown or broken backend is a usage error.
+``--fp8ref-accumulation=MODEL`` judges the GEMM cases against a registered accumulation model
+(fp8ref.golden.accumulation; a failure also names the model that explains that case best).
 
 Without ``--fp8ref-backend`` the plugin does nothing; importing it costs the ``fp8ref``
 package import (numpy and the codec) and nothing else: no peer library, no suite.
@@ -30,6 +32,9 @@ def pytest_addoption(parser) -> None:
     group.addoption("--fp8ref-xfails", default=None, help="xfails file (default: the backend's shipped one)")
     group.addoption("--fp8ref-nan-rule", default="any", choices=("any", "sign", "exact"))
     group.addoption("--fp8ref-max-examples", type=int, default=100, help="hypothesis examples per test")
+    group.addoption("--fp8ref-accumulation", default=None, metavar="MODEL",
+                    help="judge scaled_mm/linear bit for bit against this registered accumulation model "
+                    "(e.g. hopper-fast-accum; docs/accumulation.md), the backend asked for accumulate=MODEL")
 
 
 class ConformanceFailure(AssertionError):
@@ -46,6 +51,17 @@ def pytest_configure(config) -> None:
     from .backend import BackendUnavailable, load_backend
 
     config._fp8ref = {"backend": None, "unavailable": None, "deselected": {}, "xfails": None, "ran": set()}
+    model = config.getoption("fp8ref_accumulation", None)
+    if model is not None:
+        from ..golden.accumulation import BEST, check_name
+
+        try:
+            check_name(model)
+        except Fp8RefError as exc:
+            raise pytest.UsageError(f"--fp8ref-accumulation={model}: {exc}") from None
+        if model == BEST:
+            raise pytest.UsageError("--fp8ref-accumulation=best ranks the models over a whole run, not per test: "
+                                    "run `fp8ref conform --accumulation best`")
     try:
         config._fp8ref["backend"] = load_backend(name)
     except BackendUnavailable as exc:
@@ -108,6 +124,7 @@ class _Collector(pytest.Collector):
 
 def _items(collector, backend, spec: str, config):
     from ..golden import DEFAULT_SUITES, load_suite
+    from ..golden.accumulation import covers, under
     from ..golden.ops import OPERATIONS
     from ..golden.suite import cases
     from .backend import guarded
@@ -119,18 +136,20 @@ def _items(collector, backend, spec: str, config):
     deselected = config._fp8ref["deselected"]
     level_opt = config.getoption("fp8ref_level")
     nan_rule = config.getoption("fp8ref_nan_rule")
+    model = config.getoption("fp8ref_accumulation")
     encode_params = []
     for suite in map(load_suite, config.getoption("fp8ref_suite") or DEFAULT_SUITES):
         level = level_opt or suite.level
         for op, entry, name, params in cases(suite, level):
-            reason = guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, params)
+            asked = under(params, model) if model and covers(op) else params  # what run_case asks for
+            reason = guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, asked)
             if reason:
                 generic = re.sub(r"=.*", "", reason)  # one line per missing parameter, not per case
                 deselected[generic] = deselected.get(generic, 0) + 1
                 continue
             yield _CaseItem.from_parent(collector, name=f"{suite.name}::{name}", backend=backend, spec=spec,
                                         op=op, entry=entry, case=name, params=params, suite=suite, level=level,
-                                        xfails=xfails, nan_rule=nan_rule)
+                                        xfails=xfails, nan_rule=nan_rule, model=model if covers(op) else None)
             key = {k: params[k] for k in ("format", "rounding", "saturate")} if op.name == "encode" else None
             if key and key["rounding"] != "stochastic" and key not in encode_params \
                     and guarded(backend.name, "implements('encode', ...)", backend.implements, "encode",
@@ -153,20 +172,23 @@ class _Skip(pytest.Item):
 
 
 class _CaseItem(pytest.Item):
-    def __init__(self, *, backend, spec, op, entry, case, params, suite, level, xfails, nan_rule, **kw):
+    def __init__(self, *, backend, spec, op, entry, case, params, suite, level, xfails, nan_rule, model=None, **kw):
         super().__init__(**kw)
         self.backend, self.spec, self.op, self.entry, self.case = backend, spec, op, entry, case
         self.params, self.suite, self.level, self.xfails, self.nan_rule = params, suite, level, xfails, nan_rule
+        self.model = model  # --fp8ref-accumulation, for a GEMM case
 
     def runtest(self):
         import numpy as np
 
+        from ..golden.accumulation import ModelJudge
         from .report import mismatch_line, repro_line
         from .runner import run_case
 
+        judge = ModelJudge(self.model, self.nan_rule) if self.model else None
         with np.errstate(all="ignore"):
             r = run_case(self.backend, self.op, self.entry, self.case, self.params, self.suite, self.level,
-                         self.nan_rule)
+                         self.nan_rule, judge=judge)
         if r.status == "not-implemented":  # e.g. a case the fp32-order bound does not cover
             pytest.skip(f"not implemented: {r.reason}")
         if getattr(r, "in_bound", 0):  # passing by the declared fp32-order bound, not bit for bit
@@ -185,9 +207,10 @@ class _CaseItem(pytest.Item):
             fmt = self.op.output_format(self.params, bad[0].output)
             lines = [mismatch_line(m, fmt) for m in bad[:10]]
             more = f"\n... and {len(bad) - 10} more" if len(bad) > 10 else ""
+            best = f"\n{judge.report_lines()[-1]} for this case" if judge is not None else ""
             raise ConformanceFailure(f"{self.case}: {len(bad)} of {r.elements} elements differ; simplest first:\n"
-                                     + "\n".join(lines) + more + "\nrepro: "
-                                     + repro_line(bad[0], self.spec, self.suite.name, self.level))
+                                     + "\n".join(lines) + more + best + "\nrepro: "
+                                     + repro_line(bad[0], self.spec, self.suite.name, self.level, self.model))
         if r.mismatches:
             pytest.xfail(f"{len(r.mismatches)} documented differences ({self.xfails.source})")
 

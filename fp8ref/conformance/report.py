@@ -134,8 +134,10 @@ def _array_literal(v) -> str:
     return f"np.array([{int(a)}], np.{a.dtype.name})"
 
 
-def repro_line(m: Mismatch, backend: str, suite: str, level: int) -> str:
-    """A one-line Python command that prints the expected and the backend's result."""
+def repro_line(m: Mismatch, backend: str, suite: str, level: int, accumulation: str | None = None,
+               model: str | None = None) -> str:
+    """A one-line Python command that prints the expected and the backend's result (``accumulation``,
+    ``model``: a GEMM judged under ``--accumulation``, see runner.repro)."""
     p = m.params
     if m.op == "encode":
         rb = m.inputs.get("random_bits")
@@ -151,8 +153,10 @@ def repro_line(m: Mismatch, backend: str, suite: str, level: int) -> str:
                 f"c = {_array_literal(m.inputs['codes'])}; "
                 f"print(fp8ref.decode(c, {p['format']!r})[0], "
                 f"load_backend({backend!r}).decode(c, {p['format']!r})[0])\"")
+    acc = "" if accumulation is None or "accumulate" not in OPERATIONS[m.op].params else (
+        f", accumulation={accumulation!r}" + (f", model={model!r}" if model and model != accumulation else ""))
     return (f'python -c "from fp8ref.conformance.runner import repro; '
-            f'repro({backend!r}, {suite!r}, {m.case!r}, level={level}, index={tuple(m.index)!r})"')
+            f'repro({backend!r}, {suite!r}, {m.case!r}, level={level}, index={tuple(m.index)!r}{acc})"')
 
 
 def table(rows: dict[str, dict], columns: Iterable[tuple[str, str]]) -> str:

@@ -10,6 +10,10 @@ sum follows an order it does not specify, as BLAS does) has its fp32 scaled_mm c
 by the fp32-order bound instead (``fp8ref.golden.judge``): expected is fp8ref's exact result, elements
 equal to it match, elements inside the proven bound are counted as "in bound" (never as
 matches), and only elements outside it are mismatches.
+
+``run(..., accumulation=MODEL)`` judges the GEMM cases against a named accumulation model instead
+(the backend asked for ``accumulate=MODEL``; ``fp8ref.golden.accumulation``), whatever order the
+backend declares, and ranks every registered model by the elements it explains.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BackendError
+from ..golden.accumulation import BEST, ModelJudge, covers, under
 from ..golden.judge import (
     ACCUMULATION_ORDERS,
     NAN_RULES,
@@ -53,6 +58,7 @@ class RunResult:
     nan_rule: str
     results: list[CaseResult] = field(default_factory=list)
     xfails: Xfails | None = None
+    accumulation: ModelJudge | None = None  # with run(accumulation=...): the ranking of the models
 
     def xfailed(self, case: str, tags) -> bool:
         return self.xfails is not None and self.xfails.match(case, tags)
@@ -77,10 +83,16 @@ class RunResult:
 
 def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str = "any",
         xfails: Xfails | None = None, select: Callable[[str], bool] | None = None,
-        progress: Callable[[int, int, str], None] | None = None, keep_failing: bool = False) -> RunResult:
+        progress: Callable[[int, int, str], None] | None = None, keep_failing: bool = False,
+        accumulation: str | None = None) -> RunResult:
     """Run ``suite`` (a Suite, a path or a shipped suite name) against ``backend`` (an object
     or a name for ``load_backend``). ``keep_failing``: a case with mismatches keeps its tensors
-    (``input/NAME``, ``expected/NAME``, ``got/NAME``) in ``CaseResult.tensors``."""
+    (``input/NAME``, ``expected/NAME``, ``got/NAME``) in ``CaseResult.tensors``.
+
+    ``accumulation``: a registered accumulation model or "best" (fp8ref.golden.accumulation): the
+    GEMM cases are run with ``accumulate=MODEL`` (under "best": as declared) and judged bit for bit
+    against that model (under "best": the top-ranked one), whatever the backend's
+    ``accumulation_order`` says; ``RunResult.accumulation`` holds the ranking of every model."""
     if isinstance(backend, str):
         backend = load_backend(backend)
     else:
@@ -90,15 +102,18 @@ def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str 
     if nan_rule not in NAN_RULES:
         raise ValueError(f"nan_rule: expected one of {NAN_RULES}, got {nan_rule!r}")
     level = suite.level if level is None else level
+    judge = None if accumulation is None else ModelJudge(accumulation, nan_rule, keep_failing=keep_failing)
     todo = [c for c in cases(suite, level) if select is None or select(c[2])]
     version = backend.version() if hasattr(backend, "version") else ""
-    out = RunResult(backend.name, version, suite.name, level, nan_rule, xfails=xfails)
+    out = RunResult(backend.name, version, suite.name, level, nan_rule, xfails=xfails, accumulation=judge)
     for done, (op, entry, name, params) in enumerate(todo, 1):
         with np.errstate(all="ignore"):  # peers' overflow/invalid-cast warnings are not results
             out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule,
-                                        keep_failing=keep_failing))
+                                        keep_failing=keep_failing, judge=judge))
         if progress:
             progress(done, len(todo), name)
+    if judge is not None:
+        judge.finish()
     if xfails is not None:
         xfails.record(out.results)
     return out
@@ -112,7 +127,10 @@ def expected_outputs(backend, op, params, inputs) -> dict:
     return op.reference(params, inputs)
 
 
-def run_case(backend, op, entry, name, params, suite, level, nan_rule, *, keep_failing: bool = False) -> CaseResult:
+def run_case(backend, op, entry, name, params, suite, level, nan_rule, *, keep_failing: bool = False,
+             judge: ModelJudge | None = None) -> CaseResult:
+    if judge is not None and covers(op):
+        return _run_model_case(backend, op, entry, name, params, suite, level, judge)
     result = CaseResult(name, op.name, dict(params))
     bounded = accumulation_order(backend, op.name) == "unspecified"
     reason = (guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, params)
@@ -140,17 +158,44 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule, *, keep_f
     return result
 
 
-def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple = (), nan_rule: str = "any") -> None:
+def _run_model_case(backend, op, entry, name, params, suite, level, judge: ModelJudge) -> CaseResult:
+    """A GEMM case under ``--accumulation``: the backend asked for ``judge.call_params``, its
+    outputs handed to the judge (which compares them with every model)."""
+    call = judge.call_params(params)
+    result = CaseResult(name, op.name, call)
+    reason = guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, call)
+    if reason:
+        result.status, result.reason = "not-implemented", reason
+        return result
+    case = op.make_case(name, params, entry, suite, level)
+    try:
+        got = op.call(backend, call, {k: v.copy() for k, v in case.inputs.items()})
+    except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours
+        result.status, result.reason = "error", f"backend raised {type(exc).__name__}: {exc}"
+        return result
+    judge.judge(result, op, name, case.params, case.inputs, got)
+    return result
+
+
+def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple = (), nan_rule: str = "any",
+          accumulation: str | None = None, model: str | None = None) -> None:
     """Re-run one case of a suite and print the element at ``index``: its inputs, the
-    expected output and the backend's (used by the one-line repros of non-codec cases)."""
+    expected output and the backend's (used by the one-line repros of non-codec cases).
+    ``accumulation``: as given to ``run``; ``model``: the model a "best" run judged against."""
     be = load_backend(backend)
     s = load_suite(suite)
     for op, entry, name, params in cases(s, level):
         if name != case:
             continue
         c = op.make_case(name, params, entry, s, level)
-        expected = expected_outputs(be, op, c.params, c.inputs)
-        got = op.call(be, c.params, c.inputs)
+        modelled = accumulation is not None and covers(op)
+        if modelled:  # as the run did: the backend asked for the model (under best: as declared)
+            model = accumulation if accumulation != BEST else model
+            expected = op.reference(under(c.params, model), c.inputs)
+            got = op.call(be, c.params if accumulation == BEST else under(c.params, model), c.inputs)
+        else:
+            expected = expected_outputs(be, op, c.params, c.inputs)
+            got = op.call(be, c.params, c.inputs)
         from .report import operand_text
 
         print(f"{case} [{', '.join(map(str, index))}]:")
@@ -159,7 +204,7 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
         for out_name, exp in expected.items():
             g = np.asarray(got[out_name])
             print(f"  {out_name}: expected {exp[index]!r}, got {g[index]!r}")
-            if accumulation_order(be, op.name) == "unspecified":
+            if not modelled and accumulation_order(be, op.name) == "unspecified":
                 iv = getattr(op, "bound_interval", bound_interval)(c.params, c.inputs)
                 print(f"  fp32-order bound: exact {iv['x'][index]!r}, allowed [{iv['lo'][index]!r}, "
                       f"{iv['hi'][index]!r}]" + _domain_note(iv["domain"][index], exp[index], g[index]))

@@ -22,6 +22,7 @@ from ..errors import GoldenError
 from ..io import safetensors as st
 from ..io.atomic import atomic_folder
 from ..io.files import read_bytes, read_json, read_text, write_bytes
+from .accumulation import ModelJudge, covers
 from .case import Case
 from .fields import LEVELS
 from .judge import ACCUMULATION_ORDERS, CaseResult, OutputError, bound_reason, exact_params, judge_output
@@ -254,22 +255,43 @@ def verify(path: str | Path, *, progress: Progress | None = None) -> tuple[list[
 
 
 def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
-          allow_missing: bool = False, accumulation_order: str = "declared") -> tuple[list[CaseResult], list[str]]:
+          allow_missing: bool = False, accumulation_order: str = "declared",
+          accumulation: str | ModelJudge | None = None) -> tuple[list[CaseResult], list[str]]:
     """Compare a backend's outputs file (tensors named like the expected ones) with the golden
     folder. Returns per-case results and file-level problems (unknown tensor names).
 
     ``accumulation_order="unspecified"``: the backend sums in fp32 in an order it does not
     declare, so its ``accumulate: fp32`` scaled_mm cases (tensor/row scales) are judged by the
     fp32-order bound (docs/conformance.md) exactly as the conformance harness judges such a
-    backend; every other case stays bit-exact against the stored expected outputs."""
+    backend; every other case stays bit-exact against the stored expected outputs.
+
+    ``accumulation``: a registered accumulation model (or "best", or a ``ModelJudge`` to read the
+    ranking from afterwards): every GEMM case (scaled_mm, linear) is judged bit for bit against
+    that model's outputs re-derived from the stored inputs (fp8ref.golden.accumulation), the other
+    cases against the stored expected outputs. Exclusive with ``accumulation_order="unspecified"``."""
     if accumulation_order not in ACCUMULATION_ORDERS:
         raise GoldenError(f"accumulation_order: expected one of {ACCUMULATION_ORDERS}, got {accumulation_order!r}")
+    judge = ModelJudge(accumulation, nan_rule, cannot="error") if isinstance(accumulation, str) else accumulation
+    if judge is not None and accumulation_order == "unspecified":
+        raise GoldenError("accumulation: a named model and accumulation_order='unspecified' exclude each other "
+                          "(a model is judged bit for bit; the fp32-order bound judges an undeclared order)")
     golden = open_golden(path)
     outputs = _load(outputs_file)
     known, results = set(), []
     for case, expected in golden.iter_cases():
         result = CaseResult(case.name, case.op, dict(case.params))
         op = OPERATIONS[case.op]
+        if judge is not None and covers(op):
+            keys = {name: f"{case.name}/{name}" for name in expected}
+            known.update(keys.values())
+            absent = [k for k in keys.values() if k not in outputs]
+            if absent:
+                result.status, result.reason = "missing", f"no tensor {absent[0]!r} in {outputs_file}"
+            else:
+                judge.judge(result, op, case.name, case.params, case.inputs,
+                            {name: outputs[k] for name, k in keys.items()}, labels=keys)
+            results.append(result)
+            continue
         bounded = accumulation_order == "unspecified" and bound_reason(case.op, case.params) is None
         if bounded:
             result.rule = getattr(op, "tolerance_rule", "fp32-order bound")
@@ -287,6 +309,8 @@ def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
             except OutputError as exc:
                 result.status, result.reason = "error", str(exc)
         results.append(result)
+    if judge is not None:
+        judge.finish()
     problems = golden.orphans()
     problems += [f"unknown tensor {n!r} in {outputs_file} (no such case output)" for n in sorted(set(outputs) - known)]
     if not allow_missing:

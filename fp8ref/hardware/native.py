@@ -12,7 +12,7 @@ from functools import cache
 
 import numpy as np
 
-from .._native import _pool, kernels, threads
+from .._native import hw_job, kernels, parallel, threads
 from ..formats import FloatFormat
 from .fdpa import value_fields
 from .isa import Instruction
@@ -69,24 +69,13 @@ def fused_matmul(ins: Instruction, A, B, C, SA=None, SB=None) -> np.ndarray | No
     def ptr(x):
         return None if x is None else x.ctypes.data
 
-    ptrs = [ptr(x) for x in arrays] + [D.ctypes.data]
-    fixed = (M, N, K, L, dp.F, _OUT_BITS[dp.output], dp.e_zero,
-             int(SA is not None or dp.e_zero > ins.a_fmt.emin + ins.b_fmt.emin))
-    lib = kernels()
-    w = threads() if nb * M * N * K >= _PARALLEL_MIN else 1
-    if w == 1:
-        lib.fp8ref_hw_fused(*ptrs, *fixed, 0, nb, 0, N)
-    elif nb >= w:
-        cuts = [nb * i // w for i in range(w + 1)]
-        jobs = [_pool().submit(lib.fp8ref_hw_fused, *ptrs, *fixed, b0, b1, 0, N)
-                for b0, b1 in zip(cuts, cuts[1:]) if b1 > b0]
-        for job in jobs:
-            job.result()
-    else:
-        step = -(-N // (w * 16)) * 16
-        jobs = [_pool().submit(lib.fp8ref_hw_fused, *ptrs, *fixed, 0, nb, n0, min(N, n0 + step))
-                for n0 in range(0, N, step)]
-        for job in jobs:
-            job.result()
+    by_batch = nb >= threads()  # enough batches for every thread, else panels of 16 columns of each
+    panel = 16
+    job = hw_job(*[ptr(x) for x in arrays], D.ctypes.data, M, N, K, L, dp.F, _OUT_BITS[dp.output], dp.e_zero,
+                 int(SA is not None or dp.e_zero > ins.a_fmt.emin + ins.b_fmt.emin), int(by_batch), nb, panel)
+    work = nb * M * N * K
+    # on the threads torch's ops use (OpenMP) where torch is loaded; one call below the threshold
+    parallel("fp8ref_hw_fused_task", job, nb if by_batch else -(-N // panel), work=work,
+             split=None if work >= _PARALLEL_MIN else 1, keep=(arrays, D))
     del arrays
     return D

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from fp8ref import _native, decode, encode
+from fp8ref.hardware import instruction, kernel_mm
+from fp8ref.hardware.native import fused_matmul
 from fp8ref.matmul import scaled_mm
 from fp8ref.quant import QuantArgs, quantize
 
@@ -38,6 +40,9 @@ def run_everything() -> list[np.ndarray]:
     a, b = out[0][:96 * 256].reshape(96, 256), out[0][-256 * 160:].reshape(256, 160)
     one = np.ones((1, 1), np.float32)
     out.append(scaled_mm(a, b, one, one, out_dtype="float32", accumulate="fp32"))
+    # fp8ref.hardware's fused tensor-core loop (64 x 256 x 512 products: split into column panels)
+    a, b = out[0][:64 * 512].reshape(64, 512), out[0][-512 * 256:].reshape(512, 256)
+    out.append(kernel_mm(a, b, kernel="hopper-fast-accum"))
     return out
 
 
@@ -97,6 +102,29 @@ def test_struct_size_mismatch_refuses_the_kernels(monkeypatch):
         assert _native.kernels() is None
     x = np.linspace(-500, 500, 1001, dtype=np.float32)
     assert encode(x, "float8_e4m3fn").tobytes() == encode(x.astype(np.float64), "float8_e4m3fn").tobytes()
+
+
+@needs_c
+def test_hardware_loop_splits_by_batch_and_by_panel(monkeypatch):
+    """fp8ref.hardware's fused loop above the threshold (by batches when there are enough, else by
+    16-column panels of every batch) gives the bytes of one call per slice below it."""
+    ins = instruction("wgmma", "Hopper", "m64n8k32.f32.e4m3.e4m3")
+    rng = np.random.default_rng(5)
+    fin = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)  # finite e4m3fn codes
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        for shape_a, shape_b in (((8, 64, 256), (8, 256, 40)), ((1, 64, 512), (1, 512, 200))):
+            A, B = rng.choice(fin, shape_a), rng.choice(fin, shape_b)
+            C = rng.standard_normal((shape_a[0], 64, shape_b[2])).astype(np.float32)
+            want = np.stack([np.concatenate([fused_matmul(ins, A[i], B[i, :, j:j + 8], C[i, :, j:j + 8])
+                                             for j in range(0, shape_b[2], 8)], axis=1) for i in range(shape_a[0])])
+            assert fused_matmul(ins, A, B, C).tobytes() == want.tobytes(), f"{shape_a} on {_native.openmp_runtime()}"
+            with monkeypatch.context() as m:
+                m.setattr(_native, "openmp_runtime", lambda: None)
+                assert fused_matmul(ins, A, B, C).tobytes() == want.tobytes(), f"{shape_a} on the thread pool"
+    finally:
+        torch.set_num_threads(saved)
 
 
 @needs_c
