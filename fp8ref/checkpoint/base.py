@@ -53,10 +53,10 @@ class CheckpointFormat(Protocol):
     # mode="producer" forward: (layer, D weight from forward.producer_weight, fp32 input, D) -> (weight,
     # input) as the producer's loader prepares them; None when no producer emulation is modelled
     emulate: Callable | None
-    # Defaults supplies these: kv_export_refusal (export from amax cannot write its KV names),
-    # config_files (files besides config.json it owns), nvfp4_global (divisor | multiplier | None),
-    # recipe_of(quant) (the recipe reproducing its bytes), kv_tensor(name, shape) (a KV scale's
-    # name and shape when written in this format)
+    # Defaults supplies these: config_files (files besides config.json it owns), nvfp4_global
+    # (divisor | multiplier | None), recipe_of(quant) (the recipe reproducing its bytes), the KV-cache
+    # vocabulary (kv_name, kv_shape, kv_store, kv_recipe, kv_shared) and kv_tensor(name, shape) (a
+    # loaded KV scale's name and shape when written in this format)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         """Without a config: do float8 weights with these tensor names look like this format?"""
@@ -88,14 +88,24 @@ class Defaults:
     # mode="producer" after the D matmul: (layer, fp32 y holding D values, D) -> y as the producer's
     # output quantizer leaves it (Quark's k/v_proj KV-cache fake quantization); None: y as it is
     emulate_output = None
-    kv_export_refusal: str | None = None  # why export (from amax) cannot write KV scales it can rewrite
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
+    # KV-cache scales (one K and one V multiplier per attention module), compressed-tensors' by default:
+    kv_shape: tuple = (1,)
+    kv_store: str | None = None  # the stored dtype: None (the recipe's: D or F32), "F32", or "model" (D)
+    # the producer's own KV rule (a recipe name), or None: the recipe= override, else the k/v projection's
+    # recipe, else compressed-tensors'
+    kv_recipe: str | None = None
+    kv_shared: bool = False  # K and V of one module store one value, the larger scale (Quark's kv_cache_group)
+
+    def kv_name(self, attn: str, which: str) -> str:
+        """The tensor holding attention module ``attn``'s ``which`` ("k" / "v") KV-cache scale."""
+        return f"{attn}.{which}_scale"
 
     def kv_tensor(self, name: str, shape: tuple) -> tuple[str, tuple]:
-        """(name, shape) a loaded KV-cache scale gets when written in this format: compressed-tensors'
-        (old ``{k,v}_proj.output_scale`` names become ``{k,v}_scale``; [] becomes [1])."""
-        return re.sub(r"\.([kv])_proj\.output_scale$", r".\1_scale", name), (1,) if shape == () else shape
+        """(name, shape) a loaded KV-cache scale (any format's name) gets when written in this format."""
+        attn, which = kv_parts(name)
+        return self.kv_name(attn, which), self.kv_shape
 
     def recipe_of(self, quant: LayerQuant) -> str:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
@@ -114,6 +124,18 @@ class Defaults:
 
 
 _FORMATS: dict[str, CheckpointFormat] = {}
+# every format's KV-cache scale names: compressed-tensors' ATTN.k_scale, ModelOpt's ATTN.k_proj.k_scale,
+# Quark's (and old compressed-tensors') ATTN.k_proj.output_scale
+_KV_NAMES = (re.compile(r"^(.+)\.([kv])_proj\.(?:output_scale|\2_scale)$"), re.compile(r"^(.+)\.([kv])_scale$"))
+
+
+def kv_parts(name: str) -> tuple[str, str]:
+    """(attention module, "k" | "v") of a KV-cache scale tensor name in any format's vocabulary."""
+    m = _KV_NAMES[0].match(name) or _KV_NAMES[1].match(name)
+    if m is None:
+        raise CheckpointError(f"{name}: not a K or V cache scale (ATTN.k_scale, ATTN.k_proj.k_scale or "
+                              "ATTN.k_proj.output_scale); query scales have no home in these formats")
+    return m.group(1), m.group(2)
 
 
 def scale_table() -> str:
