@@ -5,8 +5,9 @@ A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
 1. ``amax``         max|x| over the granularity's reduction set (exact), optionally clamped;
                     ``token_2d`` says whether 'token' on a 2-D input is per token or per tensor.
 2. ``scale``        ``amax/max`` or ``1/(max/amax)``, rounded in ``scale.dtype``; a minimum,
-                    a replacement for amax == 0; rounded again to ``store_dtype``; a stored 0
-                    replaced by eps(store dtype) where the producer does that.
+                    a replacement for amax == 0; optionally (``pow2``) rounded to a power of two
+                    (the multiplier then its exact reciprocal); rounded again to ``store_dtype``;
+                    a stored 0 replaced by eps(store dtype) where the producer does that.
 3. ``apply``        x (fp16 x first cast to ``float16_to`` where the producer does that:
                     auto-round) divided by the scale, multiplied by its reciprocal or by
                     max/amax, in ``apply.dtype``; the stored or the unrounded scale; ``+ 0`` (turns -0.0
@@ -32,7 +33,7 @@ from .errors import RecipeError, ScaleError, did_you_mean
 from .exact import residual_sign
 from .formats import FloatFormat
 from .rounding import eps_of, round_to
-from .scaling import GRANULARITIES, amax_over_max
+from .scaling import GRANULARITIES, POW2_RULES, amax_over_max, pow2_exponent
 
 DTYPES = ("exact", "float32", "model")
 
@@ -68,6 +69,7 @@ class Recipe:
     saturate: str | bool           # from_args | True | False
     negative_zero: str             # keep | positive
     dequantize_dtype: str          # exact | model
+    scale_pow2: str | None = None  # None | a scaling.POW2_RULES name: the scale rounded to a power of two
 
 
 # --- scale step ---------------------------------------------------------------------------
@@ -76,9 +78,12 @@ def store_dtype(recipe: Recipe, model_dtype: str, scale_dtype: str = "model") ->
     default) keeps the recipe's own choice (the model dtype D for ``store_dtype: model``, else
     float32); float32, bfloat16 and float16 replace it (the recipe's float32 scale rounded once to
     that dtype). RecipeError where the recipe cannot: an exact scale is stored in float32, and no
-    float recipe has a rule to round a scale to a power of two (``data_type: mx_fp`` has)."""
+    float recipe has a rule to round a scale to a power of two (``data_type: mx_fp`` has), except a
+    ``pow2`` recipe, whose power-of-two scales float8_e8m0fnu holds exactly."""
     if scale_dtype == "model":
         return model_dtype if recipe.scale_store_dtype == "model" else "float32"
+    if scale_dtype == "float8_e8m0fnu" and recipe.scale_pow2 is not None:
+        return scale_dtype
     if scale_dtype not in ("float32", "bfloat16", "float16"):
         raise RecipeError(f"scale_dtype {scale_dtype!r}: recipe {recipe.name!r} computes a float scale and has no "
                           f"rule to round it to {scale_dtype} (power-of-two scales: use data_type mx_fp)")
@@ -122,8 +127,13 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
             s = np.where(s < np.float32(recipe.scale_min), np.float32(recipe.scale_min), s)
         if recipe.zero_amax_scale is not None:  # `amax > 0` is False for 0 and NaN (HF's test)
             s = np.where(a > 0, s, np.float32(recipe.zero_amax_scale))
+        if recipe.scale_pow2 is not None:  # 2**k, and the multiplier its exact reciprocal 2**-k
+            k = pow2_exponent(s, recipe.scale_pow2)
+            s = np.where(np.isfinite(s), np.ldexp(np.float32(1.0), k), s).astype(np.float32)
+            m = np.where(np.isfinite(s), np.ldexp(np.float32(1.0), -k), np.float32(np.nan)).astype(np.float32)
     store = store_dtype(recipe, model_dtype, scale_dtype)
-    stored = round_to(s, store).astype(np.float32)
+    # float8_e8m0fnu: the pow2 step's 2**k, already exact (k <= 127: a float32 2**128 is inf)
+    stored = (s if store == "float8_e8m0fnu" else round_to(s, store)).astype(np.float32)
     if recipe.zero_stored_scale == "eps":
         stored = np.where(stored == 0, np.float32(eps_of(store)), stored)
     if recipe.apply_op == "multiply_multiplier" and recipe.scale_form != "amax/max":
@@ -211,7 +221,7 @@ def _maybe_on_grid(q: np.ndarray, tail: int) -> np.ndarray:
 _STEPS = {
     "amax": {"min": "amax_min", "max": "amax_max", "token_2d": "token_2d"},
     "scale": {"form": "scale_form", "dtype": "scale_dtype", "min": "scale_min",
-              "zero_amax": "zero_amax_scale", "store_dtype": "scale_store_dtype",
+              "zero_amax": "zero_amax_scale", "pow2": "scale_pow2", "store_dtype": "scale_store_dtype",
               "zero_stored": "zero_stored_scale"},
     "apply": {"float16_to": "apply_float16_to", "op": "apply_op", "scale": "apply_scale", "dtype": "apply_dtype",
               "add_zero": "add_zero", "clamp": "clamp"},
@@ -225,6 +235,7 @@ _CHOICES = {
     "apply_float16_to": (None, "bfloat16"),
     "scale_form": ("amax/max", "1/(max/amax)", "1/(max*(1/amax))"), "scale_dtype": ("exact", "float32"),
     "scale_store_dtype": ("float32", "model"), "zero_stored_scale": (None, "eps"),
+    "scale_pow2": (None, *POW2_RULES),
     "apply_op": ("divide", "multiply_reciprocal", "multiply_multiplier"),
     "apply_scale": ("stored", "computed"), "apply_dtype": DTYPES,
     "rounding": ("from_args", "rne", "rna", "rtz", "rup", "rdown", "rto"),
@@ -232,6 +243,7 @@ _CHOICES = {
     "dequantize_dtype": ("exact", "model"),
 }
 _NUMBERS = ("amax_min", "amax_max", "scale_min", "zero_amax_scale")
+_OPTIONAL = {("scale", "pow2"): None}  # keys a recipe may leave out (their default)
 _BOOLS = ("add_zero", "clamp", "require_divisible")
 
 
@@ -289,10 +301,11 @@ def recipe_from_document(doc) -> Recipe:
     _exact_keys(doc, ("steps",), data["steps"], tuple(_STEPS))
     for step, keys in _STEPS.items():
         body = data["steps"][step]
-        _exact_keys(doc, ("steps", step), body, tuple(keys))
+        optional = {k: v for (st, k), v in _OPTIONAL.items() if st == step}
+        _exact_keys(doc, ("steps", step), {**optional, **body} if isinstance(body, dict) else body, tuple(keys))
         for key, field_name in keys.items():
             path = ("steps", step, key)
-            value = body[key]
+            value = body.get(key, optional.get(key))
             if field_name in _NUMBERS:
                 value = _number(doc, path, value)
             values[field_name] = value

@@ -90,6 +90,7 @@ class Defaults:
     emulate_output = None
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
+    pow2_scale_fmt: str | None = None  # the LayerQuant.scale_fmt of layers a power-of-two recipe quantizes
     # KV-cache scales (one K and one V multiplier per attention module), compressed-tensors' by default:
     kv_shape: tuple = (1,)
     kv_store: str | None = None  # the stored dtype: None (the recipe's: D or F32), "F32", or "model" (D)
@@ -110,11 +111,6 @@ class Defaults:
     def recipe_of(self, quant: LayerQuant) -> str:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
         return self.name
-
-    def carry_config(self, source: dict | None, qc: dict) -> dict:
-        """``qc`` for a checkpoint of this format written again: the config fields of ``source``
-        (its loaded quantization_config) that no LayerQuant holds (hf-fp8's scale_fmt)."""
-        return qc
 
     def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
         pass

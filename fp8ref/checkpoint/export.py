@@ -15,7 +15,7 @@ import shutil
 import stat
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from . import base
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant, from_scheme, nan_count
 
 _EMBEDDING = ("embed", "wte", "wpe")
-_STORE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_STORE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float8_e8m0fnu": "F8_E8M0"}
 
 
 @dataclass
@@ -305,13 +305,16 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
             continue
         where = f"{config.source}: layer {name!r}"
         quant = from_scheme(scheme, where, module.nvfp4_global)
+        rec = get_recipe(scheme.recipe if recipe is None else recipe)
+        pow2 = getattr(rec, "scale_pow2", None) is not None
+        if pow2 and module.pow2_scale_fmt:
+            quant = replace(quant, scale_fmt=module.pow2_scale_fmt)
         reason = module.cannot_express(quant)
         if scheme.rounding != "rne" or scheme.saturate is not True:
             reason = reason or (f"checkpoint consumers quantize with rne and saturation; rounding "
                                 f"{scheme.rounding!r}, saturate {scheme.saturate!r} cannot be declared")
         if reason:
             raise CheckpointError(f"{where}: the {fmt} format cannot express this scheme: {reason}")
-        rec = get_recipe(scheme.recipe if recipe is None else recipe)
         info = store.info(name + ".weight")
         if 0 in info.shape:
             raise CheckpointError(f"{store.where(name + '.weight')}: shape {list(info.shape)} has no elements, "
@@ -332,12 +335,18 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
                 scale_dtype = _STORE[store_dtype(rec, dtype, scheme.scale_dtype)]
             except RecipeError as exc:
                 raise CheckpointError(f"{where}: {exc}") from None
-            if not module.scales_follow_recipe and scheme.scale_dtype not in ("model", "float32"):
+            e8m0 = scale_dtype == "F8_E8M0"
+            if e8m0 and quant.scale_fmt != "ue8m0":
+                raise CheckpointError(f"{where}: scale_dtype float8_e8m0fnu: the {fmt} format declares no "
+                                      "power-of-two (ue8m0) scales (hf-fp8 does, with recipe hf-fp8-ue8m0)")
+            if not module.scales_follow_recipe and scheme.scale_dtype not in ("model", "float32") and not e8m0:
                 raise CheckpointError(f"{where}: scale_dtype {scheme.scale_dtype!r}: the {fmt} format stores "
                                       "float32 scales (use scale_dtype model or float32)")
         tensors = []
         for role, tname, tdtype, shape in module.tensor_plan(name, quant, *info.shape, dtype):
             if role in ("weight_scale", "input_scale") and module.scales_follow_recipe and not block:
+                tdtype = scale_dtype
+            elif role == "weight_scale" and not block and scale_dtype == "F8_E8M0":
                 tdtype = scale_dtype
             tensors.append((role, tname, tdtype, shape))
         amax = None
@@ -414,8 +423,8 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     name, sdtype, shape = roles["weight_scale"]
     if sdtype != "F32" and _STORE[q.scale_dtype] != sdtype:  # widening to F32 is exact, narrowing is not
         raise CheckpointError(f"{plan.name}: recipe {plan.recipe!r} produced {q.scale_dtype} scales, planned {sdtype}")
-    out[name] = _checked_scale(store, name, plan,
-                               _as_stored(np.asarray(q.scale).astype(np.float32), sdtype).reshape(shape))
+    values = _checked_scale(store, name, plan, np.asarray(q.scale).astype(np.float32).reshape(shape))
+    out[name] = _as_stored(values, sdtype).reshape(shape)
     if "input_scale" in roles:
         name, sdtype, shape = roles["input_scale"]
         rec = get_recipe(plan.recipe)
@@ -510,11 +519,15 @@ def _write_metadata(tmp: Path, sharded: bool, weight_map: dict, total_size: int,
 
 
 def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values that are exact in ``dtype`` -> an array of that dtype, bit-exact."""
+    """float32 values that are exact in ``dtype`` -> an array of that dtype, bit-exact (F8_E8M0: the
+    biased exponent bytes 127 + log2 v of powers of two)."""
     import ml_dtypes
 
     if dtype == "F32":
         return values32
+    if dtype == "F8_E8M0":
+        _, e = np.frexp(np.asarray(values32, np.float64))
+        return (e.astype(np.int64) - 1 + 127).astype(np.uint8)
     if dtype == "F16":
         return values32.astype(np.float16)
     bits = (np.ascontiguousarray(values32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
@@ -691,8 +704,6 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in linear_layers(store) if m not in layers]
     qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
-    if fmt == checkpoint.format:
-        qc = module.carry_config(checkpoint.quantization_config, qc)
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
     _refuse_collisions(store, qc, module)
     with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:

@@ -20,7 +20,7 @@ E4M3 = FORMATS["float8_e4m3fn"]
 BUILTIN = ("fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "fbgemm",
            "vllm-dynamic", "vllm-group", "vllm-static", "modelopt-fp8", "modelopt-fp8-pc",
            "compressed-tensors-nvfp4", "compressed-tensors-mx", "modelopt-nvfp4", "modelopt-mxfp8",
-           "quark-fp8", "quark-mxfp4")
+           "quark-fp8", "quark-mxfp4", "hf-fp8-ue8m0")
 
 
 def test_builtin_recipes_load():
