@@ -666,12 +666,12 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, desc: str = "export", unit: str = "tensor"):
     if not enabled:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="tensor", desc="export", leave=False)
+    return tqdm(total=total, unit=unit, desc=desc, leave=False)
 
 
 def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,
