@@ -141,18 +141,14 @@ def _candidates(q: LayerQuant, module) -> list[LayerQuant]:
     first = replace(q, global_scale=(module.nvfp4_global or q.global_scale) if q.global_scale else None,
                     scale_fmt=q.scale_fmt if module.pow2_scale_fmt else "float")
     out = [first]
-    inputs = [("dynamic-token", None), ("dynamic-tensor", None), (None, None)]
-    if q.input == "static":
-        inputs.insert(0, ("static", None))
+    inputs = (["static"] if q.input == "static" else []) + ["dynamic-token", "dynamic-tensor", None]
     if q.weight_fmt == "float8_e4m3fn":
-        weights = [(q.weight_strategy, q.block)] + [w for w in (("tensor", None), ("channel", None), ("block", (128, 128)))
-                                                    if w != (q.weight_strategy, q.block)]
-        for strategy, block in weights:
-            if strategy in BLOCK_SCALED:
-                continue
-            group = [("dynamic-group", (block or (128, 128))[1])] if strategy == "block" else []
-            for mode, _ in group + inputs:
-                out.append(LayerQuant(strategy, block, mode, group[0][1] if mode == "dynamic-group" else None, **kw))
+        layouts = [(q.weight_strategy, q.block)] if q.weight_strategy not in BLOCK_SCALED else []
+        layouts += [w for w in (("tensor", None), ("channel", None), ("block", (128, 128))) if w not in layouts]
+        for strategy, block in layouts:
+            if strategy == "block":  # block weights take 1 x block-columns input groups (hf-fp8's rule)
+                out.append(LayerQuant(strategy, block, "dynamic-group", block[1], **kw))
+            out += [LayerQuant(strategy, block, mode, None, **kw) for mode in inputs]
         out += [LayerQuant("mx", None, "mx", **kw), LayerQuant("mx", None, None, **kw)]
     elif module.nvfp4_global:
         out += [LayerQuant("nvfp4", None, i, global_scale=module.nvfp4_global, input_fmt=q.weight_fmt, **kw)
@@ -163,15 +159,9 @@ def _candidates(q: LayerQuant, module) -> list[LayerQuant]:
 
 
 def target_quant(q: LayerQuant, module) -> LayerQuant | None:
-    for c in _candidates(q, module):
-        if c.weight_strategy == "nvfp4" and module.nvfp4_global is None:
-            continue
-        try:
-            if module.cannot_express(c) is None:
-                return c
-        except CheckpointError:
-            continue
-    return None
+    """The first of ``_candidates`` the target format can express (None: none)."""
+    return next((c for c in _candidates(q, module) if module.cannot_express(c) is None
+                 and not (c.weight_strategy == "nvfp4" and module.nvfp4_global is None)), None)
 
 
 # --- exact values and the cost --------------------------------------------------------------------
@@ -199,31 +189,30 @@ def _numerator(codes: np.ndarray, scale: np.ndarray, q: LayerQuant, shape: tuple
     return num, g
 
 
-def _exact(num: np.ndarray, g: float | None, i: int) -> Fraction:
-    v = Fraction(float(num.reshape(-1)[i]))
-    return v / Fraction(g) if g is not None else v
-
-
 def _errors(src: tuple, dst: tuple) -> tuple[float, float]:
-    """(max |b - a|, max |b - a| / |a| over a != 0) of the dequantized values, exact then rounded:
-    float64 picks the candidates (within 2**-40 relative of the float64 maximum), Fractions decide."""
+    """(max |b - a|, max |b - a| / |a| over a != 0) of the dequantized values, exact then rounded once.
+    Without divisors a and b are exact float64 values and |b - a| is rounded once, so its float64
+    maximum is the exact maximum rounded; otherwise float64 picks the candidates (within 2**-40 of
+    its maximum) and Fractions decide, once per distinct (numerator, numerator) pair."""
     (ns, gs), (nd, gd) = src, dst
+    ns, nd = ns.reshape(-1), nd.reshape(-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         a = ns if gs is None else ns / gs
         b = nd if gd is None else nd / gd
-        d = np.abs(b - a).reshape(-1)
-        r = np.where(a.reshape(-1) != 0, d / np.abs(a.reshape(-1)), 0.0)
+        d = np.abs(b - a)
+        r = np.where(a != 0, d / np.abs(a), 0.0)
     out = []
-    for approx in (d, r):
+    for approx, relative in ((d, False), (r, True)):
         top = float(approx.max()) if approx.size else 0.0
-        if top == 0:
-            out.append(0.0)
+        if top == 0 or (not relative and gs is None and gd is None):
+            out.append(top)
             continue
+        idx = np.flatnonzero(approx >= top * (1 - 2.0**-40))
         best = Fraction(0)
-        for i in np.flatnonzero(approx >= top * (1 - 2.0**-40)):
-            ea, eb = _exact(ns, gs, i), _exact(nd, gd, i)
-            e = abs(eb - ea) if approx is d else abs(eb - ea) / abs(ea)
-            best = max(best, e)
+        for x, y in np.unique(np.stack([ns[idx], nd[idx]], axis=1), axis=0):
+            ea = Fraction(float(x)) / (Fraction(gs) if gs is not None else 1)
+            eb = Fraction(float(y)) / (Fraction(gd) if gd is not None else 1)
+            best = max(best, abs(eb - ea) / abs(ea) if relative else abs(eb - ea))
         out.append(float(best))
     return out[0], out[1]
 
@@ -254,7 +243,7 @@ def _exact_scales(layer, target: LayerQuant, plan: list) -> tuple[dict | None, s
     for role, _, dtype, shape in plan:
         if role not in _SCALE_ROLES:
             continue
-        stored = getattr(layer, {"weight_global": "weight_global"}.get(role, role))
+        stored = getattr(layer, role)
         if stored is None:
             return None, f"the source has no {role}"
         v = np.asarray(stored).astype(np.float32)
@@ -289,8 +278,8 @@ def plan_conversion(ckpt, fmt: str) -> list[_Layer]:
         o, i = layer.shape
         plan = module.tensor_plan(name, target, o, i, ckpt.dtype)
         if fmt == ckpt.format:  # the same format: the source's own scale dtypes (write_checkpoint's rule)
-            plan = [(r, n, ckpt.store.info(layer.tensors[r]).dtype if r in _SCALE_ROLES and r in layer.tensors else d, s)
-                    for r, n, d, s in plan]
+            own = {r: ckpt.store.info(t).dtype for r, t in layer.tensors.items() if r in _SCALE_ROLES}
+            plan = [(r, n, own.get(r, d), s) for r, n, d, s in plan]
         values, why = _exact_scales(layer, target, plan)
         recipe = None if values is not None else module.recipe_of(target)
         out.append(_Layer(name, layer, target, plan, values is not None, why, recipe, values or {}))
@@ -334,7 +323,8 @@ def _requantize(ckpt, p: _Layer, global_amax: float | None) -> tuple[dict, Layer
     g = None
     if "weight_global" in roles:
         g = np.float32(np.asarray(res.global_scale, np.float32).reshape(-1)[0])
-        tensors[roles["weight_global"][0]] = np.asarray(res.global_scale, np.float32).reshape(roles["weight_global"][2])
+        name, _, shape = roles["weight_global"]
+        tensors[name] = np.asarray(res.global_scale, np.float32).reshape(shape)
     in_changed = False
     if "input_scale" in roles:
         src_in = float(np.asarray(layer.input_scale, np.float32).reshape(-1)[0])
@@ -400,9 +390,9 @@ def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]
         tname, shape = module.kv_tensor(n, ckpt.store.info(n).shape)
         value = np.float32(np.asarray(ckpt.store.get(n)).astype(np.float32).reshape(-1)[0])
         by_attn.setdefault(attn, {})[which] = (n, tname, shape, value)
-    for attn, kv in by_attn.items():
-        shared = max(v[3] for v in kv.values()) if module.kv_shared else None
-        for which, (n, tname, shape, value) in sorted(kv.items()):
+    for pair in by_attn.values():
+        shared = max(v[3] for v in pair.values()) if module.kv_shared else None
+        for n, tname, shape, value in pair.values():
             want = value if shared is None else shared
             store_as = module.kv_store or "model"
             dtype = D_DTYPES[ckpt.dtype] if store_as == "model" else store_as
@@ -456,12 +446,13 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
     costs: dict[str, LayerCost] = {}
     bar = _progress(len(plans), progress, desc="convert", unit="layer")
 
-    def layer_items(p: _Layer, f):
+    def layer_items(p: _Layer):
         if p.exact:
             src = p.layer.tensors
             for role, name, dtype, shape in p.plan:
                 value = p.values.get(role)
-                yield name, f.read_bytes(src[role]) if value is None else _as_stored(value, dtype).reshape(shape)
+                raw = store.file_of(src[role]).read_bytes(src[role]) if value is None else None
+                yield name, raw if value is None else _as_stored(value, dtype).reshape(shape)
             costs[p.name] = LayerCost(p.name, True, p.layer.quant.describe(), p.target.describe(), None, "",
                                       prod(p.layer.shape), scales=sum(prod(s) for r, _, _, s in p.plan
                                                                       if r in ("weight_scale", "weight_global")))
@@ -491,7 +482,7 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
             def items(f=f, order=order):
                 for kind, what in order:
                     if kind == "layer":
-                        yield from layer_items(what, f)
+                        yield from layer_items(what)
                     elif kind == "kv":
                         yield kv[what][0], kv[what][3]
                     else:

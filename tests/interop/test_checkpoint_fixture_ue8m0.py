@@ -172,7 +172,8 @@ def _spec(scale_dtype: str) -> dict:
 def test_export_from_original_weights_reproduces_transformers_bytes(tmp_path):
     from fp8ref.checkpoint import export_checkpoint
 
-    export_checkpoint(_original(tmp_path), tmp_path / "out", _spec("float8_e8m0fnu"), format="hf-fp8", recipe="hf-fp8-ue8m0")
+    export_checkpoint(_original(tmp_path), tmp_path / "out", _spec("float8_e8m0fnu"), format="hf-fp8",
+                      recipe="hf-fp8-ue8m0")
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (ROOT / "model.safetensors").read_bytes()
     qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
     assert qc == json.loads((ROOT / "config.json").read_text())["quantization_config"]
@@ -190,7 +191,8 @@ def test_export_with_f32_power_of_two_scales(tmp_path):
     for n, layer in theirs.items():
         assert store.info(layer.tensors["weight_scale"]).dtype == "F32"
         assert np.array_equal(ckpt[n].weight_codes, layer.weight_codes)
-        assert np.array_equal(ckpt[n].dequantize("float32").view(np.uint32), layer.dequantize("float32").view(np.uint32))
+        assert np.array_equal(ckpt[n].dequantize("float32").view(np.uint32),
+                              layer.dequantize("float32").view(np.uint32))
 
 
 def test_pow2_rule_is_torch_ceil_log2_for_every_exponent():
@@ -226,8 +228,8 @@ def test_ue8m0_export_load_round_trip_is_bit_exact(tmp_path_factory, rows, cols,
         w[:128, :128] = 0
     wt = torch.from_numpy(w).to(torch.bfloat16)
     (tmp / "src").mkdir()
-    write_safetensors(tmp / "src" / "model.safetensors", {"layer.weight": ("BF16", wt.view(torch.int16).numpy()
-                                                                           .view(ml_dtypes.bfloat16))}, {"format": "pt"})
+    bf16 = wt.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    write_safetensors(tmp / "src" / "model.safetensors", {"layer.weight": ("BF16", bf16)}, {"format": "pt"})
     spec = _spec("float8_e8m0fnu" if e8m0 else "float32")
     export_checkpoint(tmp / "src", tmp / "out", spec, format="hf-fp8", recipe="hf-fp8-ue8m0")
     layer = load_checkpoint(tmp / "out")["layer"]
