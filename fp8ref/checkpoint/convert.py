@@ -399,7 +399,7 @@ def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]
             if module.name == ckpt.format:
                 dtype = ckpt.store.info(n).dtype
             r = reexpress(np.array([want], np.float32), dtype)
-            exact = r is not None and want == value
+            exact = bool(r is not None and want == value)
             if r is None:  # requantize: the KV rule of the target on amax = 448 * s
                 rec = get_recipe(module.kv_recipe or "compressed-tensors")
                 stored, _ = compute_scale(np.array([float(want) * 448.0]), rec, FLOAT_FORMATS["float8_e4m3fn"],

@@ -198,6 +198,16 @@ def test_cli_reports_requant_cost_and_json(tmp_path, capsys):
     assert doc["exact"] is False and doc["totals"]["codes_changed"] == 61 and len(doc["layers"]) == 7
 
 
+def test_cli_json_with_kv_scales(tmp_path, capsys):
+    assert main(["convert", str(ROOT / "quark_fp8"), str(tmp_path / "mo"), "--format", MO, "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exact"] is True and [k["exact"] for k in doc["kv"]] == [True, True]
+    assert main(["convert", str(ROOT / "quark_fp8"), str(tmp_path / "ct"), "--format", CT, "--json",
+                 str(tmp_path / "r.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("result: exact; 7 layers and 2 KV scales")
+    assert json.loads((tmp_path / "r.json").read_text())["totals"]["layers"] == 7
+
+
 def test_cli_exact_and_errors(tmp_path, capsys):
     assert main(["convert", str(ROOT / "llmc_fp8"), str(tmp_path / "mo"), "--format", MO, "--exact-only"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("result: exact; 14 layers")
