@@ -33,7 +33,7 @@ from .errors import RecipeError, ScaleError, did_you_mean
 from .exact import residual_sign
 from .formats import FloatFormat
 from .rounding import eps_of, round_to
-from .scaling import GRANULARITIES, amax_over_max
+from .scaling import GRANULARITIES, POW2_RULES, amax_over_max, pow2_exponent
 
 DTYPES = ("exact", "float32", "model")
 
@@ -70,7 +70,7 @@ class Recipe:
     negative_zero: str             # keep | positive
     dequantize_dtype: str          # exact | model
     # scale-step keys added later (optional in the YAML, null by default)
-    scale_pow2: str | None = None  # None | ceil (s up to 2**k: DeepGEMM, vLLM UE8M0) | floor-multiplier (TE)
+    scale_pow2: str | None = None  # None | a scaling.POW2_RULES name (s -> 2**k) | floor-multiplier (TE)
     inf_amax_scale: float | None = None  # the scale of an infinite amax (TE: 1); None: what the formula gives
     multiplier_overflow: str | None = None  # None | fp32-max: an infinite multiplier becomes FLT_MAX (TE)
 
@@ -81,9 +81,12 @@ def store_dtype(recipe: Recipe, model_dtype: str, scale_dtype: str = "model") ->
     default) keeps the recipe's own choice (the model dtype D for ``store_dtype: model``, else
     float32); float32, bfloat16 and float16 replace it (the recipe's float32 scale rounded once to
     that dtype). RecipeError where the recipe cannot: an exact scale is stored in float32, and no
-    float recipe has a rule to round a scale to a power of two (``data_type: mx_fp`` has)."""
+    float recipe has a rule to round a scale to a power of two (``data_type: mx_fp`` has), except a
+    ``pow2`` recipe, whose power-of-two scales float8_e8m0fnu holds exactly."""
     if scale_dtype == "model":
         return model_dtype if recipe.scale_store_dtype == "model" else "float32"
+    if scale_dtype == "float8_e8m0fnu" and recipe.scale_pow2 is not None:
+        return scale_dtype
     if scale_dtype not in ("float32", "bfloat16", "float16"):
         raise RecipeError(f"scale_dtype {scale_dtype!r}: recipe {recipe.name!r} computes a float scale and has no "
                           f"rule to round it to {scale_dtype} (power-of-two scales: use data_type mx_fp)")
@@ -135,25 +138,20 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
             s = np.where(a > 0, s, np.float32(recipe.zero_amax_scale))
         if recipe.inf_amax_scale is not None:
             s = np.where(np.isinf(a), np.float32(recipe.inf_amax_scale), s)
-        if recipe.scale_pow2 == "ceil":
-            s = ceil_to_ue8m0(s)
+        if recipe.scale_pow2 in POW2_RULES:  # 2**k, and the multiplier its exact reciprocal 2**-k
+            k = pow2_exponent(s, recipe.scale_pow2)
+            keep = np.isfinite(s) | (recipe.scale_pow2 == "ceil")  # 'ceil' maps every float32 (DeepGEMM)
+            s = np.where(keep, np.ldexp(np.float32(1.0), k), s).astype(np.float32)
+            m = np.where(keep, np.ldexp(np.float32(1.0), -k), np.float32(np.nan)).astype(np.float32)
     store = store_dtype(recipe, model_dtype, scale_dtype)
-    stored = round_to(s, store).astype(np.float32)
+    # float8_e8m0fnu: the pow2 step's 2**k, already exact (k <= 127: a float32 2**128 is inf)
+    stored = (s if store == "float8_e8m0fnu" else round_to(s, store)).astype(np.float32)
     if recipe.zero_stored_scale == "eps":
         stored = np.where(stored == 0, np.float32(eps_of(store)), stored)
     if recipe.apply_op == "multiply_multiplier" and recipe.scale_form != "amax/max":
         return stored, m
     used = stored if recipe.apply_scale == "stored" else s
     return stored, np.asarray(used, np.float32)
-
-
-def ceil_to_ue8m0(s: np.ndarray) -> np.ndarray:
-    """2**ceil(log2 |s|) as float32, by DeepGEMM's bit rule (deep_gemm/utils/math.py ``ceil_to_ue8m0``):
-    biased exponent + [mantissa != 0], clamped to 1..254. Exact for every float32 (no log2): a
-    subnormal or zero s gives 2**-126, an infinite s (and NaN) 2**127."""
-    bits = np.abs(np.asarray(s, np.float32)).view(np.uint32)
-    e = (bits >> np.uint32(23)).astype(np.int64) + ((bits & np.uint32(0x7FFFFF)) != 0)
-    return (np.clip(e, 1, 254).astype(np.uint32) << np.uint32(23)).view(np.float32)
 
 
 def with_amax_ub(recipe: Recipe, ub) -> Recipe:
@@ -261,7 +259,7 @@ _CHOICES = {
     "apply_float16_to": (None, "bfloat16"),
     "scale_form": ("amax/max", "1/(max/amax)", "1/(max*(1/amax))"), "scale_dtype": ("exact", "float32"),
     "scale_store_dtype": ("float32", "model"), "zero_stored_scale": (None, "eps"),
-    "scale_pow2": (None, "ceil", "floor-multiplier"), "multiplier_overflow": (None, "fp32-max"),
+    "scale_pow2": (None, "floor-multiplier", *POW2_RULES), "multiplier_overflow": (None, "fp32-max"),
     "apply_op": ("divide", "multiply_reciprocal", "multiply_multiplier"),
     "apply_scale": ("stored", "computed"), "apply_dtype": DTYPES,
     "rounding": ("from_args", "rne", "rna", "rtz", "rup", "rdown", "rto"),

@@ -209,6 +209,52 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
     return np.where(np.isfinite(a), e, 128)
 
 
+POW2_RULES = ("ceil", "ceil-fp32-log2")
+
+
+def _log2_rounds_down() -> np.ndarray:
+    """Per e in -126..127: how many float32 steps above 2**e float32 log2 still rounds to e.
+
+    log2(2**e * (1 + n * 2**-23)) = e + log2(1 + n * 2**-23) rounds to the float32 e while that
+    excess is below half the float32 gap g above e, i.e. n < (2**(g/2) - 1) * 2**23. The bounds are
+    at least 1e-3 away from an integer (tests check), so float64 expm1 decides them exactly."""
+    e = np.arange(-126, 128).astype(np.float32)
+    gap = (np.nextafter(e, np.float32(np.inf)) - e).astype(np.float64)
+    return np.expm1(gap / 2 * np.log(2.0)) * 2.0**23
+
+
+_LOG2_DOWN = _log2_rounds_down()
+
+
+def pow2_exponent(scale: np.ndarray, rule: str = "ceil-fp32-log2") -> np.ndarray:
+    """k with 2**k the power-of-two scale ``rule`` gives float32 scales (int64, scale's shape).
+
+    ceil (DeepGEMM deep_gemm/utils/math.py ``ceil_to_ue8m0``, vLLM UE8M0): the biased exponent +
+    [mantissa != 0], clamped to 1..254: exact for every float32 (no log2); a subnormal or zero s
+    gives 2**-126, an infinite s (and NaN) 2**127.
+
+    ceil-fp32-log2 (transformers 5.17 ``Fp8Quantize`` with ``scale_fmt: ue8m0``:
+    ``2**ceil(log2(clamp(s, min=tiny)))`` in float32): the exact ceil(log2 s), except that float32
+    log2 of an s a few steps above 2**e rounds to the integer e (``_log2_rounds_down``: 2 steps at
+    e = 10, 22 at e = 100), and then k = e. Checked against torch's log2 for every e (tests)."""
+    if rule not in POW2_RULES:
+        raise ShapeError(f"pow2: expected one of {', '.join(POW2_RULES)}, got {rule!r}")
+    if rule == "ceil":
+        bits = np.abs(np.asarray(scale, np.float32)).view(np.uint32)
+        e = (bits >> np.uint32(23)).astype(np.int64) + ((bits & np.uint32(0x7FFFFF)) != 0)
+        return np.clip(e, 1, 254) - 127
+    s = np.maximum(np.asarray(scale, np.float32), np.float32(np.finfo(np.float32).tiny))
+    e = _frexp_exponent(s.astype(np.float64))  # floor(log2 s); s is normal
+    n = (s.view(np.uint32) & np.uint32(0x7FFFFF)).astype(np.float64)  # steps above 2**e
+    down = (n == 0) | (n < _LOG2_DOWN[np.clip(e, -126, 127) + 126])
+    return np.where(down, e, e + 1)
+
+
+def ceil_to_ue8m0(s: np.ndarray) -> np.ndarray:
+    """2**k of the ``ceil`` rule as float32 (DeepGEMM's ``ceil_to_ue8m0``)."""
+    return np.ldexp(np.float32(1.0), pow2_exponent(s, "ceil")).astype(np.float32)
+
+
 def e8m0_value(exponent: np.ndarray) -> np.ndarray:
     """2**e as float32 (exact for -127..127; 128 -> NaN)."""
     e = np.asarray(exponent, np.int64)

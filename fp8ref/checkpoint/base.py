@@ -53,10 +53,11 @@ class CheckpointFormat(Protocol):
     # mode="producer" forward: (layer, D weight from forward.producer_weight, fp32 input, D) -> (weight,
     # input) as the producer's loader prepares them; None when no producer emulation is modelled
     emulate: Callable | None
-    # Defaults supplies these: kv_export_refusal (export from amax cannot write its KV names),
-    # config_files (files besides config.json it owns), nvfp4_global (divisor | multiplier | None),
-    # recipe_of(quant) (the recipe reproducing its bytes), kv_tensor(name, shape) (a KV scale's
-    # name and shape when written in this format), input_recipe(entry) (dynamic inputs' recipe)
+    # Defaults supplies these: config_files (files besides config.json it owns), nvfp4_global
+    # (divisor | multiplier | None), recipe_of(quant) (the recipe reproducing its bytes), the KV-cache
+    # vocabulary (kv_name, kv_shape, kv_store, kv_recipe, kv_shared), kv_tensor(name, shape) (a
+    # loaded KV scale's name and shape when written in this format), input_recipe(entry) (dynamic
+    # inputs' recipe) and carry_config(source, qc) (config fields kept on a rewrite)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         """Without a config: do float8 weights with these tensor names look like this format?"""
@@ -91,14 +92,25 @@ class Defaults:
     # mode="producer" attention: the producer's reload fake-quantizes K and V with the stored KV-cache
     # scales (compressed-tensors' forward_quantize); False: its reload drops them (auto-round 0.16.1)
     kv_reload_quantizes = True
-    kv_export_refusal: str | None = None  # why export (from amax) cannot write KV scales it can rewrite
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
+    pow2_scale_fmt: str | None = None  # the LayerQuant.scale_fmt of layers a power-of-two recipe quantizes
+    # KV-cache scales (one K and one V multiplier per attention module), compressed-tensors' by default:
+    kv_shape: tuple = (1,)
+    kv_store: str | None = None  # the stored dtype: None (the recipe's: D or F32), "F32", or "model" (D)
+    # the producer's own KV rule (a recipe name), or None: the recipe= override, else the k/v projection's
+    # recipe, else compressed-tensors'
+    kv_recipe: str | None = None
+    kv_shared: bool = False  # K and V of one module store one value, the larger scale (Quark's kv_cache_group)
+
+    def kv_name(self, attn: str, which: str) -> str:
+        """The tensor holding attention module ``attn``'s ``which`` ("k" / "v") KV-cache scale."""
+        return f"{attn}.{which}_scale"
 
     def kv_tensor(self, name: str, shape: tuple) -> tuple[str, tuple]:
-        """(name, shape) a loaded KV-cache scale gets when written in this format: compressed-tensors'
-        (old ``{k,v}_proj.output_scale`` names become ``{k,v}_scale``; [] becomes [1])."""
-        return re.sub(r"\.([kv])_proj\.output_scale$", r".\1_scale", name), (1,) if shape == () else shape
+        """(name, shape) a loaded KV-cache scale (any format's name) gets when written in this format."""
+        attn, which = kv_parts(name)
+        return self.kv_name(attn, which), self.kv_shape
 
     def recipe_of(self, quant: LayerQuant) -> str:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
@@ -110,7 +122,7 @@ class Defaults:
 
     def carry_config(self, source: dict | None, qc: dict) -> dict:
         """``qc`` for a checkpoint of this format written again: the config fields of ``source``
-        (its loaded quantization_config) that no LayerQuant holds (hf-fp8's scale_fmt)."""
+        (its loaded quantization_config) that no LayerQuant holds (FBGEMM's activation_scale_ub)."""
         return qc
 
     def validate(self, store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
@@ -121,6 +133,18 @@ class Defaults:
 
 
 _FORMATS: dict[str, CheckpointFormat] = {}
+# every format's KV-cache scale names: compressed-tensors' ATTN.k_scale, ModelOpt's ATTN.k_proj.k_scale,
+# Quark's (and old compressed-tensors') ATTN.k_proj.output_scale
+_KV_NAMES = (re.compile(r"^(.+)\.([kv])_proj\.(?:output_scale|\2_scale)$"), re.compile(r"^(.+)\.([kv])_scale$"))
+
+
+def kv_parts(name: str) -> tuple[str, str]:
+    """(attention module, "k" | "v") of a KV-cache scale tensor name in any format's vocabulary."""
+    m = _KV_NAMES[0].match(name) or _KV_NAMES[1].match(name)
+    if m is None:
+        raise CheckpointError(f"{name}: not a K or V cache scale (ATTN.k_scale, ATTN.k_proj.k_scale or "
+                              "ATTN.k_proj.output_scale); query scales have no home in these formats")
+    return m.group(1), m.group(2)
 
 
 def scale_table() -> str:

@@ -15,7 +15,7 @@ import shutil
 import stat
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from . import base
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant, from_scheme, nan_count
 
 _EMBEDDING = ("embed", "wte", "wpe")
-_STORE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_STORE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float8_e8m0fnu": "F8_E8M0"}
 
 
 @dataclass
@@ -195,10 +195,10 @@ def split_calibration(calibration: Mapping[str, float], where: str = "calibratio
 
 @dataclass
 class KVPlan:
-    name: str  # <attn>.k_scale / <attn>.v_scale
+    name: str  # the format's name for <attn>'s K or V scale (compressed-tensors: <attn>.k_scale)
     file: str  # the output file: the one holding <attn>.k_proj.weight (or v_proj)
     dtype: str  # safetensors dtype
-    value: np.ndarray  # the stored [1] tensor
+    value: np.ndarray  # the stored tensor, in the format's KV shape
 
 
 def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt: str,
@@ -206,9 +206,11 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
             ) -> list[KVPlan]:
     """KV-cache scales for ``fmt`` from per-attention-module amax; every check runs before writing.
 
-    Scale = the recipe's formula on the amax (the ``recipe=`` override, else the recipe of the
-    module's k_proj/v_proj layer, else compressed-tensors'), stored [1] in the projection's dtype
-    (or float32 for a recipe that stores float32 scales), as compressed-tensors writes it.
+    Scale = the recipe's formula on the amax: the format's own KV rule (``kv_recipe``: ModelOpt
+    fp32(fp32(amax)/448), Quark D(fp32(amax)/448)), else the ``recipe=`` override, else the recipe of
+    the module's k_proj/v_proj layer, else compressed-tensors'; stored in the format's KV dtype
+    (``kv_store``; None: the recipe's, the projection's dtype or float32), name and shape
+    (``kv_name``, ``kv_shape``); with ``kv_shared`` (Quark) K and V both hold the larger scale.
     """
     from ..formats import FORMATS as FLOAT_FORMATS
     from ..recipes import compute_scale
@@ -216,13 +218,13 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
 
     if not kv:
         return []
+    module = base.get(fmt)
     first = next(iter(kv.values()))
     example = next(iter(first.values()))[0]
-    refusal = base.get(fmt).kv_refusal or base.get(fmt).kv_export_refusal
-    if refusal:
+    if module.kv_refusal:
         raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} attention module(s) (e.g. {example!r}), but "
-                              f"the {fmt} format cannot express KV-cache scales: {refusal}. Export to "
-                              f"compressed-tensors, or drop the KV-cache entries")
+                              f"the {fmt} format cannot express KV-cache scales: {module.kv_refusal}. Export to "
+                              f"compressed-tensors, modelopt or quark, or drop the KV-cache entries")
     attention = sorted(n[: -len(".k_proj.weight")] for n in store
                        if n.endswith(".k_proj.weight") and n.replace(".k_proj.weight", ".v_proj.weight") in store)
     files = {n: fname for fname, f in store.files.items() for n in f.tensors}
@@ -234,32 +236,41 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
             raise CheckpointError(f"{where}: {key!r}: {attn!r} is not an attention module of {store.root} "
                                   f"(one with k_proj and v_proj weights; found {len(attention)}, e.g. "
                                   f"{attention[:2]})")
+        pair = []
         for which in ("k", "v"):
             if which not in entries:
                 raise CheckpointError(f"{where}: {attn!r} has a {'v' if which == 'k' else 'k'} amax but no "
-                                      f"{which} amax (key {attn}.{which}_scale); compressed-tensors scales "
+                                      f"{which} amax (key {attn}.{which}_scale); the {fmt} format scales "
                                       f"both K and V, and a missing scale becomes 1.0 in vLLM")
-            name = f"{attn}.{which}_scale"
+            name = module.kv_name(attn, which)
             if name in store:
                 raise CheckpointError(f"{store.where(name)}: the source already has the KV-cache scale the "
                                       f"{fmt} export would write")
             proj = f"{attn}.{which}_proj"
-            rec = get_recipe(recipe if recipe is not None else
-                             plans[proj].recipe if proj in plans else "compressed-tensors")
+            rec = get_recipe(module.kv_recipe or (recipe if recipe is not None else
+                                                  plans[proj].recipe if proj in plans else "compressed-tensors"))
             weight = store.info(f"{proj}.weight")
             dtype = {v: k for k, v in D_DTYPES.items()}[weight.dtype]
-            sdtype = D_DTYPES[dtype] if rec.scale_store_dtype == "model" else "F32"
-            stored, _ = compute_scale(np.array([entries[which][1]]), rec, FLOAT_FORMATS["float8_e4m3fn"], dtype)
+            store_as = module.kv_store or ("model" if rec.scale_store_dtype == "model" else "F32")
+            sdtype = D_DTYPES[dtype] if store_as == "model" else "F32"
+            as_dtype = "model" if module.kv_store is None else {v: k for k, v in D_DTYPES.items()}[sdtype]
+            stored, _ = compute_scale(np.array([entries[which][1]]), rec, FLOAT_FORMATS["float8_e4m3fn"], dtype,
+                                      scale_dtype=as_dtype)
             if not (np.isfinite(stored).all() and (stored > 0).all()):
                 raise CheckpointError(f"{where}: {entries[which][0]!r} = {entries[which][1]!r}: recipe {rec.name!r} "
                                       f"gives the scale {float(stored[0])!r} in {dtype}; a KV-cache scale must be "
                                       f"finite and > 0")
-            out.append(KVPlan(name, files[f"{proj}.weight"], sdtype,
-                              _as_stored(np.asarray(stored, np.float32), sdtype).reshape(1)))
+            pair.append(KVPlan(name, files[f"{proj}.weight"], sdtype,
+                               _as_stored(np.asarray(stored, np.float32), sdtype).reshape(module.kv_shape)))
+        if module.kv_shared:  # both hold the larger scale (the values are exact in their common dtype)
+            big = max(pair, key=lambda p: float(np.asarray(p.value, np.float32).reshape(-1)[0]))
+            for p in pair:
+                p.value, p.dtype = big.value, big.dtype
+        out += pair
     missing = [a for a in attention if a not in kv]
     if missing:
         raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} of {len(attention)} attention modules; "
-                              f"none for {missing[:3]}. compressed-tensors' kv_cache_scheme covers every "
+                              f"none for {missing[:3]}. The {fmt} format's KV-cache config covers every "
                               f"attention module, and a missing scale becomes 1.0 in vLLM")
     return out
 
@@ -294,13 +305,16 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
             continue
         where = f"{config.source}: layer {name!r}"
         quant = from_scheme(scheme, where, module.nvfp4_global)
+        rec = get_recipe(scheme.recipe if recipe is None else recipe)
+        pow2 = getattr(rec, "scale_pow2", None) is not None
+        if pow2 and module.pow2_scale_fmt:
+            quant = replace(quant, scale_fmt=module.pow2_scale_fmt)
         reason = module.cannot_express(quant)
         if scheme.rounding != "rne" or scheme.saturate is not True:
             reason = reason or (f"checkpoint consumers quantize with rne and saturation; rounding "
                                 f"{scheme.rounding!r}, saturate {scheme.saturate!r} cannot be declared")
         if reason:
             raise CheckpointError(f"{where}: the {fmt} format cannot express this scheme: {reason}")
-        rec = get_recipe(scheme.recipe if recipe is None else recipe)
         info = store.info(name + ".weight")
         if 0 in info.shape:
             raise CheckpointError(f"{store.where(name + '.weight')}: shape {list(info.shape)} has no elements, "
@@ -321,12 +335,18 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
                 scale_dtype = _STORE[store_dtype(rec, dtype, scheme.scale_dtype)]
             except RecipeError as exc:
                 raise CheckpointError(f"{where}: {exc}") from None
-            if not module.scales_follow_recipe and scheme.scale_dtype not in ("model", "float32"):
+            e8m0 = scale_dtype == "F8_E8M0"
+            if e8m0 and quant.scale_fmt != "ue8m0":
+                raise CheckpointError(f"{where}: scale_dtype float8_e8m0fnu: the {fmt} format declares no "
+                                      "power-of-two (ue8m0) scales (hf-fp8 does, with recipe hf-fp8-ue8m0)")
+            if not module.scales_follow_recipe and scheme.scale_dtype not in ("model", "float32") and not e8m0:
                 raise CheckpointError(f"{where}: scale_dtype {scheme.scale_dtype!r}: the {fmt} format stores "
                                       "float32 scales (use scale_dtype model or float32)")
         tensors = []
         for role, tname, tdtype, shape in module.tensor_plan(name, quant, *info.shape, dtype):
             if role in ("weight_scale", "input_scale") and module.scales_follow_recipe and not block:
+                tdtype = scale_dtype
+            elif role == "weight_scale" and not block and scale_dtype == "F8_E8M0":
                 tdtype = scale_dtype
             tensors.append((role, tname, tdtype, shape))
         amax = None
@@ -403,8 +423,8 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     name, sdtype, shape = roles["weight_scale"]
     if sdtype != "F32" and _STORE[q.scale_dtype] != sdtype:  # widening to F32 is exact, narrowing is not
         raise CheckpointError(f"{plan.name}: recipe {plan.recipe!r} produced {q.scale_dtype} scales, planned {sdtype}")
-    out[name] = _checked_scale(store, name, plan,
-                               _as_stored(np.asarray(q.scale).astype(np.float32), sdtype).reshape(shape))
+    values = _checked_scale(store, name, plan, np.asarray(q.scale).astype(np.float32).reshape(shape))
+    out[name] = _as_stored(values, sdtype).reshape(shape)
     if "input_scale" in roles:
         name, sdtype, shape = roles["input_scale"]
         rec = get_recipe(plan.recipe)
@@ -499,11 +519,15 @@ def _write_metadata(tmp: Path, sharded: bool, weight_map: dict, total_size: int,
 
 
 def _as_stored(values32: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values that are exact in ``dtype`` -> an array of that dtype, bit-exact."""
+    """float32 values that are exact in ``dtype`` -> an array of that dtype, bit-exact (F8_E8M0: the
+    biased exponent bytes 127 + log2 v of powers of two)."""
     import ml_dtypes
 
     if dtype == "F32":
         return values32
+    if dtype == "F8_E8M0":
+        _, e = np.frexp(np.asarray(values32, np.float64))
+        return (e.astype(np.int64) - 1 + 127).astype(np.uint8)
     if dtype == "F16":
         return values32.astype(np.float16)
     bits = (np.ascontiguousarray(values32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
@@ -572,7 +596,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                     specs += [TensorSpec(n, d, tuple(s)) for _, n, d, s in entries]
                 else:
                     specs.append(TensorSpec(tname, info.dtype, info.shape))
-            specs += [TensorSpec(k.name, k.dtype, (1,)) for k in kv_by_file.get(fname, [])]
+            specs += [TensorSpec(k.name, k.dtype, tuple(k.value.shape)) for k in kv_by_file.get(fname, [])]
             def tensors(f=f, fname=fname, by_source=by_source):
                 for tname, raw in _prefetched(f):
                     if tname in by_source:
@@ -642,12 +666,12 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, desc: str = "export", unit: str = "tensor"):
     if not enabled:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="tensor", desc="export", leave=False)
+    return tqdm(total=total, unit=unit, desc=desc, leave=False)
 
 
 def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,

@@ -23,9 +23,10 @@ NAME = hf.NAME
 
 
 def layer_quant(cfg: hf.Config) -> LayerQuant:
+    fmt = "ue8m0" if cfg.ue8m0 else "float"
     if cfg.block:
-        return LayerQuant("block", cfg.block, "dynamic-group", cfg.block[1])
-    return LayerQuant("tensor", None, "static" if cfg.static else "dynamic-tensor")
+        return LayerQuant("block", cfg.block, "dynamic-group", cfg.block[1], scale_fmt=fmt)
+    return LayerQuant("tensor", None, "static" if cfg.static else "dynamic-tensor", scale_fmt=fmt)
 
 
 def layers(qc, store, where, warnings):
@@ -98,6 +99,7 @@ def cannot_express(quant: LayerQuant) -> str | None:
 
 
 def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) -> list[tuple[str, str, str, tuple]]:
+    """F32 scales (ue8m0: powers of two; export stores them as F8_E8M0 bytes for scale_dtype float8_e8m0fnu)."""
     scale_shape = () if quant.weight_strategy == "tensor" else quant.scale_shape(out, inp)
     plan = [("weight", f"{name}.weight", "F8_E4M3", (out, inp)),
             ("weight_scale", f"{name}.weight_scale_inv", "F32", scale_shape)]
@@ -114,7 +116,7 @@ def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], k
         raise CheckpointError(f"hf fp8 configs hold one scheme for all layers, got {len(quants)}: "
                               f"{sorted(q.describe() for q in quants)}")
     q = quants.pop() if quants else LayerQuant("block", (128, 128), "dynamic-group", 128)
-    return hf.quantization_config(q.block, q.input == "static", unquantized)
+    return hf.quantization_config(q.block, q.input == "static", unquantized, ue8m0=q.scale_fmt == "ue8m0")
 
 
 KV_REFUSAL = ("its quantization_config (quant_method 'fp8') has no KV-cache field and its loaders read "
@@ -170,10 +172,7 @@ class HfFp8(Defaults):
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return any(f"{n}.weight_scale_inv" in store for n in fp8_layers)
 
-    def carry_config(self, source: dict | None, qc: dict) -> dict:
-        if isinstance(source, dict) and source.get("scale_fmt") == "ue8m0":
-            return {**qc, "scale_fmt": "ue8m0"}
-        return qc
+    pow2_scale_fmt = "ue8m0"  # what a power-of-two recipe (hf-fp8-ue8m0) makes of its layers
 
     layers = staticmethod(layers)
     validate = staticmethod(validate)

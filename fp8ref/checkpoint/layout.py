@@ -44,6 +44,7 @@ class LayerQuant:
     weight_fmt: str = "float8_e4m3fn"
     global_scale: str | None = None  # nvfp4: the stored global scales are a divisor or a multiplier
     input_fmt: str = "float8_e4m3fn"
+    scale_fmt: str = "float"  # ue8m0: power-of-two weight scales (hf-fp8 scale_fmt, F32 or F8_E8M0 stored)
 
     @property
     def packed(self) -> bool:
@@ -69,6 +70,8 @@ class LayerQuant:
             raise CheckpointError(f"input mode {self.input!r}: expected None or one of {INPUT_MODES}")
         if (self.input == "dynamic-group") != (self.input_group is not None):
             raise CheckpointError("input_group must be given exactly for input mode 'dynamic-group'")
+        if self.scale_fmt not in ("float", "ue8m0"):
+            raise CheckpointError(f"scale_fmt {self.scale_fmt!r}: expected 'float' or 'ue8m0'")
 
     def scale_shape(self, out: int, inp: int) -> tuple[int, ...]:
         """The canonical (compressed-tensors) weight-scale shape for a [out, in] weight."""

@@ -135,12 +135,6 @@ def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], k
     return mo.quantization_config(algo, sorted(unquantized), kv)
 
 
-def kv_tensor(name: str, shape: tuple) -> tuple[str, tuple]:
-    if not name.endswith(KV_SUFFIXES):
-        raise CheckpointError(f"{name}: ModelOpt's KV-cache scales are <attn>.k_proj.k_scale / v_proj.v_scale")
-    return name, shape
-
-
 class ModelOpt(Defaults):
     name = NAME
     scales = (
@@ -161,8 +155,11 @@ class ModelOpt(Defaults):
     scheme_scale_dtype = "float32"
     scales_follow_recipe = False
     kv_refusal = None
-    kv_export_refusal = ("export from amax writes compressed-tensors' KV names; ModelOpt's k_proj.k_scale / "
-                         "v_proj.v_scale are kept when a loaded ModelOpt checkpoint is written again")
+    # KV: k_bmm_quantizer / v_bmm_quantizer amax -> fp32(fp32(amax) / 448), F32 [] (quant_utils.py
+    # _postprocess_single_tensor: value.float() / maxbound; no clamp to 1.0 in the HF export)
+    kv_shape = ()
+    kv_store = "F32"
+    kv_recipe = "modelopt-fp8"
 
     config_files = (mo.HF_QUANT_CONFIG,)
     nvfp4_global = "multiplier"
@@ -180,7 +177,9 @@ class ModelOpt(Defaults):
     cannot_express = staticmethod(cannot_express)
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
-    kv_tensor = staticmethod(kv_tensor)
+
+    def kv_name(self, attn: str, which: str) -> str:
+        return f"{attn}.{which}_proj.{which}_scale"
 
 
 register(ModelOpt())

@@ -137,12 +137,6 @@ def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], k
     return qk.quantization_config(scheme, sorted(unquantized), kv)
 
 
-def kv_tensor(name: str, shape: tuple) -> tuple[str, tuple]:
-    if not name.endswith(KV_SUFFIXES):
-        raise CheckpointError(f"{name}: Quark's KV-cache scales are <attn>.k_proj.output_scale / v_proj.output_scale")
-    return name, shape
-
-
 def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """mode="producer": QParamsLinear's weight is D(q * s) (``w`` as given: one rounding of an
     exact product); the input quantizer fake-quantizes with the stored scale, dividing in D."""
@@ -185,8 +179,13 @@ class Quark(Defaults):
     scheme_scale_dtype = "model"
     scales_follow_recipe = False  # the plan's D scales (the quark-fp8 recipe stores D too)
     kv_refusal = None
-    kv_export_refusal = ("export from amax writes compressed-tensors' KV names; Quark's k_proj.output_scale / "
-                         "v_proj.output_scale are kept when a loaded Quark checkpoint is written again")
+    # KV: the k_proj / v_proj output quantizers' scales D(fp32(amax) / 448) (quark-fp8's rule), then
+    # export.kv_cache_group gives both the larger one (model_post_process.py _build_kv_scale: max, then
+    # max with min_kv_scale 0.0)
+    kv_shape = ()
+    kv_store = "model"
+    kv_recipe = "quark-fp8"
+    kv_shared = True
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return False
@@ -199,7 +198,9 @@ class Quark(Defaults):
     cannot_express = staticmethod(cannot_express)
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
-    kv_tensor = staticmethod(kv_tensor)
+
+    def kv_name(self, attn: str, which: str) -> str:
+        return f"{attn}.{which}_proj.output_scale"
     emulate = staticmethod(emulate)
     emulate_output = staticmethod(emulate_output)
 

@@ -1,5 +1,6 @@
-"""``fp8ref quantize`` (export an FP8 checkpoint) and ``fp8ref inspect`` (what a checkpoint holds
-and, given the original, how far each layer is from it)."""
+"""``fp8ref quantize`` (export an FP8 checkpoint), ``fp8ref convert`` (between formats, with the exact
+requantization cost), ``fp8ref inspect`` (what a checkpoint holds and, given the original, how far
+each layer is from it) and ``fp8ref explain`` (what a serving engine does to it at load)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def register(sub) -> None:
     add_progress_flags(q)
     add_json(q, "a summary")
     q.set_defaults(handler=cmd_quantize)
+
+    c = sub.add_parser("convert", help="write a checkpoint in another format: exact where the target holds its "
+                                       "numbers, else requantized with the exact cost")
+    c.add_argument("source", metavar="SRC", help="quantized checkpoint: a folder or a .safetensors file")
+    c.add_argument("output", metavar="OUT", help="output folder (written atomically)")
+    c.add_argument("--format", required=True, choices=checkpoint_formats.names(), help="the target format")
+    c.add_argument("--exact-only", action="store_true",
+                   help="refuse (exit 1, nothing written) if any layer or KV scale would change")
+    c.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    c.add_argument("--symlinks-out", action="store_true",
+                   help="accept shard files that are symlinks out of SRC (a Hugging Face cache snapshot)")
+    add_progress_flags(c)
+    add_json(c, "the per-layer report")
+    c.set_defaults(handler=cmd_convert)
 
     i = sub.add_parser("inspect", help="format, per-layer schemes and scale statistics of a checkpoint")
     i.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder or .safetensors file")
@@ -57,6 +72,40 @@ def cmd_quantize(args) -> int:
         print(f"wrote {out}: {ckpt.format}, {len(ckpt)} quantized layers")
         for w in ckpt.warnings:
             warn(w)
+    return 0
+
+
+def cmd_convert(args) -> int:
+    import sys
+
+    from ..checkpoint.convert import convert_checkpoint
+
+    report = convert_checkpoint(args.source, args.output, format=args.format, exact_only=args.exact_only,
+                                force=args.force, progress=progress_enabled(args), symlinks_out=args.symlinks_out)
+    t = report.totals()
+    if emit_json(args.json, _jsonable(report.as_dict())):
+        return 0
+    out = sys.stdout
+    print(f"{report.source} ({report.source_format}) -> {report.output} ({report.format})", file=out)
+    for c in report.layers:
+        if c.exact:
+            print(f"  {c.layer}: exact ({c.target})", file=out)
+        else:
+            print(f"  {c.layer}: requantized by {c.recipe} ({c.why}): codes changed {c.codes_changed}/{c.elements} "
+                  f"({c.codes_share:.2%}), scales changed {c.scales_changed}/{c.scales}"
+                  f"{', input scale changed' if c.input_scale_changed else ''}, max |err| {_fmt(c.max_abs_error)}, "
+                  f"max rel err {_fmt(c.max_rel_error)}", file=out)
+    for k in report.kv:
+        state = "exact" if k["exact"] else f"{k['source_value']!r} -> {k['target_value']!r}"
+        print(f"  {k['name']} -> {k['target']}: {state}", file=out)
+    if report.exact:
+        print(f"result: exact; {t['layers']} layers and {len(report.kv)} KV scales hold the source's numbers", file=out)
+    else:
+        print(f"result: requant cost: {t['requantized_layers']}/{t['layers']} layers requantized, codes changed "
+              f"{t['codes_changed']}/{t['elements']} ({t['codes_share']:.2%}), scales changed {t['scales_changed']}/"
+              f"{t['scales']}, input scales changed {t['input_scales_changed']}, KV scales changed "
+              f"{t['kv_scales_changed']}, max |err| {_fmt(t['max_abs_error'])}, max rel err "
+              f"{_fmt(t['max_rel_error'])}", file=out)
     return 0
 
 

@@ -50,8 +50,13 @@ class Config:
         return any(name == m or name.endswith("." + m) or name.startswith(m + ".") for m in self.not_convert)
 
 
-def quantization_config(block: tuple[int, int] | None, static: bool, unquantized: list[str]) -> dict:
-    """The config for one scheme: ``weight_block_size`` (None: per tensor) and static or dynamic inputs."""
-    return {"activation_scheme": "static" if static else "dynamic", "fmt": "e4m3",
-            "modules_to_not_convert": sorted(unquantized), "quant_method": METHOD,
-            "weight_block_size": list(block) if block else None}
+def quantization_config(block: tuple[int, int] | None, static: bool, unquantized: list[str], *,
+                        ue8m0: bool = False) -> dict:
+    """The config for one scheme: ``weight_block_size`` (None: per tensor) and static or dynamic inputs;
+    ``ue8m0``: power-of-two weight scales (``scale_fmt: ue8m0``, as transformers 5.17 writes it)."""
+    qc = {"activation_scheme": "static" if static else "dynamic", "fmt": "e4m3",
+          "modules_to_not_convert": sorted(unquantized), "quant_method": METHOD}
+    if ue8m0:
+        qc["scale_fmt"] = "ue8m0"
+    qc["weight_block_size"] = list(block) if block else None
+    return qc

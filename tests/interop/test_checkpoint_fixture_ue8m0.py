@@ -13,6 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from fp8ref.checkpoint import load_checkpoint, write_checkpoint
@@ -144,3 +146,101 @@ def test_e8m0_scales_do_not_travel_to_another_format(tmp_path):
     with pytest.raises(CheckpointError, match=r"F8_E8M0 \(ue8m0\) scales are kept only by hf-fp8"):
         write_checkpoint(load_checkpoint(ROOT), tmp_path / "ct", format="compressed-tensors")
     assert not (tmp_path / "ct").exists()
+
+
+# --- export: fp8ref writes ue8m0 (recipe hf-fp8-ue8m0; F8_E8M0 bytes or F32 powers of two) -----------
+
+def _original(tmp_path: Path) -> Path:
+    """The fixture's two layers before quantization (transformers quantized these bf16 weights)."""
+    ref = open_store(ROOT / "reference_outputs.safetensors")
+    folder = tmp_path / "src"
+    folder.mkdir()
+    write_safetensors(folder / "model.safetensors", {n.removeprefix("original.") + ".weight": ("BF16", ref.get(n))
+                                                     for n in ref if n.startswith("original.")}, {"format": "pt"})
+    config = json.loads((ROOT / "config.json").read_text())
+    del config["quantization_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _spec(scale_dtype: str) -> dict:
+    """FP8_BLOCK (128x128 weights, dynamic 1x128 inputs) with the given scale_dtype."""
+    return {"scheme": {"bits": 8, "group_size": [128, 128], "data_type": "fp", "act_bits": 8, "act_group_size": 128,
+                       "act_data_type": "fp", "act_dynamic": True, "scale_dtype": scale_dtype}}
+
+
+def test_export_from_original_weights_reproduces_transformers_bytes(tmp_path):
+    from fp8ref.checkpoint import export_checkpoint
+
+    export_checkpoint(_original(tmp_path), tmp_path / "out", _spec("float8_e8m0fnu"), format="hf-fp8",
+                      recipe="hf-fp8-ue8m0")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (ROOT / "model.safetensors").read_bytes()
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc == json.loads((ROOT / "config.json").read_text())["quantization_config"]
+
+
+def test_export_with_f32_power_of_two_scales(tmp_path):
+    """scale_dtype float32: the same multipliers as F32 powers of two, the same codes, scale_fmt ue8m0."""
+    from fp8ref.checkpoint import export_checkpoint
+
+    export_checkpoint(_original(tmp_path), tmp_path / "out", _spec("float32"),
+                      format="hf-fp8", recipe="hf-fp8-ue8m0")
+    ckpt, theirs = load_checkpoint(tmp_path / "out"), load_checkpoint(ROOT)
+    assert ckpt.warnings == [] and ckpt.quantization_config["scale_fmt"] == "ue8m0"
+    store = open_store(tmp_path / "out" / "model.safetensors")
+    for n, layer in theirs.items():
+        assert store.info(layer.tensors["weight_scale"]).dtype == "F32"
+        assert np.array_equal(ckpt[n].weight_codes, layer.weight_codes)
+        assert np.array_equal(ckpt[n].dequantize("float32").view(np.uint32),
+                              layer.dequantize("float32").view(np.uint32))
+
+
+def test_pow2_rule_is_torch_ceil_log2_for_every_exponent():
+    """scaling.pow2_exponent against torch.ceil(torch.log2(s)) (what Fp8Quantize runs) on every float32
+    exponent: the window above 2**e where float32 log2 rounds down to e, and random significands."""
+    from fp8ref.scaling import _LOG2_DOWN, pow2_exponent
+
+    frac = np.abs(_LOG2_DOWN - np.round(_LOG2_DOWN))[_LOG2_DOWN > 0.5]
+    assert frac.min() > 1e-3  # the float64 bounds decide every integer step exactly
+    rng = np.random.default_rng(13)
+    for e in range(-126, 128):
+        base = np.ldexp(np.float32(1), e).astype(np.float32).view(np.uint32)
+        steps = np.concatenate([np.arange(int(_LOG2_DOWN[e + 126]) + 4), rng.integers(0, 1 << 23, 64)])
+        s = (base + steps.astype(np.uint32)).view(np.float32)
+        s = s[np.isfinite(s)]
+        want = torch.ceil(torch.log2(torch.from_numpy(s))).numpy().astype(np.int64)
+        assert np.array_equal(pow2_exponent(s), want), e
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.sampled_from([128, 256]), cols=st.sampled_from([128, 384]), seed=st.integers(0, 2**32 - 1),
+       e8m0=st.booleans(), zero_block=st.booleans())
+def test_ue8m0_export_load_round_trip_is_bit_exact(tmp_path_factory, rows, cols, seed, e8m0, zero_block):
+    """Random bf16 weights (heavy-tailed, maybe an all-zero block) -> export ue8m0 -> load: every scale a
+    power of two equal to torch's 2**ceil(log2(fp32(1 / (448 * fp32(1 / amax))))) per block, codes the
+    peer cast of W * 2**-k, and write_checkpoint gives the same bytes again."""
+    from fp8ref.checkpoint import export_checkpoint
+
+    tmp = tmp_path_factory.mktemp("ue8m0")
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_t(3, (rows, cols)) * 10.0 ** rng.uniform(-6, 3)).astype(np.float32)
+    if zero_block:
+        w[:128, :128] = 0
+    wt = torch.from_numpy(w).to(torch.bfloat16)
+    (tmp / "src").mkdir()
+    bf16 = wt.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    write_safetensors(tmp / "src" / "model.safetensors", {"layer.weight": ("BF16", bf16)}, {"format": "pt"})
+    spec = _spec("float8_e8m0fnu" if e8m0 else "float32")
+    export_checkpoint(tmp / "src", tmp / "out", spec, format="hf-fp8", recipe="hf-fp8-ue8m0")
+    layer = load_checkpoint(tmp / "out")["layer"]
+    w32 = wt.float()
+    amax = w32.reshape(rows // 128, 128, cols // 128, 128).abs().amax(dim=(1, 3))
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    inv = (1.0 / torch.where(amax > 0, 448.0 / safe, torch.ones_like(amax))).to(torch.float32)
+    want = torch.pow(2.0, torch.ceil(torch.log2(inv.clamp(min=torch.finfo(torch.float32).tiny))))
+    assert np.array_equal(layer.weight_scale.astype(np.float32), want.numpy())
+    k = torch.repeat_interleave(torch.repeat_interleave(want, 128, 0), 128, 1)
+    codes = torch.clamp(w32 * (1.0 / k), -448, 448).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert np.array_equal(layer.weight_codes, codes)
+    write_checkpoint(load_checkpoint(tmp / "out"), tmp / "again")
+    assert (tmp / "again" / "model.safetensors").read_bytes() == (tmp / "out" / "model.safetensors").read_bytes()

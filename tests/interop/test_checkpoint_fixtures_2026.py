@@ -19,6 +19,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from fp8ref.checkpoint import base, export_checkpoint, load_checkpoint, write_checkpoint
@@ -192,36 +194,54 @@ def _original_source(name: str, folder: Path) -> dict[str, float]:
     return calibration
 
 
+# the amax of ModelOpt's k_bmm_quantizer / v_bmm_quantizer on the fixture (bf16 key/value states; the tool
+# stores only amax/448): the bf16 values whose fp32(amax / 448) are the stored k_scale / v_scale
+MO_KV_AMAX = {"model.layers.0.self_attn.k_proj.output_amax": 3.703125,
+              "model.layers.0.self_attn.v_proj.output_amax": 3.40625}
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_export_from_original_weights_reproduces_tool_bytes(name, tmp_path):
     fmt, _, scheme, recipe = EXPECTED[name]
     calibration = _original_source(name, tmp_path / "src")
+    if name == "modelopt_fp8":  # with its KV-cache amax: k_proj.k_scale / v_proj.v_scale F32 [] too
+        calibration.update(MO_KV_AMAX)
     export_checkpoint(tmp_path / "src", tmp_path / "out", {"scheme": scheme, "ignore": ["lm_head"]}, format=fmt,
                       recipe=recipe, calibration=calibration or None)
-    ours, tool = tmp_path / "out" / "model.safetensors", ROOT / name / "model.safetensors"
-    theirs = _config_without_provenance(ROOT / name, fmt)[0]
-    if name == "modelopt_fp8":
-        del theirs["kv_cache_scheme"]  # see below
-    assert _config_without_provenance(tmp_path / "out", fmt)[0] == theirs
-    if name != "modelopt_fp8":
-        assert ours.read_bytes() == tool.read_bytes()
-        return
-    # ModelOpt FP8 also stores KV-cache scales, which export (from amax) does not write in its names
-    a, b = open_store(ours), open_store(tool)
-    assert sorted(set(b) - set(a)) == ["model.layers.0.self_attn.k_proj.k_scale",
-                                       "model.layers.0.self_attn.v_proj.v_scale"]
-    for n in a:
-        assert a.file_of(n).read_bytes(n).tobytes() == b.file_of(n).read_bytes(n).tobytes(), n
+    assert _config_without_provenance(tmp_path / "out", fmt) == _config_without_provenance(ROOT / name, fmt)
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (ROOT / name / "model.safetensors").read_bytes()
 
 
-def test_modelopt_export_refuses_kv_cache_amax(tmp_path):
-    calibration = _original_source("modelopt_fp8", tmp_path / "src")
-    calibration["model.layers.0.self_attn.k_scale"] = 1.0
-    calibration["model.layers.0.self_attn.v_scale"] = 1.0
-    with pytest.raises(CheckpointError, match="modelopt format cannot express KV-cache scales"):
-        export_checkpoint(tmp_path / "src", tmp_path / "out", {"scheme": "FP8", "ignore": ["lm_head"]}, format=MO,
-                          recipe="modelopt-fp8", calibration=calibration)
-    assert not (tmp_path / "out").exists()
+def _fp32_rne(v: Fraction) -> float:
+    """Round a positive Fraction to float32 (normal range), ties to even (independent of fp8ref)."""
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    e = e if Fraction(2) ** e <= v else e - 1
+    ulp = Fraction(2) ** (e - 23)
+    n, r = divmod(v, ulp)
+    n += 1 if r > ulp / 2 or (r == ulp / 2 and n % 2) else 0
+    return float(n * ulp)
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.floats(2.0**-20, 2.0**13, width=32), v=st.floats(2.0**-20, 2.0**13, width=32))
+def test_modelopt_kv_export_round_trips(tmp_path_factory, k, v):
+    """KV amax -> k_proj.k_scale / v_proj.v_scale F32 [] = fp32(amax / 448) (a Fraction oracle);
+    loaded back as ModelOpt KV scales; written again byte for byte."""
+    tmp = tmp_path_factory.mktemp("kv")
+    calibration = _original_source("modelopt_fp8", tmp / "src")
+    calibration.update({"model.layers.0.self_attn.k_scale": k, "model.layers.0.self_attn.v_scale": v})
+    export_checkpoint(tmp / "src", tmp / "out", {"scheme": "FP8", "ignore": ["lm_head"]}, format=MO,
+                      recipe="modelopt-fp8", calibration=calibration)
+    ckpt = load_checkpoint(tmp / "out")
+    assert ckpt.warnings == [] and set(ckpt.kv_scales) == {"model.layers.0.self_attn.k_proj.k_scale",
+                                                           "model.layers.0.self_attn.v_proj.v_scale"}
+    store = open_store(tmp / "out" / "model.safetensors")
+    for which, amax in (("k", k), ("v", v)):
+        name = f"model.layers.0.self_attn.{which}_proj.{which}_scale"
+        assert store.info(name).dtype == "F32" and store.info(name).shape == ()
+        assert float(store.get(name)) == _fp32_rne(Fraction(amax) / 448)
+    write_checkpoint(ckpt, tmp / "again")
+    assert (tmp / "again" / "model.safetensors").read_bytes() == (tmp / "out" / "model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("name", ["modelopt_nvfp4", "modelopt_fp8_pc_pt"])
