@@ -343,9 +343,9 @@ def recipe_from_document(doc) -> Recipe:
     if values["scale_dtype"] == "exact" and values["scale_store_dtype"] != "float32":
         raise doc.error(("steps", "scale", "store_dtype"), "an exact scale is stored in float32")
     multiplier = values["scale_form"] != "amax/max" and values["scale_dtype"] != "exact"
-    if values["scale_pow2"] is not None and (values["scale_pow2"] == "floor-multiplier") != multiplier:
+    if values["scale_pow2"] == "floor-multiplier" and not multiplier:  # the POW2_RULES act on the scale: any form
         raise doc.error(("steps", "scale", "pow2"), "floor-multiplier goes with a float32 multiplier form "
-                        "(1/(max/amax)), ceil with amax/max")
+                        "(1/(max/amax))")
     if values["multiplier_overflow"] is not None and not multiplier:
         raise doc.error(("steps", "scale", "multiplier_overflow"), "needs a float32 multiplier form (1/(max/amax))")
     from .formats import FORMATS

@@ -7,6 +7,8 @@ powers of two by integer search, codes by the Fraction grid (quant_oracle.exact_
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -155,17 +157,26 @@ def test_vllm_ue8m0_requires_whole_groups():
 
 
 def test_recipe_validation_of_the_new_keys(tmp_path):
-    """pow2 ceil needs amax/max, floor-multiplier a multiplier form; unknown values are refused."""
+    """floor-multiplier needs a multiplier form; a scaling.POW2_RULES rule acts on the scale of any form
+    (a multiplier form's multiplier is then the exact 2**-k); unknown values are refused."""
     from fp8ref.io.yaml import load_yaml
-    from fp8ref.recipes import recipe_from_document
+    from fp8ref.recipes import compute_scale, recipe_from_document
     from fp8ref.registry import RECIPES_DIR
 
     base = (RECIPES_DIR / "te-current.yaml").read_text()
     path = tmp_path / "te-current.yaml"
-    for bad in ("pow2: ceil", "pow2: up"):
-        path.write_text(base.replace("pow2: null", bad))
-        with pytest.raises(Fp8RefError, match="pow2"):
-            recipe_from_document(load_yaml(path))
+    path.write_text(base.replace("pow2: null", "pow2: up"))
+    with pytest.raises(Fp8RefError, match="pow2"):
+        recipe_from_document(load_yaml(path))
+    path.write_text(base.replace("pow2: null", "pow2: ceil"))
+    rec = recipe_from_document(load_yaml(path))
+    stored, m = compute_scale(np.array([3.0, 448.0, 0.001]), rec, FORMATS["float8_e4m3fn"], "bfloat16")
+    assert [Fraction(float(v)) for v in stored] == [Fraction(1, 128), Fraction(1), Fraction(1, 2 ** 18)]
+    assert [float(v) for v in m] == [128.0, 1.0, 2.0 ** 18]  # ceil(log2(amax/448)) with the exact reciprocal
+    dg = tmp_path / "deepgemm-ue8m0.yaml"
+    dg.write_text((RECIPES_DIR / "deepgemm-ue8m0.yaml").read_text().replace("pow2: ceil", "pow2: floor-multiplier"))
+    with pytest.raises(Fp8RefError, match="floor-multiplier goes with a float32 multiplier form"):
+        recipe_from_document(load_yaml(dg))
     path.write_text(base.replace("    pow2: null\n", ""))   # an optional key: absent means null
     assert recipe_from_document(load_yaml(path)).scale_pow2 is None
 
