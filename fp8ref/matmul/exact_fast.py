@@ -4,12 +4,13 @@ It applies when one integer piece per operand suffices for the formats' whole co
 (``_piece_count``: every finite value is an integer times 2**g and every partial sum of a K-block
 dot product stays below 2**53) and no NaN/Inf code occurs. Then:
 
-- scales constant along K: T = A @ B (float64 GEMMs of the decoded values over K-chunks) is the
-  exact dot product in any BLAS order, with or without FMA; x = s * T + bias with s = sa * sb
+- scales constant along K: T = A @ B (float64 GEMMs of the decoded values, one per column panel
+  of b, decoded into a reused buffer right before its GEMM reads it) is the exact dot product in
+  any BLAS order, with or without FMA; x = s * T + bias with s = sa * sb
   exact (two float32 values). y = fl(fl(s * T) + bias) is within ulp(s * T)/2 + ulp(y)/2 of x (no
   bias: y is fl(x) itself), which decides almost every element from y's float64 bits
-  (epilogue._decide_sum); the rest take s * T as an exact TwoProduct and the exact rounding of
-  epilogue.py.
+  (epilogue._decide_sum, per panel while T is in cache); the rest take s * T as an exact
+  TwoProduct and the exact rounding of epilogue.py.
 - K-blocked scales: with a' = a * sa and b' = b * sb (exact), y = bias + sum_i A'_i @ B'_i over
   groups i of whole scale blocks (batched GEMMs, then the sum) satisfies |y - x| <= gamma_n
   (|bias| + S), S = sum_k |a' b'| <= sum_b |a'_(m,b)| |b'_(b,n)| (Cauchy-Schwarz per block, a
