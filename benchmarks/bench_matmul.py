@@ -1,6 +1,6 @@
 """scaled_mm speed against float32 and float64 matmuls of the same shape, measured in the same run.
 
-    python benchmarks/bench_matmul.py [--m 256 --k 4096 --n 4096] [--repeat 7] [--fp32-k K]
+    python benchmarks/bench_matmul.py [--m 256 --k 4096 --n 4096] [--repeat 7] [--fp32-k K] [--threads T] [--only exact]
 
 Prints time(fp8ref) / time(torch float32 matmul) and time(fp8ref) / time(float64 matmul) (the
 faster of torch's and numpy's, on float64 operands already decoded), each the median over rounds
@@ -12,7 +12,8 @@ scales, <= 2x with block scales; fp32 <= 2x float32.
 The fp32 mode runs the C loop of fp8ref/_kernels_matmul.c (declared sequential order over K, register
 tiles over M and N); without the C loops it is a numpy loop over K, far slower: use --fp32-k to time a
 shorter K. Other processes on the machine move both timings: repeat runs and report the range
-(the per-round range is printed too).
+(the per-round range is printed too). On a machine shared with other jobs, --threads 1 gives the
+steadier ratio: a two-thread GEMM waits at every barrier for whichever thread was descheduled.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ def main() -> None:
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--repeat", type=int, default=7, help="rounds; ratios are medians over rounds")
     p.add_argument("--fp32-k", type=int, default=None, help="K for the fp32 mode (default: --k)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (the C loops follow; default: torch's)")
+    p.add_argument("--only", default=None, help="run only the cases whose label contains this text, e.g. exact")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     M, K, N = args.m, args.k, args.n
     args.fp32_k = args.fp32_k or K
     rng = np.random.default_rng(0)
@@ -69,6 +74,8 @@ def main() -> None:
          lambda: scaled_mm(a[:, :args.fp32_k], b[:args.fp32_k], sa, sb, accumulate="fp32")),
     ]
     for label, k, fn in cases:
+        if args.only and args.only not in label:
+            continue
         refs = {"torch f32": torch_mm(k), "torch f64": torch_mm(k, torch.float64), "numpy f64": numpy_mm(k)}
         fn()  # warm: first-call allocations and lazy imports
         times = {name: [] for name in (*refs, "fp8ref")}

@@ -83,6 +83,14 @@ typedef struct { /* fp8ref.hardware's fused datapath chained over K, see _kernel
     size_t nbatch, panel;
 } hw_job;
 
+typedef struct { /* dst[r, j] = lut[src[r * src_rs + j * src_cs]] for j < cols, rows [lo, hi) (exact_fast.py) */
+    const uint8_t *src;
+    double *dst;
+    const float *lut;  /* 256 values (exact in float32); NaN for the codes the caller must not use */
+    uint8_t *flags;    /* per row: 1 when the row holds a NaN value */
+    int64_t src_rs, src_cs, dst_rs, cols;
+} dec_job;
+
 /* ---- shared helpers ----------------------------------------------------------------------------- */
 enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
 enum { BF16 = 0, F16 = 1, F32 = 2 };

@@ -4,12 +4,13 @@ It applies when one integer piece per operand suffices for the formats' whole co
 (``_piece_count``: every finite value is an integer times 2**g and every partial sum of a K-block
 dot product stays below 2**53) and no NaN/Inf code occurs. Then:
 
-- scales constant along K: T = A @ B (float64 GEMMs of the decoded values over K-chunks) is the
-  exact dot product in any BLAS order, with or without FMA; x = s * T + bias with s = sa * sb
+- scales constant along K: T = A @ B (float64 GEMMs of the decoded values, one per column panel
+  of b, decoded into a reused buffer right before its GEMM reads it) is the exact dot product in
+  any BLAS order, with or without FMA; x = s * T + bias with s = sa * sb
   exact (two float32 values). y = fl(fl(s * T) + bias) is within ulp(s * T)/2 + ulp(y)/2 of x (no
   bias: y is fl(x) itself), which decides almost every element from y's float64 bits
-  (epilogue._decide_sum); the rest take s * T as an exact TwoProduct and the exact rounding of
-  epilogue.py.
+  (epilogue._decide_sum, per panel while T is in cache); the rest take s * T as an exact
+  TwoProduct and the exact rounding of epilogue.py.
 - K-blocked scales: with a' = a * sa and b' = b * sb (exact), y = bias + sum_i A'_i @ B'_i over
   groups i of whole scale blocks (batched GEMMs, then the sum) satisfies |y - x| <= gamma_n
   (|bias| + S), S = sum_k |a' b'| <= sum_b |a'_(m,b)| |b'_(b,n)| (Cauchy-Schwarz per block, a
@@ -28,7 +29,7 @@ import math
 import numpy as np
 
 from .._arrays import torch
-from .._native import kernels, run_c
+from .._native import dec_job, kernels, parallel
 from ..codec import decode
 from ..errors import ShapeError
 from ..exact import extract, two_product
@@ -40,6 +41,7 @@ from .fp32 import _products_exact_in_fp32
 from .operands import _check_codes, _code_values
 
 _CHUNK_BYTES = 1 << 26  # float64 rows of b staged at a time: bounded memory, few GEMM calls (short ones run slower)
+_PANEL_COLS = 512  # columns of b per panel (scales constant along K): decoded and used while in cache
 _GROUP_K = 512  # K of each GEMM of the blocked path (whole scale blocks): shorter ones run far slower
 _REPAIR_BYTES = 1 << 25  # bytes of row-times-column products per repair step
 
@@ -50,7 +52,7 @@ class _NonFinite(Exception):
 
 def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias, out):
     """The exact model's result, or None where the general path must run."""
-    M, K = ca.shape
+    (M, K), N = ca.shape, cb.shape[1]
     every = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
     try:
         pieces = _piece_count(_span(fa, every[0]), _span(fb, every[1]), fa.mantissa_bits, fb.mantissa_bits,
@@ -64,8 +66,11 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
         A = _values(ca, fa, "a")
         if sa.shape[1] == 1:
             s = sa * sb  # (M, 1) * (1, N) or (1, 1): exact, two float32 values
-            result = _round_scaled(_product(A, cb, fb), s, finite_bias, out,
-                                   _tiny_possible(s, finite_bias, fa, fb, out))
+            tiny = _tiny_possible(s, finite_bias, fa, fb, out)
+            result = np.empty((M, N))
+            for n0, n1, T in _panels(A, cb, fb):  # the epilogue of each panel while it is in cache
+                result[:, n0:n1] = _round_scaled(T, s[:, n0:n1] if s.shape[1] > 1 else s,
+                                                 None if finite_bias is None else finite_bias[n0:n1], out, tiny)
         else:
             result = _blocked(A, fa, cb, fb, sa, sb, bk, finite_bias, out)
     except _NonFinite:
@@ -77,29 +82,32 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
 
 class _Stager:
     """float64 values of one format's codes, written into caller buffers (the operands of the
-    float64 GEMMs). With the C loops, codes widened to uint16 (code << 8) run through the codec's
-    table loop with a table of the upper 32 bits of each float64 value: the low bytes (0) give
-    the lower word 0, which every value of a format float32 holds has (<= 21 significant bits),
-    so each float64 is written once, by both cores. Without them: decode to float32, then widen."""
+    float64 GEMMs). With the C loops: fp8ref_decode_f64 through a float32 table (every value of a
+    format float32 holds is exact there) whose NaN/Inf codes and codes past 2**bits read NaN, so a
+    row that holds one is flagged without a second pass; only then are the codes checked
+    (_check_codes: FormatError or _NonFinite). Without them: check, decode, widen."""
 
     def __init__(self, fmt: FloatFormat):
         self.fmt = fmt
-        bits = _code_values(fmt).view(np.uint64)
         self.table = None
-        if kernels() is not None and not (bits & np.uint64(0xFFFF_FFFF)).any() and bits[0] == 0:
-            self.table = np.ascontiguousarray((bits >> np.uint64(32)).astype(np.uint32)).view(np.float32)
+        if kernels() is not None:
+            v = _code_values(fmt)
+            self.table = np.full(256, np.nan, np.float32)
+            self.table[:fmt.n_codes] = np.where(np.isfinite(v), v, np.nan)
 
     def __call__(self, codes: np.ndarray, values: np.ndarray, what: str) -> None:
-        """values[...] = the values of ``codes`` (both contiguous, same shape); _NonFinite on a
-        NaN/Inf code (and FormatError on codes past 2**bits, as on the general path)."""
+        """values[...] = the values of the 2-D ``codes`` (any strides; values' rows contiguous);
+        _NonFinite on a NaN/Inf code (and FormatError on codes past 2**bits, as on the general path)."""
+        if self.table is not None and codes.size:
+            flags = np.empty(codes.shape[0], np.uint8)
+            job = dec_job(codes.ctypes.data, values.ctypes.data, self.table.ctypes.data, flags.ctypes.data,
+                          codes.strides[0], codes.strides[1], values.strides[0] // 8, codes.shape[1])
+            parallel("fp8ref_decode_f64", job, codes.shape[0], work=codes.size, keep=(codes, values, flags))
+            if not flags.any():
+                return
         if _check_codes(codes, self.fmt, what):
             raise _NonFinite
-        if not codes.size:
-            return
-        if self.table is not None:
-            wide = np.left_shift(codes.reshape(-1), 8, dtype=np.uint16)
-            run_c("fp8ref_decode_f32", wide.view(np.uint8), values.reshape(-1).view(np.float32), self.table)
-        else:
+        if codes.size:
             values[...] = decode(codes, self.fmt)
 
 
@@ -113,7 +121,6 @@ def _values(codes: np.ndarray, fmt: FloatFormat, what: str) -> np.ndarray:
 def _row_chunks(cb: np.ndarray, fb: FloatFormat, rows: int):
     """(k0, float64 values of cb[k0:k0 + rows]) in turn, all in one buffer (use each before the
     next step): b is never held whole in float64."""
-    cb = np.ascontiguousarray(cb)
     K, N = cb.shape
     rows = max(1, min(K, rows))
     buf = np.empty((rows, N))
@@ -124,20 +131,38 @@ def _row_chunks(cb: np.ndarray, fb: FloatFormat, rows: int):
         yield k0, values
 
 
-def _product(A: np.ndarray, cb: np.ndarray, fb: FloatFormat) -> np.ndarray:
-    """T = A @ B exactly: float64 GEMMs over K-chunks of b accumulated in T. Every partial sum, in
-    any order, with or without FMA, across chunks too, is an integer (times 2**g) below 2**53."""
+def _panels(A: np.ndarray, cb: np.ndarray, fb: FloatFormat):
+    """(n0, n1, T = A @ B[:, n0:n1]) for column panels of _PANEL_COLS in turn, T exact (float64
+    GEMMs: every partial sum, in any order, with or without FMA, across K-chunks too, is an
+    integer times 2**g below 2**53). Each panel of b is decoded into one reused buffer that the
+    GEMM reads while it is still in cache (no float64 copy of b in memory); K is cut into chunks
+    only where a panel would pass _CHUNK_BYTES. Use each T before the next step (one buffer)."""
     M, K = A.shape
     N = cb.shape[1]
-    T = np.zeros((M, N))
-    t = _torch()
-    for k0, B in _row_chunks(cb, fb, _CHUNK_BYTES // (8 * max(N, 1))):
-        a = A[:, k0:k0 + B.shape[0]]
-        if t is None:
-            T += a @ B
-        else:
-            t.from_numpy(T).addmm_(t.from_numpy(a), t.from_numpy(B))
-    return T
+    cols = max(1, min(N, _PANEL_COLS))
+    rows = max(1, min(K, _CHUNK_BYTES // (8 * cols)))
+    b_buf, t_buf = np.empty(rows * cols), np.empty(M * cols)
+    stage, t = _Stager(fb), _torch()
+    for n0 in range(0, N, cols):
+        w = min(cols, N - n0)
+        T = t_buf[:M * w].reshape(M, w)
+        for k0 in range(0, K, rows):
+            kr = min(rows, K - k0)
+            B = b_buf[:kr * w].reshape(kr, w)
+            stage(cb[k0:k0 + kr, n0:n0 + w], B, "b")
+            a = A[:, k0:k0 + kr]
+            if t is None:
+                if k0:
+                    T += a @ B
+                else:
+                    np.matmul(a, B, out=T)
+            elif k0:
+                t.from_numpy(T).addmm_(t.from_numpy(a), t.from_numpy(B))
+            else:
+                t.mm(t.from_numpy(a), t.from_numpy(B), out=t.from_numpy(T))
+        if K == 0:
+            T[...] = 0.0
+        yield n0, n0 + w, T
 
 
 def _torch():

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fp8ref import FORMATS
+from fp8ref.errors import FormatError
 from fp8ref.matmul import exact_fast
 from fp8ref.matmul.epilogue import CODE_ROUNDINGS, CodeOut, _decide_bound, _decide_sum
 from fp8ref.matmul.exact import _exact
@@ -210,8 +211,9 @@ def test_declines_on_inf_codes_of_e5m2_in_b():
 
 @pytest.mark.parametrize("name", [n for n in FORMATS if FORMATS[n].has_zero])
 def test_staged_float64_values_are_the_exact_values_of_every_code(name):
-    """Both staging routes (the C table loop on widened codes, and decode-then-widen) give each
-    finite code's exact value, bit for bit, signed zeros included."""
+    """Both staging routes (the C table loop, vector body and scalar tail, contiguous and strided
+    codes; and decode-then-widen) give each finite code's exact value (Fraction from the format's
+    definition), bit for bit, signed zeros included."""
     fmt = FORMATS[name]
     finite = np.array(FINITE[name], np.uint8)
     expect = np.array([float(fmt.exact_value(int(c))) for c in finite])
@@ -220,11 +222,36 @@ def test_staged_float64_values_are_the_exact_values_of_every_code(name):
     routes = [stage.table]
     if stage.table is not None:
         routes.append(None)
+    rows = np.stack([np.roll(finite, r) for r in range(3)])  # 3 rows, each every finite code
+    want = np.stack([np.roll(expect, r) for r in range(3)])
     for table in routes:
         stage.table = table
-        got = np.empty(finite.shape)
-        stage(finite, got, "b")
-        np.testing.assert_array_equal(bits(got), bits(expect))
+        for codes in (rows, np.ascontiguousarray(rows.T).T, rows[:, 5:]):  # contiguous, strided, a tail
+            got = np.full(codes.shape, 7.0)
+            stage(codes, got, "b")
+            np.testing.assert_array_equal(bits(got), bits(want[:, -codes.shape[1]:]))
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float4_e2m1fn"])
+def test_staging_flags_every_non_finite_or_invalid_code_wherever_it_sits(name):
+    """One NaN/Inf code anywhere in a row (vector body or tail, contiguous or strided) makes the
+    stager decline (_NonFinite); a code past 2**bits raises the general path's FormatError."""
+    fmt = FORMATS[name]
+    bad = [c for c in range(fmt.n_codes) if fmt.exact_value(c) is None]
+    if fmt.bits < 8:
+        bad.append(fmt.n_codes)
+    stage = _Stager(fmt)
+    for c in bad:
+        for pos in (0, 15, 16, 33, 39):
+            codes = np.zeros((2, 40), np.uint8)
+            codes[1, pos] = c
+            for view in (codes, np.ascontiguousarray(codes.T).T):
+                if c >= fmt.n_codes:
+                    with pytest.raises(FormatError):
+                        stage(view, np.empty(view.shape), "b")
+                else:
+                    with pytest.raises(exact_fast._NonFinite):
+                        stage(view, np.empty(view.shape), "b")
 
 
 # --- the float64-bit decisions of epilogue.py, against the exact oracle ------------------------------------
@@ -362,3 +389,70 @@ def test_exact_path_alone_gives_the_same_bytes(monkeypatch, bias):
     for (sa, sb, bk), row in zip(cases, want):
         for out, w in zip(outs, row):
             np.testing.assert_array_equal(bits(_fast_exact(a, b, e4, e4, sa, sb, bk, bv, out)), bits(w))
+
+
+@pytest.mark.parametrize("scales", ["tensor", "row"])
+def test_column_panels_and_k_chunks_against_the_fraction_oracle(monkeypatch, scales):
+    """Panels of 4 columns over N = 11 (a short last panel) and K-chunks of 3 rows over K = 13:
+    every result, with and without a bias (one of them -0), float32 and bfloat16 outputs, a column
+    of signed-zero products and a row that cancels to exactly zero (+0 by the rule), equals the
+    oracle's and the general path's."""
+    rng = np.random.default_rng(3)
+    from fp8ref import encode
+    M, K, N = 3, 13, 11
+    a = encode(rng.standard_normal((M, K)).astype(np.float32) * 4, "float8_e4m3fn")
+    b = encode(rng.standard_normal((K, N)).astype(np.float32) * 4, "float8_e4m3fn")
+    b[:, 9] = np.where(np.arange(K) % 2, 0x80, 0x00)  # +-0: the sum is exactly zero
+    b[:, 10] = 0x38  # 1.0 in every row; a[2] cancels it
+    a[2] = 0x00
+    a[2, :4], a[2, 4:8] = 0x38, 0xB8
+    bias = rng.standard_normal(N).astype(np.float32).astype(np.float64)
+    bias[9] = -0.0
+    if scales == "tensor":
+        sa, sb = np.float32(0.37), np.float32(0.011)
+    else:
+        sa, sb = rng.uniform(0.5, 2, (M, 1)).astype(np.float32), rng.uniform(0.5, 2, (1, N)).astype(np.float32)
+    SA, SB, bk = _canonical_scales(np.asarray(sa, np.float64), np.asarray(sb, np.float64), M, K, N, 128, 128)
+    e4 = FORMATS["float8_e4m3fn"]
+    monkeypatch.setattr(exact_fast, "_PANEL_COLS", 4)
+    monkeypatch.setattr(exact_fast, "_CHUNK_BYTES", 8 * 4 * 3)
+    for bv in (None, bias):
+        ref = fraction_oracle(a, b, sa, sb, bias=bv)
+        for out in ("float32", "bfloat16"):
+            got = _fast_exact(a, b, e4, e4, SA, SB, bk, bv, OUT_FORMATS[out])
+            expect = np.vectorize(lambda x: round_fraction(x, out), otypes=[np.float64])(ref)
+            np.testing.assert_array_equal(bits(got), bits(expect))  # an exact zero is +0 (docs/matmul.md)
+            np.testing.assert_array_equal(bits(got), bits(_exact(a, b, e4, e4, SA, SB, bk, bv, OUT_FORMATS[out])))
+
+
+def test_a_non_finite_code_in_the_last_panel_falls_back(monkeypatch):
+    """A NaN code in b's last column panel, after earlier panels were multiplied: the fast path
+    declines and scaled_mm's result (general path) has NaN exactly in that column."""
+    from fp8ref.matmul import scaled_mm
+    monkeypatch.setattr(exact_fast, "_PANEL_COLS", 4)
+    a = np.full((2, 5), 0x38, np.uint8)
+    b = np.full((5, 10), 0x38, np.uint8)
+    b[3, 9] = 0x7F  # NaN in e4m3fn
+    one = np.ones((1, 1))
+    e4 = FORMATS["float8_e4m3fn"]
+    assert _fast_exact(a, b, e4, e4, one, one, 5, None, OUT_FORMATS["float32"]) is None
+    got = scaled_mm(a, b, np.float32(1), np.float32(1))
+    assert np.isnan(got[:, 9]).all() and (got[:, :9] == 5.0).all()
+
+
+def test_k_at_the_exactness_limit_against_the_fraction_oracle():
+    """K = 2**17 (the longest e4m3 x e4m3 K the fast path takes): sums of the largest and the
+    smallest products, the float64 GEMM exact at its limit; K + 1 goes to the general path."""
+    e4 = FORMATS["float8_e4m3fn"]
+    K = 2 ** 17
+    a = np.where(np.arange(K) % 3 == 0, 0x7E, 0x01).astype(np.uint8).reshape(1, K)  # 448 and 2**-9
+    b = np.stack([np.where(np.arange(K) % 2 == 0, 0x7E, 0x81), np.full(K, 0x01)], axis=1).astype(np.uint8)
+    one = np.ones((1, 1))
+    got = _fast_exact(a, b, e4, e4, one, one, K, None, OUT_FORMATS["float32"])
+    va = np.where(a[0] == 0x7E, Fraction(448), Fraction(1, 512))
+    for n in range(2):
+        vb = [Fraction(448) if c == 0x7E else Fraction(1, 512) if c == 0x01 else Fraction(-1, 512) for c in b[:, n]]
+        x = sum((p * q for p, q in zip(va, vb)), Fraction(0))
+        assert bits(got[0, n]) == bits(round_fraction(x, "float32"))
+    assert _fast_exact(np.zeros((1, K + 1), np.uint8), np.zeros((K + 1, 1), np.uint8), e4, e4, one, one, K + 1,
+                       None, OUT_FORMATS["float32"]) is None
