@@ -15,9 +15,9 @@
  *     C   = round-toward-zero(S * 2**(E - F)) to `out_bits` fraction bits, exponent >= -126
  * Every quantity is exact: a * b (at most 8 significant bits) is exact in fp32, scaling it by a
  * power of two is exact, each truncated term is below 2**(F + 2) (< 2**31, converted by cvttps), the
- * sums are int32 (F <= 23, L <= 32: below 2**31) or int64, and S * 2**(E - F) is exact in float64
- * (S < 2**53). Rounding toward zero is then a mask on the float64 mantissa. The numpy model computes
- * the same integers; the bytes agree (tests/hardware/test_fused_c.py).
+ * sums are int32 (F <= 23, L <= 32, no block scales: below 2**31) or int64. Rounding toward zero
+ * clears the low bits of |S|, and the kept bits times 2**(E - F) are exact (normalise_rz*). The
+ * numpy model computes the same integers; the bytes agree (tests/hardware/test_fused_c.py).
  *
  * pairwise (AMD CDNA3 FP8 MFMA): the even and the odd products of a step are fused separately with F
  * fraction bits (int32 sums S0, S1 at exponents E0, E1), combined by floor at e_dot = max(E0, E1),
@@ -81,6 +81,22 @@ FP8REF_INLINE v16sf vload_sf(const float *p) { v16sf v; memcpy(&v, p, sizeof v);
 FP8REF_INLINE v32hi vmax_hi(v32hi a, v32hi b) { v32hi m = a > b; return (a & m) | (b & ~m); }
 FP8REF_INLINE v32hi vmin_hi(v32hi a, v32hi b) { v32hi m = a < b; return (a & m) | (b & ~m); }
 
+/* normalise_rz for int32 S where 2**(E - F) lies in [2**-162, 2**114] (no block scales, F <= 23):
+ * 16 lanes a vector instead of 8. |S| keeps at most 24 bits, so (float)|S| is exact; the scaling by
+ * 2**(E - F) is split in two normal powers when tiny, each product exact (the result is on the fp32
+ * grid) or overflowing to infinity (the value is >= 2**128). */
+FP8REF_INLINE float normalise_rz32(int32_t S, int E, int F, int out_bits) {
+    uint32_t mag = (uint32_t)(S < 0 ? -S : S);
+    const int top = 31 - __builtin_clz(mag | 1);
+    const int below = -126 - (top + E - F);
+    int drop = top - out_bits + (below > 0 ? below : 0);
+    drop = drop < 0 ? 0 : (drop < 31 ? drop : 31);
+    mag = (mag >> drop) << drop;
+    const float m = (float)(int32_t)mag;
+    const int x = E - F, lo = x < -100 ? -64 : 0;
+    return (S < 0 ? -m : m) * pow2f(x - lo) * pow2f(lo) + 0.0f; /* + 0.0f: never -0, as the model */
+}
+
 /* The unbiased exponent fp8ref aligns a float32 C with: normal: its own; subnormal or zero: -126. */
 FP8REF_INLINE int c_exponent(float c) {
     int field = (int)((bits_of(c) >> 23) & 0xff);
@@ -109,7 +125,10 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
     float up[NB];
     for (size_t c = 0; c < w; c++) {
         emax[c] = (int16_t)((bits_of(d[c]) & 0x7fffffffu) ? c_exponent(d[c]) : e_zero);
-        emin[c] = 0;
+        if (zero_in) emin[c] = 0;
+    }
+    const size_t wv0 = w & ~(size_t)(VL - 1);
+    for (size_t c = wide ? 0 : wv0; c < w; c++) { /* the vector blocks store their sums */
         isum[c] = 0;
         lsum[c] = 0;
     }
@@ -120,7 +139,7 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
         const v32hi e_s = vload_hi(es + c0);
         for (int i = 0; i < 4; i++) {
             mx[i] = vload_hi(emax + c0);
-            mn[i] = vload_hi(emin + c0);
+            mn[i] = zero_in ? vload_hi(emin + c0) : mx[i];
         }
         size_t k = 0;
         for (; k + 4 <= L; k += 4)
@@ -135,7 +154,7 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
             if (zero_in) mn[0] = vmin_hi(mn[0], x);
         }
         vstore_hi(emax + c0, vmax_hi(vmax_hi(mx[0], mx[1]), vmax_hi(mx[2], mx[3])));
-        vstore_hi(emin + c0, vmin_hi(vmin_hi(mn[0], mn[1]), vmin_hi(mn[2], mn[3])));
+        if (zero_in) vstore_hi(emin + c0, vmin_hi(vmin_hi(mn[0], mn[1]), vmin_hi(mn[2], mn[3])));
     }
     for (size_t k = 0; k < L; k++) {
         const int16_t e = ax[k];
@@ -175,8 +194,11 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
     }
     for (size_t c = 0; c < w; c++) {
         const int E = emax32[c];
-        const int64_t tc = (int32_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
-        d[c] = normalise_rz((wide ? lsum[c] : (int64_t)isum[c]) + tc, E, F, out_bits);
+        const int32_t tc = (int32_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
+        if (!wide) /* |isum| <= L * 2**(F + 2) <= 2**30: the sum fits int32; no block scales */
+            d[c] = normalise_rz32(isum[c] + tc, E, F, out_bits);
+        else
+            d[c] = normalise_rz((wide ? lsum[c] : (int64_t)isum[c]) + tc, E, F, out_bits);
     }
 }
 
@@ -223,7 +245,7 @@ FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide) 
 
 /* Tasks over units [lo, hi): unit u is batch u / chunks, columns [(u % chunks) * NB, + NB). */
 FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
-    const int wide = j->F > 23 || j->L > 32;
+    const int wide = j->F > 23 || j->L > 32 || j->SA != NULL; /* else int32 sums, normalise_rz32 */
     for (size_t u = lo; u < hi; u++) {
         if (j->zero_in)
             wide ? fused_unit(j, u, 1, 1) : fused_unit(j, u, 1, 0);
