@@ -195,10 +195,9 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
     for (size_t c = 0; c < w; c++) {
         const int E = emax32[c];
         const int32_t tc = (int32_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
-        if (!wide) /* |isum| <= L * 2**(F + 2) <= 2**30: the sum fits int32; no block scales */
-            d[c] = normalise_rz32(isum[c] + tc, E, F, out_bits);
-        else
-            d[c] = normalise_rz((wide ? lsum[c] : (int64_t)isum[c]) + tc, E, F, out_bits);
+        const float r = wide ? normalise_rz(lsum[c] + tc, E, F, out_bits)
+                             : normalise_rz32(isum[c] + tc, E, F, out_bits); /* |isum| <= 2**30 */
+        d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
     }
 }
 
@@ -291,7 +290,7 @@ FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restric
         const int e0 = E0[c], e1 = E1[c], e_dot = e0 > e1 ? e0 : e1;
         const int s0 = e_dot - e0 < 63 ? e_dot - e0 : 63, s1 = e_dot - e1 < 63 ? e_dot - e1 : 63;
         const int64_t Sd = ((int64_t)S0[c] >> s0) + ((int64_t)S1[c] >> s1);
-        const int e_c = c_exponent(d[c]);
+        const int e_c = c_exponent(d[c]); /* finite: |products| < 2**33 cannot round a finite C to Inf */
         const int e_max = e_dot > e_c ? e_dot : e_c;
         const int gap = e_max - e_dot, lift = F2 + 1 - F; /* products: F2 + 1 fraction bits at e_max */
         const int right = gap - lift < 0 ? 0 : (gap - lift < 63 ? gap - lift : 63), left = lift - gap > 0 ? lift - gap : 0;
