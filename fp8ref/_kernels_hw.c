@@ -263,10 +263,20 @@ FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restric
         E0[c] = E1[c] = 2 * HW_ZERO;
         S0[c] = S1[c] = 0;
     }
+    const size_t wv = w & ~(size_t)(VL - 1); /* whole vector blocks, held in registers over k */
+    for (size_t c0 = 0; c0 < wv; c0 += VL) {
+        v32hi m0 = vload_hi(E0 + c0), m1 = vload_hi(E1 + c0);
+        for (size_t k = 0; k < L; k += 2) {
+            m0 = vmax_hi(m0, vload_hi(bx + k * NB + c0) + ax[k]);
+            m1 = vmax_hi(m1, vload_hi(bx + (k + 1) * NB + c0) + ax[k + 1]);
+        }
+        vstore_hi(E0 + c0, m0);
+        vstore_hi(E1 + c0, m1);
+    }
     for (size_t k = 0; k < L; k += 2) {
         const int16_t e0 = ax[k], e1 = ax[k + 1];
         const int16_t *restrict x0 = bx + k * NB, *restrict x1 = x0 + NB;
-        for (size_t c = 0; c < w; c++) {
+        for (size_t c = wv; c < w; c++) {
             int16_t y0 = (int16_t)(e0 + x0[c]), y1 = (int16_t)(e1 + x1[c]);
             E0[c] = y0 > E0[c] ? y0 : E0[c];
             E1[c] = y1 > E1[c] ? y1 : E1[c];
@@ -278,10 +288,20 @@ FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restric
         up0[c] = pow2f(E0[c] == -999 ? 0 : F - E0[c]);
         up1[c] = pow2f(E1[c] == -999 ? 0 : F - E1[c]);
     }
+    for (size_t c0 = 0; c0 < wv; c0 += 16) {
+        const v16sf u0 = vload_sf(up0 + c0), u1 = vload_sf(up1 + c0);
+        v16si s0 = {0}, s1 = {0};
+        for (size_t k = 0; k < L; k += 2) {
+            s0 += __builtin_convertvector((av[k] * vload_sf(bv + k * NB + c0)) * u0, v16si);
+            s1 += __builtin_convertvector((av[k + 1] * vload_sf(bv + (k + 1) * NB + c0)) * u1, v16si);
+        }
+        memcpy(S0 + c0, &s0, sizeof s0);
+        memcpy(S1 + c0, &s1, sizeof s1);
+    }
     for (size_t k = 0; k < L; k += 2) {
         const float a0 = av[k], a1 = av[k + 1];
         const float *restrict b0 = bv + k * NB, *restrict b1 = b0 + NB;
-        for (size_t c = 0; c < w; c++) {
+        for (size_t c = wv; c < w; c++) {
             S0[c] += (int32_t)((a0 * b0[c]) * up0[c]);
             S1[c] += (int32_t)((a1 * b1[c]) * up1[c]);
         }
@@ -293,7 +313,8 @@ FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restric
         const int e_c = c_exponent(d[c]); /* finite: |products| < 2**33 cannot round a finite C to Inf */
         const int e_max = e_dot > e_c ? e_dot : e_c;
         const int gap = e_max - e_dot, lift = F2 + 1 - F; /* products: F2 + 1 fraction bits at e_max */
-        const int right = gap - lift < 0 ? 0 : (gap - lift < 63 ? gap - lift : 63), left = lift - gap > 0 ? lift - gap : 0;
+        const int right = gap - lift < 0 ? 0 : (gap - lift < 63 ? gap - lift : 63);
+        const int left = lift - gap > 0 ? lift - gap : 0;
         const int64_t dot = (int64_t)((uint64_t)(Sd >> right) << left); /* floor(Sd * 2**(lift - gap)) */
         /* C: floored to F fraction bits at e_max (integer shifts: gcc keeps (long)floor(x) scalar) */
         const uint32_t cb = bits_of(d[c]);

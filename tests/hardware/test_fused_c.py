@@ -78,6 +78,22 @@ def test_native_equals_numpy(name, seed, zeros, c_kind, scale_range, steps):
     assert np.array_equal(got.view(np.uint32), _numpy(ins, A, B, C, SA, SB).view(np.uint32))
 
 
+@pytest.mark.parametrize("fmt", sorted({f for n in names() for f in (instruction(*n).a_fmt, instruction(*n).scale_fmt)
+                                        if f is not None}, key=lambda f: f.name), ids=lambda f: f.name)
+def test_finite_code_check_agrees_with_the_format(fmt):
+    """The finite-code check (a max and compares, no gather) on every single code and on mixtures."""
+    for code in range(fmt.n_codes):
+        want = fmt.exact_value(code) is not None
+        assert native._finite_codes(np.array([[code, 0]], np.uint8), fmt) == want, hex(code)
+    finite = [c for c in range(fmt.n_codes) if fmt.exact_value(c) is not None]
+    for size in (len(finite), 20000):  # the bytes scan, and the max-and-compare of big arrays
+        codes = np.resize(np.array(finite, np.uint8), size)
+        assert native._finite_codes(codes, fmt)
+        for bad in sorted(set(range(fmt.n_codes)) - set(finite)):
+            codes[size // 2] = bad
+            assert not native._finite_codes(codes, fmt), hex(bad)
+
+
 def test_batches_and_non_finite_fall_back():
     ins = instruction("wgmma", "Hopper", "m64n16k32.f32.e4m3.e4m3")
     rng = np.random.default_rng(1)
