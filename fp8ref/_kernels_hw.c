@@ -71,6 +71,7 @@ FP8REF_INLINE float normalise_rz(int64_t S, int E, int F, int out_bits) {
  * keep their running max and sums in registers across k (gcc 12 does not interchange the plain
  * loops); each target clone lowers them to its own vector width. */
 #define VL 32
+#pragma GCC diagnostic ignored "-Wpsabi" /* the default clone passes them in memory: inline only, no ABI */
 typedef int16_t v32hi __attribute__((vector_size(64)));
 typedef float v16sf __attribute__((vector_size(64)));
 typedef int32_t v16si __attribute__((vector_size(64)));

@@ -107,7 +107,8 @@ def test_struct_size_mismatch_refuses_the_kernels(monkeypatch):
 @needs_c
 def test_hardware_loop_splits_by_batch_and_by_panel(monkeypatch):
     """fp8ref.hardware's fused loop above the threshold (by batches when there are enough, else by
-    16-column panels of every batch) gives the bytes of one call per slice below it."""
+    column blocks of every batch: the units are (batch, 128 columns)) gives the bytes of one call per
+    slice below it."""
     ins = instruction("wgmma", "Hopper", "m64n8k32.f32.e4m3.e4m3")
     rng = np.random.default_rng(5)
     fin = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)  # finite e4m3fn codes
