@@ -70,17 +70,18 @@ typedef struct { /* the declared-order fp32 GEMM, see _kernels_matmul.c; tasks a
     size_t fused;
 } mm_job;
 
-typedef struct { /* fp8ref.hardware's fused datapath chained over K, see _kernels_hw.c */
-    const float *pa;            /* a values (fp32), (nbatch, M, K) */
-    const int32_t *ea;          /* their alignment exponents */
-    const float *pb;            /* b values (fp32), (nbatch, K, N) */
-    const int32_t *eb;          /* their alignment exponents */
-    const int32_t *esa, *esb;   /* scale exponents (nbatch, M, K / L), (nbatch, K / L, N), or NULL */
-    float *c;                   /* (nbatch, M, N): C in, D out */
-    size_t M, N, K, L;
-    int64_t F, out_bits, e_zero, zero_in;
-    size_t by_batch;            /* 1: tasks are batches; 0: tasks are panels of `panel` columns of every batch */
-    size_t nbatch, panel;
+typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kernels_hw.c); tasks are
+                  * (batch, column chunk) units */
+    const uint8_t *A, *B;    /* codes (batch, M, K), (batch, K, N) */
+    const uint8_t *SA, *SB;  /* block-scale codes (batch, M, K / L), (batch, K / L, N), or NULL */
+    const float *va, *vb;    /* fp32 value per code */
+    const int16_t *xa, *xb, *xs; /* alignment exponent per code (zero: -4096); xs: scale exponents */
+    const float *psa, *psb;  /* promotion scales (M, np), (np, N) float32, or NULL */
+    float *D;                /* (batch, M, N): C in, the tensor-core accumulator out */
+    float *acc;              /* (batch, M, N) FP32 promotion accumulator, or NULL (no promotion) */
+    size_t M, N, K, L, chunks;
+    size_t promote, np;      /* steps per promotion (0: only after the last), promotion blocks */
+    int64_t F, out_bits, e_zero, zero_in, fma; /* pairwise: out_bits is F2 */
 } hw_job;
 
 typedef struct { /* dst[r, j] = lut[src[r * src_rs + j * src_cs]] for j < cols, rows [lo, hi) (exact_fast.py) */

@@ -1,160 +1,359 @@
-/* The NVIDIA "fused" tensor-core datapath of fp8ref.hardware (fdpa.fused_step), chained over K,
- * called through ctypes. Finite operands only: the caller routes NaN/Inf (operands, scales, C) to
- * the numpy model.
+/* The tensor-core datapaths of fp8ref.hardware (fdpa.fused_step, fdpa.pairwise_step) chained over
+ * K, and the FP32 promotion of a kernel (hardware.kernels), as tasks over (batch, column chunk)
+ * units. Finite operands only: fp8ref.hardware.native routes NaN/Inf (operands, scales, C) to the
+ * numpy model.
  *
- * For every output (m, n) and every step [k0, k0 + L) of K, with C the running accumulator:
+ * Codes are decoded here, once per step and column chunk for B and once per row and step for A,
+ * through 256-entry tables built by native.py from the format's parameters: an fp32 value (FP8/6/4
+ * values are fp32-exact) and an int16 alignment exponent (zero: HW_ZERO, so that a product with a
+ * zero operand sits below every nonzero one even with two block scales added: |scale exp| <= 127).
+ *
+ * fused (NVIDIA), for every output (m, n) and every step [k0, k0 + L) of K, C the running value:
  *     E   = max(e_a[m,k] + e_b[k,n] (+ scale exponents) over the step, e_C)   (e_C = e_zero for C = 0;
  *           also e_zero when `zero_in` and some product of the step is zero)
  *     S   = sum_k trunc(a[m,k] * b[k,n] * 2**(F - E + es)) + trunc(C * 2**(F - E))    (integers)
  *     C   = round-toward-zero(S * 2**(E - F)) to `out_bits` fraction bits, exponent >= -126
  * Every quantity is exact: a * b (at most 8 significant bits) is exact in fp32, scaling it by a
  * power of two is exact, each truncated term is below 2**(F + 2) (< 2**31, converted by cvttps), the
- * sums are int64, and S * 2**(E - F) is exact in float64 (S < 2**53). Rounding toward zero is then a
- * mask on the float64 mantissa. The numpy model computes the same integers; the bytes agree.
+ * sums are int32 (F <= 23, L <= 32, no block scales: below 2**31) or int64. Rounding toward zero
+ * clears the low bits of |S|, and the kept bits times 2**(E - F) are exact (normalise_rz*). The
+ * numpy model computes the same integers; the bytes agree (tests/hardware/test_fused_c.py).
  *
- * Loop order: columns in chunks of NB lanes (the vectorised axis), then steps, then rows, so a
- * step's B rows (L x NB) stay in L1 while every row of A passes over them.
+ * pairwise (AMD CDNA3 FP8 MFMA): the even and the odd products of a step are fused separately with F
+ * fraction bits (int32 sums S0, S1 at exponents E0, E1), combined by floor at e_dot = max(E0, E1),
+ * aligned with C at e_max = max(e_dot, e_C) (products floored to F2 + 1 fraction bits, C to F),
+ * floored to F2 fraction bits of the result and rounded to nearest fp32; the integers are those of
+ * fdpa.pairwise_step (int64 arithmetic shifts are floors).
+ *
+ * Promotion (fused only): every `promote` steps, and after the last, the row's tensor-core value d
+ * goes into the FP32 register accumulator, acc = fp32(acc + fp32(d * s)) or fma(d, s, acc) with s =
+ * fp32(psa[m, p] * psb[p, n]) (1 without promotion scales), and d restarts at +0.
+ *
+ * Loop order per unit: steps, then rows, so a step's decoded B slab (L x NB values and exponents,
+ * 24 KiB) stays in L1 while every row of A passes over it; the inner loops run over NB columns.
  */
 #include <math.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <string.h>
 
 #include "_kernels.h"
 
-#define NB 256
-#define ZERO_EXP (-(1 << 20)) /* alignment exponent of a zero operand: below everything */
-
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define HW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define HW_CLONES
-#endif
+#define NB 128
+#define HW_ZERO (-4096)  /* int16 alignment exponent of a zero operand (native.py builds the tables) */
+#define HW_ZERO_SUM (-2048) /* below it: a product with a zero operand */
+#define HW_LMAX 64
 
 static inline float pow2f(int x) { /* 2**x for -126 <= x <= 127 */
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)(x + 127) << 23;
-    return v.f;
+    return f32_of((uint32_t)(x + 127) << 23);
 }
 
 static inline double pow2d(int x) { /* 2**x for -1022 <= x <= 1023 */
-    union { uint64_t u; double d; } v;
-    v.u = (uint64_t)(x + 1023) << 52;
-    return v.d;
+    uint64_t u = (uint64_t)(x + 1023) << 52;
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
 }
 
-/* round-toward-zero of the exact v = S * 2**(E - F) (S an integer held in a double) to out_bits
- * fraction bits with exponent >= -126: clear the low mantissa bits of v; written branch-free so it
- * vectorises. A value >= 2**128 stays >= 2**128 and converts to infinity. */
-static inline float normalise_rz(double S, int E, int F, int out_bits) {
-    union { double d; uint64_t u; } v;
-    v.d = S * pow2d(E - F);
-    int ev = (int)((v.u >> 52) & 0x7ff) - 1023;
-    int drop = 52 - out_bits + (ev < -126 ? -126 - ev : 0);
-    v.u = drop >= 53 ? 0 : v.u & ~((UINT64_C(1) << (drop & 63)) - 1);
-    return (float)v.d;
+/* round-toward-zero of the exact v = S * 2**(E - F) (S an integer) to out_bits fraction bits with
+ * exponent >= -126: clear the low bits of |S| below them (integer arithmetic: gcc 12 vectorises it,
+ * and not the same masking on the bits of a double). (double)|S| * 2**(E - F) is then exact and a
+ * float32 (or >= 2**128, which converts to infinity). */
+FP8REF_INLINE float normalise_rz(int64_t S, int E, int F, int out_bits) {
+    uint64_t mag = (uint64_t)(S < 0 ? -S : S);
+    const int64_t top = 63 - __builtin_clzll(mag | 1); /* floor(log2 |S|) */
+    const int64_t below = -126 - (top + E - F);        /* bits lost below the subnormal grid */
+    int64_t drop = top - out_bits + (below > 0 ? below : 0);
+    drop = drop < 0 ? 0 : (drop < 63 ? drop : 63);
+    mag = (mag >> drop) << drop;
+    const double m = (double)(int64_t)mag;
+    return (float)((S < 0 ? -m : m) * pow2d(E - F) + 0.0); /* + 0.0: never -0, as the model */
 }
 
-/* One column chunk [j0, j0 + w) of one row m over one step [k0, k0 + L). The step's sum is int32
- * when every term and partial sum fits (wide == 0: F <= 23, L <= 32), else float64 (exact integers). */
-static inline __attribute__((always_inline)) void step_row(
-    const float *a_row, const int32_t *ea_row, const float *B, const int32_t *EB, size_t N, size_t j0,
-    size_t w, size_t k0, size_t L, int32_t sa, const int32_t *sb_row, float *cr, int F, int out_bits,
-    int e_zero, int zero_in, int wide) {
-    int32_t emax[NB], emin[NB], es[NB], isum[NB];
+/* 32 exponent lanes (int16) and 16 value lanes (fp32, int32) as GCC generic vectors: the hot loops
+ * keep their running max and sums in registers across k (gcc 12 does not interchange the plain
+ * loops); each target clone lowers them to its own vector width. */
+#define VL 32
+#pragma GCC diagnostic ignored "-Wpsabi" /* the default clone passes them in memory: inline only, no ABI */
+typedef int16_t v32hi __attribute__((vector_size(64)));
+typedef float v16sf __attribute__((vector_size(64)));
+typedef int32_t v16si __attribute__((vector_size(64)));
+
+FP8REF_INLINE v32hi vload_hi(const int16_t *p) { v32hi v; memcpy(&v, p, sizeof v); return v; }
+FP8REF_INLINE void vstore_hi(int16_t *p, v32hi v) { memcpy(p, &v, sizeof v); }
+FP8REF_INLINE v16sf vload_sf(const float *p) { v16sf v; memcpy(&v, p, sizeof v); return v; }
+FP8REF_INLINE v32hi vmax_hi(v32hi a, v32hi b) { v32hi m = a > b; return (a & m) | (b & ~m); }
+FP8REF_INLINE v32hi vmin_hi(v32hi a, v32hi b) { v32hi m = a < b; return (a & m) | (b & ~m); }
+
+/* normalise_rz for int32 S where 2**(E - F) lies in [2**-162, 2**114] (no block scales, F <= 23):
+ * 16 lanes a vector instead of 8. |S| keeps at most 24 bits, so (float)|S| is exact; the scaling by
+ * 2**(E - F) is split in two normal powers when tiny, each product exact (the result is on the fp32
+ * grid) or overflowing to infinity (the value is >= 2**128). */
+FP8REF_INLINE float normalise_rz32(int32_t S, int E, int F, int out_bits) {
+    uint32_t mag = (uint32_t)(S < 0 ? -S : S);
+    const int top = 31 - __builtin_clz(mag | 1);
+    const int below = -126 - (top + E - F);
+    int drop = top - out_bits + (below > 0 ? below : 0);
+    drop = drop < 0 ? 0 : (drop < 31 ? drop : 31);
+    mag = (mag >> drop) << drop;
+    const float m = (float)(int32_t)mag;
+    const int x = E - F, lo = x < -100 ? -64 : 0;
+    return (S < 0 ? -m : m) * pow2f(x - lo) * pow2f(lo) + 0.0f; /* + 0.0f: never -0, as the model */
+}
+
+/* The unbiased exponent fp8ref aligns a float32 C with: normal: its own; subnormal or zero: -126. */
+FP8REF_INLINE int c_exponent(float c) {
+    int field = (int)((bits_of(c) >> 23) & 0xff);
+    return (field > 0 ? field : 1) - 127;
+}
+
+/* B rows [k0, k0 + L), columns [j0, j0 + w) decoded into bv / bx (row stride NB). */
+FP8REF_INLINE void decode_slab(const hw_job *j, const uint8_t *B, size_t k0, size_t L, size_t j0, size_t w,
+                               float *bv, int16_t *bx) {
+    for (size_t k = 0; k < L; k++) {
+        const uint8_t *row = B + (k0 + k) * j->N + j0;
+        for (size_t c = 0; c < w; c++) {
+            bv[k * NB + c] = j->vb[row[c]];
+            bx[k * NB + c] = j->xb[row[c]];
+        }
+    }
+}
+
+/* One fused step of one row over columns [0, w) of the chunk; d: the row's running values. */
+FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict ax, const float *restrict bv,
+                             const int16_t *restrict bx, const int16_t *restrict es, size_t L, size_t w,
+                             float *restrict d, int F, int out_bits, int e_zero, int zero_in, int wide) {
+    int16_t emax[NB], emin[NB];
+    int32_t isum[NB], emax32[NB];
+    int64_t lsum[NB];
     float up[NB];
-    double dsum[NB];
-    for (size_t j = 0; j < w; j++) {
-        es[j] = sa + (sb_row ? sb_row[j] : 0);
-        uint32_t bits;
-        memcpy(&bits, cr + j, 4);
-        int field = (int)((bits >> 23) & 0xff);
-        emax[j] = (bits & 0x7fffffffu) ? (field > 0 ? field : 1) - 127 : e_zero;
-        emin[j] = 0;
-        isum[j] = 0;
-        dsum[j] = 0;
+    for (size_t c = 0; c < w; c++) {
+        emax[c] = (int16_t)((bits_of(d[c]) & 0x7fffffffu) ? c_exponent(d[c]) : e_zero);
+        if (zero_in) emin[c] = 0;
     }
-    for (size_t k = k0; k < k0 + L; k++) {
-        const int32_t e = ea_row[k];
-        const int32_t *eb_k = EB + k * N + j0;
-        if (zero_in) {
-            for (size_t j = 0; j < w; j++) {
-                int32_t x = e + eb_k[j] + es[j];
-                emax[j] = x > emax[j] ? x : emax[j];
-                emin[j] = x < emin[j] ? x : emin[j];
+    const size_t wv0 = w & ~(size_t)(VL - 1);
+    for (size_t c = wide ? 0 : wv0; c < w; c++) { /* the vector blocks store their sums */
+        isum[c] = 0;
+        lsum[c] = 0;
+    }
+    const size_t wv = w & ~(size_t)(VL - 1); /* whole vector blocks; the rest by the plain loops */
+    for (size_t c0 = 0; c0 < wv; c0 += VL) { /* the block's max (and min) held in registers over k */
+        /* four independent chains over k: gcc lowers the max to compare + blend (4 cycles each) */
+        v32hi mx[4], mn[4];
+        const v32hi e_s = vload_hi(es + c0);
+        for (int i = 0; i < 4; i++) {
+            mx[i] = vload_hi(emax + c0);
+            mn[i] = zero_in ? vload_hi(emin + c0) : mx[i];
+        }
+        size_t k = 0;
+        for (; k + 4 <= L; k += 4)
+            for (int i = 0; i < 4; i++) {
+                const v32hi x = vload_hi(bx + (k + i) * NB + c0) + e_s + ax[k + i];
+                mx[i] = vmax_hi(mx[i], x);
+                if (zero_in) mn[i] = vmin_hi(mn[i], x);
             }
-        } else {
-            for (size_t j = 0; j < w; j++) {
-                int32_t x = e + eb_k[j] + es[j];
-                emax[j] = x > emax[j] ? x : emax[j];
-            }
+        for (; k < L; k++) {
+            const v32hi x = vload_hi(bx + k * NB + c0) + e_s + ax[k];
+            mx[0] = vmax_hi(mx[0], x);
+            if (zero_in) mn[0] = vmin_hi(mn[0], x);
+        }
+        vstore_hi(emax + c0, vmax_hi(vmax_hi(mx[0], mx[1]), vmax_hi(mx[2], mx[3])));
+        if (zero_in) vstore_hi(emin + c0, vmin_hi(vmin_hi(mn[0], mn[1]), vmin_hi(mn[2], mn[3])));
+    }
+    for (size_t k = 0; k < L; k++) {
+        const int16_t e = ax[k];
+        const int16_t *restrict x_k = bx + k * NB;
+        for (size_t c = wv; c < w; c++) {
+            int16_t x = (int16_t)(e + x_k[c] + es[c]);
+            emax[c] = x > emax[c] ? x : emax[c];
+            if (zero_in) emin[c] = x < emin[c] ? x : emin[c];
         }
     }
-    for (size_t j = 0; j < w; j++) {
-        int32_t E = emax[j];
-        if (zero_in) E = (emin[j] < ZERO_EXP / 2 && E < e_zero) ? e_zero : E;
-        emax[j] = E;
-        int32_t x = F - E + es[j];
-        up[j] = pow2f(x < -126 ? -126 : (x > 127 ? 127 : x));
+    for (size_t c = 0; c < w; c++) {
+        int E = emax[c];
+        if (zero_in) E = (emin[c] < HW_ZERO_SUM && E < e_zero) ? e_zero : E;
+        emax32[c] = E;
+        int x = F - E + es[c];
+        up[c] = pow2f(x < -126 ? -126 : (x > 127 ? 127 : x));
     }
-    for (size_t k = k0; k < k0 + L; k++) {
-        const float a = a_row[k];
-        const float *b_k = B + k * N + j0;
+    const size_t wi = wide ? 0 : wv;
+    for (size_t c0 = 0; c0 < wi; c0 += VL) { /* int32 sums held in registers over k */
+        const v16sf u0 = vload_sf(up + c0), u1 = vload_sf(up + c0 + 16);
+        v16si s0 = {0}, s1 = {0};
+        for (size_t k = 0; k < L; k++) {
+            const float a = av[k];
+            s0 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0)) * u0, v16si);
+            s1 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0 + 16)) * u1, v16si);
+        }
+        memcpy(isum + c0, &s0, sizeof s0);
+        memcpy(isum + c0 + 16, &s1, sizeof s1);
+    }
+    for (size_t k = 0; k < L; k++) {
+        const float a = av[k];
+        const float *restrict b_k = bv + k * NB;
         if (wide)
-            for (size_t j = 0; j < w; j++) dsum[j] += (double)(int32_t)((a * b_k[j]) * up[j]);
+            for (size_t c = 0; c < w; c++) lsum[c] += (int32_t)((a * b_k[c]) * up[c]);
         else
-            for (size_t j = 0; j < w; j++) isum[j] += (int32_t)((a * b_k[j]) * up[j]);
+            for (size_t c = wi; c < w; c++) isum[c] += (int32_t)((a * b_k[c]) * up[c]);
     }
-    for (size_t j = 0; j < w; j++) {
-        const int E = emax[j];
-        const double tc = (double)(int32_t)((double)cr[j] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
-        cr[j] = normalise_rz((wide ? dsum[j] : (double)isum[j]) + tc, E, F, out_bits);
+    for (size_t c = 0; c < w; c++) {
+        const int E = emax32[c];
+        const int32_t tc = (int32_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
+        const float r = wide ? normalise_rz(lsum[c] + tc, E, F, out_bits)
+                             : normalise_rz32(isum[c] + tc, E, F, out_bits); /* |isum| <= 2**30 */
+        d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
     }
 }
 
-/* pa, ea: a values (fp32) and alignment exponents, (nbatch, M, K); pb, eb: (nbatch, K, N);
- * esa (nbatch, M, K / L), esb (nbatch, K / L, N): scale exponents or NULL; c (nbatch, M, N) in/out.
- * Processes batches [b0, b1) and columns [n0, n1). */
-HW_CLONES
-void fp8ref_hw_fused(const float *pa, const int32_t *ea, const float *pb, const int32_t *eb,
-                     const int32_t *esa, const int32_t *esb, float *c, size_t M, size_t N, size_t K,
-                     size_t L, int64_t F, int64_t out_bits, int64_t e_zero, int64_t zero_in, size_t b0,
-                     size_t b1, size_t n0, size_t n1) {
-    const size_t S = K / L;
-    const int wide = F > 23 || L > 32;
-    for (size_t bt = b0; bt < b1; bt++) {
-        const float *A = pa + bt * M * K, *B = pb + bt * K * N;
-        const int32_t *EA = ea + bt * M * K, *EB = eb + bt * K * N;
-        const int32_t *SA = esa ? esa + bt * M * S : NULL, *SB = esb ? esb + bt * S * N : NULL;
-        float *C = c + bt * M * N;
-        for (size_t j0 = n0; j0 < n1; j0 += NB) {
-            const size_t w = (n1 - j0 < NB) ? n1 - j0 : NB;
-            for (size_t s = 0; s < S; s++)
-                for (size_t m = 0; m < M; m++) {
-                    const int32_t sa = SA ? SA[m * S + s] : 0;
-                    const int32_t *sb_row = SB ? SB + s * N + j0 : NULL;
-                    if (wide)
-                        step_row(A + m * K, EA + m * K, B, EB, N, j0, w, s * L, L, sa, sb_row, C + m * N + j0,
-                                 (int)F, (int)out_bits, (int)e_zero, (int)zero_in, 1);
-                    else
-                        step_row(A + m * K, EA + m * K, B, EB, N, j0, w, s * L, L, sa, sb_row, C + m * N + j0,
-                                 (int)F, (int)out_bits, (int)e_zero, (int)zero_in, 0);
-                }
+/* The d values of row m go into the FP32 accumulator; d restarts at +0. */
+FP8REF_INLINE void promote_row(const hw_job *j, size_t m, size_t p, size_t j0, size_t w, float *restrict d,
+                               float *restrict acc) {
+    const float *sa = j->psa ? j->psa + m * j->np : NULL;
+    const float *sb = j->psb ? j->psb + p * j->N + j0 : NULL;
+    for (size_t c = 0; c < w; c++) {
+        const float s = sa ? sa[p] * sb[c] : 1.0f;
+        acc[c] = j->fma ? fmaf(d[c], s, acc[c]) : acc[c] + d[c] * s;
+        d[c] = 0.0f;
+    }
+}
+
+FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide) {
+    const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L;
+    const size_t bt = u / j->chunks, j0 = (u % j->chunks) * NB, w = N - j0 < NB ? N - j0 : NB;
+    const uint8_t *A = j->A + bt * M * K, *B = j->B + bt * K * N;
+    const uint8_t *SA = j->SA ? j->SA + bt * M * S : NULL, *SB = j->SB ? j->SB + bt * S * N : NULL;
+    float *D = j->D + bt * M * N, *acc = j->acc ? j->acc + bt * M * N : NULL;
+    float bv[HW_LMAX * NB], av[HW_LMAX];
+    int16_t bx[HW_LMAX * NB], ax[HW_LMAX], sbx[NB], es[NB];
+    for (size_t c = 0; c < w; c++) sbx[c] = 0;
+    for (size_t s = 0; s < S; s++) {
+        decode_slab(j, B, s * L, L, j0, w, bv, bx);
+        if (SB)
+            for (size_t c = 0; c < w; c++) sbx[c] = j->xs[SB[s * N + j0 + c]];
+        const int promote = acc && ((j->promote && (s + 1) % j->promote == 0) || s + 1 == S);
+        for (size_t m = 0; m < M; m++) {
+            const uint8_t *a = A + m * K + s * L;
+            for (size_t k = 0; k < L; k++) {
+                av[k] = j->va[a[k]];
+                ax[k] = j->xa[a[k]];
+            }
+            const int16_t sa = SA ? j->xs[SA[m * S + s]] : 0;
+            for (size_t c = 0; c < w; c++) es[c] = (int16_t)(sa + sbx[c]);
+            float *d = D + m * N + j0;
+            fused_row(av, ax, bv, bx, es, L, w, d, (int)j->F, (int)j->out_bits, (int)j->e_zero, zero_in, wide);
+            if (promote) promote_row(j, m, j->promote ? s / j->promote : 0, j0, w, d, acc + m * N + j0);
         }
     }
 }
 
-/* The parallel task (fp8ref_parallel, _native.parallel): units [lo, hi) are batches, or column
- * panels of every batch; outputs are independent, so the bytes never depend on the split. */
-void fp8ref_hw_fused_task(const hw_job *j, size_t lo, size_t hi) {
-    size_t b0 = 0, b1 = j->nbatch, n0 = 0, n1 = j->N;
-    if (j->by_batch) {
-        b0 = lo;
-        b1 = hi;
-    } else {
-        n0 = lo * j->panel;
-        n1 = hi * j->panel < j->N ? hi * j->panel : j->N;
+/* Tasks over units [lo, hi): unit u is batch u / chunks, columns [(u % chunks) * NB, + NB). */
+FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
+    const int wide = j->F > 23 || j->L > 32 || j->SA != NULL; /* else int32 sums, normalise_rz32 */
+    for (size_t u = lo; u < hi; u++) {
+        if (j->zero_in)
+            wide ? fused_unit(j, u, 1, 1) : fused_unit(j, u, 1, 0);
+        else
+            wide ? fused_unit(j, u, 0, 1) : fused_unit(j, u, 0, 0);
     }
-    fp8ref_hw_fused(j->pa, j->ea, j->pb, j->eb, j->esa, j->esb, j->c, j->M, j->N, j->K, j->L, j->F, j->out_bits,
-                    j->e_zero, j->zero_in, b0, b1, n0, n1);
+}
+
+/* One pairwise step of one row over columns [0, w) of the chunk. */
+FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restrict ax, const float *restrict bv,
+                                const int16_t *restrict bx, size_t L, size_t w, float *restrict d, int F, int F2) {
+    int16_t E0[NB], E1[NB];
+    int32_t S0[NB], S1[NB];
+    float up0[NB], up1[NB];
+    for (size_t c = 0; c < w; c++) {
+        E0[c] = E1[c] = 2 * HW_ZERO;
+        S0[c] = S1[c] = 0;
+    }
+    const size_t wv = w & ~(size_t)(VL - 1); /* whole vector blocks, held in registers over k */
+    for (size_t c0 = 0; c0 < wv; c0 += VL) {
+        v32hi m0 = vload_hi(E0 + c0), m1 = vload_hi(E1 + c0);
+        for (size_t k = 0; k < L; k += 2) {
+            m0 = vmax_hi(m0, vload_hi(bx + k * NB + c0) + ax[k]);
+            m1 = vmax_hi(m1, vload_hi(bx + (k + 1) * NB + c0) + ax[k + 1]);
+        }
+        vstore_hi(E0 + c0, m0);
+        vstore_hi(E1 + c0, m1);
+    }
+    for (size_t k = 0; k < L; k += 2) {
+        const int16_t e0 = ax[k], e1 = ax[k + 1];
+        const int16_t *restrict x0 = bx + k * NB, *restrict x1 = x0 + NB;
+        for (size_t c = wv; c < w; c++) {
+            int16_t y0 = (int16_t)(e0 + x0[c]), y1 = (int16_t)(e1 + x1[c]);
+            E0[c] = y0 > E0[c] ? y0 : E0[c];
+            E1[c] = y1 > E1[c] ? y1 : E1[c];
+        }
+    }
+    for (size_t c = 0; c < w; c++) { /* an all-zero half: -999, its sum is 0 whatever the scaling */
+        E0[c] = E0[c] < HW_ZERO_SUM ? -999 : E0[c];
+        E1[c] = E1[c] < HW_ZERO_SUM ? -999 : E1[c];
+        up0[c] = pow2f(E0[c] == -999 ? 0 : F - E0[c]);
+        up1[c] = pow2f(E1[c] == -999 ? 0 : F - E1[c]);
+    }
+    for (size_t c0 = 0; c0 < wv; c0 += 16) {
+        const v16sf u0 = vload_sf(up0 + c0), u1 = vload_sf(up1 + c0);
+        v16si s0 = {0}, s1 = {0};
+        for (size_t k = 0; k < L; k += 2) {
+            s0 += __builtin_convertvector((av[k] * vload_sf(bv + k * NB + c0)) * u0, v16si);
+            s1 += __builtin_convertvector((av[k + 1] * vload_sf(bv + (k + 1) * NB + c0)) * u1, v16si);
+        }
+        memcpy(S0 + c0, &s0, sizeof s0);
+        memcpy(S1 + c0, &s1, sizeof s1);
+    }
+    for (size_t k = 0; k < L; k += 2) {
+        const float a0 = av[k], a1 = av[k + 1];
+        const float *restrict b0 = bv + k * NB, *restrict b1 = b0 + NB;
+        for (size_t c = wv; c < w; c++) {
+            S0[c] += (int32_t)((a0 * b0[c]) * up0[c]);
+            S1[c] += (int32_t)((a1 * b1[c]) * up1[c]);
+        }
+    }
+    for (size_t c = 0; c < w; c++) {
+        const int e0 = E0[c], e1 = E1[c], e_dot = e0 > e1 ? e0 : e1;
+        const int s0 = e_dot - e0 < 63 ? e_dot - e0 : 63, s1 = e_dot - e1 < 63 ? e_dot - e1 : 63;
+        const int64_t Sd = ((int64_t)S0[c] >> s0) + ((int64_t)S1[c] >> s1);
+        const int e_c = c_exponent(d[c]); /* finite: |products| < 2**33 cannot round a finite C to Inf */
+        const int e_max = e_dot > e_c ? e_dot : e_c;
+        const int gap = e_max - e_dot, lift = F2 + 1 - F; /* products: F2 + 1 fraction bits at e_max */
+        const int right = gap - lift < 0 ? 0 : (gap - lift < 63 ? gap - lift : 63);
+        const int left = lift - gap > 0 ? lift - gap : 0;
+        const int64_t dot = (int64_t)((uint64_t)(Sd >> right) << left); /* floor(Sd * 2**(lift - gap)) */
+        /* C: floored to F fraction bits at e_max (integer shifts: gcc keeps (long)floor(x) scalar) */
+        const uint32_t cb = bits_of(d[c]);
+        const int64_t mant = (int64_t)((cb & 0x7fffffu) | ((cb & 0x7f800000u) ? 0x800000u : 0u));
+        const int64_t sig_c = (cb >> 31) ? -mant : mant;
+        const int sh = e_max - e_c + 23 - F;
+        const int cr = sh < 0 ? 0 : (sh < 63 ? sh : 63), cl = sh < 0 ? -sh : 0;
+        int64_t cs = (int64_t)((uint64_t)(sig_c >> cr) << cl);
+        cs &= -(int64_t)(e_c >= e_max - F - 1);
+        int64_t T = dot + (int64_t)((uint64_t)cs << lift); /* units 2**(e_max - F2 - 1) */
+        /* floor to F2 fraction bits below the leading bit (exponent >= -126) */
+        const uint64_t mag = (uint64_t)(T < 0 ? -T : T);
+        const int64_t ev = 63 - __builtin_clzll(mag | 1) + e_max - F2 - 1;
+        int64_t cut = (ev > -126 ? ev : -126) - e_max + 1;
+        cut = cut < 0 ? 0 : (cut < 63 ? cut : 63);
+        T = (int64_t)((uint64_t)(T >> cut) << cut);
+        d[c] = (float)((double)T * pow2d(e_max - F2 - 1));
+    }
+}
+
+FP8REF_CLONES void fp8ref_hw_pairwise(const hw_job *j, size_t lo, size_t hi) {
+    const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L;
+    float bv[HW_LMAX * NB], av[HW_LMAX];
+    int16_t bx[HW_LMAX * NB], ax[HW_LMAX];
+    for (size_t u = lo; u < hi; u++) {
+        const size_t bt = u / j->chunks, j0 = (u % j->chunks) * NB, w = N - j0 < NB ? N - j0 : NB;
+        const uint8_t *A = j->A + bt * M * K, *B = j->B + bt * K * N;
+        float *D = j->D + bt * M * N;
+        for (size_t s = 0; s < S; s++) {
+            decode_slab(j, B, s * L, L, j0, w, bv, bx);
+            for (size_t m = 0; m < M; m++) {
+                const uint8_t *a = A + m * K + s * L;
+                for (size_t k = 0; k < L; k++) {
+                    av[k] = j->va[a[k]];
+                    ax[k] = j->xa[a[k]];
+                }
+                pairwise_row(av, ax, bv, bx, L, w, D + m * N + j0, (int)j->F, (int)j->out_bits);
+            }
+        }
+    }
 }

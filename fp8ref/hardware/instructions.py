@@ -83,7 +83,7 @@ def mma(op: str, arch: str, shape_and_type: str, a, b, c, *, scale_a=None, scale
                 raise ShapeError(f"{what}: {ins.name} takes shape {shape}, got {tuple(x.shape)}")
     elif scale_a is not None or scale_b is not None:
         raise InputTypeError(f"{ins.name}: not block-scaled; scale_a/scale_b must be None")
-    D = native.fused_matmul(ins, A, B, C, SA, SB)
+    D = native.chained_matmul(ins, A, B, C, SA, SB)
     if D is None:
         D = dot_add(ins, A[:, None, :], B.T[None, :, :], C, None if SA is None else SA[:, None, :],
                     None if SB is None else SB.T[None, :, :])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 
 from ..errors import InputTypeError
 from ..formats import FORMATS, FloatFormat
@@ -106,6 +107,17 @@ def _bad(op, arch, s, why) -> InputTypeError:
 
 def instruction(op: str, arch: str, shape_and_type: str) -> Instruction:
     """The modelled instruction ``op`` on ``arch`` named ``shape_and_type`` (ISA spelling)."""
+    if all(type(x) is str for x in (op, arch, shape_and_type)):
+        return _parsed(op, arch, shape_and_type)
+    return _parse(op, arch, shape_and_type)  # says what is wrong
+
+
+@cache  # one frozen record per name: parsing is most of a small instruction's call
+def _parsed(op: str, arch: str, shape_and_type: str) -> Instruction:
+    return _parse(op, arch, shape_and_type)
+
+
+def _parse(op: str, arch: str, shape_and_type: str) -> Instruction:
     if op not in OPS:
         raise InputTypeError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
     arch = _arch(arch)

@@ -248,7 +248,12 @@ def kernel_mm(a, b, scale_a=None, scale_b=None, *, kernel, out_dtype: str = "flo
     total = None
     for p0 in range(0, Kp, part):
         p1 = min(p0 + part, Kp)
-        acc = None
+        acc = _native_part(k, A, B, SA, SB, p0, p1, sa if k.scales == "promotion" else None,
+                           sb_full if k.scales == "promotion" else None)
+        if acc is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                total = acc if total is None else (total + acc).astype(np.float32)
+            continue
         step = k.promote_every or (p1 - p0)
         for i0 in range(p0, p1, step):
             i1 = min(i0 + step, p1)
@@ -275,12 +280,27 @@ def kernel_mm(a, b, scale_a=None, scale_b=None, *, kernel, out_dtype: str = "flo
     return _round_out(out, out_dtype)
 
 
+def _native_part(k: Kernel, A, B, SA, SB, p0: int, p1: int, sa, sb_full) -> np.ndarray | None:
+    """K range [p0, p1) of the K loop in C (promotions included), or None where it does not apply."""
+    ins = k.ins
+    bl = ins.block
+    psa = psb = None
+    if sa is not None:
+        b0 = p0 // k.promote_every
+        b1 = b0 - (-(p1 - p0) // k.promote_every)
+        psa = np.ascontiguousarray(sa[:, b0:b1], np.float32)
+        psb = np.ascontiguousarray(sb_full[b0:b1], np.float32)
+    return native.promoted_matmul(ins, A[:, p0:p1], B[p0:p1], None if SA is None else SA[:, p0 // bl:p1 // bl],
+                                  None if SB is None else SB[p0 // bl:p1 // bl], promote_every=k.promote_every,
+                                  psa=psa, psb=psb, fma=k.promote == "fma")
+
+
 def _tensor_core(ins, A, B, SA, SB, k0: int, k1: int) -> np.ndarray:
     """The instruction chained over K in [k0, k1) from C = 0, tiled over N to bound memory."""
     M, N = A.shape[0], B.shape[1]
     d = np.zeros((M, N), np.float32)
     bl = ins.block
-    fast = native.fused_matmul(ins, A[:, k0:k1], B[k0:k1], d, None if SA is None else SA[:, k0 // bl:k1 // bl],
+    fast = native.chained_matmul(ins, A[:, k0:k1], B[k0:k1], d, None if SA is None else SA[:, k0 // bl:k1 // bl],
                                None if SB is None else SB[k0 // bl:k1 // bl])
     if fast is not None:
         return fast

@@ -18,7 +18,7 @@ import torch
 
 from fp8ref import _native, decode, encode
 from fp8ref.hardware import instruction, kernel_mm
-from fp8ref.hardware.native import fused_matmul
+from fp8ref.hardware.native import chained_matmul
 from fp8ref.matmul import scaled_mm
 from fp8ref.quant import QuantArgs, quantize
 
@@ -107,7 +107,8 @@ def test_struct_size_mismatch_refuses_the_kernels(monkeypatch):
 @needs_c
 def test_hardware_loop_splits_by_batch_and_by_panel(monkeypatch):
     """fp8ref.hardware's fused loop above the threshold (by batches when there are enough, else by
-    16-column panels of every batch) gives the bytes of one call per slice below it."""
+    column blocks of every batch: the units are (batch, 128 columns)) gives the bytes of one call per
+    slice below it."""
     ins = instruction("wgmma", "Hopper", "m64n8k32.f32.e4m3.e4m3")
     rng = np.random.default_rng(5)
     fin = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)  # finite e4m3fn codes
@@ -117,12 +118,12 @@ def test_hardware_loop_splits_by_batch_and_by_panel(monkeypatch):
         for shape_a, shape_b in (((8, 64, 256), (8, 256, 40)), ((1, 64, 512), (1, 512, 200))):
             A, B = rng.choice(fin, shape_a), rng.choice(fin, shape_b)
             C = rng.standard_normal((shape_a[0], 64, shape_b[2])).astype(np.float32)
-            want = np.stack([np.concatenate([fused_matmul(ins, A[i], B[i, :, j:j + 8], C[i, :, j:j + 8])
+            want = np.stack([np.concatenate([chained_matmul(ins, A[i], B[i, :, j:j + 8], C[i, :, j:j + 8])
                                              for j in range(0, shape_b[2], 8)], axis=1) for i in range(shape_a[0])])
-            assert fused_matmul(ins, A, B, C).tobytes() == want.tobytes(), f"{shape_a} on {_native.openmp_runtime()}"
+            assert chained_matmul(ins, A, B, C).tobytes() == want.tobytes(), f"{shape_a} on {_native.openmp_runtime()}"
             with monkeypatch.context() as m:
                 m.setattr(_native, "openmp_runtime", lambda: None)
-                assert fused_matmul(ins, A, B, C).tobytes() == want.tobytes(), f"{shape_a} on the thread pool"
+                assert chained_matmul(ins, A, B, C).tobytes() == want.tobytes(), f"{shape_a} on the thread pool"
     finally:
         torch.set_num_threads(saved)
 
