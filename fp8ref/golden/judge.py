@@ -217,6 +217,8 @@ def bound_applies(params) -> str | None:
         return f"the fp32-order bound covers accumulate='fp32' only, not {params.get('accumulate')!r}"
     if params.get("scales") not in ("tensor", "row"):
         return f"the fp32-order bound covers tensor and row scales only, not {params.get('scales')!r}"
+    if params.get("out_dtype") not in _GRID:
+        return f"the fp32-order bound covers float outputs only, not {params.get('out_dtype')!r} codes"
     return None
 
 

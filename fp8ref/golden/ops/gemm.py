@@ -1,5 +1,10 @@
 """scaled_mm with an accumulation model, and a W8A8 linear layer, on heavy-tailed tensors whose
-rows differ in magnitude by powers of two, as real weights and activations do."""
+rows differ in magnitude by powers of two, as real weights and activations do, or on a crafted
+degenerate pattern (``patterns``: fp8ref.golden.degenerate).
+
+An FP8 ``out_dtype`` (codes out) comes with a ``scale_result`` input, neither 1 nor a power of two
+(``degenerate.result_scale``), passed to the backend as ``scale_result=`` (v = result / scale_result,
+then encoded): a backend that declares FP8 out_dtypes takes that keyword."""
 
 from __future__ import annotations
 
@@ -11,13 +16,14 @@ from ... import codec, matmul, quant
 from ...formats import get_format
 from ...scaling import reduce_amax
 from ...scheme import PRESETS
-from .. import values
+from .. import degenerate, values
 from ..case import Case, Operation, shape_name
 from ..fields import at_level, choices, per_level, shapes
-from .quantize import DTYPES, RECIPES
+from .quantize import DTYPES, RECIPES, case_name, fits, with_pattern
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 BLOCK = matmul.SCALE_BLOCK  # scales: block128: a's per 1 x BLOCK group, b's per BLOCK x BLOCK block
+_OUT_DTYPES = ("float32", "bfloat16", "float16", *_FP8)
 
 
 def _codes(stream, shape, fmt) -> tuple[np.ndarray, np.ndarray]:
@@ -44,7 +50,7 @@ def _block_codes(stream, shape, fmt, rows: int) -> tuple[np.ndarray, np.ndarray]
 
 class ScaledMM(Operation):
     name = "scaled_mm"
-    params = ("format", "scales", "out_dtype", "accumulate", "scale_order", "bias", "shape")
+    params = ("format", "scales", "out_dtype", "accumulate", "scale_order", "bias", "pattern", "shape")
     outputs = ("out",)
     signature = ("scaled_mm(a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order) "
                  "-> out in out_dtype")
@@ -52,10 +58,11 @@ class ScaledMM(Operation):
         "formats": (choices(_FP8), ("float8_e4m3fn",)),
         "shapes": (per_level(shapes(3)), None),
         "scales": (choices(("tensor", "row", "block128"), allow_all=False), ("tensor", "row")),
-        "out_dtypes": (choices(("float32", "bfloat16", "float16")), ("float32",)),
+        "out_dtypes": (choices(_OUT_DTYPES), ("float32",)),
         "accumulate": (choices(matmul.ACCUMULATIONS), ("exact",)),
         "scale_order": (choices(matmul.SCALE_ORDERS, allow_all=False), ("epilogue",)),
         "bias": (choices((False, True), allow_all=False, kind=bool), (False,)),
+        "patterns": (choices((degenerate.RANDOM, *degenerate.GEMM_PATTERNS)), (degenerate.RANDOM,)),
     }
 
     def expand(self, entry, level):
@@ -63,47 +70,65 @@ class ScaledMM(Operation):
         shapes_all = at_level(f["shapes"], level)
         for fmt, scales, od, acc in product(f["formats"], f["scales"], f["out_dtypes"], f["accumulate"]):
             for order in (f["scale_order"] if acc == "fp32" else ("epilogue",)):  # orders matter in fp32 only
-                for bias, shape in product(f["bias"], shapes_all):
-                    params = {"format": fmt, "scales": scales, "out_dtype": od, "accumulate": acc,
-                              "scale_order": order, "bias": bias, "shape": list(shape)}
-                    name = (f"scaled_mm.{fmt}.{scales}.{od}.{acc}" + (f"-{order}" if acc == "fp32" else "")
-                            + (".bias" if bias else "") + f".{shape_name(shape)}")
-                    out.append((name, params))
+                for bias, pattern, shape in product(f["bias"], f["patterns"], shapes_all):
+                    if pattern != degenerate.RANDOM and scales == "block128":
+                        continue  # the patterns build per-row scales (K tails of block scales: linear FP8_BLOCK)
+                    params = with_pattern({"format": fmt, "scales": scales, "out_dtype": od, "accumulate": acc,
+                                           "scale_order": order, "bias": bias, "shape": list(shape)}, pattern)
+                    prefix = (f"scaled_mm.{fmt}.{scales}.{od}.{acc}" + (f"-{order}" if acc == "fp32" else "")
+                              + (".bias" if bias else ""))
+                    out.append((case_name(prefix, pattern, shape), params))
         return out
 
     def make_case(self, name, params, entry, suite, level) -> Case:
         stream = values.Stream(suite.seed, name)
         M, K, N = params["shape"]
-        if params["scales"] == "block128":  # a: (M, KB) per 1x128 group; b: (KB, NB) per 128x128 block
+        if "pattern" in params:  # tensor and row scales only (expand)
+            ops = degenerate.gemm_operands(params["pattern"], stream, M, K, N, params["format"])
+            a, sa, bt, sb = ops["a"], ops["sa"], ops["bt"], ops["sb"]
+        elif params["scales"] == "block128":  # a: (M, KB) per 1x128 group; b: (KB, NB) per 128x128 block
             a, sa = _block_codes(stream, (M, K), params["format"], 1)
             bt, sbt = _block_codes(stream, (N, K), params["format"], BLOCK)
             sb = np.ascontiguousarray(sbt.T)
         else:
             a, sa = _codes(stream, (M, K), params["format"])
             bt, sb = _codes(stream, (N, K), params["format"])
-        if params["scales"] == "tensor":
-            sa, sb = sa.max().reshape(1), sb.max().reshape(1)
+        if params["scales"] == "tensor":  # the patterns' per-tensor scales: two different non-unit values
+            sa, sb = sa.max().reshape(1), (sb.min() if "pattern" in params else sb.max()).reshape(1)
         elif params["scales"] == "row":
             sb = sb.reshape(1, N)
         inputs = {"a": a, "b": np.ascontiguousarray(bt.T), "scale_a": sa, "scale_b": sb}
         if params["bias"]:
             bias = values.heavy_tailed(stream, N)
             inputs["bias"] = values.from_bits(values.round_to(bias, params["out_dtype"]), params["out_dtype"])
+        if params["out_dtype"] in _FP8:
+            exact = matmul.scaled_mm(a, inputs["b"], sa, sb, out_dtype="float32", fmt_a=params["format"],
+                                     fmt_b=params["format"])
+            inputs["scale_result"] = np.array([degenerate.result_scale(exact)], np.float32)
         return Case(name, self.name, params, inputs)
+
+    @staticmethod
+    def _result_kw(inputs) -> dict:
+        return {"scale_result": inputs["scale_result"]} if "scale_result" in inputs else {}
 
     def reference(self, params, inputs):
         # block_k also sets fp32's K-blocks: given for block cases only (tensor and row cases sum K whole)
-        blocks = {"block_k": BLOCK, "block_n": BLOCK} if params["scales"] == "block128" else {}
+        kw = {"block_k": BLOCK, "block_n": BLOCK} if params["scales"] == "block128" else {}
+        if "scale_result" in inputs:
+            kw["scale_result"] = np.float32(inputs["scale_result"].reshape(-1)[0])
         return {"out": matmul.scaled_mm(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"],
                                         bias=inputs.get("bias"), out_dtype=params["out_dtype"],
                                         accumulate=params["accumulate"], fmt_a=params["format"],
-                                        fmt_b=params["format"], scale_order=params["scale_order"], **blocks)}
+                                        fmt_b=params["format"], scale_order=params["scale_order"], **kw)}
 
     def call(self, backend, params, inputs):
         return {"out": backend.scaled_mm(inputs["a"], inputs["b"], inputs["scale_a"], inputs["scale_b"],
                                          bias=inputs.get("bias"), fmt=params["format"],
                                          out_dtype=params["out_dtype"], accumulate=params["accumulate"],
-                                         scale_order=params["scale_order"])}
+                                         scale_order=params["scale_order"], **self._result_kw(inputs))}
+
+    def output_format(self, params, output):
+        return params.get("out_dtype") if params.get("out_dtype") in _FP8 else None
 
     def element_inputs(self, params, inputs, index):
         m, n = index
@@ -129,40 +154,59 @@ class ScaledMM(Operation):
 
 class Linear(Operation):
     name = "linear"
-    params = ("scheme", "recipe", "dtype", "accumulate", "shape")
+    params = ("scheme", "recipe", "dtype", "accumulate", "pattern", "shape")
     outputs = ("y",)
     signature = "linear(x, weight, weight_scale, *, input_scale, dynamic, accumulate) -> y in x's dtype"
     fields = {
-        "schemes": (choices(("FP8_STATIC", "FP8_DYNAMIC", "FP8"), allow_all=False), ("FP8_STATIC",)),
+        "schemes": (choices(("FP8_STATIC", "FP8_DYNAMIC", "FP8", "FP8_BLOCK"), allow_all=False), ("FP8_STATIC",)),
         "recipes": RECIPES,
         "dtypes": (choices(DTYPES), ("bfloat16",)),
         "shapes": (per_level(shapes(3)), None),
         "accumulate": (choices(matmul.ACCUMULATIONS), ("exact",)),
+        "patterns": (choices((degenerate.RANDOM, *degenerate.LINEAR_PATTERNS)), (degenerate.RANDOM,)),
     }
 
     def expand(self, entry, level):
+        """Combinations whose weight recipe fits the scheme (FP8_BLOCK: 128 x 128 weight blocks, 1 x 128
+        activation groups); k-tail where K is not a multiple of 128 and the scheme has K blocks."""
         f, out = entry.fields, []
         shapes_all = at_level(f["shapes"], level)
-        for scheme, recipe, dtype, acc, shape in product(f["schemes"], f["recipes"], f["dtypes"], f["accumulate"],
-                                                         shapes_all):
-            params = {"scheme": scheme, "recipe": recipe, "dtype": dtype, "accumulate": acc, "shape": list(shape)}
-            out.append((f"linear.{scheme}.{recipe}.{dtype}.{acc}.{shape_name(shape)}", params))
+        for scheme, recipe, dtype, acc, pattern, shape in product(f["schemes"], f["recipes"], f["dtypes"],
+                                                                  f["accumulate"], f["patterns"], shapes_all):
+            qa = quant.as_args(PRESETS[scheme])
+            wshape = (shape[2], shape[1])
+            if not fits(recipe, qa, wshape) or (pattern != degenerate.RANDOM
+                                                and not degenerate.applies(pattern, wshape, qa)):
+                continue
+            params = with_pattern({"scheme": scheme, "recipe": recipe, "dtype": dtype, "accumulate": acc,
+                                   "shape": list(shape)}, pattern)
+            out.append((case_name(f"linear.{scheme}.{recipe}.{dtype}.{acc}", pattern, shape), params))
         return out
 
     def make_case(self, name, params, entry, suite, level) -> Case:
         """x (T, K); W (N, K) quantized with the scheme's weight args and the recipe; for a
-        static scheme, input_scale = fp32(amax of a calibration batch / max)."""
+        static scheme, input_scale = fp32(amax of a calibration batch / max) (a pattern's: of x,
+        1.0 where that amax is 0)."""
         stream = values.Stream(suite.seed, name)
         T, K, N = params["shape"]
         scheme = PRESETS[params["scheme"]]
-        x = values.tensor(stream, (T, K), params["dtype"])
-        w = values.tensor(stream, (N, K), params["dtype"])
         qa = quant.as_args(scheme)
+        pattern = params.get("pattern")
+        if pattern is None:
+            x = values.tensor(stream, (T, K), params["dtype"])
+            w = values.tensor(stream, (N, K), params["dtype"])
+        else:  # x per token (FP8_BLOCK: per 1 x 128 group), W per the scheme's weight blocks
+            xa = quant.as_args(scheme, role="activation")
+            xa = xa if xa.granularity == "group" else quant.QuantArgs(granularity="token")
+            x = degenerate.quant_values(pattern, stream, (T, K), params["dtype"], xa)
+            w = degenerate.quant_values(pattern, stream, (N, K), params["dtype"], qa)
         q = quant.quantize(w, scheme, recipe=params["recipe"],
                            amax=reduce_amax(w, qa.granularity, block_shape=qa.block_shape))
         inputs = {"x": x, "weight": q.codes, "weight_scale": q.scale}
         if not scheme["act_dynamic"]:
-            amax = reduce_amax(values.tensor(stream, (T, K), params["dtype"]), "tensor")
+            amax = reduce_amax(values.tensor(stream, (T, K), params["dtype"]) if pattern is None else x, "tensor")
+            if pattern is not None and not amax[0] > 0:
+                amax = np.array([448.0])
             inputs["input_scale"] = (amax / np.float64(448.0)).astype(np.float32)
         return Case(name, self.name, params, inputs)
 

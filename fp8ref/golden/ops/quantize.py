@@ -1,7 +1,9 @@
-"""quantize and dequantize with a scheme and a producer recipe, on heavy-tailed tensors.
+"""quantize and dequantize with a scheme and a producer recipe, on heavy-tailed tensors or on a
+crafted degenerate pattern (``patterns``: fp8ref.golden.degenerate).
 
-Static quantization gets its amax from a separate calibration sample, so some values exceed
-it and clip, as in deployment.
+Static quantization of random tensors gets its amax from a separate calibration sample, so some
+values exceed it and clip, as in deployment; a pattern's static amax is its own (a calibration
+sample would hide the zero or subnormal amax the pattern is about).
 """
 
 from __future__ import annotations
@@ -14,13 +16,36 @@ from ... import quant
 from ...registry import get_recipe, recipe_names
 from ...scaling import reduce_amax
 from ...scheme import PRESETS
-from .. import values
+from .. import degenerate, values
 from ..case import Case, Operation, shape_name
 from ..fields import at_level, choices, per_level, shapes
 
 DTYPES = ("bfloat16", "float16", "float32")
-# every recipe of the registry (a suite names the producers it covers)
-RECIPES = (choices(recipe_names(), allow_all=False), ("fp8ref",))
+# every recipe of the registry (a suite names the producers it covers; 'all': every registered one)
+RECIPES = (choices(recipe_names()), ("fp8ref",))
+
+
+def fits(recipe: str, qa, shape) -> bool:
+    """Whether ``recipe`` can produce ``qa``'s granularity and format on ``shape`` (a recipe that
+    requires whole groups or blocks refuses a partial one)."""
+    rec = get_recipe(recipe)
+    if qa.granularity not in rec.granularities or qa.format not in rec.formats:
+        return False
+    if not getattr(rec, "require_divisible", False):
+        return True
+    need = {"group": (qa.group_size,), "block": qa.block_shape}.get(qa.granularity, ())
+    return all(d % n == 0 for d, n in zip(shape[::-1], need[::-1], strict=False))
+
+
+def case_name(prefix: str, pattern: str, shape) -> str:
+    """``prefix.SHAPE`` for random inputs (the names of the suites before patterns), else
+    ``prefix.PATTERN.SHAPE``."""
+    return f"{prefix}.{shape_name(shape)}" if pattern == degenerate.RANDOM else f"{prefix}.{pattern}.{shape_name(shape)}"
+
+
+def with_pattern(params: dict, pattern: str) -> dict:
+    """Random cases keep the parameters they had before patterns existed (their manifests)."""
+    return params if pattern == degenerate.RANDOM else {**params, "pattern": pattern}
 
 
 def _args(params):
@@ -28,11 +53,11 @@ def _args(params):
 
 
 def _amax(stream, params, x, qa):
-    """Weights: their own amax. Static activations: a calibration sample's. Dynamic, and MX / NVFP4
-    (quantize computes their block scales from x and refuses an amax): none."""
+    """Weights: their own amax. Static activations: a calibration sample's (a pattern's: its own).
+    Dynamic, and MX / NVFP4 (quantize computes their block scales from x and refuses an amax): none."""
     if qa.granularity in quant.SELF_SCALED:
         return None
-    if params["role"] == "weight":
+    if params["role"] == "weight" or (not qa.dynamic and "pattern" in params):
         return reduce_amax(x, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
     if qa.dynamic:
         return None
@@ -41,18 +66,20 @@ def _amax(stream, params, x, qa):
 
 
 class _QuantBase(Operation):
-    params = ("scheme", "recipe", "role", "dtype", "shape")
+    params = ("scheme", "recipe", "role", "dtype", "pattern", "shape")
+    patterns = (degenerate.RANDOM, *degenerate.QUANT_PATTERNS)
     fields = {
-        "schemes": (choices(tuple(PRESETS), allow_all=False), None),
+        "schemes": (choices(tuple(PRESETS)), None),
         "recipes": RECIPES,
         "roles": (choices(("weight", "activation"), allow_all=False), ("weight",)),
         "dtypes": (choices(DTYPES), ("bfloat16",)),
         "shapes": (per_level(shapes(2)), None),
+        "patterns": (choices(patterns), (degenerate.RANDOM,)),
     }
 
     def expand(self, entry, level):
         """Combinations whose scheme and recipe fit (a recipe covers some granularities
-        and formats; a weight-only scheme has no activation role)."""
+        and formats; a weight-only scheme has no activation role; a pattern some granularities)."""
         f, out = entry.fields, []
         shapes_all = at_level(f["shapes"], level)
         for scheme in f["schemes"]:
@@ -61,20 +88,23 @@ class _QuantBase(Operation):
                     qa = quant.as_args(PRESETS[scheme], role=role)
                 except Exception:  # noqa: BLE001 - e.g. a weight-only scheme has no activation args
                     continue
-                for recipe in f["recipes"]:
-                    rec = get_recipe(recipe)
-                    if qa.granularity not in rec.granularities or qa.format not in rec.formats:
+                for recipe, dtype, pattern, shape in product(f["recipes"], f["dtypes"], f["patterns"], shapes_all):
+                    if not fits(recipe, qa, shape) or not (pattern == degenerate.RANDOM or (
+                            degenerate.applies(pattern, shape, qa)
+                            and degenerate.refused(pattern, get_recipe(recipe)) is None)):
                         continue
-                    for dtype, shape in product(f["dtypes"], shapes_all):
-                        params = {"scheme": scheme, "recipe": recipe, "role": role, "dtype": dtype,
-                                  "shape": list(shape)}
-                        out.append((f"{self.name}.{scheme}.{recipe}.{role}.{dtype}.{shape_name(shape)}", params))
+                    params = with_pattern({"scheme": scheme, "recipe": recipe, "role": role, "dtype": dtype,
+                                           "shape": list(shape)}, pattern)
+                    out.append((case_name(f"{self.name}.{scheme}.{recipe}.{role}.{dtype}", pattern, shape), params))
         return out
 
     def _quantized(self, name, params, suite):
         stream = values.Stream(suite.seed, name)
-        x = values.tensor(stream, tuple(params["shape"]), params["dtype"])
         qa = _args(params)
+        if "pattern" in params:
+            x = degenerate.quant_values(params["pattern"], stream, tuple(params["shape"]), params["dtype"], qa)
+        else:
+            x = values.tensor(stream, tuple(params["shape"]), params["dtype"])
         amax = _amax(stream, params, x, qa)
         return x, amax
 
