@@ -26,7 +26,7 @@ QUANT_PATTERNS = ("zero-tensor", "zero-blocks", "single-nonzero", "single-outlie
 GEMM_PATTERNS = ("zero-blocks", "single-nonzero", "single-outlier", "denormal-only", "scales")
 LINEAR_PATTERNS = ("zero-blocks", "single-outlier", "denormal-only", "k-tail")
 NAN_SCALE_AMAX = 0.5  # tensor amax of the nan-scale pattern: 448 / 0.5 = 896 >= 480
-OUTLIER = 2.0 ** 15  # heavy-tailed values around 1 beside it: ~2**-11 of the block amax or less
+OUTLIER = 2.0 ** 15  # beside heavy-tailed values clipped to +-2**4: 2**-11 of the block amax at most
 TAIL_BOOST = 2.0 ** 8
 # (mantissa bits, smallest normal exponent) of the input dtypes: their subnormals are m * 2**(emin - bits)
 _SUBNORMAL = {"bfloat16": (7, -126), "float16": (10, -14), "float32": (23, -126)}
@@ -112,17 +112,17 @@ def quant_values(pattern: str, stream, shape, dtype: str, qa) -> np.ndarray:
         v = np.where(ids % 3 == 0, _signed_zeros(stream, n).reshape(shape), v)
     elif pattern == "single-nonzero":  # the block's amax is its one element
         v = np.where(_one_per_block(stream, ids), v, _signed_zeros(stream, n).reshape(shape))
-    elif pattern == "single-outlier":  # one element 2**15 beside values around 1: they flush toward 0
-        v = np.where(_one_per_block(stream, ids), np.copysign(OUTLIER, v), v)
+    elif pattern == "single-outlier":  # one element 2**15 beside values within +-16: they flush toward 0
+        v = np.where(_one_per_block(stream, ids), np.copysign(OUTLIER, v), np.clip(v, -16, 16))
     elif pattern == "denormal-only":  # every other block holds subnormals of the input dtype only
         v = np.where(ids % 2 == 0, _subnormals(stream, n, dtype).reshape(shape), v)
     elif pattern == "nan-scale":
         # blocks 0, 4, 8, ... all zero; the tensor amax is exactly NAN_SCALE_AMAX. Substituting a
         # zero block's amax (1.0) instead of its quotient gives the block scale 1 / (6 * A / 2688)
         # = 448 / A = 896: NaN (0x7F) in a non-saturating E4M3 cast.
+        v = np.where(ids % 4 == 0, _signed_zeros(stream, n).reshape(shape), v)
         v = v / np.abs(v).max() * NAN_SCALE_AMAX
         v.reshape(-1)[np.argmax(np.abs(v))] = -NAN_SCALE_AMAX
-        v = np.where(ids % 4 == 0, _signed_zeros(stream, n).reshape(shape), v)
     elif pattern == "k-tail":  # the partial last block along K is 2**8 x larger than the others
         g = k_block(qa)
         tail = np.arange(shape[-1]) >= shape[-1] - shape[-1] % g
@@ -149,11 +149,11 @@ def _subnormal_codes(stream, shape, fmt) -> np.ndarray:
     return (mant | np.where(stream.bits(n, 8) & 1, f.sign_mask, 0).astype(np.uint8)).reshape(shape)
 
 
-def row_scales(n: int, num: int, den: int, e: int) -> np.ndarray:
-    """fp32(num / den * 2**e * (1 + i / 8)) for i < n: distinct, neither 1 nor a power of two
-    (num and den are odd primes that divide no power of two)."""
+def row_scales(n: int, num: int, den: int, e: int, step: int) -> np.ndarray:
+    """fp32(num / den * 2**e * (1 + i / step)) for i < n: distinct, neither 1 nor a power of two
+    (num * (step + i) / (den * step) is one only if num divides den * step * 2**j: it does not)."""
     i = np.arange(n, dtype=np.float64)
-    return (num / den * 2.0 ** e * (1 + i / 8)).astype(np.float32)
+    return (num / den * 2.0 ** e * (1 + i / step)).astype(np.float32)
 
 
 def gemm_operands(pattern: str, stream, M: int, K: int, N: int, fmt: str) -> dict[str, np.ndarray]:
@@ -176,14 +176,15 @@ def gemm_operands(pattern: str, stream, M: int, K: int, N: int, fmt: str) -> dic
         va, vb = np.where(one_a, va, 0.0), np.where(one_b, vb, 0.0)
     elif pattern == "single-outlier":
         va = np.where(_one_per_block(stream, np.broadcast_to(np.arange(M)[:, None], (M, K))),
-                      np.copysign(OUTLIER, va), va)
+                      np.copysign(OUTLIER, va), np.clip(va, -16, 16))
     elif pattern == "denormal-only":  # every code subnormal; scales random (normal) per row
         a, bt = _subnormal_codes(stream, (M, K), fmt), _subnormal_codes(stream, (N, K), fmt)
         return {"a": a, "bt": bt, "sa": _codes_of(va, fmt)[1], "sb": _codes_of(vb, fmt)[1]}
     elif pattern == "scales":  # a scale_a / scale_b swap or a dropped scale changes every element
         a, bt = _codes_of(va, fmt)[0], _codes_of(vb, fmt)[0]
-        return {"a": a, "bt": bt, "sa": row_scales(M, 3, 7, -5).reshape(M, 1),
-                "sb": row_scales(N, 5, 11, -7).reshape(N, 1)}
+        # different progressions: sa[m] sb[n] != sa[n] sb[m] for m != n (equal steps would cancel a swap)
+        return {"a": a, "bt": bt, "sa": row_scales(M, 3, 7, -5, 8).reshape(M, 1),
+                "sb": row_scales(N, 5, 13, -7, 3).reshape(N, 1)}
     elif pattern != RANDOM:
         raise ValueError(f"unknown scaled_mm pattern {pattern!r}")
     a, sa = _codes_of(va, fmt)

@@ -225,3 +225,135 @@ class SwapsBlockScales(BlockMM):
     def scales(self, scale_a, scale_b):
         kb, nb = scale_b.shape
         return scale_a, np.ascontiguousarray(scale_b).reshape(nb, kb).T
+
+
+# --- degenerate inputs (the shipped 'degenerate' suite): each is fp8ref's own reference with one
+# fault that a crafted pattern exists to expose; docs/golden.md names the case that catches each.
+from fp8ref import matmul, quant  # noqa: E402
+from fp8ref.formats import get_format  # noqa: E402
+from fp8ref.golden import degenerate  # noqa: E402
+from fp8ref.scaling import reduce_amax  # noqa: E402
+from fp8ref.scheme import PRESETS  # noqa: E402
+
+
+class _ExactMM(Backend):
+    """fp8ref's exact scaled_mm, declared bit for bit (FP8 outputs with scale_result too)."""
+
+    capabilities = {"scaled_mm": {"scales": ("tensor", "row"), "accumulate": ("exact",)}}
+
+    def scaled_mm(self, a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order,
+                  scale_result=None):
+        sr = None if scale_result is None else np.float32(np.asarray(scale_result).reshape(-1)[0])
+        return matmul.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, fmt_a=fmt, fmt_b=fmt,
+                                **({} if sr is None else {"scale_result": self.result_scale(sr)}))
+
+    def result_scale(self, sr):
+        return sr
+
+
+class SwapScalesMM(_ExactMM):
+    """scale_a and scale_b exchanged (a kernel binding its scale pointers the wrong way round): row
+    scales of a square product land on the columns."""
+
+    name = "mm-swap-scales"
+
+    def scaled_mm(self, a, b, scale_a, scale_b, **kw):
+        sa, sb = np.asarray(scale_a, np.float32), np.asarray(scale_b, np.float32)
+        return super().scaled_mm(a, b, sb.reshape(sa.shape) if sb.size == sa.size else sa,
+                                 sa.reshape(sb.shape) if sa.size == sb.size else sb, **kw)
+
+
+class IgnoresScaleResultMM(_ExactMM):
+    """An FP8 output encoded without the division by scale_result (torch's CPU _scaled_mm drops it
+    for float outputs; a kernel that drops it for FP8 ones)."""
+
+    name = "mm-ignores-scale-result"
+
+    def result_scale(self, sr):
+        return np.float32(1.0)
+
+
+class _Quant(Backend):
+    """fp8ref's quantize, declared for every case."""
+
+    capabilities = {"quantize": {}}
+
+    def quantize(self, x, *, scheme, recipe, role, amax=None):
+        q = quant.quantize(x, PRESETS[scheme], recipe=recipe, role=role, amax=amax)
+        out = {"codes": np.array(q.codes), "scale": np.array(q.scale)}
+        return self.breaks(x, quant.as_args(PRESETS[scheme], role=role), q, out)
+
+
+class ZeroBlockNaN(_Quant):
+    """An all-zero block computes 0/0: NaN scale and NaN codes (the E4M3 NaN where there is one)."""
+
+    name = "quant-zero-block-nan"
+
+    def breaks(self, x, qa, q, out):
+        if out["scale"].size == 1:  # per tensor (or a recipe that makes it so)
+            zero = ~np.any(np.asarray(x, np.float32) != 0, keepdims=True).reshape(1, 1)
+            ids = np.zeros(np.shape(x), np.int64)
+        else:
+            ids = degenerate.block_ids(np.shape(x), qa)
+            zero = np.bincount(ids.reshape(-1), weights=(np.asarray(x, np.float32) != 0).reshape(-1),
+                               minlength=out["scale"].size) == 0
+        zero = np.asarray(zero).reshape(-1)
+        if not zero.any():
+            return out
+        scale = np.array(out["scale"]).reshape(-1).astype(out["scale"].dtype)
+        scale[zero] = np.nan
+        codes = np.array(out["codes"])
+        fmt = get_format(qa.format)
+        if fmt.has_nan:
+            codes[zero[ids]] = min(fmt.nan_codes)
+        return {"codes": codes, "scale": scale.reshape(out["scale"].shape)}
+
+
+class KTailPreviousScale(_Quant):
+    """The partial last block along K gets the previous block's scale (a ceil/floor mix-up in
+    the scale index)."""
+
+    name = "quant-k-tail"
+
+    def breaks(self, x, qa, q, out):
+        if not degenerate.has_k_tail(np.shape(x), qa) or out["scale"].shape[-1] < 2:
+            return out
+        scale = np.array(out["scale"])
+        scale[..., -1] = scale[..., -2]
+        return {"codes": out["codes"], "scale": scale}
+
+
+class SubstitutesBlockAmax(_Quant):
+    """NVFP4: a zero block's amax (not its quotient) replaced by 1.0, the block scale
+    448 * 1.0 / A cast to E4M3 without saturation: NaN (0x7F) once 448 / A >= 464."""
+
+    name = "quant-substitutes-block-amax"
+
+    def breaks(self, x, qa, q, out):
+        if qa.granularity != "nvfp4":
+            return out
+        from fp8ref import codec
+
+        amax_b = reduce_amax(np.asarray(x, np.float32), "nvfp4")
+        A = float(amax_b.max())
+        if not A > 0:
+            return out
+        sub = codec.decode(codec.encode(np.float32(448.0 / A), "float8_e4m3fn", saturate=False), "float8_e4m3fn")
+        scale = np.array(out["scale"])
+        scale[amax_b == 0] = sub
+        return {"codes": out["codes"], "scale": scale}
+
+
+class KTailLinear(Backend):
+    """fp8ref's linear, but the partial last 128-block along K is scaled by the previous K-block's
+    weight scale (the block-scale index of the tail rounded down)."""
+
+    name = "linear-k-tail"
+    capabilities = {"linear": {"accumulate": ("exact",)}}
+
+    def linear(self, x, weight, weight_scale, *, input_scale, dynamic, accumulate):
+        ws = np.asarray(weight_scale, np.float32)
+        if ws.ndim == 2 and ws.shape[1] >= 2 and np.shape(x)[-1] % 128:
+            ws = ws.copy()
+            ws[:, -1] = ws[:, -2]
+        return matmul.linear(x, weight, ws, input_scale=input_scale, dynamic=dynamic, accumulate=accumulate)
