@@ -133,7 +133,7 @@ def quant_values(pattern: str, stream, shape, dtype: str, qa) -> np.ndarray:
 
 
 # --- scaled_mm: codes and scales ---------------------------------------------------------------
-def _codes_of(v: np.ndarray, fmt) -> tuple[np.ndarray, np.ndarray]:
+def row_codes(v: np.ndarray, fmt) -> tuple[np.ndarray, np.ndarray]:
     """Codes of v quantized per row by fp32(amax / max) (a zero row: codes of its zeros, scale 0
     until the caller substitutes one), and the per-row scales."""
     amax = np.abs(v).max(axis=1, keepdims=True)
@@ -165,8 +165,8 @@ def gemm_operands(pattern: str, stream, M: int, K: int, N: int, fmt: str) -> dic
     if pattern == "zero-blocks":  # zero rows of a (scale 2**-23, Quark's) and columns of b (scale 1.0, ModelOpt's)
         za, zb = np.arange(M) % 3 == 0, np.arange(N) % 3 == 1
         va[za], vb[zb] = _signed_zeros(stream, int(za.sum()) * K).reshape(-1, K), 0.0
-        a, sa = _codes_of(va, fmt)
-        bt, sb = _codes_of(vb, fmt)
+        a, sa = row_codes(va, fmt)
+        bt, sb = row_codes(vb, fmt)
         sa[za], sb[zb] = np.float32(2.0 ** -23), 1.0  # scaled_mm takes positive scales: the producers' zero rules
         bt[zb] = np.where(stream.bits(int(zb.sum()) * K, 8) & 1, 0x80, 0).astype(np.uint8).reshape(-1, K)
         return {"a": a, "bt": bt, "sa": sa, "sb": sb}
@@ -179,16 +179,16 @@ def gemm_operands(pattern: str, stream, M: int, K: int, N: int, fmt: str) -> dic
                       np.copysign(OUTLIER, va), np.clip(va, -16, 16))
     elif pattern == "denormal-only":  # every code subnormal; scales random (normal) per row
         a, bt = _subnormal_codes(stream, (M, K), fmt), _subnormal_codes(stream, (N, K), fmt)
-        return {"a": a, "bt": bt, "sa": _codes_of(va, fmt)[1], "sb": _codes_of(vb, fmt)[1]}
+        return {"a": a, "bt": bt, "sa": row_codes(va, fmt)[1], "sb": row_codes(vb, fmt)[1]}
     elif pattern == "scales":  # a scale_a / scale_b swap or a dropped scale changes every element
-        a, bt = _codes_of(va, fmt)[0], _codes_of(vb, fmt)[0]
+        a, bt = row_codes(va, fmt)[0], row_codes(vb, fmt)[0]
         # different progressions: sa[m] sb[n] != sa[n] sb[m] for m != n (equal steps would cancel a swap)
         return {"a": a, "bt": bt, "sa": row_scales(M, 3, 7, -5, 8).reshape(M, 1),
                 "sb": row_scales(N, 5, 13, -7, 3).reshape(N, 1)}
     elif pattern != RANDOM:
         raise ValueError(f"unknown scaled_mm pattern {pattern!r}")
-    a, sa = _codes_of(va, fmt)
-    bt, sb = _codes_of(vb, fmt)
+    a, sa = row_codes(va, fmt)
+    bt, sb = row_codes(vb, fmt)
     return {"a": a, "bt": bt, "sa": sa, "sb": sb}
 
 

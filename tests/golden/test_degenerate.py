@@ -17,6 +17,7 @@ from fp8ref.golden import degenerate, load_suite
 from fp8ref.golden.ops import OPERATIONS
 from fp8ref.golden.suite import build, cases
 from fp8ref.registry import get_recipe, recipe_names
+from fp8ref.scaling import expand, reduce_amax
 from fp8ref.scheme import PRESETS
 from tests.support import broken_backends as bb
 from tests.support.matmul_oracle import fraction_oracle, rounded, same
@@ -247,13 +248,9 @@ def test_fp8ref_recipe_quantize_matches_the_fraction_oracle():
         out = OPERATIONS["quantize"].reference(p, c.inputs)
         amax = f64(c.inputs["amax"]) if "amax" in c.inputs else None
         if amax is None:
-            from fp8ref.scaling import reduce_amax
-
             amax = reduce_amax(c.inputs["x"], qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
         want = np.vectorize(lambda a: 1.0 if a == 0 else max(fp32_nearest(Fraction(a) / 448), 2.0 ** -126))(amax)
         assert np.array_equal(f64(out["scale"]), want), c.name
-        from fp8ref.scaling import expand
-
         s = expand(want, x.shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
         assert np.array_equal(out["codes"], oracle_codes(x, np.broadcast_to(s, x.shape), get_format(qa.format))), c.name
         n += 1

@@ -3,8 +3,12 @@ and breaks one rule, so any mismatch the harness reports is that rule's fault.""
 
 import numpy as np
 
-from fp8ref import codec
+from fp8ref import codec, matmul, quant
 from fp8ref.conformance import Backend
+from fp8ref.formats import get_format
+from fp8ref.golden import degenerate
+from fp8ref.scaling import reduce_amax
+from fp8ref.scheme import PRESETS
 
 CAPS = {"encode": {"format": ("float8_e4m3fn",), "rounding": ("rne",), "saturate": (True, False),
                    "dtype": ("float32",)}}
@@ -229,11 +233,6 @@ class SwapsBlockScales(BlockMM):
 
 # --- degenerate inputs (the shipped 'degenerate' suite): each is fp8ref's own reference with one
 # fault that a crafted pattern exists to expose; docs/golden.md names the case that catches each.
-from fp8ref import matmul, quant  # noqa: E402
-from fp8ref.formats import get_format  # noqa: E402
-from fp8ref.golden import degenerate  # noqa: E402
-from fp8ref.scaling import reduce_amax  # noqa: E402
-from fp8ref.scheme import PRESETS  # noqa: E402
 
 
 class _ExactMM(Backend):

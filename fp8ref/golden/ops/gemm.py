@@ -28,10 +28,7 @@ _OUT_DTYPES = ("float32", "bfloat16", "float16", *_FP8)
 
 def _codes(stream, shape, fmt) -> tuple[np.ndarray, np.ndarray]:
     """Codes of a heavy-tailed tensor quantized per row, and the per-row dequant scales."""
-    v = values.heavy_tailed(stream, shape[0] * shape[1]).reshape(shape)
-    amax = np.abs(v).max(axis=1, keepdims=True)
-    scale = (amax / np.float64(get_format(fmt).max)).astype(np.float32)
-    return codec.encode((v / scale).astype(np.float32), fmt), scale
+    return degenerate.row_codes(values.heavy_tailed(stream, shape[0] * shape[1]).reshape(shape), fmt)
 
 
 def _block_codes(stream, shape, fmt, rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -40,7 +40,8 @@ def fits(recipe: str, qa, shape) -> bool:
 def case_name(prefix: str, pattern: str, shape) -> str:
     """``prefix.SHAPE`` for random inputs (the names of the suites before patterns), else
     ``prefix.PATTERN.SHAPE``."""
-    return f"{prefix}.{shape_name(shape)}" if pattern == degenerate.RANDOM else f"{prefix}.{pattern}.{shape_name(shape)}"
+    return f"{prefix}.{shape_name(shape)}" if pattern == degenerate.RANDOM else \
+        f"{prefix}.{pattern}.{shape_name(shape)}"
 
 
 def with_pattern(params: dict, pattern: str) -> dict:
