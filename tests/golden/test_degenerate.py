@@ -339,3 +339,38 @@ def test_a_substituted_zero_block_amax_is_caught_by_the_nan_scale_case():
     c = next(c for c in of("quantize", "nan-scale") if c.params["recipe"] == "fp8ref")
     got = backend.quantize(c.inputs["x"], scheme="NVFP4", recipe="fp8ref", role=c.params["role"])["scale"]
     assert np.isnan(f64(got)).any()  # the 896 block scale became the E4M3 NaN
+
+
+def floor_log2(r: Fraction) -> int:
+    e = r.numerator.bit_length() - r.denominator.bit_length()
+    return e - 1 if Fraction(2) ** e > r else e
+
+
+def test_fp8ref_recipe_mx_and_nvfp4_quantize_match_the_fraction_oracle():
+    """MX (ocp-floor): s = 2**(floor(log2 amax) - emax) (2**-127 for a zero block), codes = the exact
+    x / s, saturating. NVFP4: g = fp32(A / 2688) (1 for A = 0), s_b = E4M3 of the exact amax_b / (6 g),
+    codes = the exact x / (s_b g), a zero divisor giving the zero of x's sign."""
+    n = 0
+    for c in of("quantize"):
+        p, qa = c.params, args(c)
+        if p["recipe"] != "fp8ref" or p["dtype"] != "bfloat16" or qa.granularity not in ("mx", "nvfp4"):
+            continue
+        x, fmt = f64(c.inputs["x"]), get_format(qa.format)
+        out = OPERATIONS["quantize"].reference(p, c.inputs)
+        amax = reduce_amax(c.inputs["x"], qa.granularity)
+        if qa.granularity == "mx":
+            s = np.vectorize(lambda a: 2.0 ** max(-127, floor_log2(Fraction(a)) - fmt.emax) if a else 2.0 ** -127)(amax)
+        else:
+            A = float(amax.max())
+            g = fp32_nearest(Fraction(A) / 2688) if A > 0 else 1.0
+            e4m3 = get_format("float8_e4m3fn")
+            s = np.vectorize(lambda a: float(e4m3.exact_value(exact_code(Fraction(a) / (6 * Fraction(g)), e4m3))))(amax)
+            s = s * g
+        assert np.array_equal(f64(out["scale"]) * (1 if qa.granularity == "mx" else g), s), c.name
+        full = np.broadcast_to(expand(s, x.shape, qa.granularity), x.shape)
+        nonzero = full > 0
+        want = oracle_codes(np.where(nonzero, x, 1.0), np.where(nonzero, full, 1.0), fmt)
+        want = np.where(nonzero, want, np.where(np.signbit(x), fmt.sign_mask, 0))
+        assert np.array_equal(out["codes"], want), c.name
+        n += 1
+    assert n >= 10
