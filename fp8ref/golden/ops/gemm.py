@@ -12,12 +12,12 @@ from itertools import product
 
 import numpy as np
 
-from ... import codec, matmul, quant
-from ...formats import get_format
+from ... import matmul, quant
+from ...registry import get_recipe
 from ...scaling import reduce_amax
 from ...scheme import PRESETS
 from .. import degenerate, values
-from ..case import Case, Operation, shape_name
+from ..case import Case, Operation
 from ..fields import at_level, choices, per_level, shapes
 from .quantize import DTYPES, RECIPES, case_name, fits, with_pattern
 
@@ -172,8 +172,8 @@ class Linear(Operation):
                                                                   f["accumulate"], f["patterns"], shapes_all):
             qa = quant.as_args(PRESETS[scheme])
             wshape = (shape[2], shape[1])
-            if not fits(recipe, qa, wshape) or (pattern != degenerate.RANDOM
-                                                and not degenerate.applies(pattern, wshape, qa)):
+            if not fits(recipe, qa, wshape) or (pattern != degenerate.RANDOM and (
+                    not degenerate.applies(pattern, wshape, qa) or degenerate.refused(pattern, get_recipe(recipe)))):
                 continue
             params = with_pattern({"scheme": scheme, "recipe": recipe, "dtype": dtype, "accumulate": acc,
                                    "shape": list(shape)}, pattern)
