@@ -12,7 +12,8 @@ from itertools import product
 
 import numpy as np
 
-from ... import matmul, quant
+from ... import codec, matmul, quant
+from ...formats import get_format
 from ...registry import get_recipe
 from ...scaling import reduce_amax
 from ...scheme import PRESETS
