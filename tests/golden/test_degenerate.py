@@ -147,7 +147,8 @@ def test_nan_scale_pattern_and_what_each_nvfp4_recipe_stores_for_its_zero_blocks
     assert int(codec.encode(np.float32(896), e4m3, saturate=True)) == 0x7E
     # zero-block scale (an E4M3 value) per recipe: CT 0.125 (0x30) and ModelOpt 1.0 (0x38) measured
     # on the tools; fp8ref's exact quotient 0 / (6 * A / 2688) = 0 (0x00)
-    measured = {"compressed-tensors-nvfp4": 0x20, "modelopt-nvfp4": 0x38, "fp8ref": 0x00}
+    measured = {"compressed-tensors-nvfp4": 0x20, "modelopt-nvfp4": 0x38, "fp8ref": 0x00,
+                "te-nvfp4": 0x00, "te-nvfp4-2d": 0x00}  # TE: its declared model, not measured
     assert [float(e4m3.exact_value(b)) for b in (0x20, 0x38, 0x30)] == [0.125, 1.0, 0.5]
     seen = set()
     for c in of("quantize", "nan-scale"):
@@ -163,8 +164,8 @@ def test_nan_scale_pattern_and_what_each_nvfp4_recipe_stores_for_its_zero_blocks
     assert seen == {r for r in recipe_names() if "nvfp4" in get_recipe(r).granularities}
 
 
-def _zero_block_scale(recipe, scheme, role, dtype="bfloat16"):
-    c = next(c for c in of("quantize", "zero-blocks") if c.params["recipe"] == recipe
+def _zero_block_scale(recipe, scheme, role, dtype="bfloat16", pattern="zero-blocks"):
+    c = next(c for c in of("quantize", pattern) if c.params["recipe"] == recipe
              and c.params["scheme"] == scheme and c.params["role"] == role and c.params["dtype"] == dtype)
     out = OPERATIONS["quantize"].reference(c.params, c.inputs)
     s = f64(out["scale"]).reshape(-1)
@@ -196,6 +197,15 @@ ZERO_BLOCK = {
     "vllm-dynamic": ("FP8_DYNAMIC", "activation", float(np.float32(1 / 229376)), "scale floor 1/(448*512)"),
     "vllm-group": ("FP8_BLOCK", "activation", float(np.float32(np.float32(1e-10) / np.float32(448))),
                    "amax floor 1e-10"),
+    "deepgemm-ue8m0": ("FP8_BLOCK", "weight", 2.0 ** -22, "its amax floor, ceil to a power of two"),
+    "fbgemm-fp8": ("FP8_DYNAMIC", "weight", float(np.float32(1 / 229376)), "scale floor 1/(448*512)"),
+    "hf-fp8-ue8m0": ("FP8", "weight", 1.0, "m = 1 for amax 0, byte 127"),
+    "te-current": ("FP8", "weight", 1.0, "zero amax -> 1"),
+    "te-current-pow2": ("FP8", "weight", 1.0, "zero amax -> 1"),
+    "te-nvfp4": ("NVFP4", "weight", 0.0, "E4M3 of 0: 0x00"),
+    # 16x16 tiles: zero-blocks' 1x16 zero rows are not zero tiles; the all-zero tensor is
+    "te-nvfp4-2d": ("NVFP4", "weight", 0.0, "E4M3 of 0: 0x00", "zero-tensor"),
+    "vllm-group-ue8m0": ("FP8_BLOCK", "activation", 2.0 ** -42, "amax floor 1e-10, ceil to a power of two"),
 }
 
 
@@ -206,8 +216,8 @@ def test_what_each_recipe_stores_for_a_zero_block(recipe):
     if recipe == "vllm-static":
         assert not any(c.params["recipe"] == recipe for c in of("quantize", "zero-blocks"))
         return
-    scheme, role, want, _ = ZERO_BLOCK[recipe]
-    got, codes = _zero_block_scale(recipe, scheme, role)
+    scheme, role, want, _, *pattern = ZERO_BLOCK[recipe]
+    got, codes = _zero_block_scale(recipe, scheme, role, pattern=(pattern or ["zero-blocks"])[0])
     assert got == want
     assert not np.isin(codes, (0x7F, 0xFF)).any()
 
