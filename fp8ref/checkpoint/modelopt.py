@@ -148,9 +148,9 @@ _CPU_REFUSALS = {  # what ModelOpt 0.47.0's in-memory quantized Linear raises on
 
 def static_input_amax(layer, dtype: str) -> np.ndarray:
     """The calibrated input amax A behind a stored FP8 ``input_scale`` s = fp32(A/448): the D value
-    nearest fp32(448·s). Exact for a 16-bit D: A is a D value (a max of D activations), within 2^-23
-    relative of fp32(448·s), and D's half-ulp is >= 2^-12 relative; checked by re-deriving s. A
-    float32 A is not recoverable (several share one s): refused."""
+    nearest fp32(448·s). Exact for a 16-bit D and a normal s: A is a D value (a max of D activations),
+    within 2^-23 relative of fp32(448·s), and D's half-ulp is >= 2^-12 relative; checked by
+    re-deriving s. A float32 A is not recoverable (several share one s): refused."""
     from ..formats import FORMATS
     from ..recipes import compute_scale
     from ..registry import get_recipe

@@ -4,8 +4,9 @@ FP8_PER_CHANNEL_PER_TOKEN / NVFP4 / MXFP8 exports (tools/make_fixtures_2026.py, 
 
 Load and validate; exact dequantization against a Fraction oracle; the producer forward against
 compressed-tensors' reloaded layers (ModelOpt has no CPU loader: transformers 5.14.1 skips
-``quant_method: modelopt``; its producer forward is its in-memory model: test_modelopt_in_memory.py); rewrite and export from the original weights byte for byte; the
-declared scale semantics against the stored tensors; bad files as one-line CheckpointErrors.
+``quant_method: modelopt``; its producer forward, its in-memory model, is test_modelopt_in_memory.py's);
+rewrite and export from the original weights byte for byte; the declared scale semantics against the
+stored tensors; bad files as one-line CheckpointErrors.
 """
 
 from __future__ import annotations

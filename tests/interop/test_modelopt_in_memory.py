@@ -204,7 +204,8 @@ def _inputs(model: Tiny, seed: int, scale: float = 1.0, hard: bool = False) -> d
     out = {}
     for n in model.names:
         k = model.layers[n].in_features
-        x = (torch.randn(2, 8, k, generator=g) * scale * torch.exp(torch.randn(2, 8, k, generator=g))).to(torch.bfloat16)
+        x = torch.randn(2, 8, k, generator=g) * scale * torch.exp(torch.randn(2, 8, k, generator=g))
+        x = x.to(torch.bfloat16)
         if hard:
             x[0, 0] = 0.0
             x[0, 1] = 2.0 ** -24

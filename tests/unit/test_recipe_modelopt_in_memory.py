@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fp8ref.errors import SpecError
 from fp8ref.quant import QuantArgs, dequantize, fake_quant, quantize
@@ -34,7 +36,8 @@ def _same(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
     nan = torch.isnan(theirs)
     if not torch.equal(torch.isnan(ours), nan):
         return False
-    return torch.equal(ours[~nan].view(torch.int16), theirs[~nan].view(torch.int16))
+    view = torch.int32 if theirs.dtype == torch.float32 else torch.int16
+    return torch.equal(ours[~nan].view(view), theirs[~nan].view(view))
 
 
 AMAXES = [3.78125, 1.0, 448.0, 0.0, 2.0 ** -24, 2.0 ** -25, 1e-30, 2.0 ** -24 * 1.0078125, 3.0e38,
@@ -113,3 +116,18 @@ def test_zero_at_most_needs_a_zero_amax_scale(tmp_path):
     (tmp_path / f"{RECIPE}.yaml").write_text(src.replace("    zero_amax: '1/448' ", "    zero_amax: null "))
     with pytest.raises(SpecError, match=r"steps.amax.zero_at_most: a zero amax needs its scale"):
         load_recipes(str(tmp_path))
+
+
+@settings(max_examples=60, deadline=None)
+@given(bits=st.lists(st.integers(0, 2 ** 32 - 1), min_size=1, max_size=64),
+       amax=st.floats(0.0, allow_nan=False, allow_infinity=False, width=32),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_any_input_dtype_and_float32_amax(bits, amax, dtype):
+    """Random float32 bit patterns (NaN, Inf, subnormals) cast to the input dtype, any float32 amax."""
+    x = torch.tensor(np.array(bits, np.uint32).view(np.float32)).to(dtype)
+    a = torch.tensor(amax, dtype=torch.float32)
+    codes, qdq = modelopt_fp8_eager(x, a)
+    q = quantize(x, QuantArgs(granularity="tensor", dynamic=False), recipe=RECIPE, amax=a)
+    keep = (codes & 0x7F) != 0x7F
+    assert torch.equal(q.codes[keep], codes[keep]) and bool(((q.codes[~keep] & 0x7F) == 0x7F).all())
+    assert _same(dequantize(q), qdq)
