@@ -277,3 +277,39 @@ def test_modelopt_block_fake_quant_refuses_cpu(mtq, algo, cfg_name):
                            match=message.replace(".", r"\.")):
             with torch.no_grad():
                 call()
+
+
+@pytest.mark.parametrize("name,cfg_name", [("modelopt_fp8", "FP8_DEFAULT_CFG"),
+                                           ("modelopt_fp8_pc_pt", "FP8_PER_CHANNEL_PER_TOKEN_CFG")])
+def test_whole_model_producer_logits_equal_modelopt(mtq, name, cfg_name):
+    """The fixture's Llama built by fp8ref in producer mode (KV-cache quantization off: not modelled)
+    against transformers' Llama holding the same tensors (quantized linears: the dequantized export),
+    quantized in memory by ModelOpt without its KV config: logits bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    from fp8ref._arrays import torch_of
+    from fp8ref.nn import build_model
+
+    ckpt = load_checkpoint(ROOT / name)
+    ours = build_model(ckpt, mode="producer", kv_cache=False)
+    cfg = dict(ckpt.config)
+    cfg.pop("quantization_config")
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    state = model.state_dict()
+    with torch.no_grad():
+        for n in ckpt.unquantized:
+            state[n].copy_(torch_of(ckpt.tensor(n)))
+        for n, layer in ckpt.items():
+            state[n + ".weight"].copy_(torch.from_numpy(producer_weight(layer, "bfloat16")).to(torch.bfloat16))
+    g = torch.Generator().manual_seed(1)
+    calib = [torch.randint(0, config.vocab_size, (1, 16), generator=g) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, copy.deepcopy(getattr(mtq, cfg_name)), forward_loop=lambda m: [m(c) for c in calib])
+    if cfg_name == "FP8_DEFAULT_CFG":  # the export's calibrated input amax (calibration is not rerun here)
+        ref = _refs(name)
+        for n in ckpt:
+            model.get_submodule(n).input_quantizer.amax = ref[f"{n}.in_memory_input_quantizer_amax"].to(torch.bfloat16)
+    ids = torch.randint(0, config.vocab_size, (2, 12), generator=g)
+    with torch.no_grad():
+        assert torch.equal(_bits(ours(ids).logits), _bits(model(ids).logits))
