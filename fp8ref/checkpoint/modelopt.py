@@ -222,6 +222,7 @@ class ModelOpt(Defaults):
     kv_shape = ()
     kv_store = "F32"
     kv_recipe = "modelopt-fp8"
+    kv_producer_refusal = "ModelOpt's own KV-cache fake quantization (k_bmm/v_bmm_quantizer) is not modelled"
 
     config_files = (mo.HF_QUANT_CONFIG,)
     nvfp4_global = "multiplier"

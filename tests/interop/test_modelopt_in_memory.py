@@ -166,6 +166,35 @@ def test_producer_mode_refuses_a_float32_model_and_a_foreign_input_scale(tmp_pat
         bad.forward(torch.zeros(1, 64, dtype=torch.bfloat16), mode="producer")
 
 
+def test_modelopt_kv_scale_names_belong_to_the_attention_module():
+    """``<attn>.k_proj.k_scale`` is the attention module's K scale (it was read as a K scale of
+    ``<attn>.k_proj`` without a V scale)."""
+    from fp8ref.nn.attention import kv_scales
+
+    ckpt = load_checkpoint(ROOT / "modelopt_fp8")
+    got = kv_scales(ckpt)
+    assert list(got) == ["model.layers.0.self_attn"]
+    ref = open_store(ROOT / "modelopt_fp8" / "model.safetensors")
+    assert got["model.layers.0.self_attn"]["k"] == ref.get("model.layers.0.self_attn.k_proj.k_scale")
+    assert got["model.layers.0.self_attn"]["v"] == ref.get("model.layers.0.self_attn.v_proj.v_scale")
+
+
+def test_whole_model_with_modelopt_kv_cache():
+    """Reference mode quantizes K and V with the stored scales; producer mode refuses the KV cache
+    (ModelOpt's own KV fake quantization is not modelled) instead of applying compressed-tensors'."""
+    pytest.importorskip("transformers")
+    from fp8ref.errors import ModelError
+    from fp8ref.nn import build_model, set_mode
+
+    model = build_model(ROOT / "modelopt_fp8", mode="reference")
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+        set_mode(model, "producer")
+        with pytest.raises(ModelError, match=r"this checkpoint's KV cache: ModelOpt's own KV-cache fake"):
+            model(ids)
+
+
 # --- ModelOpt itself, on CPU -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
