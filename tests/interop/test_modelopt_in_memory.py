@@ -8,7 +8,9 @@ Two kinds of evidence:
   ``make_interop_fixtures.probe_inputs(PROBES)`` tensors, seed 99);
 * ModelOpt itself on CPU (skipped without ``nvidia-modelopt``; ``tox -e modelopt``): ``mtq.quantize``
   with FP8_DEFAULT_CFG and FP8_PER_CHANNEL_PER_TOKEN_CFG on a tiny model built here, every fake-quantized
-  weight and input and every layer output compared bit for bit, and its refusal of NVFP4 / MXFP8 on CPU.
+  weight and input and every layer output compared bit for bit, producer-mode layers and whole-model
+  logits (with transformers, KV cache off) against ModelOpt holding the dequantized export, and its
+  refusal of NVFP4 / MXFP8 on CPU.
 """
 
 from __future__ import annotations
