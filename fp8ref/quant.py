@@ -673,16 +673,19 @@ def _wrap(res: dict, as_torch: bool) -> QuantResult:
 
 # --- dequantize ---------------------------------------------------------------------------
 def dequantize(q: QuantResult, *, dtype: str | None = None):
-    """decode(codes) * scale, the exact product rounded once to ``dtype``.
+    """decode(codes) * scale, the exact product rounded once to ``dtype``; for a recipe with
+    ``dequantize.dtype: float32-product`` the float32 product rounded again to ``dtype`` (the
+    producer's two roundings).
 
-    Default dtype: the input's dtype for recipes that dequantize in the model dtype, else
-    float32. (For every built-in recipe the producer's own product is exact before its
-    final rounding, so one rounding reproduces it.)
+    Default dtype: the input's dtype for recipes that dequantize in the model dtype (``model``,
+    ``float32-product``), else float32. (For the other built-in recipes the producer's own
+    product is exact before its final rounding, so one rounding reproduces it.)
     """
     if not isinstance(q, QuantResult):
         raise InputTypeError(f"q: expected a QuantResult from quantize, got {type(q).__name__}")
+    rule = None if q._recipe is None else q._recipe.dequantize_dtype
     if dtype is None:
-        dtype = q.dtype if q._recipe is not None and q._recipe.dequantize_dtype == "model" else "float32"
+        dtype = q.dtype if rule in ("model", "float32-product") else "float32"
     if dtype not in _KINDS:
         raise InputTypeError(f"dtype: expected one of {', '.join(_KINDS)}, got {dtype!r}")
     as_torch = is_torch(q.codes)
@@ -693,7 +696,7 @@ def dequantize(q: QuantResult, *, dtype: str | None = None):
                block_shape=a.block_shape)
     g = None if q.global_scale is None else float(to_numpy(q.global_scale).reshape(-1)[0])
     if q.global_meaning == "divisor":
-        if q._recipe is not None and q._recipe.dequantize_dtype == "model":  # CT: D(fp32(q * fp32(s_b / g)))
+        if rule == "model":  # CT: D(fp32(q * fp32(s_b / g)))
             eff = (s.astype(np.float32) / np.float32(g)).astype(np.float32)
             out = round_to((vals.astype(np.float32) * eff).astype(np.float32), dtype)
         else:
@@ -702,7 +705,10 @@ def dequantize(q: QuantResult, *, dtype: str | None = None):
     if g is not None:
         s = s * g  # fp32 x (E4M3 value): exact in float64
     with np.errstate(invalid="ignore", over="ignore"):
-        out = round_to(vals * s, dtype)
+        p = vals * s  # exact in float64 (<= 4 + 24 significant bits; NVFP4: 4 + 4 + 24)
+        if rule == "float32-product":  # ModelOpt's in-memory fp32(q) * fp32(1/m), then .to(D)
+            p = p.astype(np.float32)
+        out = round_to(p, dtype)
     return deliver(out, dtype, as_torch)
 
 

@@ -3,7 +3,8 @@
 A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
 
 1. ``amax``         max|x| over the granularity's reduction set (exact), optionally clamped;
-                    ``token_2d`` says whether 'token' on a 2-D input is per token or per tensor.
+                    ``token_2d`` says whether 'token' on a 2-D input is per token or per tensor;
+                    ``zero_at_most``: an amax at or below it counts as zero (ModelOpt's 2^-24).
 2. ``scale``        ``amax/max`` or ``1/(max/amax)``, rounded in ``scale.dtype``; a minimum,
                     a replacement for amax == 0 (and for an infinite amax, and for an infinite
                     multiplier); optionally a power of two (``pow2``); rounded again to
@@ -13,7 +14,8 @@ A ``Recipe`` lists each step and the dtype it rounds to (see docs/quantize.md):
                     max/amax, in ``apply.dtype``; the stored or the unrounded scale; ``+ 0`` (turns -0.0
                     into +0.0); clamp to +-max.
 4. ``encode``       the codec's rounding/overflow mode; negative zero kept or made +0.
-5. ``dequantize``   q*s exact (rounded once to the output dtype) or in the model dtype.
+5. ``dequantize``   q*s exact (rounded once to the output dtype), in the model dtype, or
+                    ``float32-product``: fp32(q*s) rounded again to the output dtype (D by default).
 
 dtypes: ``exact`` (no rounding: the fp8ref ideal), ``float32``, ``model`` (x's dtype, D).
 A D op on float32 data is modelled as torch computes it on CPU: in float32, then rounded to D.
@@ -68,8 +70,9 @@ class Recipe:
     rounding: str                  # from_args | a codec mode
     saturate: str | bool           # from_args | True | False
     negative_zero: str             # keep | positive
-    dequantize_dtype: str          # exact | model
-    # scale-step keys added later (optional in the YAML, null by default)
+    dequantize_dtype: str          # exact | model | float32-product
+    # keys added later (optional in the YAML, null by default)
+    amax_zero_at_most: float | None = None  # amax <= this is a zero amax (None: amax > 0 fails, i.e. 0 or NaN)
     scale_pow2: str | None = None  # None | a scaling.POW2_RULES name (s -> 2**k) | floor-multiplier (TE)
     inf_amax_scale: float | None = None  # the scale of an infinite amax (TE: 1); None: what the formula gives
     multiplier_overflow: str | None = None  # None | fp32-max: an infinite multiplier becomes FLT_MAX (TE)
@@ -122,7 +125,7 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
                 else:  # torch's `float / tensor` is reciprocal(tensor) * float: two roundings
                     m = (np.float32(1.0) / a32) * np.float32(fmt.max)
                 if recipe.zero_amax_scale is not None:
-                    m = np.where(a32 > 0, m, np.float32(1.0 / recipe.zero_amax_scale))
+                    m = np.where(_nonzero(a32, recipe), m, np.float32(1.0 / recipe.zero_amax_scale))
                 if recipe.inf_amax_scale is not None:
                     m = np.where(np.isinf(a32), np.float32(1.0 / recipe.inf_amax_scale), m)
                 if recipe.multiplier_overflow == "fp32-max":  # TE's value_for_inf
@@ -134,8 +137,8 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
         s = np.asarray(s, np.float32)
         if recipe.scale_min is not None:
             s = np.where(s < np.float32(recipe.scale_min), np.float32(recipe.scale_min), s)
-        if recipe.zero_amax_scale is not None:  # `amax > 0` is False for 0 and NaN (HF's test)
-            s = np.where(a > 0, s, np.float32(recipe.zero_amax_scale))
+        if recipe.zero_amax_scale is not None:
+            s = np.where(_nonzero(a, recipe), s, np.float32(recipe.zero_amax_scale))
         if recipe.inf_amax_scale is not None:
             s = np.where(np.isinf(a), np.float32(recipe.inf_amax_scale), s)
         if recipe.scale_pow2 in POW2_RULES:  # 2**k, and the multiplier its exact reciprocal 2**-k
@@ -152,6 +155,14 @@ def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtyp
         return stored, m
     used = stored if recipe.apply_scale == "stored" else s
     return stored, np.asarray(used, np.float32)
+
+
+def _nonzero(a: np.ndarray, recipe: Recipe) -> np.ndarray:
+    """Where amax is not a zero amax: ``amax > 0`` (False for 0 and NaN: HF's test), or with
+    ``zero_at_most`` t ``not amax <= t`` (ModelOpt's ``amax <= 2**-24`` mask: a NaN amax stays NaN)."""
+    if recipe.amax_zero_at_most is None:
+        return a > 0
+    return ~(a <= recipe.amax_zero_at_most)
 
 
 def with_amax_ub(recipe: Recipe, ub) -> Recipe:
@@ -242,7 +253,7 @@ def _maybe_on_grid(q: np.ndarray, tail: int) -> np.ndarray:
 
 # --- loading (edge) -----------------------------------------------------------------------
 _STEPS = {
-    "amax": {"min": "amax_min", "max": "amax_max", "token_2d": "token_2d"},
+    "amax": {"min": "amax_min", "max": "amax_max", "token_2d": "token_2d", "zero_at_most": "amax_zero_at_most"},
     "scale": {"form": "scale_form", "dtype": "scale_dtype", "min": "scale_min",
               "zero_amax": "zero_amax_scale", "store_dtype": "scale_store_dtype",
               "zero_stored": "zero_stored_scale", "pow2": "scale_pow2", "inf_amax": "inf_amax_scale",
@@ -264,11 +275,11 @@ _CHOICES = {
     "apply_scale": ("stored", "computed"), "apply_dtype": DTYPES,
     "rounding": ("from_args", "rne", "rna", "rtz", "rup", "rdown", "rto"),
     "saturate": ("from_args", True, False), "negative_zero": ("keep", "positive"),
-    "dequantize_dtype": ("exact", "model"),
+    "dequantize_dtype": ("exact", "model", "float32-product"),
 }
-_NUMBERS = ("amax_min", "amax_max", "scale_min", "zero_amax_scale", "inf_amax_scale")
+_NUMBERS = ("amax_min", "amax_max", "amax_zero_at_most", "scale_min", "zero_amax_scale", "inf_amax_scale")
 # keys added after the first recipes: absent means null (the older recipes' behaviour)
-_OPTIONAL = {"scale": ("pow2", "inf_amax", "multiplier_overflow")}
+_OPTIONAL = {"amax": ("zero_at_most",), "scale": ("pow2", "inf_amax", "multiplier_overflow")}
 _BOOLS = ("add_zero", "clamp", "require_divisible")
 
 
@@ -340,6 +351,8 @@ def recipe_from_document(doc) -> Recipe:
         if not any(values[name] == a and type(values[name]) is type(a) for a in allowed):
             shown = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else a for a in allowed)
             raise doc.error(_path_of(name), f"expected one of {shown}, got {values[name]!r}")
+    if values["amax_zero_at_most"] is not None and values["zero_amax_scale"] is None:
+        raise doc.error(("steps", "amax", "zero_at_most"), "a zero amax needs its scale: set steps.scale.zero_amax")
     if values["scale_dtype"] == "exact" and values["scale_store_dtype"] != "float32":
         raise doc.error(("steps", "scale", "store_dtype"), "an exact scale is stored in float32")
     multiplier = values["scale_form"] != "amax/max" and values["scale_dtype"] != "exact"

@@ -92,6 +92,7 @@ class Defaults:
     # mode="producer" attention: the producer's reload fake-quantizes K and V with the stored KV-cache
     # scales (compressed-tensors' forward_quantize); False: its reload drops them (auto-round 0.16.1)
     kv_reload_quantizes = True
+    kv_producer_refusal: str | None = None  # why mode="producer" cannot run its KV cache (None: it can)
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
     pow2_scale_fmt: str | None = None  # the LayerQuant.scale_fmt of layers a power-of-two recipe quantizes

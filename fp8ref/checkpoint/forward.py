@@ -8,7 +8,9 @@ computed from ``x`` (dynamic: per tensor, per token or per 1 x group), then
 ``mode="producer"``: what the producer's own loader computes when it reloads the checkpoint
 (reference §4.1 step 6/7, §4.2 "checkpoint inference", §6.2): weights dequantized to the model
 dtype D, inputs fake-quantized with the producer's D arithmetic, then the D matmul of torch
-(``torch.nn.functional.linear``, the op those loaders call; this mode needs torch).
+(``torch.nn.functional.linear``, the op those loaders call; this mode needs torch). ModelOpt has
+no loader: its producer forward is its in-memory quantized model holding the dequantized export
+(``fp8ref.checkpoint.modelopt.emulate``).
 """
 
 from __future__ import annotations

@@ -13,10 +13,14 @@ Per ``quant_algo`` (every scale a dequantization multiplier):
 * KV cache (``kv_cache_quant_algo: FP8``): ``<attn>.k_proj.k_scale``, ``<attn>.v_proj.v_scale`` F32 [].
 
 No CPU loader exists (transformers 5.14.1 skips ``quant_method: modelopt`` and loads the codes as
-bf16 values), so no producer forward is modelled.
+bf16 values), so ``mode="producer"`` is ModelOpt's in-memory quantized model holding the exported
+weights dequantized (``emulate``): recipe ``modelopt-fp8-in-memory`` on those weights and on the
+inputs, FP8 and FP8_PER_CHANNEL_PER_TOKEN only (its NVFP4 / MXFP8 fake quantization runs on CUDA only).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
@@ -135,6 +139,64 @@ def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], k
     return mo.quantization_config(algo, sorted(unquantized), kv)
 
 
+IN_MEMORY = "modelopt-fp8-in-memory"
+_CPU_REFUSALS = {  # what ModelOpt 0.47.0's in-memory quantized Linear raises on CPU tensors
+    "NVFP4": "AssertionError: amax must be a CUDA tensor for dynamic block quantization.",
+    "MXFP8": "RuntimeError: Skipping extension modelopt_cuda_ext_mx because CUDA is not available.",
+}
+
+
+def static_input_amax(layer, dtype: str) -> np.ndarray:
+    """The calibrated input amax A behind a stored FP8 ``input_scale`` s = fp32(A/448): the D value
+    nearest fp32(448·s). Exact for a 16-bit D and a normal s: A is a D value (a max of D activations),
+    within 2^-23 relative of fp32(448·s), and D's half-ulp is >= 2^-12 relative; checked by
+    re-deriving s. A float32 A is not recoverable (several share one s): refused."""
+    from ..formats import FORMATS
+    from ..recipes import compute_scale
+    from ..registry import get_recipe
+    from ..rounding import round_to
+
+    if dtype not in ("bfloat16", "float16"):
+        raise CheckpointError(f"{layer.name}: mode='producer' for ModelOpt FP8 needs a bfloat16 or float16 model: "
+                              f"the in-memory input amax is recovered from input_scale only for 16-bit dtypes, got "
+                              f"{dtype}")
+    s = np.asarray(layer.input_scale, np.float32).reshape(())
+    a = round_to(np.float32(448.0) * s, dtype).astype(np.float64)
+    again = compute_scale(a.reshape(1), get_recipe(RECIPES["FP8"]), FORMATS["float8_e4m3fn"], dtype)[0]
+    if again.reshape(()) != s:
+        raise CheckpointError(f"{layer.name}.input_scale: {float(s)!r} is fp32(amax/448) of no {dtype} amax; "
+                              f"it was not written by ModelOpt's exporter from a {dtype} calibration")
+    return a
+
+
+def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """mode="producer": ModelOpt's in-memory QuantLinear holding the export dequantized, W = D(fp32(q·s))
+    (``w``; there is no ModelOpt loader): its weight quantizer takes amax = max|W| per tensor (FP8)
+    or per row (FP8_PER_CHANNEL_PER_TOKEN), as max calibration of that weight does, and fake-quantizes
+    W by ``modelopt-fp8-in-memory`` (the codes come out as the exported ones, the multiplier
+    fp32(1/m) is not the stored scale); the input quantizer uses the calibrated amax behind
+    ``input_scale`` (``static_input_amax``) or each token's amax."""
+    import torch
+
+    from ..quant import QuantArgs, fake_quant
+
+    algo = algo_of(layer.quant)
+    if algo in _CPU_REFUSALS:
+        raise CheckpointError(f"{layer.name}: no producer emulation for ModelOpt {algo}: its in-memory fake "
+                              f"quantization runs on CUDA only (on CPU: {_CPU_REFUSALS[algo]}); use mode='reference'")
+    tdtype = getattr(torch, dtype)
+    per_channel = algo == "FP8_PER_CHANNEL_PER_TOKEN"
+    amax = None if per_channel else static_input_amax(layer, dtype)  # refuses a float32 model first
+    wt = torch.from_numpy(np.ascontiguousarray(w)).to(tdtype)  # w holds D values: exact
+    w = fake_quant(wt, QuantArgs(granularity="channel" if per_channel else "tensor"), recipe=IN_MEMORY)
+    xt = torch.from_numpy(np.ascontiguousarray(x32)).to(tdtype)
+    if per_channel:
+        xq = fake_quant(xt, QuantArgs(granularity="token"), recipe=IN_MEMORY)
+    else:
+        xq = fake_quant(xt, QuantArgs(granularity="tensor", dynamic=False), recipe=IN_MEMORY, amax=amax)
+    return w.to(torch.float32).numpy(), xq.to(torch.float32).numpy()
+
+
 class ModelOpt(Defaults):
     name = NAME
     scales = (
@@ -160,6 +222,7 @@ class ModelOpt(Defaults):
     kv_shape = ()
     kv_store = "F32"
     kv_recipe = "modelopt-fp8"
+    kv_producer_refusal = "ModelOpt's own KV-cache fake quantization (k_bmm/v_bmm_quantizer) is not modelled"
 
     config_files = (mo.HF_QUANT_CONFIG,)
     nvfp4_global = "multiplier"
@@ -177,6 +240,7 @@ class ModelOpt(Defaults):
     cannot_express = staticmethod(cannot_express)
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
+    emulate = staticmethod(emulate)
 
     def kv_name(self, attn: str, which: str) -> str:
         return f"{attn}.{which}_proj.{which}_scale"

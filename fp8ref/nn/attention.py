@@ -24,8 +24,9 @@ from ..errors import ModelError
 from .modes import parse_mode
 
 NAME = "fp8ref_kv"
-_SUFFIXES = {"k": (".k_scale", ".k_proj.output_scale"), "v": (".v_scale", ".v_proj.output_scale"),
-             "q": (".q_scale",)}
+# longest first: ModelOpt's <attn>.k_proj.k_scale also ends with .k_scale
+_SUFFIXES = {"k": (".k_proj.k_scale", ".k_scale", ".k_proj.output_scale"),
+             "v": (".v_proj.v_scale", ".v_scale", ".v_proj.output_scale"), "q": (".q_scale",)}
 
 
 def kv_scales(ckpt) -> dict[str, dict[str, np.ndarray]]:
@@ -40,6 +41,7 @@ def kv_scales(ckpt) -> dict[str, dict[str, np.ndarray]]:
                         raise ModelError(f"{ckpt.store.where(name)}: {s.size} KV-cache scales; the reference "
                                          f"attention takes one per tensor")
                     out.setdefault(name[: -len(suffix)], {})[which] = s[0]
+                    break
     for attn, d in out.items():
         if not {"k", "v"} <= set(d):
             raise ModelError(f"{ckpt.path}: {attn} has a {'/'.join(d)} KV-cache scale but not both")
@@ -130,6 +132,10 @@ def _attention(module, query, key, value, attention_mask=None, *args, **kwargs):
                                    _backend_for(state, module, query, attention_mask)), None
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    refusal = state.get("producer_refusal")
+    if mode.kind == "producer" and refusal:
+        raise ModelError(f"mode 'producer' with this checkpoint's KV cache: {refusal}; build the model with "
+                         f"kv_cache=False (unquantized attention) or use mode 'reference'")
     if mode.kind != "producer" or state.get("producer_quantizes", True):
         key = quantize_kv(key, state["k"], mode)
         value = quantize_kv(value, state["v"], mode)
@@ -148,7 +154,9 @@ def install_kv_attention(model, ckpt, mode, backend=None) -> list[str]:
     from ..checkpoint import base
 
     impl = model.config._attn_implementation
-    producer_quantizes = ckpt.format not in base.names() or base.get(ckpt.format).kv_reload_quantizes
+    fmt = base.get(ckpt.format) if ckpt.format in base.names() else None
+    producer_quantizes = fmt is None or fmt.kv_reload_quantizes
+    refusal = None if fmt is None else fmt.kv_producer_refusal
     backends = {} if backend is None else dict(backend) if isinstance(backend, dict) else {backend.name: backend}
     if impl == NAME:
         raise ModelError("install_kv_attention: the model's attention is already fp8ref's")
@@ -158,7 +166,7 @@ def install_kv_attention(model, ckpt, mode, backend=None) -> list[str]:
         except AttributeError:
             raise ModelError(f"{ckpt.path}: KV-cache scales for {attn!r}, which the model does not have") from None
         module.fp8ref_kv = {**s, "mode": parse_mode(mode), "impl": impl, "backends": backends,
-                            "producer_quantizes": producer_quantizes}
+                            "producer_quantizes": producer_quantizes, "producer_refusal": refusal}
     ALL_ATTENTION_FUNCTIONS.register(NAME, _attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS[impl])
     model.set_attn_implementation(NAME)

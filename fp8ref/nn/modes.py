@@ -5,7 +5,7 @@
   (``QuantizedLayer.forward``), accumulation ``ACC`` (default ``exact``; any of
   ``fp8ref.matmul.ACCUMULATIONS``).
 - ``producer``: the producer's own reload arithmetic (``QuantizedLayer.forward(mode="producer")``:
-  compressed-tensors, auto-round, hf-fp8).
+  compressed-tensors, auto-round, hf-fp8, Quark; ModelOpt FP8: its in-memory quantized model).
 - ``backend:NAME``: a conformance backend's ``linear`` where it declares the layer's case, else its
   ``scaled_mm`` on the reference's quantized input, so a kernel author runs a whole model through
   their kernel. The backend object is passed in (the CLI

@@ -4,8 +4,9 @@ FP8_PER_CHANNEL_PER_TOKEN / NVFP4 / MXFP8 exports (tools/make_fixtures_2026.py, 
 
 Load and validate; exact dequantization against a Fraction oracle; the producer forward against
 compressed-tensors' reloaded layers (ModelOpt has no CPU loader: transformers 5.14.1 skips
-``quant_method: modelopt``); rewrite and export from the original weights byte for byte; the
-declared scale semantics against the stored tensors; bad files as one-line CheckpointErrors.
+``quant_method: modelopt``; its producer forward, its in-memory model, is test_modelopt_in_memory.py's);
+rewrite and export from the original weights byte for byte; the declared scale semantics against the
+stored tensors; bad files as one-line CheckpointErrors.
 """
 
 from __future__ import annotations
@@ -136,12 +137,6 @@ def test_reloaded_weight_is_the_fp32_product_rounded_to_bf16(name):
         layer = ckpt[key[: -len(".reloaded_weight")]]
         mine = torch.from_numpy(producer_weight(layer, "bfloat16")).to(torch.bfloat16)  # float32 holding bf16 values
         assert torch.equal(_bits(mine), _bits(ref[key]))
-
-
-def test_modelopt_has_no_producer_emulation():
-    ckpt = load_checkpoint(ROOT / "modelopt_nvfp4")
-    with pytest.raises(CheckpointError, match="no producer emulation"):
-        ckpt["model.layers.0.self_attn.q_proj"].forward(torch.zeros(1, 64, dtype=torch.bfloat16), mode="producer")
 
 
 # --- bytes: rewrite, and export from the original weights ---------------------------------
