@@ -190,6 +190,8 @@ ZERO_BLOCK = {
     "hf-fp8": ("FP8", "weight", 1.0, "m = 1 for amax 0"),
     "modelopt-fp8": ("FP8", "weight", 1.0, "maxbound substitution"),
     "modelopt-fp8-pc": ("FP8_STATIC", "weight", 1.0, "maxbound substitution (FINDINGS 3.2)"),
+    "modelopt-fp8-in-memory": ("FP8", "weight", float(np.float32(1 / np.float32(448))),
+                               "amax <= 2^-24 -> m = 448, scale fp32(1/m)"),
     "modelopt-mxfp8": ("MXFP8", "weight", 2.0 ** -127, "byte 0 (FINDINGS 3.4)"),
     "modelopt-nvfp4": ("NVFP4", "weight", 1.0, "0x38 (FINDINGS 3.3)"),
     "quark-fp8": ("FP8", "weight", 2.0 ** -23, "masked 0 -> eps(fp32), exact in bf16"),
