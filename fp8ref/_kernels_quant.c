@@ -22,6 +22,8 @@
  * encodes the tile while it is still in L1: the input is read from memory once.
  */
 #include "_kernels.h"
+#include <math.h>
+#include <stdlib.h>
 
 /* float16 bits -> float32, exact, without float arithmetic on subnormals (DAZ-proof). */
 FP8REF_INLINE float from_f16(uint32_t h) {
@@ -106,6 +108,18 @@ FP8REF_INLINE int exact_f32(const void *src, uint8_t *restrict dst, int64_t lo, 
     return !big;
 }
 
+/* A producer recipe's value before the encode: fp32 x/s or x*m, optionally rounded to the model
+ * dtype, + addend, clamped. */
+FP8REF_INLINE float producer_y(float x, float sv, const consts *c, int kind, int mul, int model) {
+    if (kind == F16) x = f32_of(SEL(c->cast16, bits_of(round_bf16(x)), bits_of(x)));
+    float y = mul ? x * sv : x / sv;
+    if (model == 1) y = round_bf16(y);
+    if (model == 2) y = round_f16(y);
+    y = y + c->addend;
+    y = y > c->clampv ? c->clampv : y;
+    return y < -c->clampv ? -c->clampv : y;
+}
+
 /* dst[k] for k in [lo, hi), one operand sv; KIND, EXACT, MODE, MUL, MODEL, FAST (encode_rne32 for
  * the last step) are constants at every call site (the dispatch below and in segment), so each
  * combination gets its own vectorized loop. */
@@ -122,14 +136,7 @@ FP8REF_INLINE void segment_k(const void *src, uint8_t *restrict dst, int64_t lo,
         return;
     }
     for (int64_t k = lo; k < hi; k++) {
-        float x = load(src, k, kind);
-        if (kind == F16) x = f32_of(SEL(c->cast16, bits_of(round_bf16(x)), bits_of(x)));
-        float y = mul ? x * sv : x / sv;
-        if (model == 1) y = round_bf16(y);
-        if (model == 2) y = round_f16(y);
-        y = y + c->addend;
-        y = y > c->clampv ? c->clampv : y;
-        y = y < -c->clampv ? -c->clampv : y;
+        float y = producer_y(load(src, k, kind), sv, c, kind, mul, model);
         uint32_t code = fast ? encode_rne32(bits_of(y), &c->rp, 0) : encode_bits32(bits_of(y), &c->p, RNE, 0);
         dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
     }
@@ -143,17 +150,229 @@ FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, i
         segment_k(src, dst, lo, hi, sv, c, kind, exact, mode, mul, model, 0);
 }
 
+/* ---- bfloat16 inputs by thresholds ----------------------------------------------------------
+ * For one operand sv and a recipe that rounds to nearest even, a bfloat16 input's code is a
+ * nondecreasing function of its magnitude bits a = E << 7 | m. Where the value the format rounds
+ * (the exact quotient x/s, or a producer's y) is at least the format's smallest normal 2^emin,
+ * doubling x doubles that value exactly (binary scaling commutes with a quotient, a product and
+ * the RNE roundings to float32/bfloat16/float16 away from their overflow), and the format's RNE
+ * commutes with doubling in its normal range, so the magnitude code grows by 2^M. From the first
+ * such binade E_b on: mag(E, m) = mag(E_b, 0) + (E - E_b) 2^M + #{i : m >= t_i}, with the 2^M
+ * steps t_i of mag(E_b, m) over m, which the segment loop itself finds once per operand on the
+ * inputs (E_b, 0..127) and (E_b + 1, 0) (the build checks that last step is 2^M). A magnitude code
+ * above the format's largest takes the code the segment loop gives the largest input handled
+ * here: every overflow has that one code (the recipe's clamp at >= the format's max, or the
+ * overflow code). The rest (inputs below 2^E_b other than +-0, whose codes are looked up too, and
+ * inputs whose y could be infinite) run the segment loop, a chunk at a time: rare in a weight.
+ * This loop is 16-bit integer work, 32 lanes per AVX-512 vector, and no float arithmetic. */
+typedef struct {
+    uint32_t key; /* sv's bits; valid only if built */
+    int built, ok;
+    uint16_t lo, hi; /* magnitude bits taken here: a == 0 or lo <= a < hi */
+    uint16_t eb, base, shift, maxmag, signbit, ovf_p, ovf_n, zero_p, zero_n;
+    uint16_t t[8];
+    uint8_t steps[128]; /* the VBMI loop's tables: the code of (E_b, m) = base + #{i : m >= t_i}, */
+    uint8_t shl[64];    /* and min(d 2^M, 255) */
+} bf16_tab;
+
+enum { TAB_MIN = 512, TAB_CHUNK = 1024 }; /* elements per operand worth a build; chunk redone when slow */
+
+/* The value a producer rounds (or, exact, whether x/s >= 2^emin) for magnitude bits a. */
+FP8REF_INLINE int at_least_normal(uint16_t a, float sv, const consts *c, int exact, int mul, int model) {
+    float x = f32_of((uint32_t)a << 16);
+    if (exact) return (double)x >= ldexp((double)sv, c->p.emin);
+    return producer_y(x, sv, c, BF16, mul, model) >= ldexpf(1.0f, c->p.emin);
+}
+
+FP8REF_INLINE int y_finite(uint16_t a, float sv, const consts *c, int exact, int mul, int model) {
+    if (exact) return 1; /* the exact quotient is encoded from a double: never infinite */
+    float y = producer_y(f32_of((uint32_t)a << 16), sv, c, BF16, mul, model);
+    return y - y == 0.0f;
+}
+
+FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, int mul, int model) {
+    t->key = bits_of(sv), t->built = 1, t->ok = 0;
+    const enc_params *p = &c->p;
+    int M = p->M;
+    double maxval = ldexp(1.0 + (double)(p->maxmag & ((1u << M) - 1u)) / (double)(1u << M),
+                          (int)(p->maxmag >> M) - p->bias);
+    if (M > 3 || p->signbit != 0x80u || !(sv > 0.0f && sv < INFINITY) || !((double)c->clampv >= maxval)) return;
+    int lo = 1, hi = 255; /* E_b: the smallest exponent field whose inputs all give values >= 2^emin */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (at_least_normal((uint16_t)(mid << 7), sv, c, exact, mul, model)) hi = mid; else lo = mid + 1;
+    }
+    int eb = lo, top = 255, a = eb;
+    for (int b = 254; a < b;) { /* top: the first exponent field with an infinite y */
+        int mid = (a + b + 1) / 2;
+        if (y_finite((uint16_t)(mid << 7 | 0x7F), sv, c, exact, mul, model)) a = mid; else b = mid - 1;
+        top = a + 1;
+    }
+    if (!exact && !y_finite((uint16_t)(eb << 7 | 0x7F), sv, c, exact, mul, model)) return;
+    if (eb + 2 > top) return;
+    uint16_t in[133];
+    uint8_t out[133];
+    for (int m = 0; m < 128; m++) in[m] = (uint16_t)(eb << 7 | m);
+    in[128] = (uint16_t)((eb + 1) << 7), in[129] = 0, in[130] = 0x8000u;
+    in[131] = (uint16_t)((top - 1) << 7 | 0x7F), in[132] = in[131] | 0x8000u;
+    segment(in, out, 0, 133, sv, c, BF16, exact, RNE, mul, model);
+    uint32_t base = out[0], step = 1u << M;
+    if (base < step || base > p->maxmag || out[128] != base + step) return;
+    for (int m = 1; m < 128; m++)
+        if (out[m] < out[m - 1] || out[m] > base + step || out[m] > p->maxmag) return;
+    for (uint32_t i = 0; i < 8; i++) t->t[i] = 128;
+    for (int m = 127; m >= 0; m--) /* t_i: the first m whose code is base + i + 1 or more */
+        for (uint32_t i = 0; i < out[m] - base; i++) t->t[i] = (uint16_t)m;
+    for (int m = 0; m < 128; m++) t->steps[m] = out[m];
+    for (int d = 0; d < 64; d++) t->shl[d] = (uint8_t)((d << M) > 255 ? 255 : d << M);
+    t->lo = (uint16_t)(eb << 7), t->hi = (uint16_t)(top << 7), t->eb = (uint16_t)eb, t->base = (uint16_t)base;
+    t->shift = (uint16_t)M, t->maxmag = (uint16_t)p->maxmag, t->signbit = (uint16_t)p->signbit;
+    t->ovf_p = out[131], t->ovf_n = out[132], t->zero_p = out[129], t->zero_n = out[130];
+    t->ok = 1;
+}
+
+#define SEL16(c, a, b) ((uint16_t)((b) ^ (((a) ^ (b)) & (uint16_t)(0u - (uint32_t)(c)))))
+
+/* Codes of x[0, n) by the table; returns nonzero if some input is not one the table takes. */
+FP8REF_INLINE uint16_t tab_run(const uint16_t *restrict x, uint8_t *restrict dst, int64_t n, const bf16_tab *t) {
+    const uint16_t lo = t->lo, hi = t->hi, eb = t->eb, base = t->base, sh = t->shift, mx = t->maxmag;
+    const uint16_t sb = t->signbit, op = t->ovf_p, on = t->ovf_n, zp = t->zero_p, zn = t->zero_n;
+    const uint16_t t0 = t->t[0], t1 = t->t[1], t2 = t->t[2], t3 = t->t[3], t4 = t->t[4], t5 = t->t[5],
+                   t6 = t->t[6], t7 = t->t[7];
+    uint16_t slow = 0;
+    for (int64_t k = 0; k < n; k++) { /* branch-free (SEL16) so that it vectorizes */
+        uint16_t h = x[k], a = h & 0x7FFFu, neg = h >> 15, m = a & 0x7Fu;
+        uint16_t steps = (uint16_t)((m >= t0) + (m >= t1) + (m >= t2) + (m >= t3) + (m >= t4) + (m >= t5) +
+                                    (m >= t6) + (m >= t7));
+        uint16_t c = (uint16_t)(base + (uint16_t)((uint16_t)((a >> 7) - eb) << sh) + steps);
+        uint16_t code = SEL16(c > mx, SEL16(neg, on, op), c | (uint16_t)(sb & (0u - neg)));
+        code = SEL16(a == 0, SEL16(neg, zn, zp), code);
+        slow |= (uint16_t)((a != 0) & ((a < lo) | (a >= hi)));
+        dst[k] = (uint8_t)code;
+    }
+    return slow;
+}
+
+/* tab_run with AVX-512 VBMI, 64 inputs per step: the code of (E_b, m) from a 128-byte table
+ * (vpermi2b), (E - E_b) 2^M from a 64-byte table (saturating at 255 > maxmag: an overflow), the
+ * rest as masks. Same rules and result as tab_run (tests compare both with the segment loop). Runs
+ * x0 + r * stride, r < rows, of n inputs; the inputs it does not take are marked one bit each in
+ * slow_at (per run, one word per 64 inputs). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+static int vbmi_ok = -1;
+#define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
+static const uint8_t lo_bytes[65] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56), 0};
+FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
+                                         int64_t rows, int64_t stride, const bf16_tab *t,
+                                         uint64_t *restrict slow_at) {
+    const __m512i tlo = _mm512_loadu_si512(t->steps), thi = _mm512_loadu_si512(t->steps + 64);
+    const __m512i shtab = _mm512_loadu_si512(t->shl);
+    const __m512i eb = _mm512_set1_epi8((char)t->eb), etop = _mm512_set1_epi8((char)(t->hi >> 7));
+    const __m512i mx = _mm512_set1_epi8((char)t->maxmag), sb = _mm512_set1_epi8((char)t->signbit);
+    const __m512i op = _mm512_set1_epi8((char)t->ovf_p), on = _mm512_set1_epi8((char)t->ovf_n);
+    const __m512i zp = _mm512_set1_epi8((char)t->zero_p), zn = _mm512_set1_epi8((char)t->zero_n);
+    const __m512i m7f = _mm512_set1_epi8(0x7F), lim = _mm512_set1_epi8(63), ff = _mm512_set1_epi16(0xFF);
+    /* byte i of the result: the low (or high) byte of 16-bit lane i of the pair (a, b) */
+    const __m512i lo_idx = _mm512_loadu_si512(lo_bytes);
+    const __m512i hi_idx = _mm512_add_epi8(lo_idx, _mm512_set1_epi8(1));
+    __mmask64 any = 0;
+    for (int64_t r = 0; r < rows; r++) {
+    const uint16_t *x = x0 + r * stride;
+    uint8_t *dst = dst0 + r * stride;
+    for (int64_t k = 0; k < n; k += 64) {
+        int64_t left = n - k;
+        __mmask32 m0 = left >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << left) - 1);
+        __mmask32 m1 = left >= 64 ? ~(__mmask32)0 : left <= 32 ? 0 : (((__mmask32)1 << (left - 32)) - 1);
+        __mmask64 all = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+        __m512i h0 = _mm512_maskz_loadu_epi16(m0, x + k), h1 = _mm512_maskz_loadu_epi16(m1, x + k + 32);
+        __m512i lob = _mm512_permutex2var_epi8(h0, lo_idx, h1);
+        __m512i hib = _mm512_permutex2var_epi8(h0, hi_idx, h1);
+        __m512i e0 = _mm512_and_si512(_mm512_srli_epi16(h0, 7), ff), e1 = _mm512_and_si512(_mm512_srli_epi16(h1, 7), ff);
+        __m512i E = _mm512_permutex2var_epi8(e0, lo_idx, e1);
+        __m512i m = _mm512_and_si512(lob, m7f);
+        __mmask64 neg = _mm512_movepi8_mask(hib);
+        __mmask64 zero = _mm512_testn_epi8_mask(E, E) & _mm512_testn_epi8_mask(m, m);
+        __m512i d = _mm512_min_epu8(_mm512_subs_epu8(E, eb), lim);
+        __m512i c = _mm512_adds_epu8(_mm512_permutex2var_epi8(tlo, m, thi), _mm512_permutexvar_epi8(d, shtab));
+        __mmask64 ovf = _mm512_cmpgt_epu8_mask(c, mx);
+        c = _mm512_mask_blend_epi8(neg, c, _mm512_or_si512(c, sb));
+        c = _mm512_mask_blend_epi8(ovf & ~neg, c, op);
+        c = _mm512_mask_blend_epi8(ovf & neg, c, on);
+        c = _mm512_mask_blend_epi8(zero & ~neg, c, zp);
+        c = _mm512_mask_blend_epi8(zero & neg, c, zn);
+        __mmask64 slow = ((_mm512_cmplt_epu8_mask(E, eb) & ~zero) | _mm512_cmpge_epu8_mask(E, etop)) & all;
+        slow_at[r * ((n + 63) / 64) + k / 64] = slow, any |= slow;
+        _mm512_mask_storeu_epi8(dst + k, all, c);
+    }
+    }
+    return any != 0;
+}
+/* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
+#define HAVE_VBMI() ((vbmi_ok >= 0 ? vbmi_ok : (vbmi_ok = __builtin_cpu_supports("avx512vbmi") && \
+                                                           __builtin_cpu_supports("avx512bw"))) && \
+                     !getenv("FP8REF_NO_VBMI"))
+#else
+#define HAVE_VBMI() 0
+#define tab_run_vbmi(x, dst, n, rows, stride, t, slow_at) 0
+#endif
+
+/* segment() over `rows` runs [lo, hi) + r * stride sharing one operand sv (of `count` elements in
+ * all): bfloat16 inputs by the table where it applies (built on the first run of a new sv), else
+ * the segment loop. The VBMI loop takes up to TAB_CHUNK inputs per call (whole short runs, or
+ * pieces of a long one) and hands back the inputs it does not take, which the segment loop does. */
+FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, int64_t rows,
+                               int64_t stride, float sv, const consts *c, bf16_tab *tab, int64_t count, int kind,
+                               int exact, int mode, int mul, int model) {
+    int fresh = !(tab->built && tab->key == bits_of(sv));
+    if (kind == BF16 && mode == RNE && (fresh ? count >= TAB_MIN : tab->ok)) {
+        if (fresh) tab_build(tab, sv, c, exact, mul, model);
+        if (tab->ok) {
+            int64_t n = hi - lo, piece = n < TAB_CHUNK ? n : TAB_CHUNK, words = (piece + 63) / 64;
+            int64_t per = n <= TAB_CHUNK ? TAB_CHUNK / 64 / words : 1; /* runs per call */
+            uint64_t slow_at[TAB_CHUNK / 64];
+            const int vbmi = HAVE_VBMI();
+            for (int64_t r0 = 0; r0 < rows; r0 += per) {
+                int64_t nr = rows - r0 < per ? rows - r0 : per;
+                for (int64_t k0 = 0; k0 < n; k0 += piece) {
+                    int64_t len = n - k0 < piece ? n - k0 : piece, at = lo + r0 * stride + k0;
+                    const uint16_t *x = (const uint16_t *)src + at;
+                    if (!vbmi) {
+                        for (int64_t r = 0; r < nr; r++)
+                            if (tab_run(x + r * stride, dst + at + r * stride, len, tab))
+                                segment(src, dst, at + r * stride, at + r * stride + len, sv, c, kind, exact, mode,
+                                        mul, model);
+                    } else if (tab_run_vbmi(x, dst + at, len, nr, stride, tab, slow_at)) {
+                        int64_t lw = (len + 63) / 64; /* words per run of this piece */
+                        for (int64_t w = 0; w < nr * lw; w++) /* only the inputs it did not take */
+                            for (uint64_t b = slow_at[w]; b; b &= b - 1) {
+                                int64_t k = at + (w / lw) * stride + 64 * (w % lw) + __builtin_ctzll(b);
+                                segment(src, dst, k, k + 1, sv, c, kind, exact, mode, mul, model);
+                            }
+                    }
+                }
+            }
+            return;
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        segment(src, dst, lo + r * stride, hi + r * stride, sv, c, kind, exact, mode, mul, model);
+}
+
 /* rows [r0, r1): row r's operands start at s[s_off[r]], one per g elements. Last row first: a
  * per-tensor quantize has just read the rows first to last for its amax (same split), so the
  * rows still in the last-level cache come first and only the rest is read from memory again. */
 FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int kind, int exact, int mode, int mul,
                               int model) {
     const consts c = consts_of(j);
+    bf16_tab tab = {0};
     for (int64_t r = r1 - 1; r >= r0; r--) {
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
             int64_t k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-            segment(j->src, j->dst, r * j->K + k0, r * j->K + k1, srow[k0 / j->g], &c, kind, exact, mode, mul, model);
+            segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, srow[k0 / j->g], &c, &tab, k1 - k0, kind,
+                        exact, mode, mul, model);
         }
     }
 }
@@ -163,6 +382,7 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
                                int model) {
     const consts c = consts_of(j);
+    bf16_tab tab = {0};
     const uint16_t *x = j->src;
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
     for (int64_t b = b0; b < b1; b++) {
@@ -174,8 +394,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             for (int64_t r = lo; r < hi; r++) a = amax_run16(x + r * j->K + k0, (size_t)(k1 - k0), a);
             j->amax[b * ng + jg] = a;
             float sv = j->table[a];
-            for (int64_t r = lo; r < hi; r++)
-                segment(j->src, j->dst, r * j->K + k0, r * j->K + k1, sv, &c, kind, exact, mode, mul, model);
+            segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, sv, &c, &tab, (hi - lo) * (k1 - k0),
+                        kind, exact, mode, mul, model);
         }
     }
 }

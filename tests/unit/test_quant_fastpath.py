@@ -259,3 +259,71 @@ def test_one_pass_loop_is_the_path_taken(monkeypatch):
     for gran in ("channel", "group", "block"):
         quantize(x, args_for(gran))
     assert np.array_equal(quantize(x, QuantArgs(granularity="channel")).codes, want.codes)
+
+
+# --- bfloat16 by thresholds (segment_tab in _kernels_quant.c) -------------------------------------
+# Runs of >= 512 bfloat16 inputs sharing one operand, rounded to nearest even, take the table loop
+# (VBMI where the CPU has it; FP8REF_NO_VBMI forces the portable one): both against the numpy path.
+TABLE_RECIPES = ["fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "vllm-static", "fbgemm", "modelopt-fp8"]
+
+
+def _recipe_formats(name):
+    from fp8ref.registry import get_recipe
+
+    return [f for f in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+            if not get_recipe(name).formats or f in get_recipe(name).formats]
+
+
+@pytest.mark.parametrize("vbmi", [True, False])
+@pytest.mark.parametrize("recipe,fmt", [(r, f) for r in TABLE_RECIPES for f in _recipe_formats(r)])
+def test_table_loop_on_every_bf16_pattern(monkeypatch, vbmi, recipe, fmt):
+    """All 65,536 bfloat16 patterns (NaN/Inf too where the recipe takes them) in runs of one operand
+    each: scales that put the smallest-normal binade E_b anywhere (or nowhere), overflow in and
+    out of reach, tiny and huge, saturating or not (where the recipe leaves it to the caller)."""
+    if not vbmi:
+        monkeypatch.setenv("FP8REF_NO_VBMI", "1")
+    x = all_patterns("bfloat16", finite_only=recipe == "fp8ref")
+    scales = np.array([[s] for s in SCALES + [2.0 ** 100, 448.0, 3.5e-3, 1.7e-38]], np.float32)
+    x = np.repeat(x, len(scales), axis=0)
+    from fp8ref.registry import get_recipe
+
+    grans = get_recipe(recipe).granularities
+    if not grans or "channel" in grans:
+        runs = [({"granularity": "channel"}, x, scales)]
+    elif "block" in grans:
+        runs = [({"granularity": "block", "block_shape": (1, x.shape[1])}, x, scales)]
+    else:  # per tensor only: one call per scale
+        runs = [({"granularity": "tensor"}, x[:1], s) for s in scales]
+    for saturate in (True, False):
+        for gran, xs, ss in runs:
+            args = QuantArgs(format=fmt, dynamic=False, saturate=saturate, **gran)
+            assert_same(*both(monkeypatch, xs, args, recipe=recipe, scale=ss))
+
+
+def _takes(recipe, gran):
+    from fp8ref.registry import get_recipe
+
+    grans = get_recipe(recipe).granularities
+    return not grans or gran in grans
+
+
+_WEIGHT_GRANS = [("channel", {}), ("tensor", {}), ("block", {"block_shape": (32, 128)}),
+                 ("block", {"block_shape": (128, 128)}), ("group", {"group_size": 512})]
+
+
+@pytest.mark.parametrize("vbmi", [True, False])
+@pytest.mark.parametrize("recipe,gran,extra", [(r, g, e) for r in ("fp8ref", "compressed-tensors", "hf-fp8")
+                                               for g, e in _WEIGHT_GRANS if _takes(r, g)])
+def test_table_loop_on_weights(monkeypatch, vbmi, recipe, gran, extra):
+    """Dynamic scales on weights whose rows span 60 binades, with zeros, subnormals and a K that is
+    not a multiple of the 64-input vector step nor of the block."""
+    if not vbmi:
+        monkeypatch.setenv("FP8REF_NO_VBMI", "1")
+    from fp8ref.registry import get_recipe
+
+    divisible = get_recipe(recipe).require_divisible  # hf-fp8: whole blocks only
+    x = weights((256, 1152) if divisible else (160, 1100), "bfloat16", seed=3)
+    x[5, :300] = 0.0
+    x[7, 100:700] = (np.arange(600) * 2.0 ** -133).astype(ml_dtypes.bfloat16)  # bf16 subnormals
+    x[9] *= ml_dtypes.bfloat16(2.0 ** -100)
+    assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), recipe=recipe))
