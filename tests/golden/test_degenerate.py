@@ -282,7 +282,7 @@ def test_scaled_mm_exact_cases_match_the_fraction_oracle():
         got = OPERATIONS["scaled_mm"].reference(p, c.inputs)["out"]
         if p["out_dtype"] == "float8_e4m3fn":
             sr = Fraction(float(c.inputs["scale_result"][0]))
-            want = np.vectorize(lambda v: exact_code(v / sr, get_format("float8_e4m3fn"), saturate=True),
+            want = np.vectorize(lambda v, sr=sr: exact_code(v / sr, get_format("float8_e4m3fn"), saturate=True),
                                 otypes=[np.uint8])(exact)
             assert np.array_equal(got, want), c.name
         else:
@@ -371,12 +371,14 @@ def test_fp8ref_recipe_mx_and_nvfp4_quantize_match_the_fraction_oracle():
         out = OPERATIONS["quantize"].reference(p, c.inputs)
         amax = reduce_amax(c.inputs["x"], qa.granularity)
         if qa.granularity == "mx":
-            s = np.vectorize(lambda a: 2.0 ** max(-127, floor_log2(Fraction(a)) - fmt.emax) if a else 2.0 ** -127)(amax)
+            s = np.vectorize(lambda a, fmt=fmt: 2.0 ** max(-127, floor_log2(Fraction(a)) - fmt.emax) if a
+                             else 2.0 ** -127)(amax)
         else:
             A = float(amax.max())
             g = fp32_nearest(Fraction(A) / 2688) if A > 0 else 1.0
             e4m3 = get_format("float8_e4m3fn")
-            s = np.vectorize(lambda a: float(e4m3.exact_value(exact_code(Fraction(a) / (6 * Fraction(g)), e4m3))))(amax)
+            s = np.vectorize(lambda a, g=g, e4m3=e4m3: float(
+                e4m3.exact_value(exact_code(Fraction(a) / (6 * Fraction(g)), e4m3))))(amax)
             s = s * g
         assert np.array_equal(f64(out["scale"]) * (1 if qa.granularity == "mx" else g), s), c.name
         full = np.broadcast_to(expand(s, x.shape, qa.granularity), x.shape)

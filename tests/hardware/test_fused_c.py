@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fp8ref._native import kernels_available
-from fp8ref.hardware import KERNELS, instruction, kernel_mm, names
+from fp8ref.hardware import KERNELS, instruction, kernel_mm, names, native
 from fp8ref.hardware.instructions import dot_add
-from fp8ref.hardware import native
 from fp8ref.hardware.native import applies, chained_matmul
 
 native_run = native._run

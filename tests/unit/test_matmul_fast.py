@@ -420,7 +420,7 @@ def test_column_panels_and_k_chunks_against_the_fraction_oracle(monkeypatch, sca
         ref = fraction_oracle(a, b, sa, sb, bias=bv)
         for out in ("float32", "bfloat16"):
             got = _fast_exact(a, b, e4, e4, SA, SB, bk, bv, OUT_FORMATS[out])
-            expect = np.vectorize(lambda x: round_fraction(x, out), otypes=[np.float64])(ref)
+            expect = np.vectorize(lambda x, out=out: round_fraction(x, out), otypes=[np.float64])(ref)
             np.testing.assert_array_equal(bits(got), bits(expect))  # an exact zero is +0 (docs/matmul.md)
             np.testing.assert_array_equal(bits(got), bits(_exact(a, b, e4, e4, SA, SB, bk, bv, OUT_FORMATS[out])))
 

@@ -17,8 +17,8 @@ from fp8ref import QuantArgs, quantize
 from fp8ref.errors import Fp8RefError, RecipeError
 from fp8ref.formats import FORMATS
 from fp8ref.recipes import with_amax_ub
-from fp8ref.scaling import ceil_to_ue8m0
 from fp8ref.registry import get_recipe
+from fp8ref.scaling import ceil_to_ue8m0
 from tests.support.quant_oracle import (
     code_of,
     fbgemm_oracle,
