@@ -175,7 +175,8 @@ typedef struct {
     uint8_t shl[64];    /* and min(d 2^M, 255) */
 } bf16_tab;
 
-enum { TAB_MIN = 512, TAB_CHUNK = 1024 }; /* elements per operand worth a build; chunk redone when slow */
+enum { TAB_MIN = 512, TAB_CHUNK = 1024 }; /* elements per operand worth a build; inputs per VBMI call */
+enum { TILE_RUN_BYTES = 256 * 1024 };     /* block tiles whose amax is found in one sweep (L2-sized) */
 
 /* The value a producer rounds (or, exact, whether x/s >= 2^emin) for magnitude bits a. */
 FP8REF_INLINE int at_least_normal(uint16_t a, float sv, const consts *c, int exact, int mul, int model) {
@@ -388,14 +389,25 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     for (int64_t b = b0; b < b1; b++) {
         int64_t m = b / nbr, br = b % nbr;
         int64_t lo = m * j->r2 + br * j->bh, hi = m * j->r2 + (br * j->bh + j->bh < j->r2 ? br * j->bh + j->bh : j->r2);
-        for (int64_t jg = 0; jg < ng; jg++) {
-            int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-            uint16_t a = 0;
-            for (int64_t r = lo; r < hi; r++) a = amax_run16(x + r * j->K + k0, (size_t)(k1 - k0), a);
-            j->amax[b * ng + jg] = a;
-            float sv = j->table[a];
-            segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, sv, &c, &tab, (hi - lo) * (k1 - k0),
-                        kind, exact, mode, mul, model);
+        /* tiles in runs of TILE_RUN_BYTES of input: their amax row by row (each row's piece read in one sweep,
+         * which the prefetchers follow), then their codes while the run is still in L2 */
+        int64_t run = j->bh > 1 ? (TILE_RUN_BYTES / 2 / (hi - lo) / j->g) : 1;
+        run = run < 1 ? 1 : run > 64 ? 64 : run;
+        for (int64_t j0 = 0; j0 < ng; j0 += run) {
+            int64_t j1 = j0 + run < ng ? j0 + run : ng;
+            uint16_t a[64] = {0};
+            for (int64_t r = lo; r < hi; r++)
+                for (int64_t jg = j0; jg < j1; jg++) {
+                    int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
+                    a[jg - j0] = amax_run16(x + r * j->K + k0, (size_t)(k1 - k0), a[jg - j0]);
+                }
+            for (int64_t jg = j0; jg < j1; jg++) {
+                int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
+                j->amax[b * ng + jg] = a[jg - j0];
+                float sv = j->table[a[jg - j0]];
+                segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, sv, &c, &tab,
+                            (hi - lo) * (k1 - k0), kind, exact, mode, mul, model);
+            }
         }
     }
 }
