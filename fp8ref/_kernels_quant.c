@@ -264,7 +264,7 @@ FP8REF_INLINE uint16_t tab_run(const uint16_t *restrict x, uint8_t *restrict dst
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 static int vbmi_ok = -1;
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
-static const uint8_t lo_bytes[65] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56), 0};
+static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
 FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                          int64_t rows, int64_t stride, const bf16_tab *t,
                                          uint64_t *restrict slow_at) {

@@ -183,7 +183,7 @@ ZERO_BLOCK = {
     "auto-round": ("FP8_STATIC", "weight", _bf16(np.float32(1 / 229376)), "bf16 of the fp32 floor 1/229376"),
     "compressed-tensors": ("FP8_STATIC", "weight", 2.0 ** -7, "stored 0 -> eps(bf16)"),
     "compressed-tensors-mx": ("MXFP8", "weight", 2.0 ** -127, "byte 0 (FINDINGS 2.3)"),
-    "compressed-tensors-nvfp4": ("NVFP4", "weight", 0.125, "0x30 (FINDINGS 1.4)"),
+    "compressed-tensors-nvfp4": ("NVFP4", "weight", 0.125, "0x20 (FINDINGS 1.4 writes 0x30, which is 0.5)"),
     "fbgemm": ("FP8_DYNAMIC", "weight", float(np.float32(1 / np.float32(448 / np.float32(1e-12)))),
                "amax floor 1e-12"),
     "fp8ref": ("FP8_STATIC", "weight", 1.0, "zero amax -> 1"),

@@ -28,6 +28,7 @@ from fp8ref.checkpoint import base, export_checkpoint, load_checkpoint, write_ch
 from fp8ref.checkpoint.forward import producer_weight
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import open_store, write_safetensors
+from tests.support.matmul_oracle import round_fraction
 
 pytestmark = pytest.mark.interop
 
@@ -70,19 +71,6 @@ def test_fixture_loads_with_its_layout(name):
 
 # --- exact dequantization: decode(q) * s_b (* m or / g), rounded once, against Fractions --------
 
-def _bf16_rne(v: Fraction) -> float:
-    """Round a Fraction to bfloat16 (normal range), ties to even: an oracle independent of fp8ref."""
-    if v == 0:
-        return 0.0
-    a = abs(v)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    e = e if Fraction(2) ** e <= a else e - 1
-    ulp = Fraction(2) ** (e - 7)
-    n, r = divmod(a, ulp)
-    n += 1 if r > ulp / 2 or (r == ulp / 2 and n % 2) else 0
-    return float(n * ulp) * (1 if v > 0 else -1)
-
-
 @pytest.mark.parametrize("name", FIXTURES)
 def test_dequantize_is_the_exact_product_rounded_once(name):
     ckpt = load_checkpoint(ROOT / name)
@@ -109,7 +97,7 @@ def test_dequantize_is_the_exact_product_rounded_once(name):
         for j, v in enumerate(row):
             sc = Fraction(float(s.reshape(-1)[0] if s.size == 1 else s[i] if s.ndim == 1 else s[i, j // block]))
             exact = v * sc if g is None else (v * sc / g if q.global_scale == "divisor" else v * sc * g)
-            assert mine[i, j] == _bf16_rne(exact), (i, j)
+            assert mine[i, j] == round_fraction(exact, "bfloat16"), (i, j)
 
 
 # --- what compressed-tensors' own loader computes -----------------------------------------

@@ -26,6 +26,7 @@ from fp8ref.checkpoint import export_checkpoint, load_checkpoint, write_checkpoi
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import open_store, write_safetensors
 from fp8ref.quant import QuantArgs, quantize
+from tests.support.matmul_oracle import round_fraction
 
 pytestmark = pytest.mark.interop
 
@@ -67,19 +68,6 @@ def test_fp8_scales_are_bf16_scalars_and_kv_scales_shared():
 
 # --- exact dequantization against Fractions ------------------------------------------------
 
-def _bf16_rne(v: Fraction) -> float:
-    """Round a Fraction to bfloat16 (normal range), ties to even."""
-    if v == 0:
-        return 0.0
-    a = abs(v)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    e = e if Fraction(2) ** e <= a else e - 1
-    ulp = Fraction(2) ** (e - 7)
-    n, r = divmod(a, ulp)
-    n += 1 if r > ulp / 2 or (r == ulp / 2 and n % 2) else 0
-    return float(n * ulp) * (1 if v > 0 else -1)
-
-
 @pytest.mark.parametrize("name", FIXTURES)
 def test_dequantize_is_the_exact_product_rounded_once(name):
     ckpt = load_checkpoint(ROOT / name)
@@ -98,7 +86,7 @@ def test_dequantize_is_the_exact_product_rounded_once(name):
     for i, row in enumerate(values):
         for j, v in enumerate(row):
             sc = scale[i][j // 32] if name == "quark_mxfp4" else scale
-            assert mine[i, j] == _bf16_rne(v * sc), (i, j)
+            assert mine[i, j] == round_fraction(v * sc, "bfloat16"), (i, j)
 
 
 # --- every stored byte from the original weights, by the recipes -------------------------
