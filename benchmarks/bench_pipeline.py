@@ -12,9 +12,12 @@ Rows:
 * encode float32 / bfloat16 -> e4m3fn: torch's cast (``f8.copy_(x)``) time / fp8ref's (> 1: fp8ref faster).
 * quantize an ROWSxCOLS bf16 weight (per-channel, per-tensor, 128x128 blocks; default 'fp8ref'
   recipe and compressed-tensors): bandwidth counted as the minimum traffic (input read once + codes
-  written: 3 bytes per element) against ``torch.Tensor.copy_``'s on the same weight (bf16 -> bf16:
-  read + write, 4 bytes per element). Per-tensor needs the global amax before any code, so it reads
-  the input twice (5 bytes per element moved, 3 counted): its limit is below the others'.
+  written: 3 bytes per element) against ``torch.Tensor.copy_``'s on the same weight (bf16 -> bf16
+  into an existing tensor: read + write, 4 bytes per element). Two columns: ``out=`` (the codes
+  written into an existing buffer, as copy_ writes into one) and ``fresh`` (a new array per call,
+  whose pages the kernel zeroes on first touch; ``clone()`` shows what the same costs a copy).
+  Per-tensor needs the global amax before any code, so it reads the input twice (5 bytes per
+  element moved, 3 counted): its limit is below the others'.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def main() -> None:
               f"{mixed['torch'] / mixed['fp8ref']:14.2f}x ({mixed['fp8ref'] * 1e3:6.1f} ms)")
 
     n = w.numel()
+    codes_out = torch.zeros(a.rows, a.cols, dtype=torch.uint8)
     print(f"\nquantize bf16 {a.rows}x{a.cols} -> e4m3fn; copy_ moves {4 * n / 1e6:.0f} MB, quantize's minimum "
           f"{3 * n / 1e6:.0f} MB; ratio = quantize GB/s / copy_ GB/s (same run)")
     cases = {
@@ -93,15 +97,21 @@ def main() -> None:
         "tensor fp8ref": (QuantArgs(granularity="tensor"), "fp8ref"),
         "tensor compressed-tensors": (QuantArgs(granularity="tensor"), "compressed-tensors"),
     }
-    fns = {"copy_": lambda: w_copy.copy_(w)}
-    fns.update({name: (lambda qa=qa, r=r: quantize(w, qa, recipe=r)) for name, (qa, r) in cases.items()})
+    fns = {"copy_": lambda: w_copy.copy_(w), "clone": lambda: w.clone()}
+    for name, (qa, r) in cases.items():
+        fns[name] = lambda qa=qa, r=r: quantize(w, qa, recipe=r)
+        fns[name + " out="] = lambda qa=qa, r=r: quantize(w, qa, recipe=r, out=codes_out)
     alone, mixed = timed(fns, a.repeat), timed(fns, a.repeat, between=layer)
-    print(f"  {'copy_':28} alone {4 * n / alone['copy_'] / 1e9:6.2f} GB/s, interleaved "
-          f"{4 * n / mixed['copy_'] / 1e9:6.2f} GB/s")
+    for ref in ("copy_", "clone"):
+        print(f"  {ref:28} alone {4 * n / alone[ref] / 1e9:6.2f} GB/s, interleaved {4 * n / mixed[ref] / 1e9:6.2f} GB/s"
+              + ("   (into a fresh tensor)" if ref == "clone" else ""))
+    print(f"  {'':28} {'alone: out=':>16} {'fresh':>14}   {'interleaved: out=':>22} {'fresh':>14}")
     for name in cases:
-        ra, rm = ((3 * n / t[name]) / (4 * n / t["copy_"]) for t in (alone, mixed))
-        print(f"  {name:28} alone {ra:5.2f} ({3 * n / alone[name] / 1e9:6.2f} GB/s)   "
-              f"interleaved {rm:5.2f} ({3 * n / mixed[name] / 1e9:6.2f} GB/s)")
+        cells = []
+        for t in (alone, mixed):
+            for key in (name + " out=", name):
+                cells.append(f"{(3 * n / t[key]) / (4 * n / t['copy_']):5.2f} ({3 * n / t[key] / 1e9:5.2f} GB/s)")
+        print(f"  {name:28} {cells[0]:>16} {cells[1]:>18}   {cells[2]:>18} {cells[3]:>18}")
 
 
 if __name__ == "__main__":

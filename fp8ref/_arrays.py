@@ -164,8 +164,10 @@ def same_library(arr: np.ndarray, as_torch: bool):
     return torch().from_numpy(np.ascontiguousarray(arr)) if as_torch else arr
 
 
-def output_buffer(out, shape: tuple, as_torch: bool, np_dtype, what: str):
-    """(user-facing output, flat numpy view to write): ``out`` checked, or a new array."""
+def output_buffer(out, shape: tuple, as_torch: bool, np_dtype, what: str, float8: str | None = None):
+    """(user-facing output, flat numpy view to write): ``out`` checked, or a new array. ``float8``:
+    the torch float8 dtype a uint8 output may also be given as (the format's own: its bits are the
+    codes)."""
     if out is None:
         if as_torch:
             t = torch()
@@ -173,11 +175,40 @@ def output_buffer(out, shape: tuple, as_torch: bool, np_dtype, what: str):
                       np.dtype(np.float64): t.float64}[np.dtype(np_dtype)]
             out = t.empty(shape, dtype=tdtype)
         else:
-            out = np.empty(shape, dtype=np_dtype)
+            out = aligned_empty(shape, np_dtype)
     if is_torch(out) != as_torch:
         raise InputTypeError(f"out: expected a {'torch tensor' if as_torch else 'numpy array'} like the input")
-    flat = out.numpy() if as_torch else out
+    flat = _torch_out(out, np_dtype, what, float8) if as_torch else out
     if flat.dtype != np_dtype or tuple(flat.shape) != tuple(shape) or not flat.flags.c_contiguous:
         raise InputTypeError(f"out: expected a contiguous {np.dtype(np_dtype).name} array of shape "
                              f"{tuple(shape)} for {what}, got {flat.dtype.name} {tuple(flat.shape)}")
+    if not flat.flags.writeable:
+        raise InputTypeError(f"out: the array for {what} is read-only")
     return out, flat.reshape(-1)
+
+
+def _torch_out(out, np_dtype, what: str, float8: str | None) -> np.ndarray:
+    """A torch ``out`` as the numpy array that shares its memory, or a one-line error."""
+    if out.device.type != "cpu":
+        raise InputTypeError(f"out: expected a CPU tensor for {what}, got device {out.device}")
+    if out.requires_grad:
+        raise InputTypeError(f"out: the tensor for {what} requires grad; pass one that does not")
+    if out.element_size() == 1 and out.dtype.is_floating_point:
+        if float8 is None or dtype_name(out) != float8:
+            raise InputTypeError(f"out: expected torch.uint8{f' or torch.{float8}' if float8 else ''} codes for "
+                                 f"{what}, got {out.dtype}")
+        out = out.view(torch().uint8)
+    try:
+        return out.numpy()
+    except TypeError:  # a dtype numpy has no counterpart for
+        raise InputTypeError(f"out: expected a torch {np.dtype(np_dtype).name} tensor for {what}, got {out.dtype}") from None
+
+
+def aligned_empty(shape: tuple, np_dtype) -> np.ndarray:
+    """np.empty starting on a 64-byte cache line (numpy's large arrays start 16 bytes into one), so
+    that the C loops can write whole lines around the cache (torch's CPU tensors are aligned so)."""
+    dt = np.dtype(np_dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(n + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + n].view(dt).reshape(shape)

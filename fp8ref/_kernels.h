@@ -58,6 +58,7 @@ typedef struct { /* quant._QuantJob */
     float addend;         /* +0.0f turns -0 into +0 (add_zero); -0.0f changes nothing */
     float clampv;         /* clamp to +-clampv (+inf: no clamp); NaN passes */
     uint32_t neg0;        /* code replaced by 0 (0x100: none) */
+    int32_t stream;       /* codes too large for the cache: written around it (whole aligned lines) */
 } quant_job;
 
 typedef struct { /* the declared-order fp32 GEMM, see _kernels_matmul.c; tasks are column cuts */

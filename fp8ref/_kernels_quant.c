@@ -69,11 +69,13 @@ typedef struct {
     float addend, clampv;
     uint32_t neg0, cast16;
     float exact_lo; /* exact_f32's smallest scale: D*s stays a multiple of 2^-149 */
+    int stream;     /* the VBMI table loop writes the codes by stream_copy */
+    int vbmi;       /* the table loop runs tab_run_vbmi (HAVE_VBMI, read once per task) */
 } consts;
 
-FP8REF_INLINE consts consts_of(const quant_job *j) {
+FP8REF_INLINE consts consts_of(const quant_job *j, int vbmi) {
     consts c = {*j->p, {0}, j->rne != NULL, j->addend, j->clampv, j->neg0, (uint32_t)j->cast16,
-                f32_of((uint32_t)(127 - 125 - j->p->emin + j->p->M) << 23)};
+                f32_of((uint32_t)(127 - 125 - j->p->emin + j->p->M) << 23), j->stream != 0, vbmi};
     if (j->rne) c.rp = *j->rne;
     return c;
 }
@@ -167,7 +169,7 @@ FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, i
  * This loop is 16-bit integer work, 32 lanes per AVX-512 vector, and no float arithmetic. */
 typedef struct {
     uint32_t key; /* sv's bits; valid only if built */
-    int built, ok;
+    int built, ok, has_t; /* has_t: t[] filled (the portable loop's; the VBMI loop uses steps[]) */
     uint16_t lo, hi; /* magnitude bits taken here: a == 0 or lo <= a < hi */
     uint16_t eb, base, shift, maxmag, signbit, ovf_p, ovf_n, zero_p, zero_n;
     uint16_t t[8];
@@ -178,11 +180,12 @@ typedef struct {
 enum { TAB_MIN = 512, TAB_CHUNK = 1024 }; /* elements per operand worth a build; inputs per VBMI call */
 enum { TILE_RUN_BYTES = 256 * 1024 };     /* block tiles whose amax is found in one sweep (L2-sized) */
 
-/* The value a producer rounds (or, exact, whether x/s >= 2^emin) for magnitude bits a. */
-FP8REF_INLINE int at_least_normal(uint16_t a, float sv, const consts *c, int exact, int mul, int model) {
+/* Whether the value a producer rounds (or, exact, x/s) is >= 2^emin for magnitude bits a; `thr` is
+ * sv 2^emin (exact, in double: x/s >= 2^emin <=> x >= s 2^emin exactly) or 2^emin (producers). */
+FP8REF_INLINE int at_least_normal(uint16_t a, float sv, double thr, const consts *c, int exact, int mul, int model) {
     float x = f32_of((uint32_t)a << 16);
-    if (exact) return (double)x >= ldexp((double)sv, c->p.emin);
-    return producer_y(x, sv, c, BF16, mul, model) >= ldexpf(1.0f, c->p.emin);
+    if (exact) return (double)x >= thr;
+    return (double)producer_y(x, sv, c, BF16, mul, model) >= thr;
 }
 
 FP8REF_INLINE int y_finite(uint16_t a, float sv, const consts *c, int exact, int mul, int model) {
@@ -191,17 +194,18 @@ FP8REF_INLINE int y_finite(uint16_t a, float sv, const consts *c, int exact, int
     return y - y == 0.0f;
 }
 
-FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, int mul, int model) {
-    t->key = bits_of(sv), t->built = 1, t->ok = 0;
+FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, int mul, int model, int vbmi) {
+    t->key = bits_of(sv), t->built = 1, t->ok = 0, t->has_t = 0;
     const enc_params *p = &c->p;
     int M = p->M;
     double maxval = ldexp(1.0 + (double)(p->maxmag & ((1u << M) - 1u)) / (double)(1u << M),
                           (int)(p->maxmag >> M) - p->bias);
     if (M > 3 || p->signbit != 0x80u || !(sv > 0.0f && sv < INFINITY) || !((double)c->clampv >= maxval)) return;
     int lo = 1, hi = 255; /* E_b: the smallest exponent field whose inputs all give values >= 2^emin */
+    const double thr = exact ? ldexp((double)sv, p->emin) : ldexp(1.0, p->emin);
     while (lo < hi) {
         int mid = (lo + hi) / 2;
-        if (at_least_normal((uint16_t)(mid << 7), sv, c, exact, mul, model)) hi = mid; else lo = mid + 1;
+        if (at_least_normal((uint16_t)(mid << 7), sv, thr, c, exact, mul, model)) hi = mid; else lo = mid + 1;
     }
     int eb = lo, top = 255, a = eb;
     for (int b = 254; a < b;) { /* top: the first exponent field with an infinite y */
@@ -216,14 +220,24 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     for (int m = 0; m < 128; m++) in[m] = (uint16_t)(eb << 7 | m);
     in[128] = (uint16_t)((eb + 1) << 7), in[129] = 0, in[130] = 0x8000u;
     in[131] = (uint16_t)((top - 1) << 7 | 0x7F), in[132] = in[131] | 0x8000u;
-    segment(in, out, 0, 133, sv, c, BF16, exact, RNE, mul, model);
-    uint32_t base = out[0], step = 1u << M;
+    /* two calls: the largest inputs' quotients exceed what the exact loop's float32 path takes, and
+     * would send all 133 to the double path */
+    segment(in, out, 0, 131, sv, c, BF16, exact, RNE, mul, model);
+    segment(in, out, 131, 133, sv, c, BF16, exact, RNE, mul, model);
+    uint32_t base = out[0], step = 1u << M, lim = base + step < p->maxmag ? base + step : p->maxmag;
     if (base < step || base > p->maxmag || out[128] != base + step) return;
-    for (int m = 1; m < 128; m++)
-        if (out[m] < out[m - 1] || out[m] > base + step || out[m] > p->maxmag) return;
-    for (uint32_t i = 0; i < 8; i++) t->t[i] = 128;
-    for (int m = 127; m >= 0; m--) /* t_i: the first m whose code is base + i + 1 or more */
-        for (uint32_t i = 0; i < out[m] - base; i++) t->t[i] = (uint16_t)m;
+    int bad = 0;
+    for (int m = 1; m < 128; m++) bad |= (out[m] < out[m - 1]) | (out[m] > lim);
+    if (bad) return;
+    for (uint32_t i = 0; i < 8 && !vbmi; i++) { /* t_i (the portable loop's): the first m whose code */
+        int a0 = 0, b0 = 128;                    /* is base + i + 1 or more; out is nondecreasing */
+        while (a0 < b0) {
+            int mid = (a0 + b0) / 2;
+            if (out[mid] > base + i) b0 = mid; else a0 = mid + 1;
+        }
+        t->t[i] = (uint16_t)a0;
+    }
+    t->has_t = !vbmi;
     for (int m = 0; m < 128; m++) t->steps[m] = out[m];
     for (int d = 0; d < 64; d++) t->shl[d] = (uint8_t)((d << M) > 255 ? 255 : d << M);
     t->lo = (uint16_t)(eb << 7), t->hi = (uint16_t)(top << 7), t->eb = (uint16_t)eb, t->base = (uint16_t)base;
@@ -266,8 +280,8 @@ static int vbmi_ok = -1;
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
 FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
-                                         int64_t rows, int64_t stride, const bf16_tab *t,
-                                         uint64_t *restrict slow_at) {
+                                         int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
+                                         const bf16_tab *t, uint64_t *restrict slow_at) {
     const __m512i tlo = _mm512_loadu_si512(t->steps), thi = _mm512_loadu_si512(t->steps + 64);
     const __m512i shtab = _mm512_loadu_si512(t->shl);
     const __m512i eb = _mm512_set1_epi8((char)t->eb), etop = _mm512_set1_epi8((char)(t->hi >> 7));
@@ -281,13 +295,17 @@ FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *r
     __mmask64 any = 0;
     for (int64_t r = 0; r < rows; r++) {
     const uint16_t *x = x0 + r * stride;
-    uint8_t *dst = dst0 + r * stride;
+    uint8_t *dst = dst0 + r * dst_stride;
     for (int64_t k = 0; k < n; k += 64) {
         int64_t left = n - k;
         __mmask32 m0 = left >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << left) - 1);
         __mmask32 m1 = left >= 64 ? ~(__mmask32)0 : left <= 32 ? 0 : (((__mmask32)1 << (left - 32)) - 1);
         __mmask64 all = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
         __m512i h0 = _mm512_maskz_loadu_epi16(m0, x + k), h1 = _mm512_maskz_loadu_epi16(m1, x + k + 32);
+        if (ahead) { /* the same two lines of the next unit, into L2 while this one computes */
+            _mm_prefetch((const char *)(x + k + ahead), _MM_HINT_T1);
+            _mm_prefetch((const char *)(x + k + ahead) + 64, _MM_HINT_T1);
+        }
         __m512i lob = _mm512_permutex2var_epi8(h0, lo_idx, h1);
         __m512i hib = _mm512_permutex2var_epi8(h0, hi_idx, h1);
         __m512i e0 = _mm512_and_si512(_mm512_srli_epi16(h0, 7), ff), e1 = _mm512_and_si512(_mm512_srli_epi16(h1, 7), ff);
@@ -310,13 +328,28 @@ FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *r
     }
     return any != 0;
 }
+
+/* dst[0, n) = src[0, n) with the whole aligned 64-byte lines of dst written by non-temporal stores
+ * (the line is not read first, as a normal store's is, nor kept in the cache); the partial lines at
+ * either end by normal stores, so a line shared with a neighbouring piece is never streamed. */
+FP8REF_VBMI static void stream_copy(uint8_t *restrict dst, const uint8_t *restrict src, int64_t n) {
+    int64_t head = (int64_t)((-(uintptr_t)dst) & 63u);
+    head = head < n ? head : n;
+    if (head) _mm512_mask_storeu_epi8(dst, ((__mmask64)1 << head) - 1, _mm512_loadu_si512(src));
+    int64_t k = head;
+    for (; k + 64 <= n; k += 64) _mm512_stream_si512((__m512i *)(dst + k), _mm512_loadu_si512(src + k));
+    if (k < n) _mm512_mask_storeu_epi8(dst + k, ((__mmask64)1 << (n - k)) - 1, _mm512_loadu_si512(src + k));
+}
+#define STREAM_FENCE() _mm_sfence() /* streamed lines visible before the task returns to its caller */
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
 #define HAVE_VBMI() ((vbmi_ok >= 0 ? vbmi_ok : (vbmi_ok = __builtin_cpu_supports("avx512vbmi") && \
                                                            __builtin_cpu_supports("avx512bw"))) && \
                      !getenv("FP8REF_NO_VBMI"))
 #else
 #define HAVE_VBMI() 0
-#define tab_run_vbmi(x, dst, n, rows, stride, t, slow_at) 0
+#define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, t, slow_at) 0
+#define stream_copy(dst, src, n) ((void)0)
+#define STREAM_FENCE() ((void)0)
 #endif
 
 /* segment() over `rows` runs [lo, hi) + r * stride sharing one operand sv (of `count` elements in
@@ -324,16 +357,17 @@ FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *r
  * the segment loop. The VBMI loop takes up to TAB_CHUNK inputs per call (whole short runs, or
  * pieces of a long one) and hands back the inputs it does not take, which the segment loop does. */
 FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, int64_t rows,
-                               int64_t stride, float sv, const consts *c, bf16_tab *tab, int64_t count, int kind,
-                               int exact, int mode, int mul, int model) {
-    int fresh = !(tab->built && tab->key == bits_of(sv));
+                               int64_t stride, int64_t ahead, float sv, const consts *c, bf16_tab *tab, int64_t count,
+                               int kind, int exact, int mode, int mul, int model) {
+    const int vbmi = c->vbmi;
+    int fresh = !(tab->built && tab->key == bits_of(sv) && (vbmi || tab->has_t));
     if (kind == BF16 && mode == RNE && (fresh ? count >= TAB_MIN : tab->ok)) {
-        if (fresh) tab_build(tab, sv, c, exact, mul, model);
+        if (fresh) tab_build(tab, sv, c, exact, mul, model, vbmi);
         if (tab->ok) {
             int64_t n = hi - lo, piece = n < TAB_CHUNK ? n : TAB_CHUNK, words = (piece + 63) / 64;
             int64_t per = n <= TAB_CHUNK ? TAB_CHUNK / 64 / words : 1; /* runs per call */
             uint64_t slow_at[TAB_CHUNK / 64];
-            const int vbmi = HAVE_VBMI();
+            uint8_t buf[TAB_CHUNK + 64]; /* streamed: the piece's codes, run after run, then copied out */
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 int64_t nr = rows - r0 < per ? rows - r0 : per;
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
@@ -344,14 +378,21 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                             if (tab_run(x + r * stride, dst + at + r * stride, len, tab))
                                 segment(src, dst, at + r * stride, at + r * stride + len, sv, c, kind, exact, mode,
                                         mul, model);
-                    } else if (tab_run_vbmi(x, dst + at, len, nr, stride, tab, slow_at)) {
+                        continue;
+                    }
+                    uint8_t *out = c->stream ? buf : dst + at;
+                    int64_t os = c->stream ? len : stride;
+                    if (tab_run_vbmi(x, out, len, nr, stride, os, ahead, tab, slow_at)) {
                         int64_t lw = (len + 63) / 64; /* words per run of this piece */
                         for (int64_t w = 0; w < nr * lw; w++) /* only the inputs it did not take */
                             for (uint64_t b = slow_at[w]; b; b &= b - 1) {
-                                int64_t k = at + (w / lw) * stride + 64 * (w % lw) + __builtin_ctzll(b);
-                                segment(src, dst, k, k + 1, sv, c, kind, exact, mode, mul, model);
+                                int64_t r = w / lw, k = 64 * (w % lw) + __builtin_ctzll(b);
+                                segment(x + r * stride, out + r * os, k, k + 1, sv, c, kind, exact, mode, mul,
+                                        model);
                             }
                     }
+                    if (c->stream)
+                        for (int64_t r = 0; r < nr; r++) stream_copy(dst + at + r * stride, buf + r * len, len);
                 }
             }
             return;
@@ -366,46 +407,75 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
  * rows still in the last-level cache come first and only the rest is read from memory again. */
 FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int kind, int exact, int mode, int mul,
                               int model) {
-    const consts c = consts_of(j);
+    const consts c = consts_of(j, kind == BF16 && mode == RNE && HAVE_VBMI());
     bf16_tab tab = {0};
     for (int64_t r = r1 - 1; r >= r0; r--) {
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
             int64_t k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-            segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, srow[k0 / j->g], &c, &tab, k1 - k0, kind,
-                        exact, mode, mul, model);
+            segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, 0, srow[k0 / j->g], &c, &tab, k1 - k0,
+                        kind, exact, mode, mul, model);
         }
     }
+}
+
+/* max magnitude bits of a tile of `rows` rows (stride `stride`) and 128 columns: the 128 running
+ * maxima stay in four vector registers; one reduction per tile instead of one per row */
+FP8REF_INLINE uint16_t amax_tile128(const uint16_t *restrict x, int64_t rows, int64_t stride) {
+    uint16_t acc[128] = {0};
+    for (int64_t r = 0; r < rows; r++)
+        for (int k = 0; k < 128; k++) {
+            uint16_t v = x[r * stride + k] & 0x7FFFu;
+            acc[k] = v > acc[k] ? v : acc[k];
+        }
+    return amax_run16(acc, 128, 0);
+}
+
+FP8REF_INLINE uint16_t amax_rows16(const uint16_t *restrict x, int64_t rows, int64_t stride, int64_t n) {
+    uint16_t m = 0;
+    for (int64_t r = 0; r < rows; r++) m = amax_run16(x + r * stride, (size_t)n, m);
+    return m;
 }
 
 /* bands [b0, b1): band b is rows [b*bh, b*bh + bh) of matrix b / nbr (cut at r2); per group of g
  * columns: amax over the tile, its operand from the table, then the tile's codes */
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
                                int model) {
-    const consts c = consts_of(j);
+    const consts c = consts_of(j, kind == BF16 && mode == RNE && HAVE_VBMI());
     bf16_tab tab = {0};
     const uint16_t *x = j->src;
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
     for (int64_t b = b0; b < b1; b++) {
         int64_t m = b / nbr, br = b % nbr;
         int64_t lo = m * j->r2 + br * j->bh, hi = m * j->r2 + (br * j->bh + j->bh < j->r2 ? br * j->bh + j->bh : j->r2);
-        /* tiles in runs of TILE_RUN_BYTES of input: their amax row by row (each row's piece read in one sweep,
-         * which the prefetchers follow), then their codes while the run is still in L2 */
+        /* tiles in runs of TILE_RUN_BYTES of input: their amaxes (row by row, each row's piece read in
+         * one sweep, or tile by tile for 128-wide tiles), then their codes while the run is in L2; while
+         * a run's codes are computed, the next run's input is prefetched into L2 (`ahead` elements on:
+         * the next row for channel scales, g = K) */
         int64_t run = j->bh > 1 ? (TILE_RUN_BYTES / 2 / (hi - lo) / j->g) : 1;
         run = run < 1 ? 1 : run > 64 ? 64 : run;
         for (int64_t j0 = 0; j0 < ng; j0 += run) {
             int64_t j1 = j0 + run < ng ? j0 + run : ng;
+            /* the next run's, or at the band's end the next band's first run (rows hi.., column 0) */
+            const int64_t ahead = j1 < ng ? run * j->g : (hi - lo) * j->K - j0 * j->g;
             uint16_t a[64] = {0};
-            for (int64_t r = lo; r < hi; r++)
+            if (j->g == 128 && hi - lo > 1)
                 for (int64_t jg = j0; jg < j1; jg++) {
-                    int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-                    a[jg - j0] = amax_run16(x + r * j->K + k0, (size_t)(k1 - k0), a[jg - j0]);
+                    int64_t k0 = jg * j->g;
+                    a[jg - j0] = k0 + 128 <= j->K ? amax_tile128(x + lo * j->K + k0, hi - lo, j->K)
+                                                  : amax_rows16(x + lo * j->K + k0, hi - lo, j->K, j->K - k0);
                 }
+            else
+                for (int64_t r = lo; r < hi; r++)
+                    for (int64_t jg = j0; jg < j1; jg++) {
+                        int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
+                        a[jg - j0] = amax_run16(x + r * j->K + k0, (size_t)(k1 - k0), a[jg - j0]);
+                    }
             for (int64_t jg = j0; jg < j1; jg++) {
                 int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
                 j->amax[b * ng + jg] = a[jg - j0];
                 float sv = j->table[a[jg - j0]];
-                segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, sv, &c, &tab,
+                segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, ahead, sv, &c, &tab,
                             (hi - lo) * (k1 - k0), kind, exact, mode, mul, model);
             }
         }
@@ -442,6 +512,7 @@ FP8REF_CLONES void fp8ref_quant(const quant_job *j, size_t lo_, size_t hi_) {
     if (j->kind == BF16) { ARMS(rows_given, BF16) }
     else if (j->kind == F16) { ARMS(rows_given, F16) }
     else { ARMS(rows_given, F32) }
+    if (j->stream) STREAM_FENCE();
 }
 
 /* Bands [lo, hi) of 16-bit input with dynamic scales (amax -> table operand). Codes computed from
@@ -451,6 +522,7 @@ FP8REF_CLONES void fp8ref_quant_fused(const quant_job *j, size_t lo_, size_t hi_
     int64_t lo = (int64_t)lo_, hi = (int64_t)hi_;
     if (j->kind == BF16) { ARMS(bands_fused, BF16) }
     else { ARMS(bands_fused, F16) }
+    if (j->stream) STREAM_FENCE();
 }
 
 /* ---- amax ----------------------------------------------------------------------------------- */

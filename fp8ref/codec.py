@@ -231,7 +231,8 @@ def encode(x, fmt: FloatFormat | str, *, saturate: bool = True, rounding: str = 
 
     ``rounding`` is one of ROUNDING_MODES; ``stochastic`` needs ``random_bits``: an unsigned
     integer array (uint8/16/32 = N bits) of x's shape; see docs/codec.md for the exact rule.
-    ``out`` is an optional preallocated uint8 array/tensor of x's shape.
+    ``out`` is an optional preallocated uint8 array/tensor of x's shape (or a torch tensor of the
+    format's own float8 dtype, which holds the codes as its bits).
     """
     fmt = get_format(fmt)
     if rounding not in ROUNDING_MODES:
@@ -241,7 +242,7 @@ def encode(x, fmt: FloatFormat | str, *, saturate: bool = True, rounding: str = 
     kind, bits, as_torch = _input_bits(x)
     shape = _shape(x)
     rbits, nbits = _check_random_bits(random_bits, rounding, shape)
-    result, flat = output_buffer(out, shape, as_torch, np.uint8, "encode")
+    result, flat = output_buffer(out, shape, as_torch, np.uint8, "encode", float8=fmt.torch_dtype_name)
     if fmt.specials == "none":
         _reject_unencodable(bits, kind, fmt, saturate)
     if bits.size == 0:

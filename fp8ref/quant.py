@@ -10,6 +10,7 @@ quantization takes a calibrated ``scale`` (or an ``amax``). See docs/quantize.md
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
 from collections.abc import Mapping
@@ -20,7 +21,17 @@ from functools import lru_cache
 import numpy as np
 
 from . import _native
-from ._arrays import bf16_bits_to_f32, deliver, float_input, is_torch, numpy_bf16, same_library, to_numpy
+from ._arrays import (
+    aligned_empty,
+    bf16_bits_to_f32,
+    deliver,
+    float_input,
+    is_torch,
+    numpy_bf16,
+    output_buffer,
+    same_library,
+    to_numpy,
+)
 from .codec import ROUNDING_MODES, _c_encode_params, _c_rne_params, decode, encode
 from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
 from .formats import FORMATS, FloatFormat, get_format
@@ -167,12 +178,19 @@ def as_args(args, *, role: str = "weight") -> QuantArgs:
                      scale_dtype=s["scale_dtype"] if family == "fp" else "model")  # MX/NVFP4: the format's
 
 
-def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight") -> QuantResult:
+def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight", out=None) -> QuantResult:
     """Quantize ``x`` per ``args`` (QuantArgs or QuantizationScheme) with ``recipe``.
 
     recipe: a Recipe or a built-in name; None -> args' recipe, else 'fp8ref'.
     scale: a calibrated dequant scale of the granularity's shape (static quantization).
     amax: a calibrated max|x| of that shape; the recipe turns it into the scale.
+    out: a preallocated array for the codes (granularities tensor, channel, token, group and block):
+    uint8 of x's shape, contiguous, in x's library (a torch tensor may also have the format's float8
+    dtype), not overlapping x; the result's ``codes`` is ``out`` itself. A pipeline that quantizes
+    into the same buffer again saves what a fresh array costs (the kernel zeroes its pages on first
+    touch). An error found before the codes are computed (arguments, scales) leaves ``out`` as it
+    was; a non-finite x found by the loop itself (recipes that reject NaN/Inf) may leave it partly
+    written.
     """
     qa = as_args(args, role=role)
     rec = get_recipe(recipe if recipe is not None else qa.recipe)
@@ -190,6 +208,14 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
         qa = QuantArgs(**{**qa.__dict__, "granularity": "tensor"})
     sshape = layout(shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
     _check_divisible(rec, qa, shape)
+    given_out = out is not None
+    if given_out:
+        if isinstance(rec, BlockRecipe) or qa.granularity in SELF_SCALED:
+            raise InputTypeError(f"out: granularity {qa.granularity!r} returns packed or block-scaled codes; "
+                                 f"out= takes the granularities {', '.join(_OUT_GRANULARITIES)}")
+        out, flat = output_buffer(out, shape, as_torch, np.uint8, "quantize's codes", float8=fmt.torch_dtype_name)
+        if np.may_share_memory(arr, flat):
+            raise InputTypeError("out: overlaps x; quantize reads x while it writes the codes")
     if isinstance(rec, BlockRecipe):
         if (scale is not None or amax is not None) and qa.granularity != "nvfp4":
             raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x "
@@ -204,8 +230,14 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
             raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x")
         res = (_quantize_mx if qa.granularity == "mx" else _quantize_nvfp4)(arr, dtype, qa, rec, fmt)
     else:
-        res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax)
-    return _wrap(res, as_torch)
+        codes = flat.reshape(shape) if given_out else aligned_empty(shape, np.uint8)
+        res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes,
+                               stream=given_out and codes.nbytes >= _STREAM_BYTES)
+    res = _wrap(res, as_torch)
+    return dataclasses.replace(res, codes=out) if given_out else res
+
+
+_OUT_GRANULARITIES = ("tensor", "channel", "token", "group", "block")
 
 
 # granularities whose block scales quantize() computes from x itself: a caller passes no amax
@@ -283,6 +315,12 @@ def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
 
 
 # --- fused C loops (fp8ref/_kernels_quant.c); the numpy code above and below is the fallback ----
+# codes given out= from this size on are written around the cache (the table loop's whole aligned
+# lines): they cannot stay in a last-level cache of the machines measured (48 MiB shared), and a
+# normal store first reads each line from memory; smaller codes stay in the cache for whatever
+# reads them next. A fresh output is not streamed: the kernel has just zeroed its pages through the
+# cache, and streaming over those lines costs more than it saves (measured: docs/quantize.md)
+_STREAM_BYTES = 32 << 20
 _C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
 _C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
 
@@ -344,10 +382,10 @@ def _operand_offsets(shape: tuple, qa: QuantArgs, sshape: tuple) -> tuple[np.nda
     return ((r // r2) * sshape[-2] + (r % r2) // bh) * sshape[-1], bw
 
 
-def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes):
+def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream=False):
     """The C loops' job for the apply + encode steps (operands still to fill), or None where they
     do not apply (the numpy path then runs). Same roundings, in the same order, as
-    exact_quotient_codes / apply_scaled."""
+    exact_quotient_codes / apply_scaled. ``stream``: write the codes around the cache."""
     if not _c_ok(arr, dtype, qa.granularity) or (qa.granularity == "block" and arr.ndim < 2):
         return None
     params = _c_encode_params(fmt, saturate, rounding)
@@ -361,7 +399,7 @@ def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, co
                             _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
                             _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
                             0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
-                            0x100 if neg0 is None else neg0)
+                            0x100 if neg0 is None else neg0, int(stream))
     job._keep = params, rne  # the job points into them
     return job
 
@@ -379,9 +417,9 @@ def _c_operands(operand: np.ndarray, rec: Recipe) -> tuple[np.ndarray, np.ndarra
 
 
 def _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
-                codes) -> bool:
+                codes, stream=False) -> bool:
     """The C loop for the apply + encode steps with known operands; False where it does not apply."""
-    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes)
+    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
     if job is None:
         return False
     ops, usable = _c_operands(operand, rec)
@@ -409,13 +447,13 @@ def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarra
 
 
 def _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
-                      codes) -> tuple[np.ndarray, bool] | None:
+                      codes, stream=False) -> tuple[np.ndarray, bool] | None:
     """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): the
     amax (float64, of sshape) and whether the codes are final (False: an operand the loop cannot
     take, such as an all-zero row's, was used; the caller quantizes again). None: not applicable."""
     if dtype not in ("bfloat16", "float16") or qa.granularity == "tensor":
         return None
-    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes)
+    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
     if job is None:
         return None
     table, usable = _operand_table(rec, fmt, dtype)
@@ -435,12 +473,11 @@ def _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturat
     return amax, bool(usable[bits].all())
 
 
-def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> dict:
+def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes, stream=False) -> dict:
     cast16 = rec.apply_float16_to if dtype == "float16" else None
     store = store_dtype(rec, dtype, qa.scale_dtype)
     rounding = qa.rounding if rec.rounding == "from_args" else rec.rounding
     saturate = qa.saturate if rec.saturate == "from_args" else rec.saturate
-    codes = np.empty(shape, np.uint8)
     neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
     done = False
     if scale is not None:
@@ -459,7 +496,7 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
         # the fused loop's operand table holds the recipe's own scales (scale_dtype 'model')
         fusable = amax is None and qa.scale_dtype == "model"
         fused = _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
-                                  codes) if fusable else None
+                                  codes, stream) if fusable else None
         done = fused is not None and fused[1]
         a = _scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
         if amax is None:
@@ -468,7 +505,7 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax) -> di
             raise ScaleError(f"amax: expected finite non-negative values, got {a[~(np.isfinite(a) & (a >= 0))][:3]}")
         stored, operand = compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
     if not done and not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
-                                    codes):
+                                    codes, stream):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)
     return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
                 recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)

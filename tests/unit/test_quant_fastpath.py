@@ -24,9 +24,9 @@ pytestmark = pytest.mark.skipif(not _native.kernels_available(), reason="C loops
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 
 
-def both(monkeypatch, x, args, **kw):
-    """(C result, numpy result) of the same quantize call."""
-    fast = quantize(x, args, **kw)
+def both(monkeypatch, x, args, *, into=False, **kw):
+    """(C result, numpy result) of the same quantize call; ``into``: the C one into a given out=."""
+    fast = quantize(x, args, out=np.full(np.shape(x), 0xAB, np.uint8) if into else None, **kw)
     with monkeypatch.context() as m:
         m.setenv("FP8REF_NO_KERNELS", "1")  # read at call time
         slow = quantize(x, args, **kw)
@@ -274,14 +274,26 @@ def _recipe_formats(name):
             if not get_recipe(name).formats or f in get_recipe(name).formats]
 
 
-@pytest.mark.parametrize("vbmi", [True, False])
+def _loop(monkeypatch, loop) -> bool:
+    """The table loop's variants: VBMI, VBMI writing around the cache (into an out=, the size
+    threshold lowered to 0, so that every output streams), or the portable loop. True: pass out=."""
+    if loop == "portable":
+        monkeypatch.setenv("FP8REF_NO_VBMI", "1")
+    elif loop == "vbmi-stream":
+        monkeypatch.setattr(quant, "_STREAM_BYTES", 0)
+    return loop == "vbmi-stream"
+
+
+LOOPS = ["vbmi", "vbmi-stream", "portable"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("recipe,fmt", [(r, f) for r in TABLE_RECIPES for f in _recipe_formats(r)])
-def test_table_loop_on_every_bf16_pattern(monkeypatch, vbmi, recipe, fmt):
+def test_table_loop_on_every_bf16_pattern(monkeypatch, loop, recipe, fmt):
     """All 65,536 bfloat16 patterns (NaN/Inf too where the recipe takes them) in runs of one operand
     each: scales that put the smallest-normal binade E_b anywhere (or nowhere), overflow in and
     out of reach, tiny and huge, saturating or not (where the recipe leaves it to the caller)."""
-    if not vbmi:
-        monkeypatch.setenv("FP8REF_NO_VBMI", "1")
+    into = _loop(monkeypatch, loop)
     x = all_patterns("bfloat16", finite_only=recipe == "fp8ref")
     scales = np.array([[s] for s in SCALES + [2.0 ** 100, 448.0, 3.5e-3, 1.7e-38]], np.float32)
     x = np.repeat(x, len(scales), axis=0)
@@ -297,7 +309,7 @@ def test_table_loop_on_every_bf16_pattern(monkeypatch, vbmi, recipe, fmt):
     for saturate in (True, False):
         for gran, xs, ss in runs:
             args = QuantArgs(format=fmt, dynamic=False, saturate=saturate, **gran)
-            assert_same(*both(monkeypatch, xs, args, recipe=recipe, scale=ss))
+            assert_same(*both(monkeypatch, xs, args, into=into, recipe=recipe, scale=ss))
 
 
 def _takes(recipe, gran):
@@ -311,14 +323,13 @@ _WEIGHT_GRANS = [("channel", {}), ("tensor", {}), ("block", {"block_shape": (32,
                  ("block", {"block_shape": (128, 128)}), ("group", {"group_size": 512})]
 
 
-@pytest.mark.parametrize("vbmi", [True, False])
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("recipe,gran,extra", [(r, g, e) for r in ("fp8ref", "compressed-tensors", "hf-fp8")
                                                for g, e in _WEIGHT_GRANS if _takes(r, g)])
-def test_table_loop_on_weights(monkeypatch, vbmi, recipe, gran, extra):
+def test_table_loop_on_weights(monkeypatch, loop, recipe, gran, extra):
     """Dynamic scales on weights whose rows span 60 binades, with zeros, subnormals and a K that is
     not a multiple of the 64-input vector step nor of the block."""
-    if not vbmi:
-        monkeypatch.setenv("FP8REF_NO_VBMI", "1")
+    into = _loop(monkeypatch, loop)
     from fp8ref.registry import get_recipe
 
     divisible = get_recipe(recipe).require_divisible  # hf-fp8: whole blocks only
@@ -326,4 +337,4 @@ def test_table_loop_on_weights(monkeypatch, vbmi, recipe, gran, extra):
     x[5, :300] = 0.0
     x[7, 100:700] = (np.arange(600) * 2.0 ** -133).astype(ml_dtypes.bfloat16)  # bf16 subnormals
     x[9] *= ml_dtypes.bfloat16(2.0 ** -100)
-    assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), recipe=recipe))
+    assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into, recipe=recipe))

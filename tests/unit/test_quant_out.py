@@ -1,0 +1,105 @@
+"""quantize(..., out=): the codes written into a caller's buffer are the codes quantize returns
+otherwise, on every path (table loop, written around the cache at any alignment, numpy); bad
+buffers are refused with one line before anything is written."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from fp8ref import quant
+from fp8ref.errors import InputTypeError
+from fp8ref.quant import QuantArgs, quantize
+
+ARGS = {"tensor": QuantArgs(), "channel": QuantArgs(granularity="channel"),
+        "group": QuantArgs(granularity="group", group_size=128),
+        "block": QuantArgs(granularity="block", block_shape=(128, 128))}
+
+
+def _weights(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    span = 6 if dtype == "float16" else 20  # float16 overflows past 2**16
+    x = rng.standard_normal(shape) * 2.0 ** rng.integers(-span, span, size=shape[:-1] + (1,))
+    return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+
+
+def _numpy_codes(monkeypatch, x, args, recipe):
+    with monkeypatch.context() as m:
+        m.setenv("FP8REF_NO_KERNELS", "1")
+        return np.asarray(quantize(x, args, recipe=recipe).codes)
+
+
+@pytest.mark.parametrize("gran", list(ARGS))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("recipe", ["fp8ref", "compressed-tensors"])
+def test_out_is_the_result_and_holds_the_codes(monkeypatch, gran, dtype, recipe):
+    x = _weights((256, 384), dtype)
+    out = np.full(x.shape, 0xAB, np.uint8)
+    res = quantize(x, ARGS[gran], recipe=recipe, out=out)
+    assert res.codes is out
+    assert np.array_equal(out, _numpy_codes(monkeypatch, x, ARGS[gran], recipe))
+    plain = quantize(x, ARGS[gran], recipe=recipe)
+    assert np.array_equal(np.asarray(plain.scale, np.float64), np.asarray(res.scale, np.float64))
+
+
+@pytest.mark.parametrize("offset", [0, 1, 15, 16, 33, 63])
+@pytest.mark.parametrize("gran", ["channel", "block", "tensor"])
+def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran):
+    """Written around the cache (threshold lowered to 0): whole aligned lines streamed, the partial
+    lines at each piece's ends stored normally, whatever the buffer's offset from a line; rows of
+    1,100 codes are no multiple of 64, and 1,024 rows run on every thread."""
+    monkeypatch.setattr(quant, "_STREAM_BYTES", 0)
+    x = _weights((1024, 1100), "bfloat16", seed=offset)
+    x[3, :500] = 0.0
+    raw = np.full(x.size + 128, 0xAB, np.uint8)
+    start = -raw.ctypes.data % 64 + offset
+    out = raw[start:start + x.size].reshape(x.shape)
+    quantize(x, ARGS[gran], out=out)
+    assert np.array_equal(out, _numpy_codes(monkeypatch, x, ARGS[gran], "fp8ref"))
+    assert (raw[:start] == 0xAB).all() and (raw[start + x.size:] == 0xAB).all()  # nothing outside out
+
+
+def test_torch_out_uint8_and_float8():
+    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    want = quantize(x, ARGS["channel"]).codes
+    for dt in (torch.uint8, torch.float8_e4m3fn):
+        out = torch.zeros(64, 512, dtype=dt)
+        res = quantize(x, ARGS["channel"], out=out)
+        assert res.codes is out
+        assert torch.equal(out.view(torch.uint8), want)
+
+
+def _bad_outs():
+    x = np.linspace(-3, 3, 4 * 256, dtype=np.float32).reshape(4, 256)
+    ro = np.zeros(x.shape, np.uint8)
+    ro.setflags(write=False)
+    overlap = x.view(np.uint8).reshape(-1)[: x.size].reshape(x.shape)
+    return x, {
+        "shape": (np.zeros((4, 255), np.uint8), "shape"),
+        "dtype": (np.zeros(x.shape, np.int8), "uint8"),
+        "strided": (np.zeros((4, 512), np.uint8)[:, ::2], "contiguous"),
+        "read-only": (ro, "read-only"),
+        "overlap": (overlap, "overlaps x"),
+        "torch for numpy": (torch.zeros(4, 256, dtype=torch.uint8), "numpy array"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_outs()[1]))
+def test_bad_out_is_refused_and_left_as_it_was(case):
+    x, cases = _bad_outs()
+    out, words = cases[case]
+    before = (out.clone() if isinstance(out, torch.Tensor) else out.copy())
+    with pytest.raises(InputTypeError, match=words) as e:
+        quantize(x, ARGS["channel"], out=out)
+    assert "\n" not in str(e.value) and str(e.value).startswith("out:")
+    assert torch.equal(out, before) if isinstance(out, torch.Tensor) else np.array_equal(out, before)
+
+
+def test_torch_out_of_another_float8_and_packed_granularities_are_refused():
+    x = torch.randn(32, 64)
+    with pytest.raises(InputTypeError, match="float8_e4m3fn"):
+        quantize(x, ARGS["channel"], out=torch.zeros(32, 64, dtype=torch.float8_e5m2))
+    with pytest.raises(InputTypeError, match="granularity 'mx'"):
+        quantize(x, QuantArgs(format="float8_e4m3fn", granularity="mx"), out=torch.zeros(32, 64, dtype=torch.uint8))
