@@ -201,7 +201,8 @@ def _torch_out(out, np_dtype, what: str, float8: str | None) -> np.ndarray:
     try:
         return out.numpy()
     except TypeError:  # a dtype numpy has no counterpart for
-        raise InputTypeError(f"out: expected a torch {np.dtype(np_dtype).name} tensor for {what}, got {out.dtype}") from None
+        raise InputTypeError(f"out: expected a torch {np.dtype(np_dtype).name} tensor for {what}, "
+                             f"got {out.dtype}") from None
 
 
 def aligned_empty(shape: tuple, np_dtype) -> np.ndarray:
