@@ -416,8 +416,8 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
             int64_t k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-            segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, 0, srow[k0 / j->g], &c, &tab, k1 - k0,
-                        kind, exact, mode, mul, model);
+            segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, -j->K, srow[k0 / j->g], &c, &tab,
+                        k1 - k0, kind, exact, mode, mul, model); /* prefetching the row done next */
         }
     }
 }
