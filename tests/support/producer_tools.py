@@ -1,0 +1,114 @@
+"""The producer tools' own CPU code, loaded for the ``tools`` tests (tox -e tools) and
+tools/make_tool_fixtures.py. Each loader returns None when its tool is absent.
+
+* TransformerEngine 2.20.2: the pure-PyTorch reference quantizers it ships
+  (``transformer_engine/pytorch/custom_recipes/reference_{current_scaling,nvfp4}.py``, the references its
+  tests hold the CUDA kernels to). ``import transformer_engine`` refuses to run without its CUDA core
+  library ("Found empty `transformer-engine` meta package installed"), so each file is executed on its
+  own with three of its imports stubbed: ``quantized_tensor.Quantizer`` (TE's ``__init__`` body: the
+  four usage attributes), ``quantized_tensor.QuantizedTensorStorage`` (an empty base class) and the
+  ``custom_recipes.gemm`` module (only its ``MMParams``/``GEMMType`` names, used by ``qgemm``, which is
+  not called). ``reference_utils`` is TE's own file. The quantization arithmetic is TE's, untouched.
+* vLLM 0.33.0 (installed with ``--no-deps``; ``vllm._C`` is absent and vLLM tolerates that):
+  ``QuantFP8.forward_native`` and ``per_token_group_quant_fp8``, whose Triton fallback runs in Triton's
+  CPU interpreter (``TRITON_INTERPRET=1``, ``CUDA_VISIBLE_DEVICES=`` so vLLM keeps Triton without an
+  active GPU driver). Both variables must be set before vLLM or Triton is imported.
+* DeepGEMM (not on PyPI): ``deep_gemm/utils/math.py`` from a checkout (``FP8REF_DEEPGEMM``, the repo
+  root), executed as it is (it imports only torch). That runs DeepGEMM's host-side cast functions, not
+  its CUDA GEMM.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+
+def _exec_file(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def te_version() -> str | None:
+    try:
+        from importlib.metadata import version
+        return version("transformer_engine")
+    except Exception:
+        return None
+
+
+def te_reference(name: str) -> types.ModuleType | None:
+    """TE's ``custom_recipes/<name>.py`` (``reference_current_scaling`` or ``reference_nvfp4``)."""
+    spec = importlib.util.find_spec("transformer_engine")
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent / "pytorch" / "custom_recipes"
+    if not (folder / f"{name}.py").is_file():
+        return None
+
+    class Quantizer:  # TE's Quantizer.__init__ body (quantized_tensor.py)
+        def __init__(self, *, rowwise: bool, columnwise: bool) -> None:
+            self.rowwise_usage = rowwise
+            self.columnwise_usage = columnwise
+            self.internal = False
+            self.optimize_for_gemm = False
+
+    class QuantizedTensorStorage:
+        pass
+
+    qt = types.ModuleType("transformer_engine.pytorch.quantized_tensor")
+    qt.Quantizer, qt.QuantizedTensorStorage = Quantizer, QuantizedTensorStorage
+    gemm = types.ModuleType("transformer_engine.pytorch.custom_recipes.gemm")
+    gemm.MMParams = object
+    gemm.GEMMType = enum.Enum("GEMMType", "FPROP DGRAD WGRAD")
+    stubs = {
+        "transformer_engine": types.ModuleType("transformer_engine"),
+        "transformer_engine.pytorch": types.ModuleType("transformer_engine.pytorch"),
+        "transformer_engine.pytorch.custom_recipes": types.ModuleType("transformer_engine.pytorch.custom_recipes"),
+        "transformer_engine.pytorch.quantized_tensor": qt,
+        "transformer_engine.pytorch.custom_recipes.gemm": gemm,
+    }
+    saved = {k: sys.modules.get(k) for k in [*stubs, "transformer_engine.pytorch.custom_recipes.reference_utils"]}
+    try:
+        sys.modules.update(stubs)
+        utils = _exec_file("transformer_engine.pytorch.custom_recipes.reference_utils", folder / "reference_utils.py")
+        sys.modules["transformer_engine.pytorch.custom_recipes.reference_utils"] = utils
+        stubs["transformer_engine.pytorch.custom_recipes"].gemm = gemm
+        stubs["transformer_engine.pytorch.custom_recipes"].reference_utils = utils
+        return _exec_file(f"_te_{name}", folder / f"{name}.py")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+def vllm_modules() -> dict | None:
+    """vLLM's QuantFP8, GroupShape, fp8_utils and a config context for constructing custom ops."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("CUDA_VISIBLE_DEVICES") != "":
+        raise RuntimeError("set TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES= before importing vLLM")
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils import fp8_utils
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    def context():
+        return set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")))
+
+    return {"QuantFP8": QuantFP8, "GroupShape": GroupShape, "fp8_utils": fp8_utils, "context": context}
+
+
+def deepgemm_math() -> types.ModuleType | None:
+    root = os.environ.get("FP8REF_DEEPGEMM")
+    if not root or not (Path(root) / "deep_gemm" / "utils" / "math.py").is_file():
+        return None
+    return _exec_file("_deepgemm_math", Path(root) / "deep_gemm" / "utils" / "math.py")
