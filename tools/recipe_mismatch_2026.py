@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -51,6 +52,9 @@ def main() -> None:
     block, channel = QuantArgs(granularity="block", block_shape=(128, 128)), QuantArgs(granularity="channel")
     token, nvfp4 = QuantArgs(granularity="token"), QuantArgs(format="float4_e2m1fn", granularity="nvfp4")
     ub = with_amax_ub(get_recipe("fbgemm-fp8"), 1200.0)
+    # vLLM's QuantFP8.forward_native, as tests/interop/test_producer_tools_cpu.py checks it against vLLM 0.33.0
+    native_token = replace(get_recipe("vllm-dynamic"), name="vllm-native-token", apply_op="multiply_reciprocal")
+    native_group = replace(get_recipe("vllm-group"), name="vllm-native-group", amax_min=None, scale_min=1 / 229376)
     rows = [
         ("te-current vs hf-fp8 (per tensor)", WEIGHTS, tensor, "te-current", "hf-fp8"),
         ("te-current vs fp8ref (per tensor)", WEIGHTS, tensor, "te-current", "fp8ref"),
@@ -61,6 +65,8 @@ def main() -> None:
         ("fbgemm-fp8 (CUDA op) vs fbgemm (Triton) per row", WEIGHTS, channel, "fbgemm-fp8", "fbgemm"),
         ("fbgemm-fp8 vs compressed-tensors per channel", WEIGHTS, channel, "fbgemm-fp8", "compressed-tensors"),
         ("fbgemm-fp8 activations: ub 1200 vs none", [ACTS], token, ub, "fbgemm-fp8"),
+        ("vLLM forward_native vs vllm-dynamic (per token)", [ACTS], token, native_token, "vllm-dynamic"),
+        ("vLLM forward_native vs vllm-group (1x128)", [ACTS], group, native_group, "vllm-group"),
         ("te-nvfp4 vs compressed-tensors-nvfp4", WEIGHTS[:16], nvfp4, "te-nvfp4", "compressed-tensors-nvfp4"),
         ("te-nvfp4 vs modelopt-nvfp4", WEIGHTS[:16], nvfp4, "te-nvfp4", "modelopt-nvfp4"),
         ("te-nvfp4-2d vs te-nvfp4 (16x16 tiles vs 1x16)", WEIGHTS[:16], nvfp4, "te-nvfp4-2d", "te-nvfp4"),
