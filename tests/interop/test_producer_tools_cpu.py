@@ -5,7 +5,7 @@ when its tool is absent). What is loaded and what is stubbed: tests/support/prod
 * TransformerEngine 2.20.2's shipped PyTorch reference quantizers (the references TE's own tests hold
   its CUDA kernels to), not the CUDA kernels: ``te-current``, ``te-current-pow2``, ``te-nvfp4``,
   ``te-nvfp4-2d``, with the two places the reference and the kernel (as read, the recipes) differ.
-* DeepGEMM's ``deep_gemm/utils/math.py`` (its host-side casts, executed from a checkout):
+* DeepGEMM's ``deep_gemm/utils/math.py`` (its host-side casts; vLLM's bundled copy and a checkout):
   ``deepgemm-ue8m0``, per 1x128 token group and per 128x128 block, K not a multiple of 128 included.
 * vLLM 0.33.0: ``QuantFP8.forward_native`` (the PyTorch path vLLM's kernels are tested against) and the
   Triton fallback of ``per_token_group_quant_fp8`` in Triton's CPU interpreter. Neither is the CUDA
@@ -129,11 +129,12 @@ def test_te_nvfp4_reference(te_nv, tile, recipe):
 
 
 # --- DeepGEMM ----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def deepgemm():
-    module = producer_tools.deepgemm_math()
+@pytest.fixture(scope="module", params=["vllm", "checkout"])
+def deepgemm(request):
+    module = producer_tools.deepgemm_math(request.param)
     if module is None:
-        pytest.skip("FP8REF_DEEPGEMM (a DeepGEMM checkout) is not set")
+        pytest.skip("vllm (its bundled DeepGEMM) is not installed" if request.param == "vllm"
+                    else "FP8REF_DEEPGEMM (a DeepGEMM checkout) is not set")
     return module
 
 
@@ -203,3 +204,29 @@ def test_vllm_triton_group_ue8m0_scales(vllm):
         _, s = vllm["fp8_utils"].per_token_group_quant_fp8(x, 128, use_ue8m0=True)
         q = quantize(_np(x), QuantArgs(granularity="group", group_size=128), recipe="vllm-group-ue8m0")
         assert np.array_equal(_f32(s), q.scale.view(np.uint32).reshape(-1))
+
+
+def test_vllm_native_group_ue8m0(vllm):
+    """forward_native's UE8M0 option, torch.exp2(torch.ceil(torch.log2(s))): on bf16 inputs every code and
+    scale is the exact ceil (vllm-native-group with pow2 ceil: a bf16 amax / 448 is never within 2^-8 of a
+    power of two unless it is one). torch's float32 log2 is not exact just above a power of two, so on
+    float32 inputs with s = 2^j (1 + 2^-23) it picks 2^j for some j, not 2^(j+1), and the group's amax
+    element clamps to 448 (0x7E) instead of 224 (0x76)."""
+    with vllm["context"]():
+        op = vllm["QuantFP8"](static=False, group_shape=vllm["GroupShape"](1, 128), use_ue8m0=True)
+    args = QuantArgs(granularity="group", group_size=128)
+    exact = replace(NATIVE_GROUP, scale_pow2="ceil")
+    for x in INPUTS:
+        q8, s = op.forward_native(x)
+        q = quantize(_np(x), args, recipe=exact)
+        assert np.array_equal(_bytes(q8), q.codes) and np.array_equal(_f32(s), q.scale.view(np.uint32).reshape(-1))
+    j = torch.arange(-12, 12, dtype=torch.float32)
+    x = torch.zeros(j.numel(), 128)
+    x[:, 0] = 448 * torch.exp2(j) * (1 + 2.0 ** -23)
+    q8, s = op.forward_native(x)
+    q = quantize(x.numpy(), args, recipe=exact)
+    assert np.array_equal(q.scale.reshape(-1), torch.exp2(j + 1).numpy()) and set(q.codes[:, 0]) == {0x76}
+    s = s.reshape(-1)
+    low = (s == torch.exp2(j)).numpy()                          # 16 of these 24 on this machine's torch
+    assert low.any() and np.array_equal(s[~low].numpy(), torch.exp2(j + 1).numpy()[~low])
+    assert set(_bytes(q8)[low, 0]) == {0x7E} and set(_bytes(q8)[~low, 0]) == {0x76}

@@ -13,9 +13,16 @@ tools/make_tool_fixtures.py. Each loader returns None when its tool is absent.
   ``QuantFP8.forward_native`` and ``per_token_group_quant_fp8``, whose Triton fallback runs in Triton's
   CPU interpreter (``TRITON_INTERPRET=1``, ``CUDA_VISIBLE_DEVICES=`` so vLLM keeps Triton without an
   active GPU driver). Both variables must be set before vLLM or Triton is imported.
-* DeepGEMM (not on PyPI): ``deep_gemm/utils/math.py`` from a checkout (``FP8REF_DEEPGEMM``, the repo
-  root), executed as it is (it imports only torch). That runs DeepGEMM's host-side cast functions, not
-  its CUDA GEMM.
+* DeepGEMM (not on PyPI as itself): ``deep_gemm/utils/math.py``, executed as it is (it imports only
+  torch), from the copy vLLM 0.33.0 bundles (``vllm/third_party/deep_gemm``, DeepGEMM 2.8.1) and from a
+  checkout (``FP8REF_DEEPGEMM``, the repo root). That runs DeepGEMM's host-side cast functions, not its
+  CUDA GEMM.
+
+What does not load here, and why: ``vllm._C_stable_libtorch.abi3.so`` (vLLM's CUDA kernels, e.g.
+``per_token_group_fp8_quant``, ``scaled_fp8_quant``): ``libcuda.so.1: cannot open shared object file``.
+TE's CUDA kernels are in ``transformer_engine_cu12`` (not installable without CUDA). fbgemm-gpu-cpu 1.9.0
+has no ``quantize_fp8_per_row`` at all and its libraries fail under torch 2.13.0 (undefined symbol
+``torch::autograd::_wrap_outputs``).
 """
 
 from __future__ import annotations
@@ -107,8 +114,14 @@ def vllm_modules() -> dict | None:
     return {"QuantFP8": QuantFP8, "GroupShape": GroupShape, "fp8_utils": fp8_utils, "context": context}
 
 
-def deepgemm_math() -> types.ModuleType | None:
-    root = os.environ.get("FP8REF_DEEPGEMM")
-    if not root or not (Path(root) / "deep_gemm" / "utils" / "math.py").is_file():
+def deepgemm_math(source: str) -> types.ModuleType | None:
+    """``deep_gemm/utils/math.py`` from ``source``: "vllm" (vLLM's bundled copy) or "checkout"."""
+    if source == "vllm":
+        spec = importlib.util.find_spec("vllm")
+        root = Path(spec.origin).parent / "third_party" if spec and spec.origin else None
+    else:
+        root = Path(os.environ["FP8REF_DEEPGEMM"]) if os.environ.get("FP8REF_DEEPGEMM") else None
+    path = root / "deep_gemm" / "utils" / "math.py" if root else None
+    if path is None or not path.is_file():
         return None
-    return _exec_file("_deepgemm_math", Path(root) / "deep_gemm" / "utils" / "math.py")
+    return _exec_file(f"_deepgemm_math_{source}", path)
