@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -23,6 +22,7 @@ import numpy as np  # noqa: E402
 from fp8ref.quant import QuantArgs, quantize  # noqa: E402
 from fp8ref.recipes import with_amax_ub  # noqa: E402
 from fp8ref.registry import get_recipe  # noqa: E402
+from tests.support.producer_tools import native_recipes  # noqa: E402
 
 RNG = np.random.default_rng(2026)
 WEIGHTS = [(RNG.standard_normal((256, 512)) * 0.02 * 2.0 ** RNG.uniform(-3, 3)).astype(ml_dtypes.bfloat16)
@@ -53,8 +53,8 @@ def main() -> None:
     token, nvfp4 = QuantArgs(granularity="token"), QuantArgs(format="float4_e2m1fn", granularity="nvfp4")
     ub = with_amax_ub(get_recipe("fbgemm-fp8"), 1200.0)
     # vLLM's QuantFP8.forward_native, as tests/interop/test_producer_tools_cpu.py checks it against vLLM 0.33.0
-    native_token = replace(get_recipe("vllm-dynamic"), name="vllm-native-token", apply_op="multiply_reciprocal")
-    native_group = replace(get_recipe("vllm-group"), name="vllm-native-group", amax_min=None, scale_min=1 / 229376)
+    native = native_recipes()
+    native_token, native_group = native["token"], native["group"]
     rows = [
         ("te-current vs hf-fp8 (per tensor)", WEIGHTS, tensor, "te-current", "hf-fp8"),
         ("te-current vs fp8ref (per tensor)", WEIGHTS, tensor, "te-current", "fp8ref"),

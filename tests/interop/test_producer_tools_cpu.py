@@ -162,10 +162,7 @@ def vllm():
     return modules
 
 
-# forward_native per token: (amax / 448).clamp(min=1/(448*512)), then x * scale.reciprocal()
-NATIVE_TOKEN = replace(get_recipe("vllm-dynamic"), name="vllm-native-token", apply_op="multiply_reciprocal")
-# forward_native per 1x128 group: the same floor (not the kernels' eps 1e-10), then x / scale
-NATIVE_GROUP = replace(get_recipe("vllm-group"), name="vllm-native-group", amax_min=None, scale_min=1 / 229376)
+NATIVE_TOKEN, NATIVE_GROUP = producer_tools.native_recipes()["token"], producer_tools.native_recipes()["group"]
 
 
 def test_vllm_native_per_token_and_scale_ub(vllm):

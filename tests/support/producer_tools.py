@@ -35,6 +35,19 @@ import types
 from pathlib import Path
 
 
+def native_recipes() -> dict:
+    """What vLLM's QuantFP8.forward_native computes, as fp8ref recipe variants (checked bit for bit)."""
+    from dataclasses import replace
+
+    from fp8ref.registry import get_recipe
+    return {
+        # per token: (amax / 448).clamp(min=1/(448*512)), then x * scale.reciprocal() (the kernel divides)
+        "token": replace(get_recipe("vllm-dynamic"), name="vllm-native-token", apply_op="multiply_reciprocal"),
+        # per 1x128 group: the same floor on the scale (not the kernels' eps 1e-10 on amax), then x / scale
+        "group": replace(get_recipe("vllm-group"), name="vllm-native-group", amax_min=None, scale_min=1 / 229376),
+    }
+
+
 def _exec_file(name: str, path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
