@@ -77,8 +77,12 @@ def main() -> None:
     out["vllm_native.group.codes"], out["vllm_native.group.scale"] = q.view(torch.uint8), s.float()
     _, s = v["fp8_utils"].per_token_group_quant_fp8(x, 128, use_ue8m0=True)
     out["vllm_triton.group_ue8m0.scale"] = s.float()           # scales only: the interpreter's fp8 cast is wrong
+    fb = producer_tools.fbgemm_fp8_gemm()
+    for ub, key in ((None, "fbgemm_cpu.row"), (1.0, "fbgemm_cpu.row_ub1")):
+        q, s = fb.quantize_fp8_row(x, scale_ub=None if ub is None else torch.tensor([ub]))
+        out[key + ".codes"], out[key + ".scale"] = q.view(torch.uint8), s.float()
     meta = {"transformer_engine": version("transformer_engine"), "vllm": version("vllm"),
-            "triton": version("triton"), "torch": torch.__version__,
+            "triton": version("triton"), "fbgemm_gpu_genai": version("fbgemm_gpu_genai"), "torch": torch.__version__,
             "deepgemm": "vllm/third_party/deep_gemm (vllm's bundled copy)"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: t.contiguous() for k, t in sorted(out.items())}, str(args.out), metadata={"tools": json.dumps(meta)})

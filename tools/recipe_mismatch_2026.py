@@ -67,6 +67,8 @@ def main() -> None:
         ("fbgemm-fp8 activations: ub 1200 vs none", [ACTS], token, ub, "fbgemm-fp8"),
         ("vLLM forward_native vs vllm-dynamic (per token)", [ACTS], token, native_token, "vllm-dynamic"),
         ("vLLM forward_native vs vllm-group (1x128)", [ACTS], group, native_group, "vllm-group"),
+        ("FBGEMM quantize_fp8_row on CPU vs fbgemm (Triton) per row", WEIGHTS, channel, native["fbgemm-cpu"],
+         "fbgemm"),
         ("te-nvfp4 vs compressed-tensors-nvfp4", WEIGHTS[:16], nvfp4, "te-nvfp4", "compressed-tensors-nvfp4"),
         ("te-nvfp4 vs modelopt-nvfp4", WEIGHTS[:16], nvfp4, "te-nvfp4", "modelopt-nvfp4"),
         ("te-nvfp4-2d vs te-nvfp4 (16x16 tiles vs 1x16)", WEIGHTS[:16], nvfp4, "te-nvfp4-2d", "te-nvfp4"),

@@ -7,6 +7,8 @@ when its tool is absent). What is loaded and what is stubbed: tests/support/prod
   ``te-nvfp4-2d``, with the two places the reference and the kernel (as read, the recipes) differ.
 * DeepGEMM's ``deep_gemm/utils/math.py`` (its host-side casts; vLLM's bundled copy and a checkout):
   ``deepgemm-ue8m0``, per 1x128 token group and per 128x128 block, K not a multiple of 128 included.
+* FBGEMM (fbgemm-gpu-genai 1.9.0): ``quantize_fp8_row``'s PyTorch path for CPU tensors (recipe variant
+  ``fbgemm-cpu``; the CUDA op ``quantize_fp8_per_row`` of ``fbgemm-fp8`` has no CPU kernel).
 * vLLM 0.33.0: ``QuantFP8.forward_native`` (the PyTorch path vLLM's kernels are tested against) and the
   Triton fallback of ``per_token_group_quant_fp8`` in Triton's CPU interpreter. Neither is the CUDA
   kernel ``vllm-dynamic``/``vllm-group`` model; what each computes is asserted here as a recipe variant.
@@ -227,3 +229,32 @@ def test_vllm_native_group_ue8m0(vllm):
     low = (s == torch.exp2(j)).numpy()                          # 16 of these 24 on this machine's torch
     assert low.any() and np.array_equal(s[~low].numpy(), torch.exp2(j + 1).numpy()[~low])
     assert set(_bytes(q8)[low, 0]) == {0x7E} and set(_bytes(q8)[~low, 0]) == {0x76}
+
+
+# --- FBGEMM -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fbgemm():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 (tox -e tools sets it)")
+    module = producer_tools.fbgemm_fp8_gemm()
+    if module is None:
+        pytest.skip("fbgemm-gpu-genai (1.9.0) is not installed")
+    return module
+
+
+@pytest.mark.parametrize("ub", [None, 1200.0, 1.0])
+def test_fbgemm_quantize_fp8_row_cpu(fbgemm, ub):
+    """quantize_fp8_row on CPU tensors (its PyTorch path; on a GPU it runs the Triton kernel the fbgemm
+    recipe models): every code and scale is fbgemm-cpu, i.e. fbgemm with 448 * fp32(1/amax) and the eps
+    floor in bf16; it differs from the fbgemm recipe's fp32(448/amax) on some codes."""
+    recipe = producer_tools.native_recipes()["fbgemm-cpu"]
+    kernel = get_recipe("fbgemm")
+    args = QuantArgs(granularity="channel")
+    differ = 0
+    for x in INPUTS:
+        q8, s = fbgemm.quantize_fp8_row(x, scale_ub=None if ub is None else torch.tensor([ub]))
+        q = quantize(_np(x), args, recipe=recipe if ub is None else with_amax_ub(recipe, ub))
+        assert np.array_equal(_bytes(q8), q.codes) and np.array_equal(_f32(s), q.scale.view(np.uint32).reshape(-1))
+        k = quantize(_np(x), args, recipe=kernel if ub is None else with_amax_ub(kernel, ub))
+        differ += int((k.codes != q.codes).sum())
+    assert differ > 0

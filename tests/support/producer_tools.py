@@ -18,6 +18,11 @@ tools/make_tool_fixtures.py. Each loader returns None when its tool is absent.
   checkout (``FP8REF_DEEPGEMM``, the repo root). That runs DeepGEMM's host-side cast functions, not its
   CUDA GEMM.
 
+* FBGEMM (fbgemm-gpu-genai 1.9.0, installed with ``--no-deps``): ``quantize_fp8_row`` of
+  ``fbgemm_gpu/experimental/gemm/triton_gemm/fp8_gemm.py``, whose CPU path is PyTorch (recipe ``fbgemm``).
+  The package ``__init__``s of ``fbgemm_gpu``, ``fbgemm_gpu.experimental`` and ``fbgemm_gpu.experimental.gemm``
+  are skipped (empty package modules with their real ``__path__``): they load the CUDA libraries.
+
 What does not load here, and why: ``vllm._C_stable_libtorch.abi3.so`` (vLLM's CUDA kernels, e.g.
 ``per_token_group_fp8_quant``, ``scaled_fp8_quant``): ``libcuda.so.1: cannot open shared object file``.
 TE's CUDA kernels are in ``transformer_engine_cu12`` (not installable without CUDA). fbgemm-gpu-cpu 1.9.0
@@ -36,11 +41,18 @@ from pathlib import Path
 
 
 def native_recipes() -> dict:
-    """What vLLM's QuantFP8.forward_native computes, as fp8ref recipe variants (checked bit for bit)."""
+    """What the tools' PyTorch paths compute, as fp8ref recipe variants (checked bit for bit): vLLM's
+    QuantFP8.forward_native ("token", "group") and FBGEMM's quantize_fp8_row on CPU ("fbgemm-cpu")."""
     from dataclasses import replace
+
+    import ml_dtypes
 
     from fp8ref.registry import get_recipe
     return {
+        # max_fp8 / row_max is Python float / tensor, which torch computes as row_max.reciprocal() * 448
+        # (two roundings), and the eps clamp runs in the input dtype (bf16(1e-12) for bf16 inputs)
+        "fbgemm-cpu": replace(get_recipe("fbgemm"), name="fbgemm-cpu", scale_form="1/(max*(1/amax))",
+                              amax_min=float(ml_dtypes.bfloat16(1e-12))),
         # per token: (amax / 448).clamp(min=1/(448*512)), then x * scale.reciprocal() (the kernel divides)
         "token": replace(get_recipe("vllm-dynamic"), name="vllm-native-token", apply_op="multiply_reciprocal"),
         # per 1x128 group: the same floor on the scale (not the kernels' eps 1e-10 on amax), then x / scale
@@ -125,6 +137,23 @@ def vllm_modules() -> dict | None:
         return set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")))
 
     return {"QuantFP8": QuantFP8, "GroupShape": GroupShape, "fp8_utils": fp8_utils, "context": context}
+
+
+def fbgemm_fp8_gemm() -> types.ModuleType | None:
+    """fbgemm_gpu.experimental.gemm.triton_gemm.fp8_gemm (fbgemm-gpu-genai), without the CUDA package inits."""
+    spec = importlib.util.find_spec("fbgemm_gpu")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    if not (root / "experimental" / "gemm" / "triton_gemm" / "fp8_gemm.py").is_file():
+        return None
+    for name, folder in (("fbgemm_gpu", root), ("fbgemm_gpu.experimental", root / "experimental"),
+                         ("fbgemm_gpu.experimental.gemm", root / "experimental" / "gemm")):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(folder)]
+            sys.modules[name] = package
+    return importlib.import_module("fbgemm_gpu.experimental.gemm.triton_gemm.fp8_gemm")
 
 
 def deepgemm_math(source: str) -> types.ModuleType | None:
