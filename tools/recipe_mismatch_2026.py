@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 from fp8ref.quant import QuantArgs, quantize  # noqa: E402
 from fp8ref.recipes import with_amax_ub  # noqa: E402
 from fp8ref.registry import get_recipe  # noqa: E402
+from tests.support.producer_tools import native_recipes  # noqa: E402
 
 RNG = np.random.default_rng(2026)
 WEIGHTS = [(RNG.standard_normal((256, 512)) * 0.02 * 2.0 ** RNG.uniform(-3, 3)).astype(ml_dtypes.bfloat16)
@@ -51,6 +52,9 @@ def main() -> None:
     block, channel = QuantArgs(granularity="block", block_shape=(128, 128)), QuantArgs(granularity="channel")
     token, nvfp4 = QuantArgs(granularity="token"), QuantArgs(format="float4_e2m1fn", granularity="nvfp4")
     ub = with_amax_ub(get_recipe("fbgemm-fp8"), 1200.0)
+    # vLLM's QuantFP8.forward_native, as tests/interop/test_producer_tools_cpu.py checks it against vLLM 0.33.0
+    native = native_recipes()
+    native_token, native_group = native["token"], native["group"]
     rows = [
         ("te-current vs hf-fp8 (per tensor)", WEIGHTS, tensor, "te-current", "hf-fp8"),
         ("te-current vs fp8ref (per tensor)", WEIGHTS, tensor, "te-current", "fp8ref"),
@@ -61,6 +65,10 @@ def main() -> None:
         ("fbgemm-fp8 (CUDA op) vs fbgemm (Triton) per row", WEIGHTS, channel, "fbgemm-fp8", "fbgemm"),
         ("fbgemm-fp8 vs compressed-tensors per channel", WEIGHTS, channel, "fbgemm-fp8", "compressed-tensors"),
         ("fbgemm-fp8 activations: ub 1200 vs none", [ACTS], token, ub, "fbgemm-fp8"),
+        ("vLLM forward_native vs vllm-dynamic (per token)", [ACTS], token, native_token, "vllm-dynamic"),
+        ("vLLM forward_native vs vllm-group (1x128)", [ACTS], group, native_group, "vllm-group"),
+        ("FBGEMM quantize_fp8_row on CPU vs fbgemm (Triton) per row", WEIGHTS, channel, native["fbgemm-cpu"],
+         "fbgemm"),
         ("te-nvfp4 vs compressed-tensors-nvfp4", WEIGHTS[:16], nvfp4, "te-nvfp4", "compressed-tensors-nvfp4"),
         ("te-nvfp4 vs modelopt-nvfp4", WEIGHTS[:16], nvfp4, "te-nvfp4", "modelopt-nvfp4"),
         ("te-nvfp4-2d vs te-nvfp4 (16x16 tiles vs 1x16)", WEIGHTS[:16], nvfp4, "te-nvfp4-2d", "te-nvfp4"),
