@@ -501,8 +501,11 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
         a = _scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
         if amax is None:
             _reject_nonfinite(a, arr, dtype, rec)
-        elif rec.nonfinite == "error" and not (np.isfinite(a) & (a >= 0)).all():
-            raise ScaleError(f"amax: expected finite non-negative values, got {a[~(np.isfinite(a) & (a >= 0))][:3]}")
+        elif rec.nonfinite == "error":
+            ok = np.isfinite(a) & (a >= 0)
+            if not ok.all():
+                raise ScaleError(f"amax: expected finite non-negative values, got {a[~ok][:3]}")
+            _reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
         stored, operand = compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
     if not done and not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
                                     codes, stream):

@@ -166,6 +166,17 @@ def test_fp8ref_rejects_nan_and_inf_naming_x():
         quantize(x, QuantArgs(granularity="mx", format="float8_e4m3fn"))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_fp8ref_rejects_nan_x_with_a_given_amax(dtype):
+    """A calibrated amax says nothing about x: x is still checked (it was encoded as +-448)."""
+    x = np.ones((4, 600), dtype)
+    x[1, 3] = np.nan
+    with pytest.raises(EncodeError, match=r"first at index \(1, 3\)"):
+        quantize(x, QuantArgs(dynamic=False), amax=np.array([2.0]))
+    with pytest.raises(EncodeError, match=r"first at index \(1, 3\)"):
+        quantize(x, QuantArgs(granularity="channel", dynamic=False), amax=np.full((4, 1), 2.0))
+
+
 def test_producer_recipes_propagate_nan_like_torch():
     """compressed-tensors: a NaN row gets a NaN scale and NaN codes; the other rows are normal."""
     x = rng_weights((3, 8), seed=8)
