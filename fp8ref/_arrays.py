@@ -178,6 +178,8 @@ def output_buffer(out, shape: tuple, as_torch: bool, np_dtype, what: str, float8
             out = aligned_empty(shape, np_dtype)
     if is_torch(out) != as_torch:
         raise InputTypeError(f"out: expected a {'torch tensor' if as_torch else 'numpy array'} like the input")
+    if not as_torch and not isinstance(out, np.ndarray):
+        raise InputTypeError(f"out: expected a numpy array for {what}, got {type(out).__name__}")
     flat = _torch_out(out, np_dtype, what, float8) if as_torch else out
     if flat.dtype != np_dtype or tuple(flat.shape) != tuple(shape) or not flat.flags.c_contiguous:
         raise InputTypeError(f"out: expected a contiguous {np.dtype(np_dtype).name} array of shape "

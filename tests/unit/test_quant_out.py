@@ -83,6 +83,7 @@ def _bad_outs():
         "read-only": (ro, "read-only"),
         "overlap": (overlap, "overlaps x"),
         "torch for numpy": (torch.zeros(4, 256, dtype=torch.uint8), "numpy array"),
+        "a list": ([0] * 1024, "numpy array"),
     }
 
 
@@ -90,11 +91,20 @@ def _bad_outs():
 def test_bad_out_is_refused_and_left_as_it_was(case):
     x, cases = _bad_outs()
     out, words = cases[case]
-    before = (out.clone() if isinstance(out, torch.Tensor) else out.copy())
+    before = out.clone() if isinstance(out, torch.Tensor) else out.copy()
     with pytest.raises(InputTypeError, match=words) as e:
         quantize(x, ARGS["channel"], out=out)
     assert "\n" not in str(e.value) and str(e.value).startswith("out:")
     assert torch.equal(out, before) if isinstance(out, torch.Tensor) else np.array_equal(out, before)
+
+
+def test_torch_out_for_torch_x_is_checked_too():
+    x = torch.randn(4, 256)
+    for out, words in ((np.zeros((4, 256), np.uint8), "torch tensor"), (torch.zeros(4, 256, dtype=torch.int8), "uint8"),
+                       (torch.zeros(4, 256, dtype=torch.uint8, requires_grad=False).t(), "contiguous"),
+                       (torch.zeros(4, 256, requires_grad=True), "requires grad")):
+        with pytest.raises(InputTypeError, match=words):
+            quantize(x, ARGS["channel"], out=out)
 
 
 def test_torch_out_of_another_float8_and_packed_granularities_are_refused():
