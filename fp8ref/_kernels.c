@@ -108,69 +108,6 @@ FP8REF_CLONES void fp8ref_decode_f32(const ew_job *j, size_t lo, size_t hi) {
     for (size_t i = lo; i < hi; i++) dst[i] = lut[src[i]];
 }
 
-/* Rows of FP8 codes (any strides) -> float64 through a table, and which rows hold a NaN value (the
- * table maps NaN/Inf and out-of-range codes to NaN): the operand staging of the exact fast path,
- * one cache-sized panel at a time, so no float64 copy of a whole operand is written. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-/* Contiguous codes, 16 per step, without gathers (slow here): the 256-entry float32 table sits in
- * 16 registers; 8 two-register permutes look up the low 5 index bits, a blend tree on bits 5-7
- * picks the result, and two widenings give the float64 values (exact). */
-__attribute__((target("avx512f"))) static int decode_row_avx512(const uint8_t *src, double *dst, const __m512 *t,
-                                                                 const float *lut, int64_t n) {
-    __mmask16 nan = 0;
-    int64_t c = 0;
-    for (; c + 16 <= n; c += 16) {
-        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + c)));
-        __m512 r[8];
-        for (int p = 0; p < 8; p++) r[p] = _mm512_permutex2var_ps(t[2 * p], idx, t[2 * p + 1]);
-        __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
-        __mmask16 b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
-        __mmask16 b7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
-        for (int p = 0; p < 4; p++) r[p] = _mm512_mask_blend_ps(b5, r[2 * p], r[2 * p + 1]);
-        for (int p = 0; p < 2; p++) r[p] = _mm512_mask_blend_ps(b6, r[2 * p], r[2 * p + 1]);
-        __m512 v = _mm512_mask_blend_ps(b7, r[0], r[1]);
-        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        _mm512_storeu_pd(dst + c, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
-        _mm512_storeu_pd(dst + c + 8, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
-    }
-    int bad = nan != 0;
-    for (; c < n; c++) {
-        dst[c] = lut[src[c]];
-        bad |= dst[c] != dst[c];
-    }
-    return bad;
-}
-
-__attribute__((target("avx512f"))) static void decode_rows_avx512(const dec_job *j, size_t lo, size_t hi) {
-    __m512 t[16];
-    for (int p = 0; p < 16; p++) t[p] = _mm512_loadu_ps(j->lut + 16 * p);
-    for (size_t r = lo; r < hi; r++)
-        j->flags[r] = (uint8_t)decode_row_avx512(j->src + (int64_t)r * j->src_rs, j->dst + (int64_t)r * j->dst_rs, t,
-                                                 j->lut, j->cols);
-}
-#endif
-
-void fp8ref_decode_f64(const dec_job *j, size_t lo, size_t hi) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (j->src_cs == 1 && __builtin_cpu_supports("avx512f")) {
-        decode_rows_avx512(j, lo, hi);
-        return;
-    }
-#endif
-    for (size_t r = lo; r < hi; r++) {
-        const uint8_t *src = j->src + (int64_t)r * j->src_rs;
-        double *dst = j->dst + (int64_t)r * j->dst_rs;
-        int bad = 0;
-        for (int64_t c = 0; c < j->cols; c++) {
-            dst[c] = j->lut[src[c * j->src_cs]];
-            bad |= dst[c] != dst[c];
-        }
-        j->flags[r] = (uint8_t)bad;
-    }
-}
-
 /* ---- ABI sizes, checked by _native.py at load time ----------------------------------------------- */
 #define SIZEOF(T) size_t fp8ref_sizeof_##T(void) { return sizeof(T); }
 SIZEOF(enc_params)
@@ -181,6 +118,8 @@ SIZEOF(quant_job)
 SIZEOF(mm_job)
 SIZEOF(hw_job)
 SIZEOF(dec_job)
+SIZEOF(epi_job)
+SIZEOF(bsum_job)
 
 static struct PyModuleDef kernels_module = {PyModuleDef_HEAD_INIT, "_kernels",
                                             "C loops for fp8ref (used through ctypes).", -1, NULL};

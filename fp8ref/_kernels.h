@@ -85,13 +85,36 @@ typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kern
     int64_t F, out_bits, e_zero, zero_in, fma; /* pairwise: out_bits is F2 */
 } hw_job;
 
-typedef struct { /* dst[r, j] = lut[src[r * src_rs + j * src_cs]] for j < cols, rows [lo, hi) (exact_fast.py) */
+typedef struct { /* the operand staging of the exact fast path (_kernels_exact.c): row r, column c < cols
+                  * of the codes -> v = lut[code] (* scale), rows [unit * lo, unit * hi) */
     const uint8_t *src;
     double *dst;
-    const float *lut;  /* 256 values (exact in float32); NaN for the codes the caller must not use */
-    uint8_t *flags;    /* per row: 1 when the row holds a NaN value */
-    int64_t src_rs, src_cs, dst_rs, cols;
+    const float *lut;     /* 256 values (exact in float32); NaN for the codes the caller must not use */
+    uint8_t *flags;       /* per row: 1 when the row holds a NaN value */
+    const double *scale;  /* NULL, or v *= scale[(r / s_rb) * s_rs + c / s_cb] */
+    double *norm2;        /* NULL, or norm2[(r / n_rb) * n_rs + c / n_cb] += v * v */
+    int64_t src_rs, src_cs, dst_rs, rows, cols, unit;
+    int64_t s_rs, s_rb, s_cb, n_rs, n_rb, n_cb;
 } dec_job;
+
+typedef struct { /* the exact epilogue (_kernels_exact.c): out[m, n] from t[m, n], rows [lo, hi) */
+    const double *t;      /* M x N, row stride ldt: exact sums (mode 0) or the float64 GEMM y (mode 1) */
+    double *out;          /* M x N contiguous (may be t itself when ldt == N) */
+    uint8_t *unsure;      /* M x N: 1 where the caller must decide exactly */
+    const double *sa, *sb; /* mode 0: scale sa[m * sa_s] * sb[n * sb_s] (exact: two float32 values) */
+    const double *bias;   /* N finite values, or NULL */
+    const double *norm;   /* mode 1: M x N, the Cauchy-Schwarz bound of sum |a'b'| (row stride N) */
+    double slack, max;    /* mode 1: |y - x| <= slack * (norm + |bias|); out's largest finite value */
+    int64_t M, N, ldt, sa_s, sb_s, mode, precision, emin;
+} epi_job;
+
+typedef struct { /* exact K-block sums of chosen elements (_kernels_exact.c); tasks are ranges of e */
+    const uint8_t *a, *aT, *b; /* a (M x K) row-major, its transpose (K x M) (b_cs == 1 only), b codes */
+    const double *va, *vb;     /* value per code (256 each) */
+    const int64_t *mi, *ni;    /* element e is (mi[e], ni[e]) */
+    double *sums;              /* (ceil(K / bk), E) */
+    int64_t M, K, E, bk, b_rs, b_cs;
+} bsum_job;
 
 /* ---- shared helpers ----------------------------------------------------------------------------- */
 enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };

@@ -8,14 +8,14 @@ import numpy as np
 
 from .._arrays import code_input, deliver, float64_values, is_torch, same_library
 from ..codec import encode
-from ..errors import InputTypeError, ShapeError
+from ..errors import FormatError, InputTypeError, ShapeError
 from ..formats import FORMATS, get_format
 from ..quant import QuantArgs, quantize
 from ..recipes import Recipe
 from ..rounding import OUT_FORMATS, OutFormat, round_to_format
 from .epilogue import SCALE_RESULT_OPS, _code_out
 from .models import ACCUMULATION_MODELS, Accumulation
-from .operands import _canonical_scales, _operand, _scale, _shape_text
+from .operands import DecodedCodes, _canonical_scales, _operand, _scale, _shape_text
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,10 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
             raise InputTypeError(f"scale_result_op: expected 'divide' or 'multiply', got {res.scale_result_op!r}")
     out = code or _out_format(res.dtype)
     ca, fa = _operand(a, fmt_a, "a")
-    cb, fb = _operand(b, fmt_b, "b")
+    decoded = b if isinstance(b, DecodedCodes) else None
+    cb, fb = (decoded.codes, decoded.fmt) if decoded is not None else _operand(b, fmt_b, "b")
+    if decoded is not None and fmt_b is not None and get_format(fmt_b) != fb:
+        raise FormatError(f"b: DecodedCodes of {fb.name} but fmt_b says {get_format(fmt_b).name}")
     (M, K), (K2, N) = ca.shape, cb.shape
     if K != K2:
         raise ShapeError(f"b: got shape {_shape_text(cb.shape)}, expected ({K}, N) to match a of shape "
@@ -133,6 +136,8 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
         if bias.shape != (N,):
             raise ShapeError(f"bias: got shape {_shape_text(bias.shape)}, expected ({N},)")
     model = ACCUMULATION_MODELS[acc.model]
+    if decoded is not None and getattr(model, "takes_decoded", False):
+        cb = decoded  # the model reuses what it derived from these codes before
     result = model(ca, cb, fa, fb, sa, sb, bk, bias, out, acc)
     if model.rounds_once:
         if code is not None:  # values are representatives (CodeOut): one rounding, by the codec
@@ -171,6 +176,9 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
            block_n: int = 128, input_recipe: Recipe | str | None = None, **mm_options):
     """A W8A8 linear layer: ``y = x @ W.T`` with W (N, K) FP8 codes and activations quantized to FP8.
 
+    weight: codes, a torch float8 tensor, or a ``DecodedCodes`` record of the codes (the exact
+    model then decodes the weight once and reuses it across calls).
+
     weight_scale: per tensor (numel 1), per channel (N,) / (N, 1), or per block
     (ceil(N/block_n), ceil(K/block_k)), the layout checkpoints store. Activations: static with
     ``input_scale`` (numel 1), or ``dynamic`` = "tensor", "token" (one scale per row of x) or
@@ -184,7 +192,9 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
     lead, K = xv.shape[:-1], xv.shape[-1]
     x2 = xv.reshape(-1, K).astype(np.float32)
     w_codes, w_fmt = weight, fmt
-    if is_torch(weight):
+    if isinstance(weight, DecodedCodes):
+        w_codes, w_fmt = weight.codes, weight.fmt
+    elif is_torch(weight):
         w_codes, named, _ = code_input(weight, "weight")
         w_fmt = named or fmt
     if not isinstance(w_codes, np.ndarray) or w_codes.ndim != 2 or w_codes.shape[1] != K:
@@ -203,7 +213,8 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
         raise ShapeError(f"weight_scale: got shape {_shape_text(ws.shape)}, expected (), (1,), ({N},), ({N}, 1) "
                          f"or ({nb}, {kb}) ({block_n}x{block_k} blocks)")
     q, s_x = _quantize_input(x2, input_scale, dynamic, get_format(input_fmt), block_k, input_recipe)
-    y = scaled_mm(same_library(q, is_torch(x)), np.ascontiguousarray(w_codes.T), s_x, scale_b.astype(np.float32),
+    b = weight.T if isinstance(weight, DecodedCodes) else w_codes.T  # a view: every model takes strided codes
+    y = scaled_mm(same_library(q, is_torch(x)), b, s_x, scale_b.astype(np.float32),
                   bias=bias, out_dtype=out_dtype or _default_out(x), fmt_a=get_format(input_fmt), fmt_b=w_fmt,
                   block_k=block_k, block_n=block_n, **mm_options)
     return y.reshape(*lead, N)

@@ -1,22 +1,22 @@
-"""accumulate="exact" at the cost of float64 GEMMs: the fast path of exact.py (docs/matmul.md, "Speed").
+"""accumulate="exact" at the cost of one float64 GEMM: the fast path of exact.py (docs/matmul.md, "Speed").
 
 It applies when one integer piece per operand suffices for the formats' whole code spans
 (``_piece_count``: every finite value is an integer times 2**g and every partial sum of a K-block
 dot product stays below 2**53) and no NaN/Inf code occurs. Then:
 
-- scales constant along K: T = A @ B (float64 GEMMs of the decoded values, one per column panel
-  of b, decoded into a reused buffer right before its GEMM reads it) is the exact dot product in
-  any BLAS order, with or without FMA; x = s * T + bias with s = sa * sb
-  exact (two float32 values). y = fl(fl(s * T) + bias) is within ulp(s * T)/2 + ulp(y)/2 of x (no
-  bias: y is fl(x) itself), which decides almost every element from y's float64 bits
-  (epilogue._decide_sum, per panel while T is in cache); the rest take s * T as an exact
-  TwoProduct and the exact rounding of epilogue.py.
-- K-blocked scales: with a' = a * sa and b' = b * sb (exact), y = bias + sum_i A'_i @ B'_i over
-  groups i of whole scale blocks (batched GEMMs, then the sum) satisfies |y - x| <= gamma_n
-  (|bias| + S), S = sum_k |a' b'| <= sum_b |a'_(m,b)| |b'_(b,n)| (Cauchy-Schwarz per block, a
-  small GEMM of block norms). The elements this leaves undecided (epilogue._decide_bound) get their
-  exact block sums from their own row and column, TwoProducts with the block scales and the exact
-  rounding.
+- scales constant along K: T = A @ B (one float64 GEMM of the decoded values, b decoded whole into
+  a reused workspace or taken from a ``DecodedCodes`` record) is the exact dot product in any
+  BLAS order, with or without FMA; x = s * T + bias with s = sa * sb exact (two float32 values).
+  The C epilogue (fp8ref/_kernels_exact.c) rounds x once, correctly, for every element: s * T as
+  an exact TwoProduct, the bias by TwoSums, a round-to-odd float64 then the output's rounding.
+  Without the C loops (or for code outputs) y = fl(fl(s * T) + bias) decides almost every
+  element from its float64 bits (epilogue._decide_sum) and the rest take the exact rounding.
+- K-blocked scales: with a' = a * sa and b' = b * sb (exact: folded in while decoding),
+  y = bias + A' @ B' (one float64 GEMM over the whole K) satisfies |y - x| <= gamma_n (|bias| + S),
+  n = K + 2, S = sum_k |a' b'| <= sum_b |a'_(m,b)| |b'_(b,n)| (Cauchy-Schwarz per scale block; the
+  block norms come out of the decode, their product is a small GEMM). The elements this leaves
+  undecided get their exact block sums from their own row and column, TwoProducts with the block
+  scales and the exact rounding.
 
 Anything else (NaN/Inf, e5m2-wide spans, K past the bound) returns None: exact.py's general path,
 which is also the oracle of this one (tests/unit/test_matmul_fast.py).
@@ -25,11 +25,13 @@ which is also the oracle of this one (tests/unit/test_matmul_fast.py).
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 
 from .._arrays import torch
-from .._native import dec_job, kernels, parallel
+from .._native import bsum_job, dec_job, epi_job, kernels, parallel
 from ..codec import decode
 from ..errors import ShapeError
 from ..exact import extract, two_product
@@ -38,11 +40,10 @@ from ..rounding import OutFormat
 from .epilogue import CodeOut, _decide_bound, _decide_sum, _round_exact
 from .exact import _piece_count, _span
 from .fp32 import _products_exact_in_fp32
-from .operands import _check_codes, _code_values
+from .operands import DecodedCodes, _check_codes, _code_values
 
-_CHUNK_BYTES = 1 << 26  # float64 rows of b staged at a time: bounded memory, few GEMM calls (short ones run slower)
-_PANEL_COLS = 512  # columns of b per panel (scales constant along K): decoded and used while in cache
-_GROUP_K = 512  # K of each GEMM of the blocked path (whole scale blocks): shorter ones run far slower
+_WORKSPACE_BYTES = 1 << 28  # b's float64 values up to this size go to one reused (already touched) buffer
+_GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it, shorter GEMMs run slower
 _REPAIR_BYTES = 1 << 25  # bytes of row-times-column products per repair step
 
 
@@ -51,7 +52,10 @@ class _NonFinite(Exception):
 
 
 def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias, out):
-    """The exact model's result, or None where the general path must run."""
+    """The exact model's result, or None where the general path must run. cb: codes or a
+    ``DecodedCodes`` record (its float64 forms are decoded once and kept there)."""
+    record = cb if isinstance(cb, DecodedCodes) else None
+    cb = cb.codes if record is not None else cb
     (M, K), N = ca.shape, cb.shape[1]
     every = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
     try:
@@ -63,16 +67,10 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
         return None
     finite_bias = None if bias is None else np.where(np.isfinite(bias), bias, 0.0)
     try:
-        A = _values(ca, fa, "a")
         if sa.shape[1] == 1:
-            s = sa * sb  # (M, 1) * (1, N) or (1, 1): exact, two float32 values
-            tiny = _tiny_possible(s, finite_bias, fa, fb, out)
-            result = np.empty((M, N))
-            for n0, n1, T in _panels(A, cb, fb):  # the epilogue of each panel while it is in cache
-                result[:, n0:n1] = _round_scaled(T, s[:, n0:n1] if s.shape[1] > 1 else s,
-                                                 None if finite_bias is None else finite_bias[n0:n1], out, tiny)
+            result = _scaled(ca, fa, cb, fb, record, sa, sb, finite_bias, out)
         else:
-            result = _blocked(A, fa, cb, fb, sa, sb, bk, finite_bias, out)
+            result = _blocked(ca, fa, cb, fb, record, sa, sb, bk, finite_bias, out)
     except _NonFinite:
         return None
     if bias is not None and not np.isfinite(bias).all():  # a non-finite bias is the sum (IEEE)
@@ -80,89 +78,123 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
     return result
 
 
-class _Stager:
-    """float64 values of one format's codes, written into caller buffers (the operands of the
-    float64 GEMMs). With the C loops: fp8ref_decode_f64 through a float32 table (every value of a
-    format float32 holds is exact there) whose NaN/Inf codes and codes past 2**bits read NaN, so a
-    row that holds one is flagged without a second pass; only then are the codes checked
-    (_check_codes: FormatError or _NonFinite). Without them: check, decode, widen."""
+# --- operands ------------------------------------------------------------------------------------------
+class _Workspace:
+    """One float64 buffer reused across calls (its pages touched once: no page faults per call),
+    for b's values up to _WORKSPACE_BYTES; larger ones, or a second thread while it is in use,
+    get a buffer of their own. It holds on to the largest size used (<= _WORKSPACE_BYTES)."""
 
-    def __init__(self, fmt: FloatFormat):
-        self.fmt = fmt
-        self.table = None
-        if kernels() is not None:
-            v = _code_values(fmt)
-            self.table = np.full(256, np.nan, np.float32)
-            self.table[:fmt.n_codes] = np.where(np.isfinite(v), v, np.nan)
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.buf = np.empty(0)
 
-    def __call__(self, codes: np.ndarray, values: np.ndarray, what: str) -> None:
-        """values[...] = the values of the 2-D ``codes`` (any strides; values' rows contiguous);
-        _NonFinite on a NaN/Inf code (and FormatError on codes past 2**bits, as on the general path)."""
-        if self.table is not None and codes.size:
-            flags = np.empty(codes.shape[0], np.uint8)
-            job = dec_job(codes.ctypes.data, values.ctypes.data, self.table.ctypes.data, flags.ctypes.data,
-                          codes.strides[0], codes.strides[1], values.strides[0] // 8, codes.shape[1])
-            parallel("fp8ref_decode_f64", job, codes.shape[0], work=codes.size, keep=(codes, values, flags))
-            if not flags.any():
-                return
-        if _check_codes(codes, self.fmt, what):
-            raise _NonFinite
-        if codes.size:
-            values[...] = decode(codes, self.fmt)
+    @contextmanager
+    def take(self, n: int):
+        if 8 * n > _WORKSPACE_BYTES or not self.lock.acquire(blocking=False):
+            yield np.empty(n)
+            return
+        try:
+            if self.buf.size < n:
+                self.buf = np.empty(0)
+                self.buf = np.empty(n)
+            yield self.buf[:n]
+        finally:
+            self.lock.release()
 
 
-def _values(codes: np.ndarray, fmt: FloatFormat, what: str) -> np.ndarray:
-    codes = np.ascontiguousarray(codes)
+_WORKSPACE = _Workspace()
+_PARTS = _Workspace()  # the blocked path's per-group GEMM results
+
+
+def _lut(fmt: FloatFormat) -> np.ndarray:
+    """256 float32 values (every value of a format float32 holds is exact there); NaN for NaN/Inf
+    codes and codes past 2**bits, so the decode flags a row that holds one."""
+    v = _code_values(fmt)
+    table = np.full(256, np.nan, np.float32)
+    table[:fmt.n_codes] = np.where(np.isfinite(v), v, np.nan)
+    return table
+
+
+def _stage(codes: np.ndarray, fmt: FloatFormat, what: str, dst: np.ndarray, scale=None, norms=None) -> None:
+    """dst[r, c] = value of codes[r, c] (times scale[0][r // scale[1], c // scale[2]] when given;
+    norms = (array, rb, cb): array[r // rb, c // cb] += dst[r, c]**2, array zeroed by the caller).
+    codes: any strides; dst: rows contiguous. _NonFinite on a NaN/Inf code (FormatError on codes
+    past 2**bits, as on the general path)."""
+    R, C = codes.shape
+    if kernels() is not None and codes.size:
+        flags = np.empty(R, np.uint8)
+        table = _lut(fmt)
+        s, s_rb, s_cb = (np.ascontiguousarray(scale[0], np.float64), *scale[1:]) if scale is not None else (None, 1, 1)
+        n, n_rb, n_cb = norms if norms is not None else (None, 1, 1)
+
+        def ptr(x):
+            return None if x is None else x.ctypes.data
+
+        job = dec_job(codes.ctypes.data, dst.ctypes.data, table.ctypes.data, flags.ctypes.data, ptr(s), ptr(n),
+                      codes.strides[0], codes.strides[1], dst.strides[0] // 8, R, C, n_rb,
+                      0 if s is None else s.shape[1], s_rb, s_cb, 0 if n is None else n.shape[1], n_rb, n_cb)
+        parallel("fp8ref_decode_f64", job, -(-R // n_rb), work=codes.size, keep=(codes, dst, table, flags, s, n))
+        if not flags.any():
+            return
+    if _check_codes(codes, fmt, what):
+        raise _NonFinite
+    if not codes.size:
+        return
+    dst[...] = decode(codes, fmt)
+    if scale is not None:
+        dst *= np.repeat(np.repeat(scale[0], scale[1], axis=0), scale[2], axis=1)[:R, :C]
+    if norms is not None:
+        n, n_rb, n_cb = norms
+        sq = dst * dst
+        n += np.add.reduceat(np.add.reduceat(sq, np.arange(0, R, n_rb), axis=0), np.arange(0, C, n_cb), axis=1)
+
+
+def _values(codes: np.ndarray, fmt: FloatFormat, what: str, scale=None, norms=None) -> np.ndarray:
     values = np.empty(codes.shape)
-    _Stager(fmt)(codes, values, what)
+    _stage(codes, fmt, what, values, scale, norms)
     return values
 
 
-def _row_chunks(cb: np.ndarray, fb: FloatFormat, rows: int):
-    """(k0, float64 values of cb[k0:k0 + rows]) in turn, all in one buffer (use each before the
-    next step): b is never held whole in float64."""
+@contextmanager
+def _b_values(cb: np.ndarray, fb: FloatFormat, record, bk: int = 1, sb=None):
+    """b's float64 values (times sb, (KB, N) per K-block, with the (KB, N) squared block norms
+    when sb is given): (values, norms) from the record's cache, or decoded into the workspace.
+    Codes stored transposed (a (N, K) weight's .T) are decoded in their own order and used as a
+    transposed view: the GEMM takes it as it is."""
+    if record is not None:
+        yield record.cached(("b", bk, None if sb is None else sb.tobytes()), lambda: _decode_b(cb, fb, bk, sb, None))
+        return
+    with _WORKSPACE.take(cb.size) as buf:
+        yield _decode_b(cb, fb, bk, sb, buf)
+
+
+def _decode_b(cb, fb, bk, sb, buf):
     K, N = cb.shape
-    rows = max(1, min(K, rows))
-    buf = np.empty((rows, N))
-    stage = _Stager(fb)
-    for k0 in range(0, K, rows):
-        values = buf[:min(rows, K - k0)]
-        stage(cb[k0:k0 + rows], values, "b")
-        yield k0, values
+    flip = not cb.flags.c_contiguous and cb.T.flags.c_contiguous
+    src = cb.T if flip else cb
+    dst = (np.empty(src.shape) if buf is None else buf.reshape(src.shape))
+    norms = None
+    if sb is None:
+        _stage(src, fb, "b", dst)
+    elif flip:  # (N, K): scale and norms per row and K-block
+        norms = np.zeros((N, sb.shape[0]))
+        _stage(src, fb, "b", dst, (sb.T, 1, bk), (norms, 1, bk))
+        norms = norms.T
+    else:
+        norms = np.zeros(sb.shape)
+        _stage(src, fb, "b", dst, (sb, bk, 1), (norms, bk, 1))
+    return (dst.T if flip else dst), norms
 
 
-def _panels(A: np.ndarray, cb: np.ndarray, fb: FloatFormat):
-    """(n0, n1, T = A @ B[:, n0:n1]) for column panels of _PANEL_COLS in turn, T exact (float64
-    GEMMs: every partial sum, in any order, with or without FMA, across K-chunks too, is an
-    integer times 2**g below 2**53). Each panel of b is decoded into one reused buffer that the
-    GEMM reads while it is still in cache (no float64 copy of b in memory); K is cut into chunks
-    only where a panel would pass _CHUNK_BYTES. Use each T before the next step (one buffer)."""
-    M, K = A.shape
-    N = cb.shape[1]
-    cols = max(1, min(N, _PANEL_COLS))
-    rows = max(1, min(K, _CHUNK_BYTES // (8 * cols)))
-    b_buf, t_buf = np.empty(rows * cols), np.empty(M * cols)
-    stage, t = _Stager(fb), _torch()
-    for n0 in range(0, N, cols):
-        w = min(cols, N - n0)
-        T = t_buf[:M * w].reshape(M, w)
-        for k0 in range(0, K, rows):
-            kr = min(rows, K - k0)
-            B = b_buf[:kr * w].reshape(kr, w)
-            stage(cb[k0:k0 + kr, n0:n0 + w], B, "b")
-            a = A[:, k0:k0 + kr]
-            if t is None:
-                if k0:
-                    T += a @ B
-                else:
-                    np.matmul(a, B, out=T)
-            elif k0:
-                t.from_numpy(T).addmm_(t.from_numpy(a), t.from_numpy(B))
-            else:
-                t.mm(t.from_numpy(a), t.from_numpy(B), out=t.from_numpy(T))
-        if K == 0:
-            T[...] = 0.0
-        yield n0, n0 + w, T
+def _gemm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A @ B in float64 (torch's BLAS, the faster one here, else numpy's), a new (M, N) array."""
+    T = np.empty((A.shape[0], B.shape[1]))
+    t = _torch()
+    if t is None:
+        np.matmul(A, B, out=T)
+    else:
+        t.mm(t.from_numpy(A), t.from_numpy(B), out=t.from_numpy(T))
+    return T
 
 
 def _torch():
@@ -173,8 +205,49 @@ def _torch():
         return None
 
 
+# --- scales constant along K -----------------------------------------------------------------------------
+def _scaled(ca, fa, cb, fb, record, sa, sb, finite_bias, out) -> np.ndarray:
+    A = _values(np.ascontiguousarray(ca), fa, "a")
+    with _b_values(cb, fb, record) as (B, _):
+        T = _gemm(A, B)
+    if kernels() is not None and not isinstance(out, CodeOut):
+        return _epilogue(T, 0, out, finite_bias, sa=sa[:, 0], sb=sb[0])
+    s = sa * sb  # (M, 1) * (1, N) or (1, 1): exact, two float32 values
+    return _round_scaled(T, s, finite_bias, out, _tiny_possible(s, finite_bias, fa, fb, out))
+
+
+def _epilogue(T: np.ndarray, mode: int, out: OutFormat, finite_bias, *, sa=None, sb=None, norm=None,
+              slack: float = 0.0):
+    """The C epilogue, in place over T. Mode 0 (T exact, scale sa[m] * sb[n]): T rounded, every
+    element. Mode 1 (y = T, |y - x| <= slack * (norm + |bias|)): (T rounded where decided, the
+    mask of the undecided elements)."""
+    M, N = T.shape
+    unsure = np.empty((M, N), np.uint8)
+
+    def vec(x):
+        return None if x is None else np.ascontiguousarray(x, np.float64)
+
+    sa, sb, bias, norm = vec(sa), vec(sb), vec(finite_bias), vec(norm)
+
+    def ptr(x):
+        return None if x is None else x.ctypes.data
+
+    job = epi_job(T.ctypes.data, T.ctypes.data, unsure.ctypes.data, ptr(sa), ptr(sb), ptr(bias), ptr(norm),
+                  slack, out.max, M, N, N, int(sa is not None and sa.size > 1), int(sb is not None and sb.size > 1),
+                  mode, out.precision, out.emin)
+    parallel("fp8ref_exact_epilogue", job, M, work=M * N * 8, keep=(T, unsure, sa, sb, bias, norm))
+    if mode == 1:
+        return T, unsure.view(bool)
+    if unsure.any():  # outside the C loop's proof (never met by FP8 data): T holds the exact sum there
+        idx = np.nonzero(unsure)
+        s_u = sa[idx[0] if sa.size > 1 else 0] * sb[idx[1] if sb.size > 1 else 0]
+        terms = [np.zeros(idx[0].size) if bias is None else bias[idx[1]], *two_product(s_u, T[idx])]
+        T[idx] = _overflow(_round_exact(extract(np.stack(terms)), out), out)
+    return T
+
+
 def _round_scaled(T: np.ndarray, s: np.ndarray, finite_bias, out, tiny: bool) -> np.ndarray:
-    """One rounding of x = s * T + bias (s exact, T exact)."""
+    """One rounding of x = s * T + bias (s exact, T exact), without the C loops."""
     p = s * T
     y = p if finite_bias is None else p + finite_bias
     if isinstance(out, CodeOut):
@@ -216,90 +289,102 @@ def _overflow(c: np.ndarray, out) -> np.ndarray:
     return c if isinstance(out, CodeOut) else np.where(np.abs(c) > out.max, np.copysign(np.inf, c), c)
 
 
-def _blocked(A, fa, cb, fb, sa, sb, bk: int, finite_bias, out) -> np.ndarray:
-    """K-blocked scales: float64 GEMMs of the scaled operands over groups of whole scale blocks
-    with a proven bound, the undecided elements exactly (module docstring)."""
-    M, K = A.shape
-    N = cb.shape[1]
+# --- K-blocked scales ------------------------------------------------------------------------------------
+def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.ndarray:
+    """K-blocked scales: one float64 GEMM of the scaled operands with a proven bound, the
+    undecided elements exactly (module docstring)."""
+    M, K = ca.shape
     kb = sa.shape[1]
-    g = max(1, _GROUP_K // bk)  # scale blocks per GEMM
-    ng = -(-kb // g)
-    gk = g * bk
-    Ap = np.zeros((M, ng * gk))  # a' = a * sa (exact: at most 24 + 24 significant bits), zero padded
-    np.multiply(A, np.repeat(sa, bk, axis=1)[:, :K], out=Ap[:, :K])
-    blocks = Ap.reshape(M, ng * g, bk)
-    a_norms = np.sqrt(np.einsum("mbk,mbk->mb", blocks, blocks))[:, :kb]
-    As = np.ascontiguousarray(Ap.reshape(M, ng, gk).transpose(1, 0, 2))  # (ng, M, gk)
-    del Ap
-    Bs = np.empty((ng * gk, N))  # b' = b * sb (exact), zero padded
-    Bs[K:] = 0.0
-    b_norms = np.empty((kb, N))
-    for k0, B in _row_chunks(cb, fb, max(bk, (_CHUNK_BYTES // (8 * max(N, 1))) // bk * bk)):
-        for j in range(-(-B.shape[0] // bk)):
-            blk, rows = k0 // bk + j, B[j * bk:(j + 1) * bk]
-            part = Bs[blk * bk:blk * bk + rows.shape[0]]
-            np.multiply(rows, sb[blk], out=part)
-            np.einsum("kn,kn->n", part, part, out=b_norms[blk])
-    np.sqrt(b_norms, out=b_norms)
-    y = _group_sums(As, Bs.reshape(ng, gk, N))
-    # |y - x| <= gamma_n (|bias| + S), n = gk + ng + 1 (gk products and additions per GEMM, ng
-    # GEMM results and the bias added: any order, FMA or not); S <= a_norms @ b_norms (Cauchy-Schwarz
-    # per scale block). gamma_n = n u / (1 - n u) with u = 2**-53, and the computed norms, their
-    # product and the bound itself are below the exact ones by a relative (bk + kb + 8) u at most:
-    # the factor 1 + 4 (n + bk + kb + 8) u covers both
-    n = gk + ng + 1
+    a_norms = np.zeros((M, kb))
+    A = _values(np.ascontiguousarray(ca), fa, "a", (sa, 1, bk), (a_norms, 1, bk))  # a' = a * sa: exact
+    gk = max(1, _GROUP_K // bk) * bk  # K of each GEMM: whole scale blocks
+    with _b_values(cb, fb, record, bk, sb) as (B, b_norms):  # b' = b * sb: exact
+        y = _group_sums(A, B, gk)
+    norm = _gemm(np.sqrt(a_norms), np.sqrt(b_norms))
+    # |y - x| <= gamma_n (|bias| + S), n = gk + ng + 1 (gk products and additions per GEMM, any
+    # order, FMA or not; the ng GEMM results and the bias added); S <= norm (Cauchy-Schwarz per scale
+    # block). gamma_n = n u / (1 - n u) with u = 2**-53, and the computed norms, their product and the
+    # bound itself are below the exact ones by a relative (bk + kb + 8) u at most: the factor
+    # 1 + 4 (n + bk + kb + 8) u covers both
+    n = min(gk, K) + -(-K // gk) + 1
     slack = n * 2.0 ** -53 * (1 + 4 * (n + bk + kb + 8) * 2.0 ** -53)
-    bound = (a_norms * slack) @ b_norms
-    if finite_bias is not None:
-        y += finite_bias
-        bound += np.abs(finite_bias) * slack
-    c, sure = out.candidate(y, bound) if isinstance(out, CodeOut) else _decide_bound(y, bound, out)
+    if kernels() is not None and not isinstance(out, CodeOut):
+        c, unsure = _epilogue(y, 1, out, finite_bias, norm=norm, slack=slack)
+        sure = ~unsure
+    else:
+        bound = norm * slack
+        if finite_bias is not None:
+            y += finite_bias
+            bound += np.abs(finite_bias) * slack
+        c, sure = out.candidate(y, bound) if isinstance(out, CodeOut) else _decide_bound(y, bound, out)
     if not sure.all():
         unsure = np.nonzero(~sure)
-        c[unsure] = _overflow(_repair(A, fa, cb, fb, sa, sb, bk, finite_bias, unsure, out), out)
+        c[unsure] = _overflow(_repair(ca, fa, cb, fb, sa, sb, bk, finite_bias, unsure, out), out)
     return c
 
 
-def _group_sums(As: np.ndarray, Bs: np.ndarray) -> np.ndarray:
-    """sum_i As[i] @ Bs[i] in float64: a batched GEMM per column chunk (one call: separate GEMM
-    calls cost far more), then the sum over the groups."""
-    ng, M, _ = As.shape
-    N = Bs.shape[2]
-    y = np.empty((M, N))
-    cols = max(1, min(N, _CHUNK_BYTES // (8 * ng * max(M, 1))))
-    buf = np.empty(ng * M * cols)
-    t = _torch()
-    for c0 in range(0, N, cols):
-        c1 = min(N, c0 + cols)
-        parts = buf[:ng * M * (c1 - c0)].reshape(ng, M, c1 - c0)
-        if t is None:
-            np.matmul(As, Bs[:, :, c0:c1], out=parts)
-        else:
-            t.bmm(t.from_numpy(As), t.from_numpy(Bs)[:, :, c0:c1], out=t.from_numpy(parts))
-        np.sum(parts, axis=0, out=y[:, c0:c1])
-    return y
-
-
-def _repair(A, fa, cb, fb, sa, sb, bk: int, finite_bias, idx, out) -> np.ndarray:
-    """Exact rounding of the elements (idx[0], idx[1]): per scale block the integer dot product of
-    the element's own row and column of values (products exact in float32 where the formats allow,
-    sums in float64: exact in any order, one piece), times its block scale as an exact TwoProduct,
-    the bias, then the exact summation and rounding of epilogue.py."""
+def _group_sums(A: np.ndarray, B: np.ndarray, gk: int) -> np.ndarray:
+    """sum_g A[:, g] @ B[g] over K-groups of gk (one GEMM each into its own array, then their
+    sum): the error bound grows with gk plus the number of groups, not with K."""
     K = A.shape[1]
-    starts = np.arange(0, K, bk)
-    narrow = _products_exact_in_fp32(fa, fb)
-    A_ = A.astype(np.float32) if narrow else A
-    step = max(1, _REPAIR_BYTES // (8 * max(K, 1)))
+    if K <= gk:
+        return _gemm(A, B)
+    ng = -(-K // gk)
+    with _PARTS.take(ng * A.shape[0] * B.shape[1]) as buf:
+        parts = buf.reshape(ng, A.shape[0], B.shape[1])
+        t = _torch()
+        for g, k0 in enumerate(range(0, K, gk)):
+            a, b = A[:, k0:k0 + gk], B[k0:k0 + gk]
+            if t is None:
+                np.matmul(a, b, out=parts[g])
+            else:
+                t.mm(t.from_numpy(a), t.from_numpy(b), out=t.from_numpy(parts[g]))
+        return parts.sum(axis=0)
+
+
+def _repair(ca, fa, cb, fb, sa, sb, bk: int, finite_bias, idx, out) -> np.ndarray:
+    """Exact rounding of the elements (idx[0], idx[1]): per scale block the integer dot product of
+    the element's own row and column of values (exact in any order, one piece), times its block
+    scale as an exact TwoProduct, the bias, then the exact summation and rounding of epilogue.py."""
+    sums = _block_sums(ca, fa, cb, fb, bk, idx)
+    mi, ni = idx
     done = []
-    for e0 in range(0, idx[0].size, step):
-        mi, ni = idx[0][e0:e0 + step], idx[1][e0:e0 + step]
-        prods = decode(np.ascontiguousarray(np.take(cb, ni, axis=1).T), fb)
-        if not narrow:
-            prods = prods.astype(np.float64)
-        prods *= np.take(A_, mi, axis=0)  # exact
-        sums = np.add.reduceat(prods, starts, axis=1, dtype=np.float64)  # (e, kb): exact block sums
-        terms = [finite_bias[ni] if finite_bias is not None else np.zeros(mi.size)]
-        for blk in range(sums.shape[1]):
-            terms.extend(two_product(sa[mi, blk] * sb[blk, ni], sums[:, blk]))  # scale exact
+    step = max(1, _REPAIR_BYTES // (8 * 2 * (sums.shape[1] + 1)))
+    for e0 in range(0, mi.size, step):
+        m, n, part = mi[e0:e0 + step], ni[e0:e0 + step], sums[e0:e0 + step]
+        terms = [finite_bias[n] if finite_bias is not None else np.zeros(m.size)]
+        for blk in range(part.shape[1]):
+            terms.extend(two_product(sa[m, blk] * sb[blk, n], part[:, blk]))  # scale exact
         done.append(_round_exact(extract(np.stack(terms)), out))
     return np.concatenate(done)
+
+
+def _block_sums(ca, fa, cb, fb, bk: int, idx) -> np.ndarray:
+    """(E, KB) exact K-block sums of the elements idx: the C loop, or numpy in steps."""
+    mi, ni = (np.ascontiguousarray(i, np.int64) for i in idx)
+    M, K = ca.shape
+    kb = -(-K // bk)
+    if kernels() is not None:
+        a = np.ascontiguousarray(ca)
+        b = cb if (cb.strides[1] == 1 or cb.strides[0] == 1) else np.ascontiguousarray(cb)
+        aT = np.ascontiguousarray(a.T) if b.strides[1] == 1 else None
+        va, vb = (np.where(np.isfinite(v), v, 0.0) for v in (_lut(fa).astype(np.float64), _lut(fb).astype(np.float64)))
+        sums = np.empty((kb, mi.size))
+        job = bsum_job(a.ctypes.data, None if aT is None else aT.ctypes.data, b.ctypes.data, va.ctypes.data,
+                       vb.ctypes.data, mi.ctypes.data, ni.ctypes.data, sums.ctypes.data, M, K, mi.size, bk,
+                       b.strides[0], b.strides[1])
+        parallel("fp8ref_block_sums", job, mi.size, work=mi.size * K, keep=(a, aT, b, va, vb, mi, ni, sums))
+        return sums.T
+    starts = np.arange(0, K, bk)
+    narrow = _products_exact_in_fp32(fa, fb)
+    A_ = decode(ca, fa) if narrow else decode(ca, fa).astype(np.float64)
+    step = max(1, _REPAIR_BYTES // (8 * max(K, 1)))
+    done = []
+    for e0 in range(0, mi.size, step):
+        m, n = mi[e0:e0 + step], ni[e0:e0 + step]
+        prods = decode(np.ascontiguousarray(np.take(cb, n, axis=1).T), fb)
+        if not narrow:
+            prods = prods.astype(np.float64)
+        prods *= np.take(A_, m, axis=0)  # exact
+        done.append(np.add.reduceat(prods, starts, axis=1, dtype=np.float64))  # (e, kb): exact block sums
+    return np.concatenate(done) if done else np.zeros((0, kb))

@@ -5,6 +5,8 @@ float64 scales and the K-block length) and an ``Accumulation`` record, and retur
 already rounded once to the output (``rounds_once``: the exact model; bias included; values on the
 output's grid in any float dtype that holds them, or CodeOut representatives) or a float32
 accumulator without the bias (the fp32 models: scaled_mm adds the bias and rounds to the output).
+A model with ``takes_decoded = True`` may get b as an ``operands.DecodedCodes`` record (codes in
+``.codes``) where the caller gave one; the others always get the codes.
 A new hardware model is one class and one ``register_accumulation`` call; nothing dispatches on names.
 """
 
@@ -60,10 +62,13 @@ class ExactModel:
 
     name = "exact"
     rounds_once = True
+    takes_decoded = True  # cb may be a DecodedCodes record (scaled_mm passes one through)
 
     def __call__(self, ca, cb, fa, fb, sa, sb, bk, bias, out, acc: Accumulation):
         result = _fast_exact(ca, cb, fa, fb, sa, sb, bk, bias, out)
-        return _exact(ca, cb, fa, fb, sa, sb, bk, bias, out) if result is None else result
+        if result is None:
+            result = _exact(ca, getattr(cb, "codes", cb), fa, fb, sa, sb, bk, bias, out)
+        return result
 
 
 class Fp32Model:

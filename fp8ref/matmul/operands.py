@@ -23,6 +23,52 @@ def _shape_text(shape) -> str:
     return str(tuple(int(d) for d in shape))
 
 
+class DecodedCodes:
+    """FP8 codes (2-D) that keep what the exact model derives from them between calls: their
+    float64 values (times a fixed scale, with its block norms, for K-blocked scales), decoded on
+    first use and reused (``Fp8RefLinear``'s weight). Give it where scaled_mm takes b, or
+    ``linear`` takes the weight; ``.T`` is the transposed view sharing the cache.
+
+    Memory: 8 bytes per code (float64) per kept form, held as long as the record lives; only the
+    latest form of each kind is kept. The codes are copied (read-only): changing the caller's
+    array later cannot make the kept values stale."""
+
+    def __init__(self, codes, fmt=None, *, _cache=None, _transposed=False):
+        if _cache is None:
+            codes, fmt = _operand(codes, fmt, "codes")
+            codes = codes.copy()
+            codes.setflags(write=False)
+        self.codes, self.fmt = codes, fmt
+        self._cache = {} if _cache is None else _cache
+        self._transposed = _transposed
+
+    @property
+    def T(self) -> DecodedCodes:
+        return DecodedCodes(self.codes.T, self.fmt, _cache=self._cache, _transposed=not self._transposed)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+    @property
+    def nbytes_kept(self) -> int:
+        """Bytes held by the kept forms."""
+        return sum(a.nbytes for _, v in self._cache.values() for a in _arrays_in(v))
+
+    def cached(self, key: tuple, make):
+        """make() once per key (per orientation: the kind is key[0] and the transposition); a new
+        key replaces the kind's old form."""
+        kind = (key[0], self._transposed)
+        held = self._cache.get(kind)
+        if held is None or held[0] != key:
+            self._cache[kind] = held = (key, make())
+        return held[1]
+
+
+def _arrays_in(v):
+    return [x for x in (v if isinstance(v, tuple) else (v,)) if isinstance(x, np.ndarray)]
+
+
 def _operand(x, fmt, what: str) -> tuple[np.ndarray, FloatFormat]:
     """2-D numpy uint8 codes and their format, from codes or a torch float8 tensor."""
     x, named, _ = code_input(x, what)

@@ -22,7 +22,7 @@ from fp8ref.errors import FormatError
 from fp8ref.matmul import exact_fast
 from fp8ref.matmul.epilogue import CODE_ROUNDINGS, CodeOut, _decide_bound, _decide_sum
 from fp8ref.matmul.exact import _exact
-from fp8ref.matmul.exact_fast import _fast_exact, _Stager
+from fp8ref.matmul.exact_fast import _fast_exact, _stage
 from fp8ref.matmul.operands import _canonical_scales
 from fp8ref.rounding import OUT_FORMATS
 from tests.support.matmul_oracle import OUT, fraction_oracle, round_fraction
@@ -210,7 +210,7 @@ def test_declines_on_inf_codes_of_e5m2_in_b():
 
 
 @pytest.mark.parametrize("name", [n for n in FORMATS if FORMATS[n].has_zero])
-def test_staged_float64_values_are_the_exact_values_of_every_code(name):
+def test_staged_float64_values_are_the_exact_values_of_every_code(name, monkeypatch):
     """Both staging routes (the C table loop, vector body and scalar tail, contiguous and strided
     codes; and decode-then-widen) give each finite code's exact value (Fraction from the format's
     definition), bit for bit, signed zeros included."""
@@ -218,17 +218,13 @@ def test_staged_float64_values_are_the_exact_values_of_every_code(name):
     finite = np.array(FINITE[name], np.uint8)
     expect = np.array([float(fmt.exact_value(int(c))) for c in finite])
     expect[[fmt.exact_value(int(c)) == 0 and (int(c) & fmt.sign_mask) != 0 for c in finite]] = -0.0
-    stage = _Stager(fmt)
-    routes = [stage.table]
-    if stage.table is not None:
-        routes.append(None)
     rows = np.stack([np.roll(finite, r) for r in range(3)])  # 3 rows, each every finite code
     want = np.stack([np.roll(expect, r) for r in range(3)])
-    for table in routes:
-        stage.table = table
+    for no_kernels in ("", "1"):
+        monkeypatch.setenv("FP8REF_NO_KERNELS", no_kernels)
         for codes in (rows, np.ascontiguousarray(rows.T).T, rows[:, 5:]):  # contiguous, strided, a tail
             got = np.full(codes.shape, 7.0)
-            stage(codes, got, "b")
+            _stage(codes, fmt, "b", got)
             np.testing.assert_array_equal(bits(got), bits(want[:, -codes.shape[1]:]))
 
 
@@ -240,7 +236,6 @@ def test_staging_flags_every_non_finite_or_invalid_code_wherever_it_sits(name):
     bad = [c for c in range(fmt.n_codes) if fmt.exact_value(c) is None]
     if fmt.bits < 8:
         bad.append(fmt.n_codes)
-    stage = _Stager(fmt)
     for c in bad:
         for pos in (0, 15, 16, 33, 39):
             codes = np.zeros((2, 40), np.uint8)
@@ -248,10 +243,10 @@ def test_staging_flags_every_non_finite_or_invalid_code_wherever_it_sits(name):
             for view in (codes, np.ascontiguousarray(codes.T).T):
                 if c >= fmt.n_codes:
                     with pytest.raises(FormatError):
-                        stage(view, np.empty(view.shape), "b")
+                        _stage(view, fmt, "b", np.empty(view.shape))
                 else:
                     with pytest.raises(exact_fast._NonFinite):
-                        stage(view, np.empty(view.shape), "b")
+                        _stage(view, fmt, "b", np.empty(view.shape))
 
 
 # --- the float64-bit decisions of epilogue.py, against the exact oracle ------------------------------------
@@ -352,8 +347,6 @@ def test_small_chunks_cross_every_boundary(monkeypatch):
     cases = [(np.ones((M, 1)), np.ones((1, N)), K), (rng.uniform(1, 2, (M, 5)), rng.uniform(1, 2, (5, N)), 16)]
     for sa, sb, bk in cases:
         expected.append(_exact(a, b, e4, e4, sa, sb, bk, None, OUT_FORMATS["float32"]))
-    monkeypatch.setattr(exact_fast, "_CHUNK_BYTES", 8 * N * 3)
-    monkeypatch.setattr(exact_fast, "_GROUP_K", 1)
     monkeypatch.setattr(exact_fast, "_REPAIR_BYTES", 8 * K * 2)
     for (sa, sb, bk), want in zip(cases, expected):
         got = _fast_exact(a, b, e4, e4, sa, sb, bk, None, OUT_FORMATS["float32"])
@@ -414,8 +407,6 @@ def test_column_panels_and_k_chunks_against_the_fraction_oracle(monkeypatch, sca
         sa, sb = rng.uniform(0.5, 2, (M, 1)).astype(np.float32), rng.uniform(0.5, 2, (1, N)).astype(np.float32)
     SA, SB, bk = _canonical_scales(np.asarray(sa, np.float64), np.asarray(sb, np.float64), M, K, N, 128, 128)
     e4 = FORMATS["float8_e4m3fn"]
-    monkeypatch.setattr(exact_fast, "_PANEL_COLS", 4)
-    monkeypatch.setattr(exact_fast, "_CHUNK_BYTES", 8 * 4 * 3)
     for bv in (None, bias):
         ref = fraction_oracle(a, b, sa, sb, bias=bv)
         for out in ("float32", "bfloat16"):
@@ -429,7 +420,6 @@ def test_a_non_finite_code_in_the_last_panel_falls_back(monkeypatch):
     """A NaN code in b's last column panel, after earlier panels were multiplied: the fast path
     declines and scaled_mm's result (general path) has NaN exactly in that column."""
     from fp8ref.matmul import scaled_mm
-    monkeypatch.setattr(exact_fast, "_PANEL_COLS", 4)
     a = np.full((2, 5), 0x38, np.uint8)
     b = np.full((5, 10), 0x38, np.uint8)
     b[3, 9] = 0x7F  # NaN in e4m3fn
