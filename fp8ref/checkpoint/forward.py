@@ -24,8 +24,10 @@ MODES = ("reference", "producer")
 
 
 def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumulate: str = "exact",
-                  **mm_options):
-    """y = layer(x) for a ``QuantizedLayer``; numpy in -> numpy out, torch in -> torch out."""
+                  weight=None, **mm_options):
+    """y = layer(x) for a ``QuantizedLayer``; numpy in -> numpy out, torch in -> torch out.
+    weight: the layer's weight codes as a ``fp8ref.matmul.DecodedCodes`` record (what the exact
+    model derives from them is then kept between calls); None: the stored codes."""
     if mode not in MODES:
         raise CheckpointError(f"mode: {mode!r}; expected one of {MODES}")
     if mode == "producer":
@@ -51,7 +53,10 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
         recipe = base.get(layer.producer).input_recipe(layer.entry)
         if recipe is not None:
             mm_options = {"input_recipe": recipe, **mm_options}
-    return linear(x, layer.weight_codes, np.asarray(layer.weight_scale).astype(np.float32),
+    if weight is not None and weight.codes.shape != tuple(layer.shape):
+        raise CheckpointError(f"{layer.name}: weight codes of shape {list(weight.codes.shape)}, the layer's "
+                              f"{list(layer.shape)}")
+    return linear(x, layer.weight_codes if weight is None else weight, np.asarray(layer.weight_scale).astype(np.float32),
                   input_scale=np.asarray(layer.input_scale).astype(np.float32) if static else None,
                   dynamic=None if static else q.input.removeprefix("dynamic-"),
                   bias=layer.bias, fmt=q.weight_fmt, out_dtype=out_dtype, block_k=block_k, block_n=block_n,

@@ -22,8 +22,8 @@ from . import hardware as _hardware  # noqa: E402,F401  (registers the fp8ref.ha
 from .api import ACTIVATION_RECIPE, Output, linear, quantize_input, scaled_mm
 from .epilogue import CODE_ROUNDINGS, SCALE_RESULT_OPS, CodeOut
 from .models import ACCUMULATION_MODELS, ACCUMULATIONS, SCALE_ORDERS, Accumulation, register_accumulation
-from .operands import DEFAULT_FORMAT, SCALE_BLOCK
+from .operands import DEFAULT_FORMAT, SCALE_BLOCK, DecodedCodes
 
 __all__ = ["ACCUMULATIONS", "ACCUMULATION_MODELS", "ACTIVATION_RECIPE", "Accumulation", "CODE_ROUNDINGS", "CodeOut",
-           "DEFAULT_FORMAT", "OUT_FORMATS", "Output", "OutFormat", "SCALE_BLOCK", "SCALE_ORDERS", "SCALE_RESULT_OPS",
+           "DEFAULT_FORMAT", "DecodedCodes", "OUT_FORMATS", "Output", "OutFormat", "SCALE_BLOCK", "SCALE_ORDERS", "SCALE_RESULT_OPS",
            "linear", "quantize_input", "register_accumulation", "scaled_mm"]

@@ -211,16 +211,22 @@ def _scaled(ca, fa, cb, fb, record, sa, sb, finite_bias, out) -> np.ndarray:
     with _b_values(cb, fb, record) as (B, _):
         T = _gemm(A, B)
     if kernels() is not None and not isinstance(out, CodeOut):
-        return _epilogue(T, 0, out, finite_bias, sa=sa[:, 0], sb=sb[0])
+        c, unsure = _epilogue(T, 0, out, finite_bias, sa=sa[:, 0], sb=sb[0])
+        if unsure.any():  # outside the C loop's proof (never met by FP8 data): c holds the exact T there
+            idx = np.nonzero(unsure)
+            s_u = np.broadcast_to(sa * sb, c.shape)[idx]
+            terms = [np.zeros(idx[0].size) if finite_bias is None else finite_bias[idx[1]], *two_product(s_u, c[idx])]
+            c[idx] = _overflow(_round_exact(extract(np.stack(terms)), out), out)
+        return c
     s = sa * sb  # (M, 1) * (1, N) or (1, 1): exact, two float32 values
     return _round_scaled(T, s, finite_bias, out, _tiny_possible(s, finite_bias, fa, fb, out))
 
 
 def _epilogue(T: np.ndarray, mode: int, out: OutFormat, finite_bias, *, sa=None, sb=None, norm=None,
               slack: float = 0.0):
-    """The C epilogue, in place over T. Mode 0 (T exact, scale sa[m] * sb[n]): T rounded, every
-    element. Mode 1 (y = T, |y - x| <= slack * (norm + |bias|)): (T rounded where decided, the
-    mask of the undecided elements)."""
+    """The C epilogue, in place over T: (T rounded, the mask of the elements it left undecided,
+    which keep their T). Mode 0: T exact, x = sa[m] * sb[n] * T + bias. Mode 1: y = T + bias with
+    |y - x| <= slack * (norm + |bias|)."""
     M, N = T.shape
     unsure = np.empty((M, N), np.uint8)
 
@@ -236,14 +242,7 @@ def _epilogue(T: np.ndarray, mode: int, out: OutFormat, finite_bias, *, sa=None,
                   slack, out.max, M, N, N, int(sa is not None and sa.size > 1), int(sb is not None and sb.size > 1),
                   mode, out.precision, out.emin)
     parallel("fp8ref_exact_epilogue", job, M, work=M * N * 8, keep=(T, unsure, sa, sb, bias, norm))
-    if mode == 1:
-        return T, unsure.view(bool)
-    if unsure.any():  # outside the C loop's proof (never met by FP8 data): T holds the exact sum there
-        idx = np.nonzero(unsure)
-        s_u = sa[idx[0] if sa.size > 1 else 0] * sb[idx[1] if sb.size > 1 else 0]
-        terms = [np.zeros(idx[0].size) if bias is None else bias[idx[1]], *two_product(s_u, T[idx])]
-        T[idx] = _overflow(_round_exact(extract(np.stack(terms)), out), out)
-    return T
+    return T, unsure.view(bool)
 
 
 def _round_scaled(T: np.ndarray, s: np.ndarray, finite_bias, out, tiny: bool) -> np.ndarray:

@@ -20,10 +20,17 @@ class Fp8RefLinear(torch.nn.Module):
     ``backend:NAME`` mode, or a mapping name -> backend for several. original_weight /
     original_bias: the unquantized tensors (torch) that ``mode="original"`` multiplies by.
     The module holds no parameters: its tensors are the checkpoint's, read on first use.
+
+    keep_decoded: the exact reference (accumulate "exact") decodes the weight to float64 on its
+    first forward (times the weight's block scales, with their block norms, for block-scaled
+    weights) and reuses that form on every later call (``fp8ref.matmul.DecodedCodes``). Memory:
+    8 bytes per weight element, plus 1 byte for a private copy of the codes, per layer, for the
+    module's lifetime (a 4096 x 4096 layer: 144 MiB). ``keep_decoded=False`` decodes on every call
+    instead (big models); ``release_decoded()`` drops what is kept.
     """
 
     def __init__(self, layer, mode="reference", *, accumulate: str = "exact", backend=None,
-                 original_weight=None, original_bias=None):
+                 original_weight=None, original_bias=None, keep_decoded: bool = True):
         super().__init__()
         self.layer = layer
         self.name = layer.name
@@ -38,7 +45,23 @@ class Fp8RefLinear(torch.nn.Module):
         self.original_weight = original_weight
         self.original_bias = original_bias
         self.last_backend_params: dict | None = None
+        self.keep_decoded = keep_decoded
+        self._decoded = None
         self.mode = mode
+
+    def decoded_weight(self):
+        """The weight's ``DecodedCodes`` record (made on first use), or None with keep_decoded=False."""
+        if not self.keep_decoded:
+            return None
+        if self._decoded is None:
+            from ..matmul import DecodedCodes
+
+            self._decoded = DecodedCodes(self.layer.weight_codes, self.layer.quant.weight_fmt)
+        return self._decoded
+
+    def release_decoded(self) -> None:
+        """Drop the kept decoded weight (it is made again on the next exact forward)."""
+        self._decoded = None
 
     @property
     def mode(self) -> Mode:
@@ -76,6 +99,9 @@ class Fp8RefLinear(torch.nn.Module):
             b = None if self.original_bias is None else self.original_bias.to(x.dtype)
             return torch.nn.functional.linear(x, w, b)
         if mode.kind == "reference":
+            if mode.arg == "exact" and self.layer.quant.weight_strategy not in ("nvfp4", "mx"):
+                return self.layer.forward(x.contiguous(), mode="reference", accumulate="exact",
+                                          weight=self.decoded_weight())
             return self.layer.forward(x.contiguous(), mode="reference", accumulate=mode.arg)
         if mode.kind == "producer":
             return self.layer.forward(x.contiguous(), mode="producer")
@@ -101,11 +127,13 @@ class SwapReport:
 
 
 def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumulate: str = "exact",
-                 backend=None, original=None) -> SwapReport:
+                 backend=None, original=None, keep_decoded: bool = True) -> SwapReport:
     """Replace every ``nn.Linear`` named like a quantized layer of ``checkpoint`` with an
     ``Fp8RefLinear``. original: an unquantized Checkpoint (``load_checkpoint(SRC)``) or a mapping
     tensor name -> tensor, for ``mode="original"``. Layers without a matching ``nn.Linear`` (absent,
-    another module type, another shape) are reported, not raised: see ``SwapReport.raise_unplaced``."""
+    another module type, another shape) are reported, not raised: see ``SwapReport.raise_unplaced``.
+    keep_decoded: each layer keeps its decoded weight between exact forwards (``Fp8RefLinear``:
+    8 bytes per weight element); False for models whose float64 weights would not fit in memory."""
     report = SwapReport()
     for name in checkpoint:
         layer = checkpoint[name]
@@ -126,7 +154,7 @@ def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumu
             continue
         w, b = _original(original, name, tuple(layer.shape))
         new = Fp8RefLinear(layer, "reference", accumulate=accumulate, backend=backend, original_weight=w,
-                           original_bias=b)
+                           original_bias=b, keep_decoded=keep_decoded)
         new.mode = mode
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, new)

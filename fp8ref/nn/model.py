@@ -32,13 +32,15 @@ def _checkpoint(source, what: str):
 
 
 def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", backend=None, original=None,
-                kv_cache: bool = True):
+                kv_cache: bool = True, keep_decoded: bool = True):
     """The model of ``checkpoint`` (a folder or a loaded Checkpoint) in ``mode``, in eval mode.
 
     original: the unquantized source (folder or Checkpoint) that ``mode="original"`` needs.
     backend: the backend object of a ``backend:NAME`` mode (or a mapping name -> backend).
     kv_cache: quantize K and V with the checkpoint's KV-cache scales, if it has any
     (``fp8ref.nn.attention``); False leaves attention unquantized in every mode.
+    keep_decoded: every layer keeps its float64 weight between exact forwards (8 bytes per weight
+    element, ``Fp8RefLinear``); False for a model whose float64 weights would not fit in memory.
     """
     tf = _transformers()
     ckpt = _checkpoint(checkpoint, "checkpoint")
@@ -58,7 +60,8 @@ def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", back
                          f"({exc})") from None
     dtype = getattr(torch, ckpt.dtype)
     model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    report = swap_linears(model, ckpt, mode=mode, accumulate=accumulate, backend=backend, original=orig)
+    report = swap_linears(model, ckpt, mode=mode, accumulate=accumulate, backend=backend, original=orig,
+                          keep_decoded=keep_decoded)
     report.raise_unplaced(str(ckpt.path))
     load_unquantized(model, ckpt)
     if kv_cache:

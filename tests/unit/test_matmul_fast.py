@@ -353,10 +353,25 @@ def test_small_chunks_cross_every_boundary(monkeypatch):
         np.testing.assert_array_equal(bits(got), bits(want))
 
 
+def all_undecided(epilogue):
+    """exact_fast._epilogue, then every element marked undecided with its input kept (the C loop's
+    contract), so the Python exact routes take all of them."""
+    def run(T, *args, **kw):
+        keep = T.copy()
+        c, unsure = epilogue(T, *args, **kw)
+        c[...] = keep
+        return c, np.ones_like(unsure)
+    return run
+
+
+@pytest.mark.parametrize("kernels", ["", "1"])
 @pytest.mark.parametrize("bias", [None, "finite"])
-def test_exact_path_alone_gives_the_same_bytes(monkeypatch, bias):
-    """Every element sent to the exact path (nothing decided from float64 bits): the exact
-    TwoProduct / repair route alone reproduces the general path, for all three layouts."""
+def test_exact_path_alone_gives_the_same_bytes(monkeypatch, bias, kernels):
+    """Every element sent to the exact path (nothing decided from float64 bits, nor by the C
+    epilogue): the exact TwoProduct / repair route alone reproduces the general path, for all
+    three layouts, with the C loops (block sums in C) and without them (numpy)."""
+    monkeypatch.setenv("FP8REF_NO_KERNELS", kernels)
+    monkeypatch.setattr(exact_fast, "_epilogue", all_undecided(exact_fast._epilogue))
     rng = np.random.default_rng(7)
     from fp8ref import encode
     M, K, N = 6, 40, 7
@@ -446,3 +461,131 @@ def test_k_at_the_exactness_limit_against_the_fraction_oracle():
         assert bits(got[0, n]) == bits(round_fraction(x, "float32"))
     assert _fast_exact(np.zeros((1, K + 1), np.uint8), np.zeros((K + 1, 1), np.uint8), e4, e4, one, one, K + 1,
                        None, OUT_FORMATS["float32"]) is None
+
+
+# --- the C loops of the fast path at sizes where their vector bodies, tails and threads engage --------------
+def ragged_problem(rng, M, K, N, fa="float8_e4m3fn", fb="float8_e4m3fn"):
+    """Codes drawn over every finite code (zeros of both signs, subnormals, the largest values),
+    a zero row and a column of signed zeros (exact zero sums: +0), and a row that cancels exactly."""
+    a = rng.choice(np.array(FINITE[fa], np.uint8), (M, K))
+    b = rng.choice(np.array(FINITE[fb], np.uint8), (K, N))
+    a[0] = 0
+    b[:, 0] = np.where(np.arange(K) % 2, FORMATS[fb].sign_mask, 0)
+    if M > 2 and K >= 2:
+        a[1] = 0
+        a[1, :2] = FINITE[fa][5], negate(np.array([FINITE[fa][5]], np.uint8), fa)[0]
+        b[:2, 1] = FINITE[fb][7]
+    return a, b
+
+
+SHAPES = [(3, 17, 33), (17, 70, 21), (5, 129, 48), (9, 256, 130)]
+
+
+@pytest.mark.parametrize("M, K, N", SHAPES)
+@pytest.mark.parametrize("layout", ["tensor", "row", "block16", "block24", "block128"])
+@pytest.mark.parametrize("orient", ["rows", "transposed"])
+def test_c_loops_equal_the_general_path_on_ragged_shapes(M, K, N, layout, orient):
+    """Every output (float32, bfloat16, float16, FP8 codes), with no bias and with one holding
+    -0, +-Inf, NaN and subnormals; block lengths that are and are not multiples of 16 (the staging's
+    vector and scalar routes), ragged last blocks and panels; b as rows or as the transposed view of
+    a (N, K) weight (linear's)."""
+    rng = np.random.default_rng(M * 1000 + K + N)
+    a, b = ragged_problem(rng, M, K, N)
+    if orient == "transposed":
+        b = np.ascontiguousarray(b.T).T
+    bk = {"tensor": K, "row": K, "block16": 16, "block24": 24, "block128": 128}[layout]
+    kb = -(-K // bk)
+    if layout == "tensor":
+        sa, sb = np.full((1, 1), 0.37), np.full((1, 1), 2.0 ** -7)
+    elif layout == "row":
+        sa, sb = rng.uniform(0.5, 2, (M, 1)), rng.uniform(2.0 ** -20, 1, (1, N))
+    else:
+        sa, sb = rng.uniform(0.5, 2, (M, kb)), rng.uniform(2.0 ** -10, 1, (kb, -(-N // 3)))
+    SA, SB, bk = _canonical_scales(sa.astype(np.float32).astype(np.float64), sb.astype(np.float32).astype(np.float64),
+                                   M, K, N, bk, 3)
+    bias = rng.standard_normal(N).astype(np.float32).astype(np.float64)
+    bias[:5] = [-0.0, np.inf, -np.inf, np.nan, 2.0 ** -140][:min(5, N)]
+    e4 = FORMATS["float8_e4m3fn"]
+    for out in [OUT_FORMATS[n] for n in OUT] + [CodeOut(e4, scale=0.5)]:
+        for bv in (None, bias):
+            args = (a, b, e4, e4, SA, SB, bk, bv, out)
+            assert_same(_fast_exact(*args), _exact(*args), out)
+
+
+@pytest.mark.parametrize("layout", ["row", "block"])
+def test_c_loops_against_the_fraction_oracle_with_signed_zeros(layout):
+    """The C epilogue and staging on a 7 x 40 x 19 problem against the Fraction oracle, bfloat16
+    and float16 outputs: a zero row and a column of +-0 products give +0 (an exact zero), every
+    other element the oracle's rounding."""
+    rng = np.random.default_rng(21)
+    M, K, N = 7, 40, 19
+    a, b = ragged_problem(rng, M, K, N)
+    if layout == "row":
+        sa, sb, bk = rng.uniform(0.5, 2, (M, 1)).astype(np.float32), rng.uniform(0.5, 2, (1, N)).astype(np.float32), 128
+    else:
+        sa = rng.uniform(0.5, 2, (M, 3)).astype(np.float32)
+        sb, bk = rng.uniform(0.5, 2, (3, -(-N // 8))).astype(np.float32), 16
+    SA, SB, bk_ = _canonical_scales(sa.astype(np.float64), sb.astype(np.float64), M, K, N, bk, 8)
+    e4 = FORMATS["float8_e4m3fn"]
+    ref = fraction_oracle(a, b, sa, sb, block_k=bk, block_n=8)
+    for out in ("bfloat16", "float16", "float32"):
+        got = _fast_exact(a, b, e4, e4, SA, SB, bk_, None, OUT_FORMATS[out])
+        expect = np.vectorize(lambda x, out=out: round_fraction(x, out), otypes=[np.float64])(ref)
+        np.testing.assert_array_equal(bits(got), bits(expect))
+    assert (bits(got[0]) == 0).all() and (bits(got[:, 0]) == 0).all()  # +0, not -0
+
+
+@pytest.mark.parametrize("layout", ["row", "block"])
+def test_one_and_two_threads_give_the_same_bytes(monkeypatch, layout):
+    """Every C loop split into pieces (threshold lowered to 1), one thread and two: same bytes
+    (and the same as the general path), the block sums of the repair included."""
+    torch = pytest.importorskip("torch")
+    import fp8ref._native as native
+    monkeypatch.setattr(native, "_PARALLEL_MIN", 1)
+    rng = np.random.default_rng(4)
+    M, K, N = 33, 300, 65
+    a, b = ragged_problem(rng, M, K, N)
+    if layout == "row":
+        SA, SB, bk = rng.uniform(0.5, 2, (M, 1)), rng.uniform(0.5, 2, (1, N)), K
+    else:
+        SA, SB, bk = _canonical_scales(rng.uniform(0.5, 2, (M, 3)).astype(np.float32).astype(np.float64),
+                                       rng.uniform(0.5, 2, (3, 1)).astype(np.float32).astype(np.float64),
+                                       M, K, N, 128, 128)
+    e4 = FORMATS["float8_e4m3fn"]
+    bias = rng.standard_normal(N).astype(np.float32).astype(np.float64)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for out in (OUT_FORMATS["float32"], OUT_FORMATS["bfloat16"]):
+                results.append(bits(_fast_exact(a, b, e4, e4, SA, SB, bk, bias, out)))
+            monkeypatch.setattr(exact_fast, "_epilogue", all_undecided(exact_fast._epilogue))
+            results.append(bits(_fast_exact(a, b, e4, e4, SA, SB, bk, bias, OUT_FORMATS["float32"])))
+            monkeypatch.undo()
+            monkeypatch.setattr(native, "_PARALLEL_MIN", 1)
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(results[:3], results[3:]):
+        np.testing.assert_array_equal(one, two)
+    np.testing.assert_array_equal(results[0], bits(_exact(a, b, e4, e4, SA, SB, bk, bias, OUT_FORMATS["float32"])))
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e4m3fnuz"])
+def test_block_scaled_staging_flags_non_finite_codes_and_declines(name):
+    """A NaN code in b's vector body or tail while the block scales and norms are folded in: the
+    fast path declines and scaled_mm gives NaN in exactly that column."""
+    from fp8ref.matmul import scaled_mm
+    fmt = FORMATS[name]
+    nan = [c for c in range(fmt.n_codes) if fmt.exact_value(c) is None][0]
+    code_one = [c for c in FINITE[name] if fmt.exact_value(c) == 1][0]
+    for col in (3, 37):
+        a = np.full((4, 256), code_one, np.uint8)
+        b = np.full((256, 40), code_one, np.uint8)
+        b[200, col] = nan
+        sa = np.full((4, 2), 0.5, np.float32)
+        sb = np.full((2, 1), 0.25, np.float32)
+        SA, SB, bk = _canonical_scales(sa.astype(np.float64), sb.astype(np.float64), 4, 256, 40, 128, 128)
+        assert _fast_exact(a, b, fmt, fmt, SA, SB, bk, None, OUT_FORMATS["float32"]) is None
+        got = scaled_mm(a, b, sa, sb, fmt_a=name, fmt_b=name)
+        assert np.isnan(got[:, col]).all() and (np.delete(got, col, axis=1) == 256 * 0.125).all()
