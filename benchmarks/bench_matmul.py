@@ -8,7 +8,9 @@ that time the references right before and after fp8ref (a load change between th
 for accumulate="exact" (per tensor and per row scales, 1x128 / 128x128 block scales; also bias +
 bfloat16 output) and accumulate="fp32". The float64 matmul is the exact mode's floor (one float64 GEMM of the decoded
 values, docs/matmul.md "Speed"). Targets (issue #11): exact <= 1.3x float64 with tensor/row
-scales, <= 2x with block scales; fp32 <= 2x float32.
+scales, <= 2x with block scales; fp32 <= 2x float32. "b decoded once": b given as a DecodedCodes
+record (Fp8RefLinear's weight), whose float64 forms are made on the warm-up call and reused.
+--threads also sets numpy's BLAS threads (OPENBLAS_NUM_THREADS, read when numpy loads).
 The fp32 mode runs the C loop of fp8ref/_kernels_matmul.c (declared sequential order over K, register
 tiles over M and N); without the C loops it is a numpy loop over K, far slower: use --fp32-k to time a
 shorter K. Other processes on the machine move both timings: repeat runs and report the range
@@ -19,13 +21,18 @@ steadier ratio: a two-thread GEMM waits at every barrier for whichever thread wa
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-import numpy as np
-import torch
-from _util import best_time
+if "--threads" in sys.argv[:-1]:  # numpy's BLAS (OpenBLAS) reads its thread count when it loads
+    os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
 
-from fp8ref import encode
-from fp8ref.matmul import scaled_mm
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from _util import best_time  # noqa: E402
+
+from fp8ref import encode  # noqa: E402
+from fp8ref.matmul import DecodedCodes, scaled_mm  # noqa: E402
 
 
 def main() -> None:
@@ -60,6 +67,7 @@ def main() -> None:
         return lambda: x @ y
 
     bias = rng.standard_normal(N).astype(np.float32)
+    kept = DecodedCodes(b)  # what Fp8RefLinear holds: b's float64 forms kept between calls
 
     print(f"threads: torch {torch.get_num_threads()}; shape {M}x{K}x{N}")
     cases = [
@@ -70,6 +78,9 @@ def main() -> None:
                                                                       out_dtype="bfloat16")),
         ("exact, blocks + bias, bfloat16 out", K, lambda: scaled_mm(a, b, blk_a, blk_b, bias=bias,
                                                                     out_dtype="bfloat16")),
+        ("exact, per-tensor, b decoded once", K, lambda: scaled_mm(a, kept, sa, sb)),
+        ("exact, row-wise, b decoded once", K, lambda: scaled_mm(a, kept, row_a, row_b)),
+        ("exact, blocks, b decoded once", K, lambda: scaled_mm(a, kept, blk_a, blk_b)),
         (f"fp32 (sequential), K={args.fp32_k}", args.fp32_k,
          lambda: scaled_mm(a[:, :args.fp32_k], b[:args.fp32_k], sa, sb, accumulate="fp32")),
     ]

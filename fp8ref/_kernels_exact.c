@@ -22,6 +22,9 @@
 #include <math.h>
 
 #include "_kernels.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 /* ---- staging ------------------------------------------------------------------------------------ */
 static inline double scale_of(const dec_job *j, int64_t r, int64_t c) {
@@ -48,7 +51,6 @@ static int decode_tail(const dec_job *j, int64_t r, int64_t c0) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 /* Contiguous codes, 16 per step, without gathers (slow here): the 256-entry float32 table sits in
  * 16 registers; 8 two-register permutes look up the low 5 index bits, a blend tree on bits 5-7
  * picks the result, and two widenings give the float64 values (exact). Scales and norms take the
@@ -198,7 +200,122 @@ FP8REF_INLINE double bound_one(double y, double bound, const out_grid *g, uint8_
     return zero ? 0.0 : clo;
 }
 
-FP8REF_CLONES void fp8ref_exact_epilogue(const epi_job *j, size_t lo, size_t hi) {
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The same two element functions, 8 elements per step (AVX-512 F/DQ/BW/VL); the scalar ones take
+ * the last N % 8. */
+#define EPI_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+typedef struct {
+    __m512i low, half_m1, not_low, half, one;
+    __m512d normal, up, down, max, inf, zero;
+} vgrid;
+
+EPI_TARGET static vgrid vgrid_of(const out_grid *g) {
+    vgrid v;
+    v.low = _mm512_set1_epi64((long long)g->low);
+    v.not_low = _mm512_set1_epi64((long long)~g->low);
+    v.half = _mm512_set1_epi64((long long)g->half);
+    v.half_m1 = _mm512_set1_epi64((long long)(g->half - 1));
+    v.one = _mm512_set1_epi64(1);
+    v.normal = _mm512_set1_pd(g->normal);
+    v.up = _mm512_set1_pd(g->up);
+    v.down = _mm512_set1_pd(g->down);
+    v.max = _mm512_set1_pd(g->max);
+    v.inf = _mm512_set1_pd(INFINITY);
+    v.zero = _mm512_setzero_pd();
+    return v;
+}
+
+EPI_TARGET static inline __m512d vround_out(__m512d h, const vgrid *v, int sh) {
+    __m512i u = _mm512_castpd_si512(h);
+    __m512i r = _mm512_add_epi64(_mm512_and_si512(_mm512_srli_epi64(u, (unsigned)sh), v->one), v->half_m1);
+    __m512d c = _mm512_castsi512_pd(_mm512_and_si512(_mm512_add_epi64(u, r), v->not_low));
+    __m512i sign = _mm512_andnot_si512(_mm512_castpd_si512(_mm512_abs_pd(h)), u);
+    __m512d inf = _mm512_castsi512_pd(_mm512_or_si512(sign, _mm512_castpd_si512(v->inf)));
+    c = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(_mm512_abs_pd(c), v->max, _CMP_GT_OQ), c, inf);
+    __m512d tiny = _mm512_mul_pd(_mm512_roundscale_pd(_mm512_mul_pd(h, v->up), _MM_FROUND_TO_NEAREST_INT |
+                                                      _MM_FROUND_NO_EXC), v->down);
+    return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(_mm512_abs_pd(h), v->normal, _CMP_GE_OQ), tiny, c);
+}
+
+EPI_TARGET static inline __mmask8 von_boundary(__m512d z, const vgrid *v) {
+    __m512d a = _mm512_mul_pd(_mm512_abs_pd(z), v->up);
+    __mmask8 tiny_mid = _mm512_cmp_pd_mask(_mm512_sub_pd(a, _mm512_roundscale_pd(a, _MM_FROUND_TO_NEG_INF |
+                                                         _MM_FROUND_NO_EXC)), _mm512_set1_pd(0.5), _CMP_EQ_OQ);
+    __mmask8 mid = _mm512_cmpeq_epi64_mask(_mm512_and_si512(_mm512_castpd_si512(z), v->low), v->half);
+    __mmask8 normal = _mm512_cmp_pd_mask(_mm512_abs_pd(z), v->normal, _CMP_GE_OQ);
+    return (normal & mid) | (~normal & tiny_mid);
+}
+
+EPI_TARGET static inline void vtwo_sum(__m512d a, __m512d b, __m512d *s, __m512d *e) {
+    __m512d x = _mm512_add_pd(a, b), bv = _mm512_sub_pd(x, a);
+    *s = x;
+    *e = _mm512_add_pd(_mm512_sub_pd(a, _mm512_sub_pd(x, bv)), _mm512_sub_pd(b, bv));
+}
+
+EPI_TARGET static inline void store_flags(uint8_t *uns, __mmask8 m) {
+    _mm_storel_epi64((__m128i *)uns, _mm_maskz_mov_epi8((__mmask16)m, _mm_set1_epi8(1)));
+}
+
+EPI_TARGET static int64_t exact_row_avx512(const epi_job *j, const out_grid *g, int64_t m, const double *t,
+                                           double *out, uint8_t *uns) {
+    vgrid v = vgrid_of(g);
+    const __m512d signbit = _mm512_set1_pd(-0.0), tiny_h = _mm512_set1_pd(0x1p-1000);
+    const __m512i minus_one = _mm512_set1_epi64(-1);
+    __m512d sa = _mm512_set1_pd(j->sa[m * j->sa_s]);
+    int64_t n = 0;
+    for (; n + 8 <= j->N; n += 8) {
+        __m512d s = j->sb_s ? _mm512_mul_pd(sa, _mm512_loadu_pd(j->sb + n)) : _mm512_mul_pd(sa, _mm512_set1_pd(j->sb[0]));
+        __m512d tv = _mm512_loadu_pd(t + n);
+        __m512d p = _mm512_mul_pd(s, tv), e = _mm512_fmsub_pd(s, tv, p), h = p, tail = e;
+        if (j->bias) {
+            __m512d h1, l1, u, d, l3;
+            vtwo_sum(p, _mm512_loadu_pd(j->bias + n), &h1, &l1);
+            vtwo_sum(l1, e, &u, &d);
+            vtwo_sum(h1, u, &h, &l3);
+            tail = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(l3, v.zero, _CMP_NEQ_UQ), d, l3);
+        }
+        __m512i hb = _mm512_castpd_si512(h);
+        __mmask8 nz_tail = _mm512_cmp_pd_mask(tail, v.zero, _CMP_NEQ_UQ);
+        __mmask8 odd_up = nz_tail & _mm512_testn_epi64_mask(hb, v.one);
+        __mmask8 same = _mm512_testn_epi64_mask(_mm512_xor_si512(_mm512_castpd_si512(tail), hb),
+                                                _mm512_castpd_si512(signbit));
+        hb = _mm512_mask_add_epi64(hb, odd_up, hb, _mm512_mask_blend_epi64(same, minus_one, v.one));
+        __mmask8 hzero = _mm512_cmp_pd_mask(h, v.zero, _CMP_EQ_OQ);
+        __mmask8 bad = (hzero & nz_tail) | (~hzero & _mm512_cmp_pd_mask(_mm512_abs_pd(h), tiny_h, _CMP_LT_OQ));
+        __m512d c = vround_out(_mm512_castsi512_pd(hb), &v, g->sh);
+        c = _mm512_mask_blend_pd(hzero, c, v.zero);
+        _mm512_storeu_pd(out + n, _mm512_mask_blend_pd(bad, c, tv));
+        store_flags(uns + n, bad);
+    }
+    return n;
+}
+
+EPI_TARGET static int64_t bound_row_avx512(const epi_job *j, const out_grid *g, int64_t m, const double *t,
+                                           double *out, uint8_t *uns) {
+    vgrid v = vgrid_of(g);
+    const double *norm = j->norm + m * j->N;
+    __m512d slack = _mm512_set1_pd(j->slack * (1 + 0x1p-45));
+    int64_t n = 0;
+    for (; n + 8 <= j->N; n += 8) {
+        __m512d tv = _mm512_loadu_pd(t + n);
+        __m512d b = j->bias ? _mm512_loadu_pd(j->bias + n) : v.zero;
+        __m512d y = _mm512_add_pd(tv, b);
+        __m512d bound = _mm512_mul_pd(slack, _mm512_add_pd(_mm512_loadu_pd(norm + n), _mm512_abs_pd(b)));
+        __m512d lo = _mm512_sub_pd(y, bound), hi = _mm512_add_pd(y, bound);
+        __m512d clo = vround_out(lo, &v, g->sh), chi = vround_out(hi, &v, g->sh);
+        __mmask8 sure = _mm512_cmpeq_epi64_mask(_mm512_castpd_si512(clo), _mm512_castpd_si512(chi)) &
+                        ~von_boundary(lo, &v) & ~von_boundary(hi, &v);
+        __mmask8 zero = _mm512_cmp_pd_mask(bound, v.zero, _CMP_EQ_OQ) & _mm512_cmp_pd_mask(y, v.zero, _CMP_EQ_OQ);
+        __mmask8 bad = (__mmask8) ~(sure | zero);
+        __m512d c = _mm512_mask_blend_pd(zero, clo, v.zero);
+        _mm512_storeu_pd(out + n, _mm512_mask_blend_pd(bad, c, tv));
+        store_flags(uns + n, bad);
+    }
+    return n;
+}
+#endif
+
+void fp8ref_exact_epilogue(const epi_job *j, size_t lo, size_t hi) {
     out_grid g;
     g.sh = 53 - (int)j->precision;
     g.half = (uint64_t)1 << (g.sh - 1);
@@ -208,31 +325,35 @@ FP8REF_CLONES void fp8ref_exact_epilogue(const epi_job *j, size_t lo, size_t hi)
     g.down = 1.0 / g.up;
     g.max = j->max;
     const double widen = 1 + 0x1p-45; /* the rounding of the bound's own two operations */
+    int vec = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    vec = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#endif
     for (size_t m = lo; m < hi; m++) {
-        const double *restrict t = j->t + m * j->ldt;
-        double *restrict out = j->out + m * j->N;
-        uint8_t *restrict uns = j->unsure + m * j->N;
-        const double *restrict bias = j->bias;
+        const double *t = j->t + m * j->ldt;
+        double *out = j->out + m * j->N;
+        uint8_t *uns = j->unsure + m * j->N;
+        const double *bias = j->bias;
+        int64_t n = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (vec) n = j->mode == 0 ? exact_row_avx512(j, &g, (int64_t)m, t, out, uns)
+                                  : bound_row_avx512(j, &g, (int64_t)m, t, out, uns);
+#endif
         if (j->mode == 0) {
             double sa = j->sa[m * j->sa_s];
-            const double *restrict sb = j->sb;
-            int64_t sb_s = j->sb_s;
-            if (bias)
-                for (int64_t n = 0; n < j->N; n++) {
-                    double c = exact_one(sa * sb[n * sb_s], t[n], bias[n], 1, &g, uns + n);
-                    out[n] = uns[n] ? t[n] : c;
-                }
-            else
-                for (int64_t n = 0; n < j->N; n++) {
-                    double c = exact_one(sa * sb[n * sb_s], t[n], 0.0, 0, &g, uns + n);
-                    out[n] = uns[n] ? t[n] : c;
-                }
+            for (; n < j->N; n++) {
+                double c = exact_one(sa * j->sb[n * j->sb_s], t[n], bias ? bias[n] : 0.0, bias != NULL, &g, uns + n);
+                out[n] = uns[n] ? t[n] : c;
+            }
         } else {
-            const double *restrict norm = j->norm + m * j->N;
+            const double *norm = j->norm + m * j->N;
             double slack = j->slack * widen;
-            for (int64_t n = 0; n < j->N; n++) {
+            for (; n < j->N; n++) {
                 double b = bias ? bias[n] : 0.0;
-                out[n] = bound_one(t[n] + b, slack * (norm[n] + fabs(b)), &g, uns + n);
+                double c = bound_one(t[n] + b, slack * (norm[n] + fabs(b)), &g, uns + n);
+                out[n] = uns[n] ? t[n] : c;
             }
         }
     }

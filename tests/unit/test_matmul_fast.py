@@ -122,13 +122,13 @@ def test_fast_path_equals_general_path(p):
 
 
 @st.composite
-def near_midpoints(draw):
+def near_midpoints(draw, max_n=3):
     """x = bias + s * (1 + d): s is half a unit in the last place of the output at the bias, so x
     sits on a rounding midpoint (d = 0) or a few units of 2**-18 s beside it; per tensor, per row
     or per K-block (block_k 1: every product its own block)."""
     out = draw(st.sampled_from(list(OUT)))
     precision, emin, _ = OUT[out]
-    N = draw(st.integers(1, 3))
+    N = draw(st.integers(1, max_n))
     e = draw(st.lists(st.integers(emin + 2, 60), min_size=N, max_size=N))
     sig = draw(st.lists(st.integers(2 ** (precision - 1), 2 ** precision - 1), min_size=N, max_size=N))
     sign = draw(st.lists(st.sampled_from([1, -1]), min_size=N, max_size=N))
@@ -158,6 +158,13 @@ def test_ties_and_near_ties_against_the_fraction_oracle(p):
     ref = fraction_oracle(p["a"], p["b"], p["sa"], p["sb"], bias=p["bias"], block_k=p["bk"], block_n=1)
     expect = np.vectorize(lambda x: round_fraction(x, p["name"]), otypes=[np.float64])(ref)
     np.testing.assert_array_equal(bits(fast), bits(expect))
+
+
+@SETTINGS
+@given(near_midpoints(max_n=21))
+def test_ties_and_near_ties_in_the_c_epilogues_vector_lanes(p):
+    """The same, 8 to 21 columns: the C epilogue's 8-wide body and its scalar end both see ties."""
+    test_ties_and_near_ties_against_the_fraction_oracle.hypothesis.inner_test(p)
 
 
 def test_a_midpoint_rounds_to_even_and_a_hair_above_rounds_up():
