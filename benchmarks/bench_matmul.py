@@ -10,7 +10,9 @@ bfloat16 output) and accumulate="fp32". The float64 matmul is the exact mode's f
 values, docs/matmul.md "Speed"). Targets (issue #11): exact <= 1.3x float64 with tensor/row
 scales, <= 2x with block scales; fp32 <= 2x float32. "b decoded once": b given as a DecodedCodes
 record (Fp8RefLinear's weight), whose float64 forms are made on the warm-up call and reused.
---threads also sets numpy's BLAS threads (OPENBLAS_NUM_THREADS, read when numpy loads).
+--threads also sets numpy's BLAS threads (OPENBLAS_NUM_THREADS, read when numpy loads). --clock cpu
+times process CPU time instead of wall time: with one thread it measures the work alone, which
+other jobs on a shared machine barely move (with two, a thread that spins at a barrier counts).
 The fp32 mode runs the C loop of fp8ref/_kernels_matmul.c (declared sequential order over K, register
 tiles over M and N); without the C loops it is a numpy loop over K, far slower: use --fp32-k to time a
 shorter K. Other processes on the machine move both timings: repeat runs and report the range
@@ -23,12 +25,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 if "--threads" in sys.argv[:-1]:  # numpy's BLAS (OpenBLAS) reads its thread count when it loads
     os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import _util  # noqa: E402
 from _util import best_time  # noqa: E402
 
 from fp8ref import encode  # noqa: E402
@@ -44,9 +48,13 @@ def main() -> None:
     p.add_argument("--fp32-k", type=int, default=None, help="K for the fp32 mode (default: --k)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (the C loops follow; default: torch's)")
     p.add_argument("--only", default=None, help="run only the cases whose label contains this text, e.g. exact")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: process CPU time (one thread: the work alone, whatever the machine's load)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        _util.CLOCK = time.process_time
     M, K, N = args.m, args.k, args.n
     args.fp32_k = args.fp32_k or K
     rng = np.random.default_rng(0)
@@ -69,7 +77,8 @@ def main() -> None:
     bias = rng.standard_normal(N).astype(np.float32)
     kept = DecodedCodes(b)  # what Fp8RefLinear holds: b's float64 forms kept between calls
 
-    print(f"threads: torch {torch.get_num_threads()}; shape {M}x{K}x{N}")
+    print(f"threads: torch {torch.get_num_threads()}; shape {M}x{K}x{N}; clock {args.clock}; "
+          f"load average {os.getloadavg()[0]:.2f}")
     cases = [
         ("exact, per-tensor scales", K, lambda: scaled_mm(a, b, sa, sb)),
         ("exact, row-wise scales", K, lambda: scaled_mm(a, b, row_a, row_b)),

@@ -37,14 +37,16 @@ typedef struct {
     fp8ref_task fn;
     const void *args;
     size_t n, ntasks;
+    size_t next; /* the next unclaimed task */
 } par_ctx;
 
-/* Task t covers [n*t/ntasks, n*(t+1)/ntasks); team member i takes tasks i, i + team, ... (a team
- * may be smaller than asked). */
+/* Task t covers [n*t/ntasks, n*(t+1)/ntasks); each team member claims the next unclaimed task
+ * until none is left, so a member the OS deschedules (a shared machine) holds up at most its
+ * current task, not a fixed share (a team may be smaller than asked). Which thread runs a task
+ * never changes what it writes. */
 static void par_body(void *data) {
-    const par_ctx *c = data;
-    size_t team = (size_t)omp_num_threads();
-    for (size_t t = (size_t)omp_thread_num(); t < c->ntasks; t += team)
+    par_ctx *c = data;
+    for (size_t t; (t = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED)) < c->ntasks;)
         c->fn(c->args, c->n * t / c->ntasks, c->n * (t + 1) / c->ntasks);
 }
 
@@ -54,7 +56,7 @@ void fp8ref_parallel(fp8ref_task fn, const void *args, size_t n, size_t ntasks, 
         if (n) fn(args, 0, n);
         return;
     }
-    par_ctx c = {fn, args, n, ntasks};
+    par_ctx c = {fn, args, n, ntasks, 0};
     omp_parallel(par_body, &c, (unsigned)(nthreads < ntasks ? nthreads : ntasks), 0);
 }
 

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .._arrays import torch
-from .._native import bsum_job, dec_job, epi_job, kernels, parallel
+from .._native import bsum_job, dec_job, epi_job, kernels, parallel, threads
 from ..codec import decode
 from ..errors import ShapeError
 from ..exact import extract, two_product
@@ -44,7 +44,8 @@ from .operands import DecodedCodes, _check_codes, _code_values
 
 _WORKSPACE_BYTES = 1 << 28  # b's float64 values up to this size go to one reused (already touched) buffer
 _GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it, shorter GEMMs run slower
-_REPAIR_BYTES = 1 << 25  # bytes of row-times-column products per repair step
+_REPAIR_BYTES = 1 << 25
+_SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop  # bytes of row-times-column products per repair step
 
 
 class _NonFinite(Exception):
@@ -133,7 +134,8 @@ def _stage(codes: np.ndarray, fmt: FloatFormat, what: str, dst: np.ndarray, scal
         job = dec_job(codes.ctypes.data, dst.ctypes.data, table.ctypes.data, flags.ctypes.data, ptr(s), ptr(n),
                       codes.strides[0], codes.strides[1], dst.strides[0] // 8, R, C, n_rb,
                       0 if s is None else s.shape[1], s_rb, s_cb, 0 if n is None else n.shape[1], n_rb, n_cb)
-        parallel("fp8ref_decode_f64", job, -(-R // n_rb), work=codes.size, keep=(codes, dst, table, flags, s, n))
+        parallel("fp8ref_decode_f64", job, -(-R // n_rb), work=codes.size, split=_SPLIT * threads(),
+                 keep=(codes, dst, table, flags, s, n))
         if not flags.any():
             return
     if _check_codes(codes, fmt, what):
@@ -241,7 +243,8 @@ def _epilogue(T: np.ndarray, mode: int, out: OutFormat, finite_bias, *, sa=None,
     job = epi_job(T.ctypes.data, T.ctypes.data, unsure.ctypes.data, ptr(sa), ptr(sb), ptr(bias), ptr(norm),
                   slack, out.max, M, N, N, int(sa is not None and sa.size > 1), int(sb is not None and sb.size > 1),
                   mode, out.precision, out.emin)
-    parallel("fp8ref_exact_epilogue", job, M, work=M * N * 8, keep=(T, unsure, sa, sb, bias, norm))
+    parallel("fp8ref_exact_epilogue", job, M, work=M * N * 8, split=_SPLIT * threads(),
+             keep=(T, unsure, sa, sb, bias, norm))
     return T, unsure.view(bool)
 
 
@@ -372,7 +375,8 @@ def _block_sums(ca, fa, cb, fb, bk: int, idx) -> np.ndarray:
         job = bsum_job(a.ctypes.data, None if aT is None else aT.ctypes.data, b.ctypes.data, va.ctypes.data,
                        vb.ctypes.data, mi.ctypes.data, ni.ctypes.data, sums.ctypes.data, M, K, mi.size, bk,
                        b.strides[0], b.strides[1])
-        parallel("fp8ref_block_sums", job, mi.size, work=mi.size * K, keep=(a, aT, b, va, vb, mi, ni, sums))
+        parallel("fp8ref_block_sums", job, mi.size, work=mi.size * K, split=_SPLIT * threads(),
+                 keep=(a, aT, b, va, vb, mi, ni, sums))
         return sums.T
     starts = np.arange(0, K, bk)
     narrow = _products_exact_in_fp32(fa, fb)
