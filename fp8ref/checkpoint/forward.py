@@ -56,7 +56,8 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
     if weight is not None and weight.codes.shape != tuple(layer.shape):
         raise CheckpointError(f"{layer.name}: weight codes of shape {list(weight.codes.shape)}, the layer's "
                               f"{list(layer.shape)}")
-    return linear(x, layer.weight_codes if weight is None else weight, np.asarray(layer.weight_scale).astype(np.float32),
+    return linear(x, layer.weight_codes if weight is None else weight,
+                  np.asarray(layer.weight_scale).astype(np.float32),
                   input_scale=np.asarray(layer.input_scale).astype(np.float32) if static else None,
                   dynamic=None if static else q.input.removeprefix("dynamic-"),
                   bias=layer.bias, fmt=q.weight_fmt, out_dtype=out_dtype, block_k=block_k, block_n=block_n,

@@ -25,5 +25,5 @@ from .models import ACCUMULATION_MODELS, ACCUMULATIONS, SCALE_ORDERS, Accumulati
 from .operands import DEFAULT_FORMAT, SCALE_BLOCK, DecodedCodes
 
 __all__ = ["ACCUMULATIONS", "ACCUMULATION_MODELS", "ACTIVATION_RECIPE", "Accumulation", "CODE_ROUNDINGS", "CodeOut",
-           "DEFAULT_FORMAT", "DecodedCodes", "OUT_FORMATS", "Output", "OutFormat", "SCALE_BLOCK", "SCALE_ORDERS", "SCALE_RESULT_OPS",
-           "linear", "quantize_input", "register_accumulation", "scaled_mm"]
+           "DEFAULT_FORMAT", "DecodedCodes", "OUT_FORMATS", "Output", "OutFormat", "SCALE_BLOCK", "SCALE_ORDERS",
+           "SCALE_RESULT_OPS", "linear", "quantize_input", "register_accumulation", "scaled_mm"]

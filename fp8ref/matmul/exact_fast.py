@@ -44,8 +44,8 @@ from .operands import DecodedCodes, _check_codes, _code_values
 
 _WORKSPACE_BYTES = 1 << 28  # b's float64 values up to this size go to one reused (already touched) buffer
 _GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it, shorter GEMMs run slower
-_REPAIR_BYTES = 1 << 25
-_SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop  # bytes of row-times-column products per repair step
+_REPAIR_BYTES = 1 << 25  # bytes of repair products (numpy) or terms per repair step
+_SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop
 
 
 class _NonFinite(Exception):
