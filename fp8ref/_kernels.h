@@ -106,6 +106,7 @@ typedef struct { /* the exact epilogue (_kernels_exact.c): out[m, n] from t[m, n
     const double *norm;   /* mode 1: M x N, the Cauchy-Schwarz bound of sum |a'b'| (row stride N) */
     double slack, max;    /* mode 1: |y - x| <= slack * (norm + |bias|); out's largest finite value */
     int64_t M, N, ldt, sa_s, sb_s, mode, precision, emin;
+    int64_t parts, part_stride; /* mode 1: y = sum of `parts` arrays t + g * part_stride (in g order), + bias */
 } epi_job;
 
 typedef struct { /* exact K-block sums of chosen elements (_kernels_exact.c); tasks are ranges of e */

@@ -12,11 +12,12 @@
  *           to odd (its last bit set where the tail is nonzero: h moved one ulp toward x when h is
  *           even) then rounded to P <= 51 bits is the correct rounding of x (Boldo-Melquiond), so
  *           every element is decided here.
- *   mode 1: y = fl(t + bias) with |y - x| <= bound = slack * (norm + |bias|): decided where
+ *   mode 1: y = fl(t + bias), t the sum of the K-group GEMMs' results (in group order), with
+ *           |y - x| <= bound = slack * (norm + |bias|): decided where
  *           fl(y - bound) and fl(y + bound) round to the same bits and neither is a rounding
  *           boundary of out (a midpoint, itself a float64: fl is monotone, so fl(z) is on z's side
  *           of every boundary unless it is one); the rest are flagged for the exact path.
- * Undecided elements keep their t (the exact path reads it). An exact zero is +0; a nonzero x that rounds to zero keeps its sign (docs/matmul.md).
+ * Undecided elements keep their t (mode 0: the exact path reads it; mode 1: the summed t). An exact zero is +0; a nonzero x that rounds to zero keeps its sign (docs/matmul.md).
  * Compiled with -ffp-contract=off: every fused multiply-add below is explicit.
  */
 #include <math.h>
@@ -298,6 +299,7 @@ EPI_TARGET static int64_t bound_row_avx512(const epi_job *j, const out_grid *g, 
     int64_t n = 0;
     for (; n + 8 <= j->N; n += 8) {
         __m512d tv = _mm512_loadu_pd(t + n);
+        for (int64_t p = 1; p < j->parts; p++) tv = _mm512_add_pd(tv, _mm512_loadu_pd(t + p * j->part_stride + n));
         __m512d b = j->bias ? _mm512_loadu_pd(j->bias + n) : v.zero;
         __m512d y = _mm512_add_pd(tv, b);
         __m512d bound = _mm512_mul_pd(slack, _mm512_add_pd(_mm512_loadu_pd(norm + n), _mm512_abs_pd(b)));
@@ -351,9 +353,10 @@ void fp8ref_exact_epilogue(const epi_job *j, size_t lo, size_t hi) {
             const double *norm = j->norm + m * j->N;
             double slack = j->slack * widen;
             for (; n < j->N; n++) {
-                double b = bias ? bias[n] : 0.0;
-                double c = bound_one(t[n] + b, slack * (norm[n] + fabs(b)), &g, uns + n);
-                out[n] = uns[n] ? t[n] : c;
+                double b = bias ? bias[n] : 0.0, y = t[n];
+                for (int64_t p = 1; p < j->parts; p++) y += t[p * j->part_stride + n];
+                double c = bound_one(y + b, slack * (norm[n] + fabs(b)), &g, uns + n);
+                out[n] = uns[n] ? y : c;
             }
         }
     }

@@ -52,7 +52,8 @@ dec_job = _struct("dec_job", [(n, _vp) for n in ("src", "dst", "lut", "flags", "
                                          "n_rs", "n_rb", "n_cb")])
 epi_job = _struct("epi_job", [(n, _vp) for n in ("t", "out", "unsure", "sa", "sb", "bias", "norm")]
                   + [("slack", ctypes.c_double), ("max", ctypes.c_double)]
-                  + [(n, _i64) for n in ("M", "N", "ldt", "sa_s", "sb_s", "mode", "precision", "emin")])
+                  + [(n, _i64) for n in ("M", "N", "ldt", "sa_s", "sb_s", "mode", "precision", "emin", "parts",
+                                         "part_stride")])
 bsum_job = _struct("bsum_job", [(n, _vp) for n in ("a", "aT", "b", "va", "vb", "mi", "ni", "sums")]
                    + [(n, _i64) for n in ("M", "K", "E", "bk", "b_rs", "b_cs")])
 _STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job, dec_job, epi_job, bsum_job)

@@ -226,10 +226,14 @@ def _scaled(ca, fa, cb, fb, record, sa, sb, finite_bias, out) -> np.ndarray:
 
 def _epilogue(T: np.ndarray, mode: int, out: OutFormat, finite_bias, *, sa=None, sb=None, norm=None,
               slack: float = 0.0):
-    """The C epilogue, in place over T: (T rounded, the mask of the elements it left undecided,
-    which keep their T). Mode 0: T exact, x = sa[m] * sb[n] * T + bias. Mode 1: y = T + bias with
-    |y - x| <= slack * (norm + |bias|)."""
-    M, N = T.shape
+    """The C epilogue: (the rounded (M, N) result, the mask of the elements it left undecided,
+    which keep their input). Mode 0: T (M, N) exact, x = sa[m] * sb[n] * T + bias, in place.
+    Mode 1: T (ng, M, N) the K-group products, y = their sum + bias with |y - x| <= slack *
+    (norm + |bias|); in place into T[0] for one group, else into a new array."""
+    parts = T.shape[0] if mode == 1 else 1
+    src = T if mode == 0 else T[0]
+    M, N = src.shape
+    res = src if parts == 1 else np.empty((M, N))
     unsure = np.empty((M, N), np.uint8)
 
     def vec(x):
@@ -240,12 +244,12 @@ def _epilogue(T: np.ndarray, mode: int, out: OutFormat, finite_bias, *, sa=None,
     def ptr(x):
         return None if x is None else x.ctypes.data
 
-    job = epi_job(T.ctypes.data, T.ctypes.data, unsure.ctypes.data, ptr(sa), ptr(sb), ptr(bias), ptr(norm),
+    job = epi_job(src.ctypes.data, res.ctypes.data, unsure.ctypes.data, ptr(sa), ptr(sb), ptr(bias), ptr(norm),
                   slack, out.max, M, N, N, int(sa is not None and sa.size > 1), int(sb is not None and sb.size > 1),
-                  mode, out.precision, out.emin)
-    parallel("fp8ref_exact_epilogue", job, M, work=M * N * 8, split=_SPLIT * threads(),
-             keep=(T, unsure, sa, sb, bias, norm))
-    return T, unsure.view(bool)
+                  mode, out.precision, out.emin, parts, M * N)
+    parallel("fp8ref_exact_epilogue", job, M, work=M * N * 8 * parts, split=_SPLIT * threads(),
+             keep=(T, res, unsure, sa, sb, bias, norm))
+    return res, unsure.view(bool)
 
 
 def _round_scaled(T: np.ndarray, s: np.ndarray, finite_bias, out, tiny: bool) -> np.ndarray:
@@ -293,16 +297,13 @@ def _overflow(c: np.ndarray, out) -> np.ndarray:
 
 # --- K-blocked scales ------------------------------------------------------------------------------------
 def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.ndarray:
-    """K-blocked scales: one float64 GEMM of the scaled operands with a proven bound, the
-    undecided elements exactly (module docstring)."""
+    """K-blocked scales: float64 GEMMs of the scaled operands over K-groups with a proven bound,
+    the undecided elements exactly (module docstring)."""
     M, K = ca.shape
     kb = sa.shape[1]
     a_norms = np.zeros((M, kb))
     A = _values(np.ascontiguousarray(ca), fa, "a", (sa, 1, bk), (a_norms, 1, bk))  # a' = a * sa: exact
     gk = max(1, _GROUP_K // bk) * bk  # K of each GEMM: whole scale blocks
-    with _b_values(cb, fb, record, bk, sb) as (B, b_norms):  # b' = b * sb: exact
-        y = _group_sums(A, B, gk)
-    norm = _gemm(np.sqrt(a_norms), np.sqrt(b_norms))
     # |y - x| <= gamma_n (|bias| + S), n = gk + ng + 1 (gk products and additions per GEMM, any
     # order, FMA or not; the ng GEMM results and the bias added); S <= norm (Cauchy-Schwarz per scale
     # block). gamma_n = n u / (1 - n u) with u = 2**-53, and the computed norms, their product and the
@@ -310,27 +311,33 @@ def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.nd
     # 1 + 4 (n + bk + kb + 8) u covers both
     n = min(gk, K) + -(-K // gk) + 1
     slack = n * 2.0 ** -53 * (1 + 4 * (n + bk + kb + 8) * 2.0 ** -53)
-    if kernels() is not None and not isinstance(out, CodeOut):
-        c, unsure = _epilogue(y, 1, out, finite_bias, norm=norm, slack=slack)
-        sure = ~unsure
-    else:
-        bound = norm * slack
-        if finite_bias is not None:
-            y += finite_bias
-            bound += np.abs(finite_bias) * slack
-        c, sure = out.candidate(y, bound) if isinstance(out, CodeOut) else _decide_bound(y, bound, out)
+    with _b_values(cb, fb, record, bk, sb) as (B, b_norms), _group_products(A, B, gk) as parts:  # b' = b * sb
+        norm = _gemm(np.sqrt(a_norms), np.sqrt(b_norms))
+        if kernels() is not None and not isinstance(out, CodeOut):
+            c, unsure = _epilogue(parts, 1, out, finite_bias, norm=norm, slack=slack)  # sums the parts too
+            sure = ~unsure
+        else:
+            y = parts[0] if parts.shape[0] == 1 else parts.sum(axis=0)
+            bound = norm * slack
+            if finite_bias is not None:
+                y += finite_bias
+                bound += np.abs(finite_bias) * slack
+            c, sure = out.candidate(y, bound) if isinstance(out, CodeOut) else _decide_bound(y, bound, out)
     if not sure.all():
         unsure = np.nonzero(~sure)
         c[unsure] = _overflow(_repair(ca, fa, cb, fb, sa, sb, bk, finite_bias, unsure, out), out)
     return c
 
 
-def _group_sums(A: np.ndarray, B: np.ndarray, gk: int) -> np.ndarray:
-    """sum_g A[:, g] @ B[g] over K-groups of gk (one GEMM each into its own array, then their
-    sum): the error bound grows with gk plus the number of groups, not with K."""
+@contextmanager
+def _group_products(A: np.ndarray, B: np.ndarray, gk: int):
+    """(ng, M, N): A[:, g] @ B[g] for the K-groups of gk, one GEMM each into its own array (summed
+    by the epilogue): the error bound grows with gk plus the number of groups, not with K. One
+    group: a new array; more: the _PARTS workspace (use it inside the with block)."""
     K = A.shape[1]
     if K <= gk:
-        return _gemm(A, B)
+        yield _gemm(A, B)[None]
+        return
     ng = -(-K // gk)
     with _PARTS.take(ng * A.shape[0] * B.shape[1]) as buf:
         parts = buf.reshape(ng, A.shape[0], B.shape[1])
@@ -341,7 +348,7 @@ def _group_sums(A: np.ndarray, B: np.ndarray, gk: int) -> np.ndarray:
                 np.matmul(a, b, out=parts[g])
             else:
                 t.mm(t.from_numpy(a), t.from_numpy(b), out=t.from_numpy(parts[g]))
-        return parts.sum(axis=0)
+        yield parts
 
 
 def _repair(ca, fa, cb, fb, sa, sb, bk: int, finite_bias, idx, out) -> np.ndarray:
@@ -375,8 +382,8 @@ def _block_sums(ca, fa, cb, fb, bk: int, idx) -> np.ndarray:
         job = bsum_job(a.ctypes.data, None if aT is None else aT.ctypes.data, b.ctypes.data, va.ctypes.data,
                        vb.ctypes.data, mi.ctypes.data, ni.ctypes.data, sums.ctypes.data, M, K, mi.size, bk,
                        b.strides[0], b.strides[1])
-        parallel("fp8ref_block_sums", job, mi.size, work=mi.size * K, split=_SPLIT * threads(),
-                 keep=(a, aT, b, va, vb, mi, ni, sums))
+        # one task per thread: with b row-major every task streams all of b
+        parallel("fp8ref_block_sums", job, mi.size, work=mi.size * K, keep=(a, aT, b, va, vb, mi, ni, sums))
         return sums.T
     starts = np.arange(0, K, bk)
     narrow = _products_exact_in_fp32(fa, fb)
