@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-
 CLOCK = time.perf_counter  # a benchmark may switch it (bench_matmul.py --clock cpu: time.process_time)
 
 

@@ -30,9 +30,9 @@ import time
 if "--threads" in sys.argv[:-1]:  # numpy's BLAS (OpenBLAS) reads its thread count when it loads
     os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
 
+import _util  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import _util  # noqa: E402
 from _util import best_time  # noqa: E402
 
 from fp8ref import encode  # noqa: E402

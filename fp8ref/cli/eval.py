@@ -3,7 +3,7 @@ static model from disk and evaluate its accuracy")."""
 
 from __future__ import annotations
 
-from .compare import INPUT_HELP, add_input_args, backends_for, token_ids, write_json
+from .compare import INPUT_HELP, add_input_args, add_keep_decoded, backends_for, token_ids, write_json
 from .output import add_progress_flags, progress_enabled
 
 
@@ -16,6 +16,7 @@ def register(sub) -> None:
     p.add_argument("--original", metavar="SRC", help="original (unquantized) weights, for mode 'original'")
     add_input_args(p, random=False)
     p.add_argument("--batch", type=int, default=8, help="sequences per forward pass (default 8)")
+    add_keep_decoded(p)
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
     add_progress_flags(p)
     p.set_defaults(handler=cmd_eval)
@@ -29,7 +30,8 @@ def cmd_eval(args) -> int:
     if not (args.text or args.tokens):
         raise ModelError("eval: give --text FILE or --tokens FILE")
     mode = parse_mode(args.mode)
-    model = build_model(args.checkpoint, mode=mode, original=args.original, backend=backends_for([mode]))
+    model = build_model(args.checkpoint, mode=mode, original=args.original, backend=backends_for([mode]),
+                        keep_decoded=args.keep_decoded)
     ids, source = token_ids(args, int(model.config.vocab_size))
     res = {"checkpoint": str(args.checkpoint), "input": source,
            **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}

@@ -57,7 +57,7 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
     ``DecodedCodes`` record (its float64 forms are decoded once and kept there)."""
     record = cb if isinstance(cb, DecodedCodes) else None
     cb = cb.codes if record is not None else cb
-    (M, K), N = ca.shape, cb.shape[1]
+    M, K = ca.shape
     every = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
     try:
         pieces = _piece_count(_span(fa, every[0]), _span(fb, every[1]), fa.mantissa_bits, fb.mantissa_bits,
