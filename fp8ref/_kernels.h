@@ -74,15 +74,21 @@ typedef struct { /* the declared-order fp32 GEMM, see _kernels_matmul.c; tasks a
 typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kernels_hw.c); tasks are
                   * (batch, column chunk) units */
     const uint8_t *A, *B;    /* codes (batch, M, K), (batch, K, N) */
-    const uint8_t *SA, *SB;  /* block-scale codes (batch, M, K / L), (batch, K / L, N), or NULL */
-    const float *va, *vb;    /* fp32 value per code */
+    const uint8_t *SA, *SB;  /* block-scale codes (batch, M, K / block), (batch, K / block, N), or NULL */
+    const float *va, *vb;    /* fp32 value per code (NaN/Inf codes: 0) */
     const int16_t *xa, *xb, *xs; /* alignment exponent per code (zero: -4096); xs: scale exponents */
+    const int16_t *ss;       /* grouped: scale significand per code (0: a zero scale) */
+    const uint8_t *fa, *fb, *fs; /* per code: 0 finite, 1 NaN/Inf, 2 not a code of the format */
     const float *psa, *psb;  /* promotion scales (M, np), (np, N) float32, or NULL */
     float *D;                /* (batch, M, N): C in, the tensor-core accumulator out */
     float *acc;              /* (batch, M, N) FP32 promotion accumulator, or NULL (no promotion) */
     size_t M, N, K, L, chunks;
     size_t promote, np;      /* steps per promotion (0: only after the last), promotion blocks */
+    size_t G, block;         /* grouped: products per group, K elements per block scale */
     int64_t F, out_bits, e_zero, zero_in, fma; /* pairwise: out_bits is F2 */
+    int64_t unit, smb;       /* grouped: exponent of a product's last bit, scale mantissa bits */
+    int64_t f16;             /* fused: C and D hold float16 values, normalised to nearest-even f16 */
+    int64_t bad;             /* out: flags of the codes and C read (1: NaN/Inf, 2: not a code) */
 } hw_job;
 
 typedef struct { /* the operand staging of the exact fast path (_kernels_exact.c): row r, column c < cols

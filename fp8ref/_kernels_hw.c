@@ -104,32 +104,92 @@ FP8REF_INLINE int c_exponent(float c) {
     return (field > 0 ? field : 1) - 127;
 }
 
-/* B rows [k0, k0 + L), columns [j0, j0 + w) decoded into bv / bx (row stride NB). */
-FP8REF_INLINE void decode_slab(const hw_job *j, const uint8_t *B, size_t k0, size_t L, size_t j0, size_t w,
-                               float *bv, int16_t *bx) {
+/* B rows [k0, k0 + L), columns [j0, j0 + w) decoded into bv / bx (row stride NB); returns the
+ * codes' flags (j->fb: 1 NaN/Inf, 2 not a code of the format; such codes decode as zeros). */
+FP8REF_INLINE int decode_slab(const hw_job *j, const uint8_t *B, size_t k0, size_t L, size_t j0, size_t w,
+                              float *bv, int16_t *bx) {
+    int bad = 0;
     for (size_t k = 0; k < L; k++) {
         const uint8_t *row = B + (k0 + k) * j->N + j0;
         for (size_t c = 0; c < w; c++) {
             bv[k * NB + c] = j->vb[row[c]];
             bx[k * NB + c] = j->xb[row[c]];
+            bad |= j->fb[row[c]];
         }
     }
+    return bad;
+}
+
+/* A's L codes at a decoded into av / ax; returns their flags. */
+FP8REF_INLINE int decode_row(const hw_job *j, const uint8_t *a, size_t L, float *av, int16_t *ax) {
+    int bad = 0;
+    for (size_t k = 0; k < L; k++) {
+        av[k] = j->va[a[k]];
+        ax[k] = j->xa[a[k]];
+        bad |= j->fa[a[k]];
+    }
+    return bad;
+}
+
+/* The caller's C values (the first step's d): a NaN/Inf one flags 1 and reads as 0 (the caller
+ * discards the result and runs the numpy model, which owns the specials' rules). */
+FP8REF_INLINE int check_c(float *d, size_t w) {
+    int bad = 0;
+    for (size_t c = 0; c < w; c++) {
+        const int special = (bits_of(d[c]) & 0x7f800000u) == 0x7f800000u;
+        bad |= special;
+        d[c] = special ? 0.0f : d[c];
+    }
+    return bad;
+}
+
+FP8REF_INLINE void flag(const hw_job *j, int bad) {
+    if (bad) __atomic_fetch_or(&((hw_job *)j)->bad, (int64_t)bad, __ATOMIC_RELAXED);
+}
+
+/* round-to-nearest-even of the exact v = S * 2**(E - F) to float16 (10 fraction bits, exponent >=
+ * -14; >= 2**16 after rounding: infinity), returned as the (exact) float32 of that float16. */
+FP8REF_INLINE float normalise_rne16(int64_t S, int E, int F) {
+    uint64_t mag = (uint64_t)(S < 0 ? -S : S);
+    const int top = 63 - __builtin_clzll(mag | 1);
+    const int ev = top + E - F;
+    const int drop = (ev > -14 ? ev : -14) - 10 - (E - F); /* bits of S below the f16 grid */
+    if (drop > 62) {
+        mag = 0; /* |S| < 2**51 here: below half the grid step */
+    } else if (drop > 0) {
+        const uint64_t low = mag & ((1ull << drop) - 1), half = 1ull << (drop - 1);
+        mag >>= drop;
+        mag += low > half || (low == half && (mag & 1));
+        mag <<= drop;
+    }
+    const double m = (double)mag * pow2d(E - F);
+    const float r = m >= 65536.0 ? INFINITY : (float)m;
+    return (S < 0 ? -r : r) + 0.0f; /* + 0.0f: never -0, as the model */
+}
+
+/* The alignment exponent of a running value d (float32, or a float16 value when f16): normal: its
+ * own; subnormal: the format's minimum (-126, -14); zero: e_zero. */
+FP8REF_INLINE int d_exponent(float d, int e_zero, int f16) {
+    if (!(bits_of(d) & 0x7fffffffu)) return e_zero;
+    const int e = c_exponent(d);
+    return f16 && e < -14 ? -14 : e;
 }
 
 /* One fused step of one row over columns [0, w) of the chunk; d: the row's running values. */
 FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict ax, const float *restrict bv,
                              const int16_t *restrict bx, const int16_t *restrict es, size_t L, size_t w,
-                             float *restrict d, int F, int out_bits, int e_zero, int zero_in, int wide) {
+                             float *restrict d, int F, int out_bits, int e_zero, int zero_in, int wide,
+                             int f16) {
     int16_t emax[NB], emin[NB];
     int32_t isum[NB], emax32[NB];
     int64_t lsum[NB];
     float up[NB];
     for (size_t c = 0; c < w; c++) {
-        emax[c] = (int16_t)((bits_of(d[c]) & 0x7fffffffu) ? c_exponent(d[c]) : e_zero);
+        emax[c] = (int16_t)d_exponent(d[c], e_zero, f16);
         if (zero_in) emin[c] = 0;
     }
     const size_t wv0 = w & ~(size_t)(VL - 1);
-    for (size_t c = wide ? 0 : wv0; c < w; c++) { /* the vector blocks store their sums */
+    for (size_t c = wide ? 0 : wv0; c < w; c++) { /* the non-wide vector blocks store their sums */
         isum[c] = 0;
         lsum[c] = 0;
     }
@@ -173,31 +233,43 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
         int x = F - E + es[c];
         up[c] = pow2f(x < -126 ? -126 : (x > 127 ? 127 : x));
     }
-    const size_t wi = wide ? 0 : wv;
-    for (size_t c0 = 0; c0 < wi; c0 += VL) { /* int32 sums held in registers over k */
+    for (size_t c0 = 0; c0 < wv; c0 += VL) { /* sums held in registers over k */
         const v16sf u0 = vload_sf(up + c0), u1 = vload_sf(up + c0 + 16);
         v16si s0 = {0}, s1 = {0};
-        for (size_t k = 0; k < L; k++) {
-            const float a = av[k];
-            s0 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0)) * u0, v16si);
-            s1 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0 + 16)) * u1, v16si);
+        for (size_t k0 = 0; k0 < L; k0 += 16) { /* wide: 16 terms (each < 2**27, F <= 25) fit int32 */
+            const size_t k1 = L - k0 < 16 ? L : k0 + 16;
+            if (wide) s0 = s1 = (v16si){0};
+            for (size_t k = k0; k < k1; k++) {
+                const float a = av[k];
+                s0 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0)) * u0, v16si);
+                s1 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0 + 16)) * u1, v16si);
+            }
+            if (wide) {
+                int32_t t[VL];
+                memcpy(t, &s0, sizeof s0);
+                memcpy(t + 16, &s1, sizeof s1);
+                for (int i = 0; i < VL; i++) lsum[c0 + i] += t[i];
+            }
         }
-        memcpy(isum + c0, &s0, sizeof s0);
-        memcpy(isum + c0 + 16, &s1, sizeof s1);
+        if (!wide) {
+            memcpy(isum + c0, &s0, sizeof s0);
+            memcpy(isum + c0 + 16, &s1, sizeof s1);
+        }
     }
     for (size_t k = 0; k < L; k++) {
         const float a = av[k];
         const float *restrict b_k = bv + k * NB;
         if (wide)
-            for (size_t c = 0; c < w; c++) lsum[c] += (int32_t)((a * b_k[c]) * up[c]);
+            for (size_t c = wv; c < w; c++) lsum[c] += (int32_t)((a * b_k[c]) * up[c]);
         else
-            for (size_t c = wi; c < w; c++) isum[c] += (int32_t)((a * b_k[c]) * up[c]);
+            for (size_t c = wv; c < w; c++) isum[c] += (int32_t)((a * b_k[c]) * up[c]);
     }
     for (size_t c = 0; c < w; c++) {
         const int E = emax32[c];
         const int32_t tc = (int32_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
-        const float r = wide ? normalise_rz(lsum[c] + tc, E, F, out_bits)
-                             : normalise_rz32(isum[c] + tc, E, F, out_bits); /* |isum| <= 2**30 */
+        const int64_t S = wide ? lsum[c] + tc : (int64_t)isum[c] + tc; /* |isum| <= 2**30 */
+        const float r = f16 ? normalise_rne16(S, E, F)
+                            : (wide ? normalise_rz(S, E, F, out_bits) : normalise_rz32((int32_t)S, E, F, out_bits));
         d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
     }
 }
@@ -222,25 +294,29 @@ FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide) 
     float *D = j->D + bt * M * N, *acc = j->acc ? j->acc + bt * M * N : NULL;
     float bv[HW_LMAX * NB], av[HW_LMAX];
     int16_t bx[HW_LMAX * NB], ax[HW_LMAX], sbx[NB], es[NB];
+    int bad = 0;
     for (size_t c = 0; c < w; c++) sbx[c] = 0;
     for (size_t s = 0; s < S; s++) {
-        decode_slab(j, B, s * L, L, j0, w, bv, bx);
+        bad |= decode_slab(j, B, s * L, L, j0, w, bv, bx);
         if (SB)
-            for (size_t c = 0; c < w; c++) sbx[c] = j->xs[SB[s * N + j0 + c]];
+            for (size_t c = 0; c < w; c++) {
+                sbx[c] = j->xs[SB[s * N + j0 + c]];
+                bad |= j->fs[SB[s * N + j0 + c]];
+            }
         const int promote = acc && ((j->promote && (s + 1) % j->promote == 0) || s + 1 == S);
         for (size_t m = 0; m < M; m++) {
-            const uint8_t *a = A + m * K + s * L;
-            for (size_t k = 0; k < L; k++) {
-                av[k] = j->va[a[k]];
-                ax[k] = j->xa[a[k]];
-            }
+            bad |= decode_row(j, A + m * K + s * L, L, av, ax);
             const int16_t sa = SA ? j->xs[SA[m * S + s]] : 0;
+            if (SA) bad |= j->fs[SA[m * S + s]];
             for (size_t c = 0; c < w; c++) es[c] = (int16_t)(sa + sbx[c]);
             float *d = D + m * N + j0;
-            fused_row(av, ax, bv, bx, es, L, w, d, (int)j->F, (int)j->out_bits, (int)j->e_zero, zero_in, wide);
+            if (s == 0) bad |= check_c(d, w);
+            fused_row(av, ax, bv, bx, es, L, w, d, (int)j->F, (int)j->out_bits, (int)j->e_zero, zero_in, wide,
+                      (int)j->f16);
             if (promote) promote_row(j, m, j->promote ? s / j->promote : 0, j0, w, d, acc + m * N + j0);
         }
     }
+    flag(j, bad);
 }
 
 /* Tasks over units [lo, hi): unit u is batch u / chunks, columns [(u % chunks) * NB, + NB). */
@@ -252,6 +328,111 @@ FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
         else
             wide ? fused_unit(j, u, 0, 1) : fused_unit(j, u, 0, 0);
     }
+}
+
+/* Shift an integer t by sh bits: left exactly, right truncating toward zero (as trunc of t * 2**sh). */
+FP8REF_INLINE int64_t shift_trunc(int64_t t, int sh) {
+    if (sh >= 0) return (int64_t)((uint64_t)t << sh);
+    const int r = -sh < 63 ? -sh : 63;
+    return t < 0 ? -(int64_t)((uint64_t)-t >> r) : (int64_t)((uint64_t)t >> r);
+}
+
+/* grouped (NVIDIA kind::mxf4 / mxf4nvf4), a step of L elements of one row over columns [0, w): the
+ * G products of each group are summed exactly in fp32 (e2m1 products are multiples of 2**unit =
+ * 2**-2 below 2**6; G = 16 of them stay below 2**10), the group sum P times its two scales (value
+ * sig_a * sig_b * 2**(x_a + x_b - 2 smb)) is one term with alignment exponent x_a + x_b, unless every
+ * product of the group or a scale is zero (then the step's E takes e_zero). Then as fused:
+ *     S = sum_g trunc(P_g * s_g * 2**(F - E)) + trunc(C * 2**(F - E)),  C = rz(S * 2**(E - F))
+ * with P_g / 2**unit * sig_a * sig_b an integer below 2**20 shifted by x_g - 2 smb + unit + F - E <= 33:
+ * |S| < 2**50, exact in int64. */
+FP8REF_INLINE void grouped_row(const hw_job *j, const float *restrict av, const float *restrict bv,
+                               const uint16_t *restrict bnz, const int16_t *restrict sbx,
+                               const int16_t *restrict sbs, const int16_t *xsa, const int16_t *ssa, size_t L,
+                               size_t w, float *restrict d) {
+    const size_t G = j->G, ng = L / G;
+    const int F = (int)j->F, e_zero = (int)j->e_zero, unit = (int)j->unit, smb = (int)j->smb;
+    const float per_unit = pow2f(-unit);
+    float P[HW_LMAX / 16 * NB];
+    uint16_t anz[HW_LMAX / 16];
+    for (size_t g = 0; g < ng; g++) {
+        uint16_t mask = 0;
+        for (size_t i = 0; i < G; i++) mask |= (uint16_t)((av[g * G + i] != 0.0f) << i);
+        anz[g] = mask;
+        float *restrict p = P + g * NB;
+        for (size_t c = 0; c < w; c++) p[c] = 0.0f;
+        for (size_t i = 0; i < G; i++) {
+            const float a = av[g * G + i];
+            const float *restrict b = bv + (g * G + i) * NB;
+            for (size_t c = 0; c < w; c++) p[c] += a * b[c]; /* exact: integers * 2**unit below 2**10 */
+        }
+    }
+    for (size_t c = 0; c < w; c++) {
+        if ((bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u) continue; /* an Inf C (a step overflowed) stays */
+        int E = d_exponent(d[c], e_zero, 0), any_zero = 0;
+        int x[HW_LMAX / 16], sig[HW_LMAX / 16];
+        for (size_t g = 0; g < ng; g++) {
+            sig[g] = ssa[g] * sbs[g * NB + c];
+            x[g] = xsa[g] + sbx[g * NB + c];
+            if (!(anz[g] & bnz[g * NB + c]) || sig[g] == 0) {
+                sig[g] = 0;
+                any_zero = 1;
+            } else {
+                E = x[g] > E ? x[g] : E;
+            }
+        }
+        if (any_zero && E < e_zero) E = e_zero;
+        int64_t S = (int64_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
+        for (size_t g = 0; g < ng; g++)
+            if (sig[g]) S += shift_trunc((int64_t)(int32_t)(P[g * NB + c] * per_unit) * sig[g],
+                                         x[g] - 2 * smb + unit + F - E);
+        d[c] = normalise_rz(S, E, F, (int)j->out_bits);
+    }
+}
+
+FP8REF_CLONES void fp8ref_hw_grouped(const hw_job *j, size_t lo, size_t hi) {
+    const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L, G = j->G, ng = L / G;
+    const size_t nbk = K / j->block; /* scales per row of A */
+    float bv[HW_LMAX * NB], av[HW_LMAX];
+    int16_t bx[HW_LMAX * NB], ax[HW_LMAX];
+    uint16_t bnz[HW_LMAX / 16 * NB];
+    int16_t sbx[HW_LMAX / 16 * NB], sbs[HW_LMAX / 16 * NB], xsa[HW_LMAX / 16], ssa[HW_LMAX / 16];
+    int bad = 0;
+    for (size_t u = lo; u < hi; u++) {
+        const size_t bt = u / j->chunks, j0 = (u % j->chunks) * NB, w = N - j0 < NB ? N - j0 : NB;
+        const uint8_t *A = j->A + bt * M * K, *B = j->B + bt * K * N;
+        const uint8_t *SA = j->SA + bt * M * nbk, *SB = j->SB + bt * nbk * N;
+        float *D = j->D + bt * M * N, *acc = j->acc ? j->acc + bt * M * N : NULL;
+        for (size_t s = 0; s < S; s++) {
+            bad |= decode_slab(j, B, s * L, L, j0, w, bv, bx);
+            for (size_t g = 0; g < ng; g++) {
+                const size_t q = (s * L + g * G) / j->block;
+                for (size_t c = 0; c < w; c++) {
+                    uint16_t mask = 0;
+                    for (size_t i = 0; i < G; i++) mask |= (uint16_t)((bv[(g * G + i) * NB + c] != 0.0f) << i);
+                    bnz[g * NB + c] = mask;
+                    const uint8_t code = SB[q * N + j0 + c];
+                    sbx[g * NB + c] = j->xs[code];
+                    sbs[g * NB + c] = j->ss[code];
+                    bad |= j->fs[code];
+                }
+            }
+            const int promote = acc && ((j->promote && (s + 1) % j->promote == 0) || s + 1 == S);
+            for (size_t m = 0; m < M; m++) {
+                bad |= decode_row(j, A + m * K + s * L, L, av, ax);
+                for (size_t g = 0; g < ng; g++) {
+                    const uint8_t code = SA[m * nbk + (s * L + g * G) / j->block];
+                    xsa[g] = j->xs[code];
+                    ssa[g] = j->ss[code];
+                    bad |= j->fs[code];
+                }
+                float *d = D + m * N + j0;
+                if (s == 0) bad |= check_c(d, w);
+                grouped_row(j, av, bv, bnz, sbx, sbs, xsa, ssa, L, w, d);
+                if (promote) promote_row(j, m, j->promote ? s / j->promote : 0, j0, w, d, acc + m * N + j0);
+            }
+        }
+    }
+    flag(j, bad);
 }
 
 /* One pairwise step of one row over columns [0, w) of the chunk. */
@@ -340,20 +521,19 @@ FP8REF_CLONES void fp8ref_hw_pairwise(const hw_job *j, size_t lo, size_t hi) {
     const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L;
     float bv[HW_LMAX * NB], av[HW_LMAX];
     int16_t bx[HW_LMAX * NB], ax[HW_LMAX];
+    int bad = 0;
     for (size_t u = lo; u < hi; u++) {
         const size_t bt = u / j->chunks, j0 = (u % j->chunks) * NB, w = N - j0 < NB ? N - j0 : NB;
         const uint8_t *A = j->A + bt * M * K, *B = j->B + bt * K * N;
         float *D = j->D + bt * M * N;
         for (size_t s = 0; s < S; s++) {
-            decode_slab(j, B, s * L, L, j0, w, bv, bx);
+            bad |= decode_slab(j, B, s * L, L, j0, w, bv, bx);
             for (size_t m = 0; m < M; m++) {
-                const uint8_t *a = A + m * K + s * L;
-                for (size_t k = 0; k < L; k++) {
-                    av[k] = j->va[a[k]];
-                    ax[k] = j->xa[a[k]];
-                }
+                bad |= decode_row(j, A + m * K + s * L, L, av, ax);
+                if (s == 0) bad |= check_c(D + m * N + j0, w);
                 pairwise_row(av, ax, bv, bx, L, w, D + m * N + j0, (int)j->F, (int)j->out_bits);
             }
         }
     }
+    flag(j, bad);
 }

@@ -43,10 +43,10 @@ quant_job = _struct("quant_job", [(n, _vp) for n in ("src", "dst", "s", "s_off",
                     + [("addend", _f32), ("clampv", _f32), ("neg0", _u32), ("stream", _i32)])
 mm_job = _struct("mm_job", [(n, _vp) for n in ("A", "B", "tab_a", "tab_b", "sa", "sb", "total", "part", "scratch")]
                  + [(n, _sz) for n in ("M", "K", "N", "L", "bk", "KB", "step", "scratch_stride", "fused")])
-hw_job = _struct("hw_job", [(n, _vp) for n in ("A", "B", "SA", "SB", "va", "vb", "xa", "xb", "xs", "psa", "psb", "D",
-                                                "acc")]
-                 + [(n, _sz) for n in ("M", "N", "K", "L", "chunks", "promote", "np")]
-                 + [(n, _i64) for n in ("F", "out_bits", "e_zero", "zero_in", "fma")])
+hw_job = _struct("hw_job", [(n, _vp) for n in ("A", "B", "SA", "SB", "va", "vb", "xa", "xb", "xs", "ss", "fa", "fb",
+                                                "fs", "psa", "psb", "D", "acc")]
+                 + [(n, _sz) for n in ("M", "N", "K", "L", "chunks", "promote", "np", "G", "block")]
+                 + [(n, _i64) for n in ("F", "out_bits", "e_zero", "zero_in", "fma", "unit", "smb", "f16", "bad")])
 dec_job = _struct("dec_job", [(n, _vp) for n in ("src", "dst", "lut", "flags", "scale", "norm2")]
                   + [(n, _i64) for n in ("src_rs", "src_cs", "dst_rs", "rows", "cols", "unit", "s_rs", "s_rb", "s_cb",
                                          "n_rs", "n_rb", "n_cb")])
@@ -60,7 +60,7 @@ _STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job,
 
 _TASKS = ("fp8ref_encode_f32", "fp8ref_encode_f32_rne", "fp8ref_gather_u16", "fp8ref_gather_f32_rto16",
           "fp8ref_decode_f32", "fp8ref_quant", "fp8ref_quant_fused", "fp8ref_amax_u16", "fp8ref_amax_u32",
-          "fp8ref_mm_seq_f32", "fp8ref_hw_fused", "fp8ref_hw_pairwise", "fp8ref_decode_f64",
+          "fp8ref_mm_seq_f32", "fp8ref_hw_fused", "fp8ref_hw_pairwise", "fp8ref_hw_grouped", "fp8ref_decode_f64",
           "fp8ref_exact_epilogue", "fp8ref_block_sums")
 _SIGNATURES = {**{name: [_vp, _sz, _sz] for name in _TASKS},
                "fp8ref_parallel": [_vp, _vp, _sz, _sz, _sz], "fp8ref_bind_openmp": [_vp, _vp, _vp]}

@@ -57,6 +57,9 @@ def dot_add(ins: Instruction, a, b, c, sa=None, sb=None) -> np.ndarray:
     return c
 
 
+_PLANS: dict[tuple[str, str, str], native.Plan] = {}  # (op, arch, shape_and_type) as given -> its C plan
+
+
 def mma(op: str, arch: str, shape_and_type: str, a, b, c, *, scale_a=None, scale_b=None):
     """D = A·B + C as the instruction computes it, bit for bit (the published model).
 
@@ -65,6 +68,19 @@ def mma(op: str, arch: str, shape_and_type: str, a, b, c, *, scale_a=None, scale
     Block-scaled kinds take scale_a (m, k // block) and scale_b (k // block, n) as UE8M0 / UE4M3
     codes (UE4M3: the sign bit is ignored, as the hardware does). Returns D like c (numpy, or
     torch when ``a`` is torch)."""
+    try:  # the plain case (numpy operands of the right shapes, finite): the cached plan, no re-parsing
+        plan = _PLANS[op, arch, shape_and_type]
+    except (KeyError, TypeError):
+        plan = None
+    if plan is not None and native.kernels() is not None:
+        D = plan(a, b, c, scale_a, scale_b)
+        if D is not None:
+            return D
+    return _checked_mma(op, arch, shape_and_type, a, b, c, scale_a, scale_b)
+
+
+def _checked_mma(op, arch, shape_and_type, a, b, c, scale_a, scale_b):
+    """mma() with every argument validated (a one-line Fp8RefError for bad input)."""
     ins = instruction(op, arch, shape_and_type)
     A = as_codes(a, ins.a_fmt, "a")
     B = as_codes(b, ins.b_fmt, "b")
@@ -83,6 +99,8 @@ def mma(op: str, arch: str, shape_and_type: str, a, b, c, *, scale_a=None, scale
                 raise ShapeError(f"{what}: {ins.name} takes shape {shape}, got {tuple(x.shape)}")
     elif scale_a is not None or scale_b is not None:
         raise InputTypeError(f"{ins.name}: not block-scaled; scale_a/scale_b must be None")
+    if all(type(x) is str for x in (op, arch, shape_and_type)) and (plan := native.plan(ins)) is not None:
+        _PLANS[op, arch, shape_and_type] = plan
     D = native.chained_matmul(ins, A, B, C, SA, SB)
     if D is None:
         D = dot_add(ins, A[:, None, :], B.T[None, :, :], C, None if SA is None else SA[:, None, :],

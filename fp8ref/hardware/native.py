@@ -1,133 +1,130 @@
-"""The ``fused`` and ``pairwise`` datapaths chained over K in C (fp8ref/_kernels_hw.c), on whole
-batches of tiles, and a kernel's FP32 promotion.
+"""The ``fused``, ``grouped`` and ``pairwise`` datapaths chained over K in C (fp8ref/_kernels_hw.c),
+on whole batches of tiles, a kernel's FP32 promotion, and one instruction's call by a cached plan.
 
 Same integers as ``fdpa.fused_step`` / ``fdpa.pairwise_step`` (the C file says why every step is
-exact); used only where its preconditions hold: f32 accumulator (fused: normalised toward zero;
-pairwise: CDNA3's), power-of-two (UE8M0) block scales one per step, and finite operands, scales and
-C. Anything else (NaN/Inf inputs, ``grouped`` datapaths, f16, UE4M3 scales) returns None and the
-numpy model runs.
+exact); used where the published model's rule is one the loops hold: fused normalised toward zero
+(f32) or to nearest f16 (.f16), power-of-two (UE8M0) block scales one per step; grouped (MXFP4 /
+NVFP4: UE8M0 or UE4M3 scales per 16 or 32 elements); CDNA3's pairwise. The loops flag every code
+that is NaN/Inf (or not a code of its format) and every NaN/Inf C as they read them: then the caller
+discards the result and runs the numpy model, which owns the rules of the specials.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from functools import cache
 
 import numpy as np
 
-from .._native import hw_job, kernels, parallel
+from .._native import _PARALLEL_MIN, hw_job, kernels, parallel
 from ..formats import FloatFormat
-from .fdpa import value_fields
+from .fdpa import code_fields, value_fields
 from .isa import Instruction
 
 _OUT_BITS = {"rz-e8m13": 13, "rz-f32": 23}
 _NB = 128  # columns per C unit (NB in _kernels_hw.c)
 _ZERO = -4096  # int16 alignment exponent of a zero operand (HW_ZERO in _kernels_hw.c)
 _LMAX = 64  # longest step the C loops hold (HW_LMAX)
+NON_FINITE, NOT_A_CODE = 1, 2  # the flags the loops return (hw_job.bad)
+_U8 = np.dtype(np.uint8)
 
 
 @cache
-def _tables(fmt: FloatFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(fp32 value, int16 alignment exponent, finite?) per code; FP8/6/4 values are fp32-exact."""
-    v, e = value_fields(fmt)
+def tables(fmt: FloatFormat, ignore_sign: bool = False) -> tuple[np.ndarray, ...]:
+    """(fp32 value, int16 alignment exponent, uint8 flag, int16 significand) per code (read-only,
+    never freed: the C loops get their addresses). FP8/6/4 values are fp32-exact; NaN/Inf codes
+    read as zeros and flag NON_FINITE; bytes past a 4/6-bit format's codes flag NOT_A_CODE."""
+    v, e = value_fields(fmt, ignore_sign)
+    sig = np.abs(code_fields(fmt, ignore_sign)[0]).astype(np.int16)
     finite = np.isfinite(v)
-    x = np.where(e < -(1 << 19), _ZERO, e).astype(np.int16)
-    return np.where(finite, v, 0).astype(np.float32), x, finite
-
-
-@cache
-def _non_finite(fmt: FloatFormat) -> tuple[int, tuple[int, ...]]:
-    """(t, rest): a code is NaN/Inf iff its magnitude bits are >= t, or it is one of ``rest`` (the
-    fnuz NaN 0x80); read off the table (tests/hardware/test_fused_c.py checks every code)."""
-    finite = _tables(fmt)[2]
-    codes = np.arange(256)
-    mag = codes & (fmt.magnitude_mask | ~(fmt.n_codes - 1) & 0xFF)
-    bad_mag = mag[~finite & (mag > 0)]
-    t = int(bad_mag.min()) if bad_mag.size else 256
-    rest = tuple(int(c) for c in codes[~finite & (mag < t)])
-    return t, rest
-
-
-@cache
-def _pointers(fmt: FloatFormat) -> tuple[int, int]:
-    """Addresses of the cached (read-only, never freed) value and exponent tables."""
-    v, x, _ = _tables(fmt)
-    return v.ctypes.data, x.ctypes.data
-
-
-@cache
-def _bad_bytes(fmt: FloatFormat) -> tuple[bytes, ...]:
-    return tuple(bytes([c]) for c in range(256) if not _tables(fmt)[2][c])
-
-
-def _finite_codes(codes: np.ndarray, fmt: FloatFormat) -> bool:
-    """No NaN/Inf code (a max and a compare or two over the codes: no gather, except for one
-    instruction's few codes, where the table lookup is quicker)."""
-    if codes.size <= 8192:  # memchr over a copy of the bytes: no numpy call per code
-        b = codes.tobytes()
-        return not any(c in b for c in _bad_bytes(fmt))
-    t, rest = _non_finite(fmt)
-    mask = fmt.magnitude_mask | ~(fmt.n_codes - 1) & 0xFF
-    if codes.size == 0:
-        return True
-    if t < 256 and int(np.bitwise_and(codes, mask).max()) >= t:
-        return False
-    return not any(bool((codes == c).any()) for c in rest)
+    flags = np.where(finite, 0, NON_FINITE).astype(np.uint8)
+    flags[fmt.n_codes:] = NOT_A_CODE
+    x = np.where((e < -(1 << 19)) | ~finite, _ZERO, e).astype(np.int16)
+    out = (np.where(finite, v, 0).astype(np.float32), x, flags, np.where(finite, sig, 0).astype(np.int16))
+    for arr in out:
+        arr.setflags(write=False)
+    return out
 
 
 def applies(ins: Instruction) -> bool:
     dp = ins.datapath
-    if kernels() is None or ins.acc != "float32" or min(ins.k, dp.L) > _LMAX:
+    if kernels() is None or min(ins.k, dp.L) > _LMAX:
         return False
     if dp.family == "pairwise":
-        return dp.output == "rne-f32"
-    return dp.family == "fused" and dp.output in _OUT_BITS and \
+        return ins.acc == "float32" and dp.output == "rne-f32"
+    if dp.family == "grouped":  # e2m1 products: exact group sums in fp32 (see grouped_row)
+        return ins.acc == "float32" and dp.output == "rz-f32" and dp.G == 16 and ins.block % dp.G == 0 \
+            and ins.a_fmt.bits == ins.b_fmt.bits == 4 and dp.L % dp.G == 0
+    if dp.F > 25:  # the fused loops' int32 partial sums hold 16 terms below 2**(F + 2)
+        return False
+    out_ok = dp.output in _OUT_BITS if ins.acc == "float32" else dp.output == "rne-f16"
+    return dp.family == "fused" and out_ok and \
         (ins.scale_fmt is None or (ins.scale_type == "ue8m0" and ins.block == dp.L))
 
 
-def _finite(ins: Instruction, A, B, C, SA, SB) -> bool:
-    """Every code, scale and C finite, and K whole steps (the C loops take no partial step)."""
-    K = A.shape[-1]
-    if K % min(K, ins.datapath.L):
-        return False
-    if not (_finite_codes(A, ins.a_fmt) and _finite_codes(B, ins.b_fmt)):
-        return False
-    if C is not None and not math.isfinite(C.sum(dtype=np.float64)):  # a NaN/Inf C makes the sum NaN/Inf
-        return False
-    return SA is None or (_finite_codes(SA, ins.scale_fmt) and _finite_codes(SB, ins.scale_fmt))
+def _address(x) -> int:
+    return x.ctypes.data
 
 
-def _run(ins: Instruction, A, B, D, SA=None, SB=None, acc=None, promote=0, psa=None, psb=None, fma=False):
-    """The C loop over contiguous A (nb, M, K), B (nb, K, N), D (nb, M, N) (C in, result out)."""
+@cache
+def _template(ins: Instruction) -> tuple[hw_job, str, tuple]:
+    """The job fields that depend on the instruction only (tables, datapath parameters), its C task,
+    and the tables it points into."""
     dp = ins.datapath
+    ta, tb = tables(ins.a_fmt), tables(ins.b_fmt)
+    ts = tables(ins.scale_fmt, ins.scale_type == "ue4m3") if ins.scale_fmt is not None else tables(ins.a_fmt)
+    job = hw_job(va=_address(ta[0]), vb=_address(tb[0]), xa=_address(ta[1]), xb=_address(tb[1]),
+                 xs=_address(ts[1]), ss=_address(ts[3]), fa=_address(ta[2]), fb=_address(tb[2]), fs=_address(ts[2]),
+                 F=dp.F, f16=int(ins.acc == "float16"))
+    if dp.family == "pairwise":
+        job.out_bits, task = dp.F2, "fp8ref_hw_pairwise"
+    else:
+        job.out_bits = _OUT_BITS.get(dp.output, 10)
+        job.e_zero = dp.e_zero
+        if dp.family == "grouped":
+            task = "fp8ref_hw_grouped"
+            job.G, job.block = dp.G, ins.block
+            job.unit = ins.a_fmt.emin - ins.a_fmt.mantissa_bits + ins.b_fmt.emin - ins.b_fmt.mantissa_bits
+            job.smb = ins.scale_fmt.mantissa_bits
+        else:
+            task = "fp8ref_hw_fused"
+            job.zero_in = int(ins.scale_fmt is not None or dp.e_zero > ins.a_fmt.emin + ins.b_fmt.emin)
+    return job, task, (ta, tb, ts)
+
+
+def _run(ins: Instruction, A, B, D, SA=None, SB=None, acc=None, promote=0, psa=None, psb=None, fma=False) -> int:
+    """The C loop over contiguous A (nb, M, K), B (nb, K, N), D (nb, M, N) float32 (C in, result
+    out); returns the flags of what it read (0: every code and C finite, the result stands)."""
+    template, task, _ = _template(ins)
     *batch, M, K = A.shape
     N = B.shape[-1]
     nb = math.prod(batch)
-    L = min(K, dp.L)
-    pa, pb = _pointers(ins.a_fmt), _pointers(ins.b_fmt)
+    job = hw_job.from_buffer_copy(template)
     keep = [None if x is None else np.ascontiguousarray(x) for x in (A, B, SA, SB)] + [psa, psb, D, acc]
-    A, B, SA, SB, psa, psb, D, acc = (None if x is None else x.ctypes.data for x in keep)
-    chunks = -(-N // _NB)
-    if dp.family == "pairwise":
-        F, out_bits, e_zero, zero_in, task = dp.F, dp.F2, 0, 0, "fp8ref_hw_pairwise"
-    else:
-        F, out_bits, e_zero, task = dp.F, _OUT_BITS[dp.output], dp.e_zero, "fp8ref_hw_fused"
-        zero_in = int(SA is not None or dp.e_zero > ins.a_fmt.emin + ins.b_fmt.emin)
-    job = hw_job(A, B, SA, SB, pa[0], pb[0], pa[1], pb[1], None if SA is None else _pointers(ins.scale_fmt)[1],
-                 psa, psb, D, acc, M, N, K, L, chunks, promote, 0 if keep[4] is None else keep[4].shape[1],
-                 F, out_bits, e_zero, zero_in, int(fma))
-    parallel(task, job, nb * chunks, work=nb * M * N * K // 4, keep=keep)
+    job.A, job.B, job.SA, job.SB, job.psa, job.psb, job.D, job.acc = \
+        (None if x is None else x.ctypes.data for x in keep)
+    job.M, job.N, job.K, job.L = M, N, K, min(K, ins.datapath.L)
+    job.chunks = -(-N // _NB)
+    job.promote, job.np, job.fma = promote, 0 if psa is None else psa.shape[1], int(fma)
+    parallel(task, job, nb * job.chunks, work=nb * M * N * K // 4, keep=keep)
+    return job.bad
+
+
+def _whole_steps(ins: Instruction, K: int) -> bool:
+    return K % min(K, ins.datapath.L) == 0  # the C loops take no partial step
 
 
 def chained_matmul(ins: Instruction, A, B, C, SA=None, SB=None) -> np.ndarray | None:
-    """D for A (..., M, K), B (..., K, N) codes, C (..., M, N) float32, scales SA (..., M, K/L),
-    SB (..., K/L, N) UE8M0 codes: the instruction chained over K from C. None where it does not
-    apply (then the caller runs the numpy model)."""
-    if not applies(ins) or not _finite(ins, A, B, C, SA, SB):
+    """D for A (..., M, K), B (..., K, N) codes, C (..., M, N) in the accumulator dtype, scales SA
+    (..., M, K/block), SB (..., K/block, N) codes: the instruction chained over K from C. None where
+    it does not apply or an operand, scale or C is NaN/Inf (then the caller runs the numpy model)."""
+    if not applies(ins) or not _whole_steps(ins, A.shape[-1]):
         return None
     D = np.array(C, np.float32, order="C", copy=True)
-    _run(ins, A, B, D, SA, SB)
-    return D
+    if _run(ins, A, B, D, SA, SB):
+        return None
+    return D.astype(np.float16) if ins.acc == "float16" else D
 
 
 def promoted_matmul(ins: Instruction, A, B, SA=None, SB=None, *, promote_every: int | None,
@@ -136,20 +133,75 @@ def promoted_matmul(ins: Instruction, A, B, SA=None, SB=None, *, promote_every: 
     carries ``promote_every`` elements of K (None: all of K, fast accumulation), then goes into an
     FP32 register accumulator, acc = fp32(acc + fp32(d * s)) or fma(d, s, acc), s = fp32(psa[m, p] *
     psb[p, n]) per promotion block p (psa (M, P), psb (P, N) float32; 1 when None). None where the
-    C loop does not apply."""
-    if not applies(ins) or ins.datapath.family != "fused" or not _finite(ins, A, B, None, SA, SB):
-        return None
+    C loop does not apply or an operand or scale is NaN/Inf."""
+    if not applies(ins) or ins.datapath.family == "pairwise" or ins.acc != "float32" or \
+            not _whole_steps(ins, A.shape[-1]):
+        return None  # the pairwise loop has no promotion
     M, K = A.shape
     L = min(K, ins.datapath.L)
     if promote_every is not None and promote_every % L:
         return None
     D = np.zeros((M, B.shape[1]), np.float32)
     if promote_every is None:
-        _run(ins, A, B, D, SA, SB)
-        return D
+        return None if _run(ins, A, B, D, SA, SB) else D
     acc = np.zeros_like(D)
     for x in (psa, psb):
         if x is not None and not (x.dtype == np.float32 and x.flags.c_contiguous):
             raise TypeError("promotion scales: contiguous float32 expected")  # internal contract
-    _run(ins, A, B, D, SA, SB, acc, promote_every // L, psa, psb, fma)
-    return acc
+    return None if _run(ins, A, B, D, SA, SB, acc, promote_every // L, psa, psb, fma) else acc
+
+
+class Plan:
+    """One instruction's call, D = A·B + C, with everything that depends on the instruction alone
+    done once: the job's fields, the shapes and dtypes to accept, the C task. ``__call__`` takes
+    only the plain case, C-contiguous or not: numpy uint8 codes and a numpy accumulator of exactly
+    the instruction's shapes and dtypes; anything else, and any NaN/Inf or invalid code, returns None
+    and the caller takes the checked path (which validates and says what is wrong)."""
+
+    __slots__ = ("job", "fn", "shapes", "acc", "scaled", "f16", "keep")
+
+    def __init__(self, ins: Instruction):
+        template, task, tabs = _template(ins)
+        self.job = hw_job.from_buffer_copy(template)
+        self.job.M, self.job.N, self.job.K, self.job.L = ins.m, ins.n, ins.k, min(ins.k, ins.datapath.L)
+        self.job.chunks = -(-ins.n // _NB)
+        self.fn = getattr(kernels(), task)
+        self.keep = tabs
+        nb = ins.k // ins.block if ins.block else 0
+        self.shapes = ((ins.m, ins.k), (ins.k, ins.n), (ins.m, ins.n), (ins.m, nb), (nb, ins.n))
+        self.acc = np.dtype(ins.acc)
+        self.scaled = ins.scale_fmt is not None
+        self.f16 = ins.acc == "float16"
+
+    def __call__(self, a, b, c, sa, sb) -> np.ndarray | None:
+        sh = self.shapes
+        if not (type(a) is np.ndarray and type(b) is np.ndarray and type(c) is np.ndarray and a.dtype is _U8
+                and b.dtype is _U8 and c.dtype is self.acc and a.shape == sh[0] and b.shape == sh[1]
+                and c.shape == sh[2]):
+            return None
+        if self.scaled:
+            if not (type(sa) is np.ndarray and type(sb) is np.ndarray and sa.dtype is _U8 and sb.dtype is _U8
+                    and sa.shape == sh[3] and sb.shape == sh[4]):
+                return None
+            sa, sb = np.ascontiguousarray(sa), np.ascontiguousarray(sb)
+        elif sa is not None or sb is not None:
+            return None
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        D = c.astype(np.float32) if self.f16 else c.copy()
+        job = hw_job.from_buffer_copy(self.job)
+        job.A, job.B, job.D = a.ctypes.data, b.ctypes.data, D.ctypes.data
+        if self.scaled:
+            job.SA, job.SB = sa.ctypes.data, sb.ctypes.data
+        self.fn(ctypes.byref(job), 0, job.chunks)
+        if job.bad:
+            return None
+        return D.astype(np.float16) if self.f16 else D
+
+
+@cache
+def plan(ins: Instruction) -> Plan | None:
+    """The cached plan of one instruction's call, or None where the C loops do not serve it or its
+    work is large enough to split over threads (then ``chained_matmul`` runs it)."""
+    if not applies(ins) or not _whole_steps(ins, ins.k) or ins.m * ins.n * ins.k // 4 >= _PARALLEL_MIN:
+        return None
+    return Plan(ins)

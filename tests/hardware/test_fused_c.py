@@ -29,16 +29,24 @@ def _finite(fmt, rng, shape, zeros):
     return x
 
 
-def _c_values(rng, shape, kind):
+def _c_values(rng, shape, kind, acc="float32"):
+    f16 = acc == "float16"
     C = rng.standard_normal(shape)
     if kind == "wide":
-        C = C * 2.0 ** rng.integers(-150, 100, C.shape)
+        C = C * 2.0 ** (rng.integers(-26, 15, C.shape) if f16 else rng.integers(-150, 100, C.shape))
     elif kind == "zero":
-        C = C * (rng.random(C.shape) < 0.1) * 1e-42
+        C = C * (rng.random(C.shape) < 0.1) * (1e-7 if f16 else 1e-42)
         C.flat[0] = -0.0
-    elif kind == "huge":  # near the top of fp32: the first step's sum can overflow to Inf
-        C = np.sign(C) * 3.3e38
-    return C.astype(np.float32)
+    elif kind == "huge":  # near the top of the accumulator: the first step's sum can overflow to Inf
+        C = np.sign(C) * (65000.0 if f16 else 3.3e38)
+    return C.astype(acc)
+
+
+def _scales(fmt, rng, lo_hi, shape):
+    """Finite scale codes in [lo, hi) (every one of them when the range holds no finite code)."""
+    codes = [c for c in range(*lo_hi) if fmt.exact_value(c) is not None] or \
+        [c for c in range(256) if fmt.exact_value(c) is not None]
+    return rng.choice(np.array(codes, np.uint8), shape)
 
 
 def _numpy(ins, A, B, C, SA, SB):
@@ -50,7 +58,9 @@ def test_serves_the_fp8_and_mx_instructions():
     kinds = {(op, s.split(".")[1] if "kind" in s else "") for op, _, s in SERVED}
     assert ("wgmma", "") in kinds and ("tcgen05.mma", "kind::mxf8f6f4") in kinds and ("mma", "") in kinds
     assert applies(instruction("mfma", "CDNA3", "f32_16x16x32_fp8_fp8"))  # the pairwise loop
-    assert not applies(instruction("wgmma", "Hopper", "m64n8k32.f16.e4m3.e4m3"))
+    assert applies(instruction("wgmma", "Hopper", "m64n8k32.f16.e4m3.e4m3"))  # f16 accumulators
+    assert applies(instruction("tcgen05.mma", "Blackwell", "m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3"))
+    assert SERVED == list(names())  # every modelled instruction has its C loop
 
 
 @settings(max_examples=200, deadline=None)
@@ -64,33 +74,75 @@ def test_native_equals_numpy(name, seed, zeros, c_kind, scale_range, steps):
     K = ins.k * steps
     rng = np.random.default_rng(seed)
     A, B = _finite(ins.a_fmt, rng, (ins.m, K), zeros), _finite(ins.b_fmt, rng, (K, ins.n), zeros)
-    C = _c_values(rng, (ins.m, ins.n), c_kind)  # zeros = 1.0: C alone, subnormal C included
+    C = _c_values(rng, (ins.m, ins.n), c_kind, ins.acc)  # zeros = 1.0: C alone, subnormal C included
     SA = SB = None
     if ins.scale_fmt is not None:
         nb = K // ins.block
-        SA = rng.integers(*scale_range, (ins.m, nb)).astype(np.uint8)
-        SB = rng.integers(*scale_range, (nb, ins.n)).astype(np.uint8)
+        SA = _scales(ins.scale_fmt, rng, scale_range, (ins.m, nb))
+        SB = _scales(ins.scale_fmt, rng, scale_range, (nb, ins.n))
     got = chained_matmul(ins, A, B, C, SA, SB)
     if K % min(K, ins.datapath.L):  # m16n8k16 x 3 on a 32-element datapath: a partial step
         assert got is None
         return
-    assert np.array_equal(got.view(np.uint32), _numpy(ins, A, B, C, SA, SB).view(np.uint32))
+    u = np.uint32 if ins.acc == "float32" else np.uint16
+    assert np.array_equal(got.view(u), _numpy(ins, A, B, C, SA, SB).view(u))
 
 
-@pytest.mark.parametrize("fmt", sorted({f for n in names() for f in (instruction(*n).a_fmt, instruction(*n).scale_fmt)
-                                        if f is not None}, key=lambda f: f.name), ids=lambda f: f.name)
-def test_finite_code_check_agrees_with_the_format(fmt):
-    """The finite-code check (a max and compares, no gather) on every single code and on mixtures."""
-    for code in range(fmt.n_codes):
-        want = fmt.exact_value(code) is not None
-        assert native._finite_codes(np.array([[code, 0]], np.uint8), fmt) == want, hex(code)
-    finite = [c for c in range(fmt.n_codes) if fmt.exact_value(c) is not None]
-    for size in (len(finite), 20000):  # the bytes scan, and the max-and-compare of big arrays
-        codes = np.resize(np.array(finite, np.uint8), size)
-        assert native._finite_codes(codes, fmt)
-        for bad in sorted(set(range(fmt.n_codes)) - set(finite)):
-            codes[size // 2] = bad
-            assert not native._finite_codes(codes, fmt), hex(bad)
+def _probe_instructions():
+    """One small instruction per (loop, element or scale format, sign rule) the loops read."""
+    out = {}
+    for n in names():
+        ins = instruction(*n)
+        if ins.m * ins.n > 16 * 8 * 16:
+            continue
+        key = (ins.datapath.family, ins.a_fmt.name, ins.b_fmt.name, ins.scale_type)
+        out.setdefault(key, ins)
+    return list(out.values())
+
+
+def _want(fmt, code, ignore_sign=False):
+    if code >= fmt.n_codes:
+        return native.NOT_A_CODE
+    c = code & ~fmt.sign_mask & 0xFF if ignore_sign else code
+    return 0 if fmt.exact_value(c) is not None else native.NON_FINITE
+
+
+@pytest.mark.parametrize("ins", _probe_instructions(), ids=lambda i: i.name)
+def test_the_loops_flag_every_non_finite_or_invalid_code(ins):
+    """Every byte 0..255 as an A code (first, last), a B code (last) and a scale code (first of
+    scale_a, last of scale_b): the C loop flags NaN/Inf (NON_FINITE; UE4M3 reads its sign bit as 0)
+    and bytes past a 4/6-bit format's codes (NOT_A_CODE), and nothing else; a NaN/Inf C too."""
+    rng = np.random.default_rng(7)
+    A, B = _finite(ins.a_fmt, rng, (ins.m, ins.k), 0.2), _finite(ins.b_fmt, rng, (ins.k, ins.n), 0.2)
+    C = _c_values(rng, (ins.m, ins.n), "normal", ins.acc)
+    SA = SB = None
+    if ins.scale_fmt is not None:
+        nb = ins.k // ins.block
+        SA = _scales(ins.scale_fmt, rng, (120, 134), (ins.m, nb))
+        SB = _scales(ins.scale_fmt, rng, (120, 134), (nb, ins.n))
+    ue4m3 = ins.scale_type == "ue4m3"
+
+    def flags(A=A, B=B, C=C, SA=SA, SB=SB):
+        D = np.array(C, np.float32)
+        return native_run(ins, A, B, D, SA, SB)
+
+    assert flags() == 0
+    for code in range(256):
+        for what, (x, i) in {"A first": (A, (0, 0)), "A last": (A, (-1, -1)), "B last": (B, (-1, -1))}.items():
+            x2 = x.copy()
+            x2[i] = code
+            got = flags(**{what[0]: x2})
+            assert got == _want(ins.a_fmt if x is A else ins.b_fmt, code), f"{what} {code:#04x}"
+        if SA is not None:
+            for what, (x, i) in {"SA": (SA, (0, 0)), "SB": (SB, (-1, -1))}.items():
+                x2 = x.copy()
+                x2[i] = code
+                assert flags(**{what: x2}) == _want(ins.scale_fmt, code, ue4m3), f"{what} {code:#04x}"
+    for special in (np.nan, np.inf, -np.inf):
+        C2 = C.copy()
+        C2[-1, -1] = special
+        assert flags(C=C2) == native.NON_FINITE
+        assert chained_matmul(ins, A, B, C2, SA, SB) is None
 
 
 def test_batches_and_non_finite_fall_back():
@@ -150,7 +202,7 @@ def test_kernel_native_equals_numpy(name, monkeypatch):
     rng = np.random.default_rng(len(name))
     A, B, sa, sb = _kernel_operands(k, rng, 70, 352, 150)
     calls = []
-    monkeypatch.setattr(native, "_run", lambda *a, **kw: calls.append(native_run(*a, **kw)))
+    monkeypatch.setattr(native, "_run", lambda *a, **kw: calls.append(1) or native_run(*a, **kw))
     got = kernel_mm(A, B, sa, sb, kernel=k)
     assert bool(calls) == applies(k.ins)  # the C loops ran wherever they apply
     monkeypatch.setenv("FP8REF_NO_KERNELS", "1")
