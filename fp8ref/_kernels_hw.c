@@ -52,19 +52,21 @@ static inline double pow2d(int x) { /* 2**x for -1022 <= x <= 1023 */
     return d;
 }
 
-/* round-toward-zero of the exact v = S * 2**(E - F) (S an integer) to out_bits fraction bits with
- * exponent >= -126: clear the low bits of |S| below them (integer arithmetic: gcc 12 vectorises it,
- * and not the same masking on the bits of a double). (double)|S| * 2**(E - F) is then exact and a
- * float32 (or >= 2**128, which converts to infinity). */
+/* round-toward-zero of the exact v = S * 2**(E - F) (S an integer, |S| < 2**53) to out_bits fraction
+ * bits with exponent >= -126: v is exact in double (a normal one: |v| >= 2**-175), so clearing the
+ * low bits of its significand below the kept ones (more below the subnormal grid, all when v is below
+ * it) is the rounding, and the kept value converts to float32 exactly (or, >= 2**128, to infinity).
+ * 64-bit integer and double lanes only: gcc vectorises the loops that call it. */
 FP8REF_INLINE float normalise_rz(int64_t S, int E, int F, int out_bits) {
-    uint64_t mag = (uint64_t)(S < 0 ? -S : S);
-    const int64_t top = 63 - __builtin_clzll(mag | 1); /* floor(log2 |S|) */
-    const int64_t below = -126 - (top + E - F);        /* bits lost below the subnormal grid */
-    int64_t drop = top - out_bits + (below > 0 ? below : 0);
-    drop = drop < 0 ? 0 : (drop < 63 ? drop : 63);
-    mag = (mag >> drop) << drop;
-    const double m = (double)(int64_t)mag;
-    return (float)((S < 0 ? -m : m) * pow2d(E - F) + 0.0); /* + 0.0: never -0, as the model */
+    const double v = (double)S * pow2d(E - F);
+    uint64_t u = bits64_of(v);
+    const int ex = (int)((u >> 52) & 0x7ff) - 1023;
+    const int drop = 52 - out_bits + (ex < -126 ? -126 - ex : 0);
+    const uint64_t low = (1ull << (drop < 53 ? drop : 63)) - 1; /* past 52: the sign bit alone stays */
+    u &= ~low;
+    double r;
+    memcpy(&r, &u, 8);
+    return (float)r + 0.0f; /* + 0.0f: never -0, as the model */
 }
 
 /* 32 exponent lanes (int16) and 16 value lanes (fp32, int32) as GCC generic vectors: the hot loops
@@ -233,45 +235,41 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
         int x = F - E + es[c];
         up[c] = pow2f(x < -126 ? -126 : (x > 127 ? 127 : x));
     }
-    for (size_t c0 = 0; c0 < wv; c0 += VL) { /* sums held in registers over k */
+    const size_t wi = wide ? 0 : wv;
+    for (size_t c0 = 0; c0 < wi; c0 += VL) { /* int32 sums held in registers over k */
         const v16sf u0 = vload_sf(up + c0), u1 = vload_sf(up + c0 + 16);
         v16si s0 = {0}, s1 = {0};
-        for (size_t k0 = 0; k0 < L; k0 += 16) { /* wide: 16 terms (each < 2**27, F <= 25) fit int32 */
-            const size_t k1 = L - k0 < 16 ? L : k0 + 16;
-            if (wide) s0 = s1 = (v16si){0};
-            for (size_t k = k0; k < k1; k++) {
-                const float a = av[k];
-                s0 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0)) * u0, v16si);
-                s1 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0 + 16)) * u1, v16si);
-            }
-            if (wide) {
-                int32_t t[VL];
-                memcpy(t, &s0, sizeof s0);
-                memcpy(t + 16, &s1, sizeof s1);
-                for (int i = 0; i < VL; i++) lsum[c0 + i] += t[i];
-            }
+        for (size_t k = 0; k < L; k++) {
+            const float a = av[k];
+            s0 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0)) * u0, v16si);
+            s1 += __builtin_convertvector((a * vload_sf(bv + k * NB + c0 + 16)) * u1, v16si);
         }
-        if (!wide) {
-            memcpy(isum + c0, &s0, sizeof s0);
-            memcpy(isum + c0 + 16, &s1, sizeof s1);
-        }
+        memcpy(isum + c0, &s0, sizeof s0);
+        memcpy(isum + c0 + 16, &s1, sizeof s1);
     }
     for (size_t k = 0; k < L; k++) {
         const float a = av[k];
         const float *restrict b_k = bv + k * NB;
         if (wide)
-            for (size_t c = wv; c < w; c++) lsum[c] += (int32_t)((a * b_k[c]) * up[c]);
+            for (size_t c = 0; c < w; c++) lsum[c] += (int32_t)((a * b_k[c]) * up[c]);
         else
-            for (size_t c = wv; c < w; c++) isum[c] += (int32_t)((a * b_k[c]) * up[c]);
+            for (size_t c = wi; c < w; c++) isum[c] += (int32_t)((a * b_k[c]) * up[c]);
     }
-    for (size_t c = 0; c < w; c++) {
-        const int E = emax32[c];
-        const int32_t tc = (int32_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
-        const int64_t S = wide ? lsum[c] + tc : (int64_t)isum[c] + tc; /* |isum| <= 2**30 */
-        const float r = f16 ? normalise_rne16(S, E, F)
-                            : (wide ? normalise_rz(S, E, F, out_bits) : normalise_rz32((int32_t)S, E, F, out_bits));
-        d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
-    }
+    if (f16) /* a loop of its own: the f32 one below stays vectorised */
+        for (size_t c = 0; c < w; c++) {
+            const int E = emax32[c];
+            const int32_t tc = (int32_t)((double)d[c] * pow2d(F - E));
+            const float r = normalise_rne16((wide ? lsum[c] : isum[c]) + tc, E, F);
+            d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r;
+        }
+    else
+        for (size_t c = 0; c < w; c++) {
+            const int E = emax32[c];
+            const int32_t tc = (int32_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
+            const float r = wide ? normalise_rz(lsum[c] + tc, E, F, out_bits)
+                                 : normalise_rz32(isum[c] + tc, E, F, out_bits); /* |isum| <= 2**30 */
+            d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
+        }
 }
 
 /* The d values of row m go into the FP32 accumulator; d restarts at +0. */
@@ -330,13 +328,6 @@ FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
     }
 }
 
-/* Shift an integer t by sh bits: left exactly, right truncating toward zero (as trunc of t * 2**sh). */
-FP8REF_INLINE int64_t shift_trunc(int64_t t, int sh) {
-    if (sh >= 0) return (int64_t)((uint64_t)t << sh);
-    const int r = -sh < 63 ? -sh : 63;
-    return t < 0 ? -(int64_t)((uint64_t)-t >> r) : (int64_t)((uint64_t)t >> r);
-}
-
 /* grouped (NVIDIA kind::mxf4 / mxf4nvf4), a step of L elements of one row over columns [0, w): the
  * G products of each group are summed exactly in fp32 (e2m1 products are multiples of 2**unit =
  * 2**-2 below 2**6; G = 16 of them stay below 2**10), the group sum P times its two scales (value
@@ -346,11 +337,12 @@ FP8REF_INLINE int64_t shift_trunc(int64_t t, int sh) {
  * with P_g / 2**unit * sig_a * sig_b an integer below 2**20 shifted by x_g - 2 smb + unit + F - E <= 33:
  * |S| < 2**50, exact in int64. */
 FP8REF_INLINE void grouped_row(const hw_job *j, const float *restrict av, const float *restrict bv,
-                               const uint16_t *restrict bnz, const int16_t *restrict sbx,
-                               const int16_t *restrict sbs, const int16_t *xsa, const int16_t *ssa, size_t L,
+                               const int32_t *restrict bnz, const int32_t *restrict sbx,
+                               const int32_t *restrict sbs, const int16_t *xsa, const int16_t *ssa, size_t L,
                                size_t w, float *restrict d) {
     const size_t G = j->G, ng = L / G;
     const int F = (int)j->F, e_zero = (int)j->e_zero, unit = (int)j->unit, smb = (int)j->smb;
+    const int out_bits = (int)j->out_bits;
     const float per_unit = pow2f(-unit);
     float P[HW_LMAX / 16 * NB];
     uint16_t anz[HW_LMAX / 16];
@@ -366,26 +358,36 @@ FP8REF_INLINE void grouped_row(const hw_job *j, const float *restrict av, const 
             for (size_t c = 0; c < w; c++) p[c] += a * b[c]; /* exact: integers * 2**unit below 2**10 */
         }
     }
-    for (size_t c = 0; c < w; c++) {
-        if ((bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u) continue; /* an Inf C (a step overflowed) stays */
-        int E = d_exponent(d[c], e_zero, 0), any_zero = 0;
-        int x[HW_LMAX / 16], sig[HW_LMAX / 16];
-        for (size_t g = 0; g < ng; g++) {
-            sig[g] = ssa[g] * sbs[g * NB + c];
-            x[g] = xsa[g] + sbx[g * NB + c];
-            if (!(anz[g] & bnz[g * NB + c]) || sig[g] == 0) {
-                sig[g] = 0;
-                any_zero = 1;
-            } else {
-                E = x[g] > E ? x[g] : E;
-            }
+    /* per column, in passes over c that gcc vectorises: each group's scale significand (0: the group
+     * or a scale is zero) and exponent, the step's E, the aligned sum, the normalised value */
+    int32_t sig[HW_LMAX / 16][NB], x[HW_LMAX / 16][NB], Ec[NB];
+    int64_t S[NB];
+    for (size_t c = 0; c < w; c++) Ec[c] = d_exponent(d[c], e_zero, 0);
+    for (size_t g = 0; g < ng; g++) {
+        const int32_t an = anz[g], sa_sig = ssa[g], sa_x = xsa[g];
+        const int32_t *restrict bn = bnz + g * NB, *restrict bs = sbs + g * NB, *restrict bxg = sbx + g * NB;
+        for (size_t c = 0; c < w; c++) {
+            const int32_t sg = (an & bn[c]) ? sa_sig * bs[c] : 0;
+            const int32_t xg = sa_x + bxg[c];
+            const int32_t e = sg ? xg : e_zero; /* a zero term: e_zero takes part in the max */
+            sig[g][c] = sg;
+            x[g][c] = xg;
+            Ec[c] = e > Ec[c] ? e : Ec[c];
         }
-        if (any_zero && E < e_zero) E = e_zero;
-        int64_t S = (int64_t)((double)d[c] * pow2d(F - E)); /* |C term| < 2**(F + 1) */
-        for (size_t g = 0; g < ng; g++)
-            if (sig[g]) S += shift_trunc((int64_t)(int32_t)(P[g * NB + c] * per_unit) * sig[g],
-                                         x[g] - 2 * smb + unit + F - E);
-        d[c] = normalise_rz(S, E, F, (int)j->out_bits);
+    }
+    for (size_t c = 0; c < w; c++) S[c] = (int64_t)((double)d[c] * pow2d(F - Ec[c])); /* |C term| < 2**(F+1) */
+    for (size_t g = 0; g < ng; g++)
+        for (size_t c = 0; c < w; c++) {
+            const int64_t t = (int64_t)(int32_t)(P[g * NB + c] * per_unit) * sig[g][c];
+            const int sh = x[g][c] - 2 * smb + unit + F - Ec[c]; /* <= 33 for a nonzero term */
+            const uint64_t mag = (uint64_t)(t < 0 ? -t : t);
+            const int l = sh > 0 ? sh : 0, r = -sh > 63 ? 63 : (-sh > 0 ? -sh : 0);
+            const int64_t m = (int64_t)((mag << l) >> r); /* trunc(|t| * 2**sh) */
+            S[c] += t < 0 ? -m : m;
+        }
+    for (size_t c = 0; c < w; c++) {
+        const float r = normalise_rz(S[c], Ec[c], F, out_bits);
+        d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
     }
 }
 
@@ -394,8 +396,8 @@ FP8REF_CLONES void fp8ref_hw_grouped(const hw_job *j, size_t lo, size_t hi) {
     const size_t nbk = K / j->block; /* scales per row of A */
     float bv[HW_LMAX * NB], av[HW_LMAX];
     int16_t bx[HW_LMAX * NB], ax[HW_LMAX];
-    uint16_t bnz[HW_LMAX / 16 * NB];
-    int16_t sbx[HW_LMAX / 16 * NB], sbs[HW_LMAX / 16 * NB], xsa[HW_LMAX / 16], ssa[HW_LMAX / 16];
+    int32_t bnz[HW_LMAX / 16 * NB], sbx[HW_LMAX / 16 * NB], sbs[HW_LMAX / 16 * NB];
+    int16_t xsa[HW_LMAX / 16], ssa[HW_LMAX / 16];
     int bad = 0;
     for (size_t u = lo; u < hi; u++) {
         const size_t bt = u / j->chunks, j0 = (u % j->chunks) * NB, w = N - j0 < NB ? N - j0 : NB;
@@ -407,8 +409,8 @@ FP8REF_CLONES void fp8ref_hw_grouped(const hw_job *j, size_t lo, size_t hi) {
             for (size_t g = 0; g < ng; g++) {
                 const size_t q = (s * L + g * G) / j->block;
                 for (size_t c = 0; c < w; c++) {
-                    uint16_t mask = 0;
-                    for (size_t i = 0; i < G; i++) mask |= (uint16_t)((bv[(g * G + i) * NB + c] != 0.0f) << i);
+                    int32_t mask = 0;
+                    for (size_t i = 0; i < G; i++) mask |= (bv[(g * G + i) * NB + c] != 0.0f) << i;
                     bnz[g * NB + c] = mask;
                     const uint8_t code = SB[q * N + j0 + c];
                     sbx[g * NB + c] = j->xs[code];
