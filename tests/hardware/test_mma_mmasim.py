@@ -83,3 +83,74 @@ def test_probe_reads_mmasim_wgmma_chained_over_k():
     assert found["promote_every"]["value"] is None
     assert found["c_aligned"]["value"] is True
     assert "hopper-fast-accum" in matching_models(found)
+
+
+def _c_path_names():
+    """Every grouped (MXFP4/NVFP4) and f16-accumulator instruction, and one of each other C loop."""
+    out, seen = [], set()
+    for n in NAMES:
+        ins = instruction(*n)
+        key = (ins.datapath.family, ins.acc, ins.kind, ins.scale_type)
+        if ins.datapath.family == "grouped" or ins.acc == "float16" or key not in seen:
+            out.append(n)
+            seen.add(key)
+    return out
+
+
+C_NAMES = _c_path_names()
+
+
+def _finite(ins, A, B, C):
+    """The crafted operands with every NaN/Inf code and C replaced (zero codes, C = -0.0, max): the
+    cases the C loops serve (NaN/Inf make them hand over to the numpy model)."""
+    def keep(x, fmt):
+        ok = np.array([fmt.exact_value(c) is not None for c in range(fmt.n_codes)])
+        return np.where(ok[x], x, 0).astype(np.uint8)
+
+    top = np.finfo(ins.acc).max
+    C = np.where(np.isnan(C), -0.0, np.where(np.isinf(C), np.copysign(top, C), C)).astype(ins.acc)
+    return keep(A, ins.a_fmt), keep(B, ins.b_fmt), C
+
+
+@pytest.mark.parametrize("op,arch,s", C_NAMES, ids=[f"{o}-{a}-{s}" for o, a, s in C_NAMES])
+def test_c_loops_match_mmasim(op, arch, s):
+    """The C loops themselves (the instruction's cached plan) bit for bit against mmasim: random
+    finite codes, the crafted cases made finite (cancellation, the underflow edge, spread wider than
+    F, signed zeros, C subnormal / -0 / huge), every finite block-scale code in scale_a and in scale_b;
+    and with a NaN/Inf code or C the loops hand over, and mma() still matches."""
+    from fp8ref.hardware import native
+
+    ins = instruction(op, arch, s)
+    plan = native.plan(ins)
+    assert plan is not None
+    sim = simulator(op, arch, s)
+    rng = np.random.default_rng(abs(hash(s + "c")) % 2**32)
+    runs = [("random finite", cases.random_case(ins, rng, False)),
+            ("crafted, finite", _finite(ins, *cases.crafted(ins, rng)))]
+    scale_runs = []
+    if ins.scale_fmt is not None:
+        nb = ins.k // ins.block
+        one = 127 if ins.scale_type == "ue8m0" else 0x38
+        finite_scale = np.array([ins.scale_fmt.exact_value(c & (0x7F if ins.scale_type == "ue4m3" else 0xFF))
+                                 is not None for c in range(256)])
+        for SA, SB in cases.scale_cases(ins, rng):
+            scale_runs.append((np.where(finite_scale[SA], SA, one).astype(np.uint8),
+                               np.where(finite_scale[SB], SB, one).astype(np.uint8)))
+        ones = (np.full((ins.m, nb), one, np.uint8), np.full((nb, ins.n), one, np.uint8))
+    for what, (A, B, C) in runs:
+        for SA, SB in scale_runs or [ones if ins.scale_fmt is not None else (None, None)]:
+            got = plan(A, B, C, SA, SB)
+            assert got is not None, f"{what}: the C loop handed over"
+            ref = run(sim, op, arch, s, A, B, C, SA, SB)
+            _assert_same(ins, got, ref, what + ("" if SA is None else f", scales {SA.min():#x}..{SA.max():#x}"))
+    A, B, C = cases.random_case(ins, rng, False)
+    A[0, 0] = sorted(ins.a_fmt.nan_codes)[0] if ins.a_fmt.nan_codes else A[0, 0]
+    C2 = C.copy()
+    C2[-1, -1] = np.inf
+    SA, SB = ones if ins.scale_fmt is not None else (None, None)
+    for A_, C_ in ((A, C), (A, C2)):
+        if A_ is A and not ins.a_fmt.nan_codes:
+            continue
+        assert plan(A_, B, C_, SA, SB) is None
+        _assert_same(ins, mma(op, arch, s, A_, B, C_, scale_a=SA, scale_b=SB), run(sim, op, arch, s, A_, B, C_, SA, SB),
+                     "NaN/Inf: handed over")
