@@ -2,8 +2,8 @@
 on a loaded machine say so).
 
 1. Instruction models against MMA-Sim (``mmasim``, the peer): the same operands, one instruction
-   call each (wgmma m64n256k32 e4m3, tcgen05 mxf8f6f4 m128n256k32, mxf4nvf4 m128n256k64 (numpy
-   model), every CDNA3 FP8 MFMA), and the same instruction issued over a K loop (a 128 x 256 x 1024
+   call each (wgmma m64n256k32 e4m3 with f32 and f16 accumulators, tcgen05 mxf8f6f4 m128n256k32,
+   mxf4 and mxf4nvf4 m128n256k64, every CDNA3 FP8 MFMA), and the same instruction issued over a K loop (a 128 x 256 x 1024
    wgmma GEMM and a 64 x 128 x 512 MFMA 32x32x16 GEMM: mmasim instruction by instruction, fp8ref's
    kernel model over all tiles). Every result is checked bit for bit against mmasim first; mmasim's
    time is its best with torch's threads and with one thread.
@@ -29,7 +29,9 @@ from benchmarks._util import best_time  # noqa: E402
 from fp8ref.hardware import instruction, kernel_mm, mma, native  # noqa: E402
 
 INSTRUCTIONS = [("wgmma", "Hopper", "m64n256k32.f32.e4m3.e4m3"),
+                ("wgmma", "Hopper", "m64n256k32.f16.e4m3.e4m3"),
                 ("tcgen05.mma", "Blackwell", "m128n256k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0"),
+                ("tcgen05.mma", "Blackwell", "m128n256k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0"),
                 ("tcgen05.mma", "Blackwell", "m128n256k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3")] + \
     [("mfma", "CDNA3", f"f32_{shape}_{a}_{b}") for shape in ("16x16x32", "32x32x16") for a in ("fp8", "bf8")
      for b in ("fp8", "bf8")]
@@ -57,7 +59,7 @@ def _operands(ins, rng):
     finite = np.array([c for c in range(ins.a_fmt.n_codes) if ins.a_fmt.exact_value(c) is not None], np.uint8)
     A = rng.choice(finite, (ins.m, ins.k))
     B = rng.choice(finite, (ins.k, ins.n))
-    C = rng.standard_normal((ins.m, ins.n)).astype(np.float32)
+    C = rng.standard_normal((ins.m, ins.n)).astype(ins.acc)
     SA = SB = None
     if ins.scale_fmt is not None:
         lo, hi = (120, 134) if ins.scale_type == "ue8m0" else (0x20, 0x50)
@@ -80,7 +82,8 @@ def bench_instructions(repeat: int) -> None:
         sim = simulator(op, arch, s)
         ref = run(sim, op, arch, s, A, B, C, SA, SB)
         mine = mma(op, arch, s, A, B, C, scale_a=SA, scale_b=SB)
-        assert np.array_equal(ref.view(np.uint32), mine.view(np.uint32))
+        u = np.uint32 if ins.acc == "float32" else np.uint16
+        assert np.array_equal(ref.view(u), mine.view(u))
         args = (op, arch, s, A, B, C)
         t_sim = _peer_best(lambda args=args, sim=sim, SA=SA, SB=SB: run(sim, *args, SA, SB), repeat)
         t_me = best_time(lambda args=args, SA=SA, SB=SB: mma(*args, scale_a=SA, scale_b=SB), repeat)

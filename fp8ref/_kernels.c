@@ -60,6 +60,33 @@ void fp8ref_parallel(fp8ref_task fn, const void *args, size_t n, size_t ntasks, 
     omp_parallel(par_body, &c, (unsigned)(nthreads < ntasks ? nthreads : ntasks), 0);
 }
 
+/* One task call on arrays handed over as Python objects, for callers where ctypes' per-array
+ * address lookup (numpy's .ctypes) costs more than the loop (one small tensor-core instruction,
+ * fp8ref.hardware.native.Plan). Called through ctypes.PyDLL, so with the GIL held: each object's
+ * C-contiguous buffer address is written at offsets[i] in the job, the task runs over [0, n) with the
+ * GIL released, the buffers are released. -1 with a Python exception set when an object exposes no
+ * C-contiguous buffer (the caller made them contiguous first: an internal contract). */
+int fp8ref_call_with_buffers(fp8ref_task fn, void *job, size_t n, PyObject *arrays, const size_t *offsets) {
+    Py_buffer views[8];
+    if (!PyTuple_Check(arrays) || PyTuple_GET_SIZE(arrays) > 8) {
+        PyErr_SetString(PyExc_TypeError, "fp8ref_call_with_buffers: expected a tuple of at most 8 arrays");
+        return -1;
+    }
+    const Py_ssize_t count = PyTuple_GET_SIZE(arrays);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, i), &views[i], PyBUF_C_CONTIGUOUS) < 0) {
+            while (i--) PyBuffer_Release(&views[i]);
+            return -1;
+        }
+        memcpy((char *)job + offsets[i], &views[i].buf, sizeof(void *));
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (n) fn(job, 0, n);
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) PyBuffer_Release(&views[i]);
+    return 0;
+}
+
 /* ---- codec loops -------------------------------------------------------------------------------- */
 /* Round-to-nearest-even fast path (encode_rne32 in _kernels.h). */
 FP8REF_CLONES void fp8ref_encode_f32_rne(const ew_job *j, size_t lo, size_t hi) {

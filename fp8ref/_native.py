@@ -78,7 +78,7 @@ def _load():
     except ImportError:
         return None
     lib = ctypes.CDLL(_kernels.__file__)
-    missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
+    missing = [name for name in (*_SIGNATURES, "fp8ref_call_with_buffers") if not hasattr(lib, name)]
     if missing:  # a build older than this source tree: run the numpy paths rather than crash
         return _refuse(_kernels.__file__, f"lacks {', '.join(missing)}")
     for name, argtypes in _SIGNATURES.items():
@@ -101,6 +101,22 @@ def kernels():
     if not _LIB:
         _LIB.append(_load())
     return _LIB[0]
+
+
+def call_with_buffers():
+    """fp8ref_call_with_buffers(task, job, n, arrays, offsets) through ctypes.PyDLL (the GIL held on
+    entry: it reads the arrays' buffers itself; see _kernels.c), or None without the C loops."""
+    if kernels() is None:
+        return None
+    if not _PYLIB:
+        from . import _kernels
+        fn = ctypes.PyDLL(_kernels.__file__).fp8ref_call_with_buffers
+        fn.argtypes, fn.restype = [_vp, _vp, _sz, ctypes.py_object, _vp], ctypes.c_int
+        _PYLIB.append(fn)
+    return _PYLIB[0]
+
+
+_PYLIB: list = []
 
 
 def kernels_available() -> bool:

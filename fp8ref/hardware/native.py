@@ -17,7 +17,7 @@ from functools import cache
 
 import numpy as np
 
-from .._native import _PARALLEL_MIN, hw_job, kernels, parallel
+from .._native import _PARALLEL_MIN, call_with_buffers, hw_job, kernels, parallel
 from ..formats import FloatFormat
 from .fdpa import code_fields, value_fields
 from .isa import Instruction
@@ -158,14 +158,16 @@ class Plan:
     the instruction's shapes and dtypes; anything else, and any NaN/Inf or invalid code, returns None
     and the caller takes the checked path (which validates and says what is wrong)."""
 
-    __slots__ = ("job", "fn", "shapes", "acc", "scaled", "f16", "keep")
+    __slots__ = ("job", "fn", "call", "offsets", "shapes", "acc", "scaled", "f16", "keep")
 
     def __init__(self, ins: Instruction):
         template, task, tabs = _template(ins)
         self.job = hw_job.from_buffer_copy(template)
         self.job.M, self.job.N, self.job.K, self.job.L = ins.m, ins.n, ins.k, min(ins.k, ins.datapath.L)
         self.job.chunks = -(-ins.n // _NB)
-        self.fn = getattr(kernels(), task)
+        self.fn = ctypes.cast(getattr(kernels(), task), ctypes.c_void_p).value
+        self.call = call_with_buffers()  # the arrays' addresses read in C: numpy's .ctypes costs more
+        self.offsets = (ctypes.c_size_t * 5)(*(getattr(hw_job, f).offset for f in ("A", "B", "D", "SA", "SB")))
         self.keep = tabs
         nb = ins.k // ins.block if ins.block else 0
         self.shapes = ((ins.m, ins.k), (ins.k, ins.n), (ins.m, ins.n), (ins.m, nb), (nb, ins.n))
@@ -179,20 +181,19 @@ class Plan:
                 and b.dtype is _U8 and c.dtype is self.acc and a.shape == sh[0] and b.shape == sh[1]
                 and c.shape == sh[2]):
             return None
+        D = c.astype(np.float32) if self.f16 else c.copy()
         if self.scaled:
             if not (type(sa) is np.ndarray and type(sb) is np.ndarray and sa.dtype is _U8 and sb.dtype is _U8
                     and sa.shape == sh[3] and sb.shape == sh[4]):
                 return None
-            sa, sb = np.ascontiguousarray(sa), np.ascontiguousarray(sb)
+            arrays = (np.ascontiguousarray(a), np.ascontiguousarray(b), D, np.ascontiguousarray(sa),
+                      np.ascontiguousarray(sb))
         elif sa is not None or sb is not None:
             return None
-        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-        D = c.astype(np.float32) if self.f16 else c.copy()
+        else:
+            arrays = (np.ascontiguousarray(a), np.ascontiguousarray(b), D)
         job = hw_job.from_buffer_copy(self.job)
-        job.A, job.B, job.D = a.ctypes.data, b.ctypes.data, D.ctypes.data
-        if self.scaled:
-            job.SA, job.SB = sa.ctypes.data, sb.ctypes.data
-        self.fn(ctypes.byref(job), 0, job.chunks)
+        self.call(self.fn, ctypes.byref(job), job.chunks, arrays, self.offsets)
         if job.bad:
             return None
         return D.astype(np.float16) if self.f16 else D

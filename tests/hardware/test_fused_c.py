@@ -181,7 +181,7 @@ def _kernel_operands(k, rng, M, K, N):
     A, B = _finite(ins.a_fmt, rng, (M, K), 0.2), _finite(ins.b_fmt, rng, (K, N), 0.2)
     if k.scales == "instruction":
         nb = -(-K // ins.block)
-        return A, B, rng.integers(110, 140, (M, nb)).astype(np.uint8), rng.integers(110, 140, (nb, N)).astype(np.uint8)
+        return A, B, _scales(ins.scale_fmt, rng, (110, 140), (M, nb)), _scales(ins.scale_fmt, rng, (110, 140), (nb, N))
     if k.scales == "promotion":
         nkb = -(-K // k.promote_every)
         return A, B, rng.uniform(1e-3, 4, (M, nkb)).astype(np.float32), \
@@ -189,22 +189,30 @@ def _kernel_operands(k, rng, M, K, N):
     return A, B, None, None
 
 
-@pytest.mark.parametrize("name", list(KERNELS) + ["split-k"])
+@pytest.mark.parametrize("name", list(KERNELS) + ["split-k", "nvfp4-promoted", "mxfp4-fma"])
 def test_kernel_native_equals_numpy(name, monkeypatch):
-    """Every kernel preset (and a split-K promoted one) in C against the numpy K loop: K not a
-    multiple of the promotion interval, N not a multiple of the C loops' column blocks."""
+    """Every kernel preset (and a split-K promoted one, and grouped MXFP4/NVFP4 instructions promoted
+    to FP32) in C against the numpy K loop: K not a multiple of the promotion interval, N not a
+    multiple of the C loops' column blocks."""
     from fp8ref.hardware import Kernel
 
     if name == "split-k":
         k = Kernel("split", ("wgmma", "hopper", "m64n8k32.f32.e5m2.e4m3"), promote_every=64, split_k=3)
+    elif name == "nvfp4-promoted":
+        k = Kernel(name, ("tcgen05.mma", "blackwell", "m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3"),
+                   promote_every=128, scales="instruction", split_k=2)
+    elif name == "mxfp4-fma":
+        k = Kernel(name, ("tcgen05.mma", "blackwell", "m128n8k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0"),
+                   promote_every=64, promote="fma", scales="instruction")
     else:
         k = KERNELS[name]
     rng = np.random.default_rng(len(name))
     A, B, sa, sb = _kernel_operands(k, rng, 70, 352, 150)
     calls = []
-    monkeypatch.setattr(native, "_run", lambda *a, **kw: calls.append(1) or native_run(*a, **kw))
+    monkeypatch.setattr(native, "_run", lambda *a, **kw: calls.append(native_run(*a, **kw)) or calls[-1])
     got = kernel_mm(A, B, sa, sb, kernel=k)
     assert bool(calls) == applies(k.ins)  # the C loops ran wherever they apply
+    assert not any(calls)  # and their results stood (finite operands and scales)
     monkeypatch.setenv("FP8REF_NO_KERNELS", "1")
     want = kernel_mm(A, B, sa, sb, kernel=k)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
