@@ -5,8 +5,8 @@ on a loaded machine say so).
    call each (wgmma m64n256k32 e4m3 with f32 and f16 accumulators, tcgen05 mxf8f6f4 m128n256k32,
    mxf4 and mxf4nvf4 m128n256k64, every CDNA3 FP8 MFMA), and the same instruction issued over a K
    loop (a 128 x 256 x 1024 wgmma GEMM and a 64 x 128 x 512 MFMA 32x32x16 GEMM: mmasim instruction
-   by instruction, fp8ref's kernel model over all tiles). Every result is checked bit for bit against mmasim first; mmasim's
-   time is its best with torch's threads and with one thread.
+   by instruction, fp8ref's kernel model over all tiles). Every result is checked bit for bit against
+   mmasim first; mmasim's time is its best with torch's threads and with one thread.
 2. The Hopper kernel models (hopper-promoted, hopper-fast-accum) on M x N x K (default 256 x 4096
    x 4096) against a float32 torch matmul of the same shape, interleaved: each round times torch
    (best of 3) and the kernel model (once); the ratios of every round are printed as a range.
