@@ -181,7 +181,7 @@ class Plan:
                 and b.dtype is _U8 and c.dtype is self.acc and a.shape == sh[0] and b.shape == sh[1]
                 and c.shape == sh[2]):
             return None
-        D = c.astype(np.float32) if self.f16 else c.copy()
+        D = c.astype(np.float32, order="C") if self.f16 else c.copy()  # C-contiguous: the loop writes it
         if self.scaled:
             if not (type(sa) is np.ndarray and type(sb) is np.ndarray and sa.dtype is _U8 and sb.dtype is _U8
                     and sa.shape == sh[3] and sb.shape == sh[4]):

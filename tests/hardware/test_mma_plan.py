@@ -50,8 +50,9 @@ def test_the_plan_runs_and_gives_the_models_bytes(name, monkeypatch):
     assert np.array_equal(first.view(u), want) and np.array_equal(second.view(u), want)
     assert plan(A, B, C, *(S or (None, None))) is not None  # the plain case is the plan's
     # views, Fortran order, a torch tensor: the same bytes (the plan copies views; torch takes the checked path)
-    At, Bt = np.asfortranarray(A), B.T.copy().T
-    assert np.array_equal(mma(*name, At, Bt, C, **kw).view(u), want)
+    At, Bt, Ct = np.asfortranarray(A), B.T.copy().T, np.asfortranarray(C)
+    assert np.array_equal(mma(*name, At, Bt, Ct, **kw).view(u), want)
+    assert np.array_equal(mma(*name, A[:, ::-1][:, ::-1], B, C[::-1][::-1], **kw).view(u), want)
     torch = pytest.importorskip("torch")
     got = mma(*name, torch.from_numpy(A), torch.from_numpy(B), C, **kw)
     assert isinstance(got, torch.Tensor) and np.array_equal(got.numpy().view(u), want)
