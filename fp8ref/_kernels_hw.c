@@ -149,24 +149,21 @@ FP8REF_INLINE void flag(const hw_job *j, int bad) {
     if (bad) __atomic_fetch_or(&((hw_job *)j)->bad, (int64_t)bad, __ATOMIC_RELAXED);
 }
 
-/* round-to-nearest-even of the exact v = S * 2**(E - F) to float16 (10 fraction bits, exponent >=
- * -14; >= 2**16 after rounding: infinity), returned as the (exact) float32 of that float16. */
+/* round-to-nearest-even of the exact v = S * 2**(E - F) (|S| < 2**53) to float16 (10 fraction bits,
+ * exponent >= -14; >= 2**16 after rounding: infinity), returned as the (exact) float32 of that
+ * float16. v is exact in double; adding and subtracting c = 1.5 * 2**(q + 52), q the exponent of the
+ * f16 grid at v, rounds v to a multiple of 2**q to nearest even (the FPU's default rounding; no
+ * contraction: -ffp-contract=off). Branch-free: gcc vectorises the loop that calls it. */
 FP8REF_INLINE float normalise_rne16(int64_t S, int E, int F) {
-    uint64_t mag = (uint64_t)(S < 0 ? -S : S);
-    const int top = 63 - __builtin_clzll(mag | 1);
-    const int ev = top + E - F;
-    const int drop = (ev > -14 ? ev : -14) - 10 - (E - F); /* bits of S below the f16 grid */
-    if (drop > 62) {
-        mag = 0; /* |S| < 2**51 here: below half the grid step */
-    } else if (drop > 0) {
-        const uint64_t low = mag & ((1ull << drop) - 1), half = 1ull << (drop - 1);
-        mag >>= drop;
-        mag += low > half || (low == half && (mag & 1));
-        mag <<= drop;
-    }
-    const double m = (double)mag * pow2d(E - F);
-    const float r = m >= 65536.0 ? INFINITY : (float)m;
-    return (S < 0 ? -r : r) + 0.0f; /* + 0.0f: never -0, as the model */
+    const double v = (double)S * pow2d(E - F);
+    const int ev = (int)((bits64_of(v) >> 52) & 0x7ff) - 1023;
+    const int q = (ev > -14 ? ev : -14) - 10;
+    const uint64_t cb = ((uint64_t)(q + 52 + 1023) << 52) | (1ull << 51);
+    double c;
+    memcpy(&c, &cb, 8);
+    const double r = (v + c) - c;
+    const float f = (float)r;
+    return (fabs(r) >= 65536.0 ? copysignf(INFINITY, f) : f) + 0.0f; /* + 0.0f: never -0, as the model */
 }
 
 /* The alignment exponent of a running value d (float32, or a float16 value when f16): normal: its
