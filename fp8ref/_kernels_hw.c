@@ -281,7 +281,7 @@ FP8REF_INLINE void promote_row(const hw_job *j, size_t m, size_t p, size_t j0, s
     }
 }
 
-FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide) {
+FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide, int f16) {
     const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L;
     const size_t bt = u / j->chunks, j0 = (u % j->chunks) * NB, w = N - j0 < NB ? N - j0 : NB;
     const uint8_t *A = j->A + bt * M * K, *B = j->B + bt * K * N;
@@ -306,8 +306,7 @@ FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide) 
             for (size_t c = 0; c < w; c++) es[c] = (int16_t)(sa + sbx[c]);
             float *d = D + m * N + j0;
             if (s == 0) bad |= check_c(d, w);
-            fused_row(av, ax, bv, bx, es, L, w, d, (int)j->F, (int)j->out_bits, (int)j->e_zero, zero_in, wide,
-                      (int)j->f16);
+            fused_row(av, ax, bv, bx, es, L, w, d, (int)j->F, (int)j->out_bits, (int)j->e_zero, zero_in, wide, f16);
             if (promote) promote_row(j, m, j->promote ? s / j->promote : 0, j0, w, d, acc + m * N + j0);
         }
     }
@@ -317,11 +316,13 @@ FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide) 
 /* Tasks over units [lo, hi): unit u is batch u / chunks, columns [(u % chunks) * NB, + NB). */
 FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
     const int wide = j->F > 23 || j->L > 32 || j->SA != NULL; /* else int32 sums, normalise_rz32 */
-    for (size_t u = lo; u < hi; u++) {
-        if (j->zero_in)
-            wide ? fused_unit(j, u, 1, 1) : fused_unit(j, u, 1, 0);
+    for (size_t u = lo; u < hi; u++) { /* each combination its own inlined copy (f16 apart: it slows the f32 ones) */
+        if (j->f16)
+            j->zero_in ? (wide ? fused_unit(j, u, 1, 1, 1) : fused_unit(j, u, 1, 0, 1))
+                       : (wide ? fused_unit(j, u, 0, 1, 1) : fused_unit(j, u, 0, 0, 1));
         else
-            wide ? fused_unit(j, u, 0, 1) : fused_unit(j, u, 0, 0);
+            j->zero_in ? (wide ? fused_unit(j, u, 1, 1, 0) : fused_unit(j, u, 1, 0, 0))
+                       : (wide ? fused_unit(j, u, 0, 1, 0) : fused_unit(j, u, 0, 0, 0));
     }
 }
 
