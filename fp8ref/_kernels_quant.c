@@ -169,10 +169,10 @@ FP8REF_INLINE void segment(const void *src, uint8_t *restrict dst, int64_t lo, i
  * This loop is 16-bit integer work, 32 lanes per AVX-512 vector, and no float arithmetic. */
 typedef struct {
     uint32_t key; /* sv's bits; valid only if built */
-    int built, ok, has_t; /* has_t: t[] filled (the portable loop's; the VBMI loop uses steps[]) */
+    int built, ok;
     uint16_t lo, hi; /* magnitude bits taken here: a == 0 or lo <= a < hi */
     uint16_t eb, base, shift, maxmag, signbit, ovf_p, ovf_n, zero_p, zero_n;
-    uint16_t t[8];
+    uint16_t t[8];      /* the portable loop's (filled only in a task that runs it: c->vbmi is per task) */
     uint8_t steps[128]; /* the VBMI loop's tables: the code of (E_b, m) = base + #{i : m >= t_i}, */
     uint8_t shl[64];    /* and min(d 2^M, 255) */
 } bf16_tab;
@@ -197,8 +197,8 @@ FP8REF_INLINE int y_finite(uint16_t a, float sv, const consts *c, int exact, int
     return y - y == 0.0f;
 }
 
-FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, int mul, int model, int vbmi) {
-    t->key = bits_of(sv), t->built = 1, t->ok = 0, t->has_t = 0;
+FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, int mul, int model) {
+    t->key = bits_of(sv), t->built = 1, t->ok = 0;
     const enc_params *p = &c->p;
     int M = p->M;
     double maxval = ldexp(1.0 + (double)(p->maxmag & ((1u << M) - 1u)) / (double)(1u << M),
@@ -232,7 +232,7 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     int bad = 0;
     for (int m = 1; m < 128; m++) bad |= (out[m] < out[m - 1]) | (out[m] > lim);
     if (bad) return;
-    for (uint32_t i = 0; i < 8 && !vbmi; i++) { /* t_i (the portable loop's): the first m whose code */
+    for (uint32_t i = 0; i < 8 && !c->vbmi; i++) { /* t_i (the portable loop's): the first m whose code */
         int a0 = 0, b0 = 128;                    /* is base + i + 1 or more; out is nondecreasing */
         while (a0 < b0) {
             int mid = (a0 + b0) / 2;
@@ -240,7 +240,6 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
         }
         t->t[i] = (uint16_t)a0;
     }
-    t->has_t = !vbmi;
     for (int m = 0; m < 128; m++) t->steps[m] = out[m];
     for (int d = 0; d < 64; d++) t->shl[d] = (uint8_t)((d << M) > 255 ? 255 : d << M);
     t->lo = (uint16_t)(eb << 7), t->hi = (uint16_t)(top << 7), t->eb = (uint16_t)eb, t->base = (uint16_t)base;
@@ -355,6 +354,9 @@ FP8REF_VBMI static void stream_copy(uint8_t *restrict dst, const uint8_t *restri
 #define STREAM_FENCE() ((void)0)
 #endif
 
+/* whether a task's table loop runs tab_run_vbmi (read once per task) */
+#define TABLE_VBMI(kind, mode) ((kind) == BF16 && (mode) == RNE && HAVE_VBMI())
+
 /* segment() over `rows` runs [lo, hi) + r * stride sharing one operand sv (of `count` elements in
  * all): bfloat16 inputs by the table where it applies (built on the first run of a new sv), else
  * the segment loop. The VBMI loop takes up to TAB_CHUNK inputs per call (whole short runs, or
@@ -363,9 +365,9 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                                int64_t stride, int64_t ahead, float sv, const consts *c, bf16_tab *tab, int64_t count,
                                int kind, int exact, int mode, int mul, int model) {
     const int vbmi = c->vbmi;
-    int fresh = !(tab->built && tab->key == bits_of(sv) && (vbmi || tab->has_t));
+    int fresh = !(tab->built && tab->key == bits_of(sv));
     if (kind == BF16 && mode == RNE && (fresh ? count >= TAB_MIN : tab->ok)) {
-        if (fresh) tab_build(tab, sv, c, exact, mul, model, vbmi);
+        if (fresh) tab_build(tab, sv, c, exact, mul, model);
         if (tab->ok) {
             int64_t n = hi - lo, piece = n < TAB_CHUNK ? n : TAB_CHUNK, words = (piece + 63) / 64;
             int64_t per = n <= TAB_CHUNK ? TAB_CHUNK / 64 / words : 1; /* runs per call */
@@ -410,7 +412,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
  * rows still in the last-level cache come first and only the rest is read from memory again. */
 FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int kind, int exact, int mode, int mul,
                               int model) {
-    const consts c = consts_of(j, kind == BF16 && mode == RNE && HAVE_VBMI());
+    const consts c = consts_of(j, TABLE_VBMI(kind, mode));
     bf16_tab tab = {0};
     for (int64_t r = r1 - 1; r >= r0; r--) {
         const float *srow = j->s + j->s_off[r];
@@ -444,7 +446,7 @@ FP8REF_INLINE uint16_t amax_rows16(const uint16_t *restrict x, int64_t rows, int
  * columns: amax over the tile, its operand from the table, then the tile's codes */
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
                                int model) {
-    const consts c = consts_of(j, kind == BF16 && mode == RNE && HAVE_VBMI());
+    const consts c = consts_of(j, TABLE_VBMI(kind, mode));
     bf16_tab tab = {0};
     const uint16_t *x = j->src;
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;

@@ -67,20 +67,21 @@ def _f32(t) -> np.ndarray:
 
 
 # --- TransformerEngine ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def te_cs():
-    module = producer_tools.te_reference("reference_current_scaling")
+def _te(name: str):
+    module = producer_tools.te_reference(name)
     if module is None:
         pytest.skip("transformer_engine (2.20.2) is not installed")
     return module
+
+
+@pytest.fixture(scope="module")
+def te_cs():
+    return _te("reference_current_scaling")
 
 
 @pytest.fixture(scope="module")
 def te_nv():
-    module = producer_tools.te_reference("reference_nvfp4")
-    if module is None:
-        pytest.skip("transformer_engine (2.20.2) is not installed")
-    return module
+    return _te("reference_nvfp4")
 
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
