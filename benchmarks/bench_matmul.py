@@ -4,7 +4,8 @@
 
 Prints time(fp8ref) / time(torch float32 matmul) and time(fp8ref) / time(float64 matmul) (the
 faster of torch's and numpy's, on float64 operands already decoded), each the median over rounds
-that time the references right before and after fp8ref (a load change between them moves both),
+of one timing each, in a rotating order, every callable timed on its second call in a row (so
+none pays for the spinning idle threads of a different BLAS called just before it),
 for accumulate="exact" (per tensor and per row scales, 1x128 / 128x128 block scales; also bias +
 bfloat16 output) and accumulate="fp32". The float64 matmul is the exact mode's floor (one float64 GEMM of the decoded
 values, docs/matmul.md "Speed"). Targets (issue #11): exact <= 1.3x float64 with tensor/row
@@ -98,15 +99,18 @@ def main() -> None:
             continue
         refs = {"torch f32": torch_mm(k), "torch f64": torch_mm(k, torch.float64), "numpy f64": numpy_mm(k)}
         fn()  # warm: first-call allocations and lazy imports
-        times = {name: [] for name in (*refs, "fp8ref")}
+        timed = {**refs, "fp8ref": fn}
+        times = {name: [] for name in timed}
         ratios = {"torch f32": [], "f64": []}
-        for _ in range(args.repeat):  # each round: references, fp8ref, references (the same machine state)
-            before = {name: best_time(ref, 1) for name, ref in refs.items()}
-            t = best_time(fn, 1)
-            after = {name: best_time(ref, 1) for name, ref in refs.items()}
-            for name in refs:
-                times[name].append(min(before[name], after[name]))
-            times["fp8ref"].append(t)
+        for r in range(args.repeat):
+            # Each callable is timed on its second call in a row, the order rotating per round: none is
+            # timed right after another library's BLAS, whose idle threads still spin (OpenBLAS's do
+            # for a while after numpy's matmul, and slow whatever runs next by ~1.4x here).
+            names = list(timed)[r % len(timed):] + list(timed)[:r % len(timed)]
+            for name in names:
+                timed[name]()
+                times[name].append(best_time(timed[name], 1))
+            t = times["fp8ref"][-1]
             ratios["torch f32"].append(t / times["torch f32"][-1])
             ratios["f64"].append(t / min(times["torch f64"][-1], times["numpy f64"][-1]))
         best = {name: min(v) for name, v in times.items()}

@@ -207,6 +207,15 @@ def _torch_out(out, np_dtype, what: str, float8: str | None) -> np.ndarray:
                              f"got {out.dtype}") from None
 
 
+# Outputs of the C loops from this size on are written around the cache (whole aligned lines, by
+# non-temporal stores) into buffers whose pages are already touched (an out= given, a reused
+# workspace): they cannot stay in a last-level cache of the machines measured (48 MiB shared), and a
+# normal store first reads each line from memory; smaller ones stay in the cache for whatever reads
+# them next. A fresh buffer is not streamed: the kernel has just zeroed its pages through the cache,
+# and streaming over those lines costs more than it saves (measured: docs/quantize.md).
+STREAM_BYTES = 32 << 20
+
+
 def aligned_empty(shape: tuple, np_dtype) -> np.ndarray:
     """np.empty starting on a 64-byte cache line (numpy's large arrays start 16 bytes into one), so
     that the C loops can write whole lines around the cache (torch's CPU tensors are aligned so)."""

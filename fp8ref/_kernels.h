@@ -101,6 +101,7 @@ typedef struct { /* the operand staging of the exact fast path (_kernels_exact.c
     double *norm2;        /* NULL, or norm2[(r / n_rb) * n_rs + c / n_cb] += v * v */
     int64_t src_rs, src_cs, dst_rs, rows, cols, unit;
     int64_t s_rs, s_rb, s_cb, n_rs, n_rb, n_cb;
+    int64_t stream;       /* 1: rows starting on a cache line are written around the cache (dst too large to stay there) */
 } dec_job;
 
 typedef struct { /* the exact epilogue (_kernels_exact.c): out[m, n] from t[m, n], rows [lo, hi) */

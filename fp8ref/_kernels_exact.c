@@ -63,6 +63,7 @@ __attribute__((target("avx512f"))) static int decode_row_avx512(const dec_job *j
     const double *srow = j->scale ? j->scale + (r / j->s_rb) * j->s_rs : NULL;
     double *nrow = j->norm2 ? j->norm2 + (r / j->n_rb) * j->n_rs : NULL;
     __mmask16 nan = 0;
+    const int stream = j->stream && ((uintptr_t)dst & 63) == 0; /* 16 values: two whole lines */
     int64_t c = 0;
     for (; c + 16 <= j->cols; c += 16) {
         if (srow && j->s_cb != 1 && c / j->s_cb != (c + 15) / j->s_cb) break;
@@ -89,8 +90,13 @@ __attribute__((target("avx512f"))) static int decode_row_avx512(const dec_job *j
                 d1 = _mm512_mul_pd(d1, s);
             }
         }
-        _mm512_storeu_pd(dst + c, d0);
-        _mm512_storeu_pd(dst + c + 8, d1);
+        if (stream) {
+            _mm512_stream_pd(dst + c, d0);
+            _mm512_stream_pd(dst + c + 8, d1);
+        } else {
+            _mm512_storeu_pd(dst + c, d0);
+            _mm512_storeu_pd(dst + c + 8, d1);
+        }
         if (nrow) {
             if (j->n_cb == 1) {
                 _mm512_storeu_pd(nrow + c, _mm512_fmadd_pd(d0, d0, _mm512_loadu_pd(nrow + c)));
@@ -107,6 +113,7 @@ __attribute__((target("avx512f"))) static void decode_rows_avx512(const dec_job 
     __m512 t[16];
     for (int p = 0; p < 16; p++) t[p] = _mm512_loadu_ps(j->lut + 16 * p);
     for (int64_t r = r0; r < r1; r++) j->flags[r] = (uint8_t)decode_row_avx512(j, r, t);
+    if (j->stream) _mm_sfence(); /* streamed lines visible before the task returns */
 }
 #endif
 

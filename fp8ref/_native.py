@@ -49,7 +49,7 @@ hw_job = _struct("hw_job", [(n, _vp) for n in ("A", "B", "SA", "SB", "va", "vb",
                  + [(n, _i64) for n in ("F", "out_bits", "e_zero", "zero_in", "fma", "unit", "smb", "f16", "bad")])
 dec_job = _struct("dec_job", [(n, _vp) for n in ("src", "dst", "lut", "flags", "scale", "norm2")]
                   + [(n, _i64) for n in ("src_rs", "src_cs", "dst_rs", "rows", "cols", "unit", "s_rs", "s_rb", "s_cb",
-                                         "n_rs", "n_rb", "n_cb")])
+                                         "n_rs", "n_rb", "n_cb", "stream")])
 epi_job = _struct("epi_job", [(n, _vp) for n in ("t", "out", "unsure", "sa", "sb", "bias", "norm")]
                   + [("slack", ctypes.c_double), ("max", ctypes.c_double)]
                   + [(n, _i64) for n in ("M", "N", "ldt", "sa_s", "sb_s", "mode", "precision", "emin", "parts",

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import _native
+from . import _arrays, _native
 from ._arrays import (
     aligned_empty,
     bf16_bits_to_f32,
@@ -232,7 +232,7 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
     else:
         codes = flat.reshape(shape) if given_out else aligned_empty(shape, np.uint8)
         res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes,
-                               stream=given_out and codes.nbytes >= _STREAM_BYTES)
+                               stream=given_out and codes.nbytes >= _arrays.STREAM_BYTES)
     res = _wrap(res, as_torch)
     return dataclasses.replace(res, codes=out) if given_out else res
 
@@ -315,12 +315,6 @@ def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
 
 
 # --- fused C loops (fp8ref/_kernels_quant.c); the numpy code above and below is the fallback ----
-# codes given out= from this size on are written around the cache (the table loop's whole aligned
-# lines): they cannot stay in a last-level cache of the machines measured (48 MiB shared), and a
-# normal store first reads each line from memory; smaller codes stay in the cache for whatever
-# reads them next. A fresh output is not streamed: the kernel has just zeroed its pages through the
-# cache, and streaming over those lines costs more than it saves (measured: docs/quantize.md)
-_STREAM_BYTES = 32 << 20
 _C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
 _C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
 

@@ -30,7 +30,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .._arrays import torch
+from .. import _arrays
+from .._arrays import aligned_empty, torch
 from .._native import bsum_job, dec_job, epi_job, kernels, parallel, threads
 from ..codec import decode
 from ..errors import ShapeError
@@ -97,7 +98,7 @@ class _Workspace:
         try:
             if self.buf.size < n:
                 self.buf = np.empty(0)
-                self.buf = np.empty(n)
+                self.buf = aligned_empty((n,), np.float64)  # whole lines: the decode may stream into it
             yield self.buf[:n]
         finally:
             self.lock.release()
@@ -116,9 +117,11 @@ def _lut(fmt: FloatFormat) -> np.ndarray:
     return table
 
 
-def _stage(codes: np.ndarray, fmt: FloatFormat, what: str, dst: np.ndarray, scale=None, norms=None) -> None:
+def _stage(codes: np.ndarray, fmt: FloatFormat, what: str, dst: np.ndarray, scale=None, norms=None,
+           stream: bool = False) -> None:
     """dst[r, c] = value of codes[r, c] (times scale[0][r // scale[1], c // scale[2]] when given;
     norms = (array, rb, cb): array[r // rb, c // cb] += dst[r, c]**2, array zeroed by the caller).
+    stream: dst's pages are touched and it is too large to stay cached (_arrays.STREAM_BYTES).
     codes: any strides; dst: rows contiguous. _NonFinite on a NaN/Inf code (FormatError on codes
     past 2**bits, as on the general path)."""
     R, C = codes.shape
@@ -133,7 +136,8 @@ def _stage(codes: np.ndarray, fmt: FloatFormat, what: str, dst: np.ndarray, scal
 
         job = dec_job(codes.ctypes.data, dst.ctypes.data, table.ctypes.data, flags.ctypes.data, ptr(s), ptr(n),
                       codes.strides[0], codes.strides[1], dst.strides[0] // 8, R, C, n_rb,
-                      0 if s is None else s.shape[1], s_rb, s_cb, 0 if n is None else n.shape[1], n_rb, n_cb)
+                      0 if s is None else s.shape[1], s_rb, s_cb, 0 if n is None else n.shape[1], n_rb, n_cb,
+                      int(stream))
         parallel("fp8ref_decode_f64", job, -(-R // n_rb), work=codes.size, split=_SPLIT * threads(),
                  keep=(codes, dst, table, flags, s, n))
         if not flags.any():
@@ -175,16 +179,17 @@ def _decode_b(cb, fb, bk, sb, buf):
     flip = not cb.flags.c_contiguous and cb.T.flags.c_contiguous
     src = cb.T if flip else cb
     dst = (np.empty(src.shape) if buf is None else buf.reshape(src.shape))
+    stream = buf is not None and dst.nbytes >= _arrays.STREAM_BYTES  # the reused workspace, touched
     norms = None
     if sb is None:
-        _stage(src, fb, "b", dst)
+        _stage(src, fb, "b", dst, stream=stream)
     elif flip:  # (N, K): scale and norms per row and K-block
         norms = np.zeros((N, sb.shape[0]))
-        _stage(src, fb, "b", dst, (sb.T, 1, bk), (norms, 1, bk))
+        _stage(src, fb, "b", dst, (sb.T, 1, bk), (norms, 1, bk), stream)
         norms = norms.T
     else:
         norms = np.zeros(sb.shape)
-        _stage(src, fb, "b", dst, (sb, bk, 1), (norms, bk, 1))
+        _stage(src, fb, "b", dst, (sb, bk, 1), (norms, bk, 1), stream)
     return (dst.T if flip else dst), norms
 
 

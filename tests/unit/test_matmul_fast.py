@@ -9,6 +9,7 @@ subnormal outputs, overflow, non-finite biases, K-blocks of every length.
 
 from __future__ import annotations
 
+import inspect
 import math
 from fractions import Fraction
 
@@ -320,13 +321,29 @@ def test_decide_bound_is_right_for_both_ends_of_the_interval(data):
                 assert want is not None and bits(ci) == bits(want), (yi, bi)
 
 
-def test_large_problem_matches_the_general_path_on_every_layout():
-    """Sizes where the batched GEMMs, K-chunks and column chunks of the fast path all engage."""
+@pytest.mark.parametrize("stream, K, flip", [(False, 1200, False), (True, 1200, False), (True, 1203, False),
+                                             (True, 1200, True), (True, 1203, True)])
+def test_large_problem_matches_the_general_path_on_every_layout(stream, K, flip, monkeypatch):
+    """Sizes where the batched GEMMs, K-chunks and column chunks of the fast path all engage; with
+    stream, b's decode into the workspace writes around the cache (threshold lowered to 0), on rows
+    that start on a cache line (K = 1200) and rows that mostly do not (1203), b as stored or as a
+    (N, K) weight's transposed view."""
     rng = np.random.default_rng(11)
-    from fp8ref import encode
-    M, K, N = 24, 1200, 300
+    from fp8ref import _arrays, encode
+    streamed = []
+    if stream:
+        monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
+        stage = exact_fast._stage
+
+        def spy(*args, **kwargs):
+            streamed.append(inspect.signature(stage).bind(*args, **kwargs).arguments.get("stream", False))
+            return stage(*args, **kwargs)
+        monkeypatch.setattr(exact_fast, "_stage", spy)
+    M, N = 24, 300
     a = encode(rng.standard_normal((M, K)).astype(np.float32) * 4, "float8_e4m3fn")
     b = encode(rng.standard_normal((K, N)).astype(np.float32) * 4, "float8_e4m3fn")
+    if flip:
+        b = np.ascontiguousarray(b.T).T
     kb = -(-K // 128)
     layouts = [(np.float32(0.37), np.float32(0.011)),
                (rng.uniform(0.5, 2, (M, 1)).astype(np.float32), rng.uniform(0.5, 2, (1, N)).astype(np.float32)),
@@ -339,6 +356,7 @@ def test_large_problem_matches_the_general_path_on_every_layout():
             for bv in (None, bias):
                 args = (a, b, e4, e4, SA, SB, bk, bv, out)
                 assert_same(_fast_exact(*args), _exact(*args), out)
+    assert stream == any(streamed), streamed
 
 
 def test_small_chunks_cross_every_boundary(monkeypatch):

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8ref import _native, quant
+from fp8ref import _arrays, _native, quant
 from fp8ref.formats import FORMATS
 from fp8ref.quant import QuantArgs, quantize
 from fp8ref.scaling import reduce_amax
@@ -280,7 +280,7 @@ def _loop(monkeypatch, loop) -> bool:
     if loop == "portable":
         monkeypatch.setenv("FP8REF_NO_VBMI", "1")
     elif loop == "vbmi-stream":
-        monkeypatch.setattr(quant, "_STREAM_BYTES", 0)
+        monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
     return loop == "vbmi-stream"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fp8ref import quant
+from fp8ref import _arrays
 from fp8ref.errors import InputTypeError
 from fp8ref.quant import QuantArgs, quantize
 
@@ -50,7 +50,7 @@ def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran):
     """Written around the cache (threshold lowered to 0): whole aligned lines streamed, the partial
     lines at each piece's ends stored normally, whatever the buffer's offset from a line; rows of
     1,100 codes are no multiple of 64, and 1,024 rows run on every thread."""
-    monkeypatch.setattr(quant, "_STREAM_BYTES", 0)
+    monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
     x = _weights((1024, 1100), "bfloat16", seed=offset)
     x[3, :500] = 0.0
     raw = np.full(x.size + 128, 0xAB, np.uint8)
