@@ -69,7 +69,7 @@ typedef struct {
     float addend, clampv;
     uint32_t neg0, cast16;
     float exact_lo; /* exact_f32's smallest scale: D*s stays a multiple of 2^-149 */
-    int stream;     /* the VBMI table loop writes the codes by stream_copy */
+    int stream;     /* the VBMI table loop writes the codes around the cache (directly or by stream_copy) */
     int vbmi;       /* the table loop runs tab_run_vbmi (HAVE_VBMI, read once per task) */
 } consts;
 
@@ -177,7 +177,9 @@ typedef struct {
     uint8_t shl[64];    /* and min(d 2^M, 255) */
 } bf16_tab;
 
-enum { TAB_MIN = 512, TAB_CHUNK = 1024 }; /* elements per operand worth a build; inputs per VBMI call */
+/* elements per operand worth a build; inputs per VBMI call (at most, where the codes go through a
+ * buffer); 64-input words the VBMI loop may mark per call */
+enum { TAB_MIN = 512, TAB_CHUNK = 1024, TAB_WORDS = 256 };
 /* input bytes of the block tiles taken together (amaxes, then codes): one 128x128 bfloat16 tile,
  * which the encode then reads from L1 (measured against 64-256 KiB runs: 0.85-0.88 vs 0.66-0.74
  * of copy_ with two threads, the same or better with one) */
@@ -283,7 +285,7 @@ static int vbmi_ok = -1;
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
 FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                          int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
-                                         const bf16_tab *t, uint64_t *restrict slow_at) {
+                                         int stream, const bf16_tab *t, uint64_t *restrict slow_at) {
     const __m512i tlo = _mm512_loadu_si512(t->steps), thi = _mm512_loadu_si512(t->steps + 64);
     const __m512i shtab = _mm512_loadu_si512(t->shl);
     const __m512i eb = _mm512_set1_epi8((char)t->eb), etop = _mm512_set1_epi8((char)(t->hi >> 7));
@@ -325,7 +327,10 @@ FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *r
         c = _mm512_mask_blend_epi8(zero & neg, c, zn);
         __mmask64 slow = ((_mm512_cmplt_epu8_mask(E, eb) & ~zero) | _mm512_cmpge_epu8_mask(E, etop)) & all;
         slow_at[r * ((n + 63) / 64) + k / 64] = slow, any |= slow;
-        _mm512_mask_storeu_epi8(dst + k, all, c);
+        if (stream && left >= 64) /* whole aligned lines (the caller checked dst and dst_stride) */
+            _mm512_stream_si512((__m512i *)(dst + k), c);
+        else
+            _mm512_mask_storeu_epi8(dst + k, all, c);
     }
     }
     return any != 0;
@@ -349,7 +354,7 @@ FP8REF_VBMI static void stream_copy(uint8_t *restrict dst, const uint8_t *restri
                      !getenv("FP8REF_NO_VBMI"))
 #else
 #define HAVE_VBMI() 0
-#define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, t, slow_at) 0
+#define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at) 0
 #define stream_copy(dst, src, n) ((void)0)
 #define STREAM_FENCE() ((void)0)
 #endif
@@ -370,9 +375,14 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
         if (fresh) tab_build(tab, sv, c, exact, mul, model);
         if (tab->ok) {
             int64_t n = hi - lo, piece = n < TAB_CHUNK ? n : TAB_CHUNK, words = (piece + 63) / 64;
-            int64_t per = n <= TAB_CHUNK ? TAB_CHUNK / 64 / words : 1; /* runs per call */
-            uint64_t slow_at[TAB_CHUNK / 64];
-            uint8_t buf[TAB_CHUNK + 64]; /* streamed: the piece's codes, run after run, then copied out */
+            /* streamed straight from the VBMI loop where every run starts on a line (pieces start
+             * TAB_CHUNK apart), else by stream_copy from buf, whatever the offsets */
+            const int direct = c->stream && ((uintptr_t)(dst + lo) & 63u) == 0 && (rows == 1 || (stride & 63) == 0);
+            const int buffered = c->stream && !direct;
+            /* runs per call: a 128x128 tile in one (buf holds TAB_CHUNK codes) */
+            int64_t per = n <= TAB_CHUNK ? (buffered ? TAB_CHUNK / 64 : TAB_WORDS) / words : 1;
+            uint64_t slow_at[TAB_WORDS];
+            uint8_t buf[TAB_CHUNK + 64]; /* buffered: the piece's codes, run after run, then copied out */
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 int64_t nr = rows - r0 < per ? rows - r0 : per;
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
@@ -385,9 +395,10 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                                         mul, model);
                         continue;
                     }
-                    uint8_t *out = c->stream ? buf : dst + at;
-                    int64_t os = c->stream ? len : stride;
-                    if (tab_run_vbmi(x, out, len, nr, stride, os, ahead, tab, slow_at)) {
+                    uint8_t *out = buffered ? buf : dst + at;
+                    int64_t os = buffered ? len : stride;
+                    if (tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, slow_at)) {
+                        if (direct) STREAM_FENCE(); /* the streamed lines written before a fix-up's normal store */
                         int64_t lw = (len + 63) / 64; /* words per run of this piece */
                         for (int64_t w = 0; w < nr * lw; w++) /* only the inputs it did not take */
                             for (uint64_t b = slow_at[w]; b; b &= b - 1) {
@@ -396,7 +407,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                                         model);
                             }
                     }
-                    if (c->stream)
+                    if (buffered)
                         for (int64_t r = 0; r < nr; r++) stream_copy(dst + at + r * stride, buf + r * len, len);
                 }
             }

@@ -46,13 +46,18 @@ def test_out_is_the_result_and_holds_the_codes(monkeypatch, gran, dtype, recipe)
 
 @pytest.mark.parametrize("offset", [0, 1, 15, 16, 33, 63])
 @pytest.mark.parametrize("gran", ["channel", "block", "tensor"])
-def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran):
+@pytest.mark.parametrize("cols", [1100, 1024])
+def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran, cols):
     """Written around the cache (threshold lowered to 0): whole aligned lines streamed, the partial
-    lines at each piece's ends stored normally, whatever the buffer's offset from a line; rows of
-    1,100 codes are no multiple of 64, and 1,024 rows run on every thread."""
+    lines at each piece's ends stored normally, whatever the buffer's offset from a line. Rows of
+    1,100 codes are no multiple of 64 (through a buffer); rows of 1,024 at offset 0 are streamed
+    by the table loop itself, with tiny inputs it hands back to the segment loop (normal stores
+    into streamed lines). 1,024 rows run on every thread."""
     monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
-    x = _weights((1024, 1100), "bfloat16", seed=offset)
+    x = _weights((1024, cols), "bfloat16", seed=offset)
     x[3, :500] = 0.0
+    x[5, 7:200:9] = x[5, 7:200:9] * 2.0 ** -40  # codes 0 and, at 2**-16, subnormal codes: below the
+    x[5, 8:200:9] = x[5, 8:200:9] * 2.0 ** -16  # table's binades, the segment loop's
     raw = np.full(x.size + 128, 0xAB, np.uint8)
     start = -raw.ctypes.data % 64 + offset
     out = raw[start:start + x.size].reshape(x.shape)
