@@ -78,6 +78,7 @@ typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kern
     const float *va, *vb;    /* fp32 value per code (NaN/Inf codes: 0) */
     const int16_t *xa, *xb, *xs; /* alignment exponent per code (zero: -4096); xs: scale exponents */
     const int16_t *ss;       /* grouped: scale significand per code (0: a zero scale) */
+    const int16_t *ia, *ib;  /* grouped: value per code in units of 2**(emin - mantissa bits) of its format */
     const uint8_t *fa, *fb, *fs; /* per code: 0 finite, 1 NaN/Inf, 2 not a code of the format */
     const float *psa, *psb;  /* promotion scales (M, np), (np, N) float32, or NULL */
     float *D;                /* (batch, M, N): C in, the tensor-core accumulator out */

@@ -33,6 +33,7 @@
  * 24 KiB) stays in L1 while every row of A passes over it; the inner loops run over NB columns.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "_kernels.h"
 
@@ -326,108 +327,278 @@ FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
     }
 }
 
-/* grouped (NVIDIA kind::mxf4 / mxf4nvf4), a step of L elements of one row over columns [0, w): the
- * G products of each group are summed exactly in fp32 (e2m1 products are multiples of 2**unit =
- * 2**-2 below 2**6; G = 16 of them stay below 2**10), the group sum P times its two scales (value
+/* grouped (NVIDIA kind::mxf4 / mxf4nvf4), one step of L elements of one row over the chunk's columns:
+ * the G = 16 products of each group are summed exactly as integers, P = sum a * b / 2**unit (the
+ * codes' values in units of their formats' last bit: e2m1 at most 12 of them, so a product is at
+ * most 144 and the group sum below 2**12, exact in int16); the group sum times its two scales (value
  * sig_a * sig_b * 2**(x_a + x_b - 2 smb)) is one term with alignment exponent x_a + x_b, unless every
  * product of the group or a scale is zero (then the step's E takes e_zero). Then as fused:
  *     S = sum_g trunc(P_g * s_g * 2**(F - E)) + trunc(C * 2**(F - E)),  C = rz(S * 2**(E - F))
- * with P_g / 2**unit * sig_a * sig_b an integer below 2**20 shifted by x_g - 2 smb + unit + F - E <= 33:
- * |S| < 2**50, exact in int64. */
-FP8REF_INLINE void grouped_row(const hw_job *j, const float *restrict av, const float *restrict bv,
-                               const int32_t *restrict bnz, const int32_t *restrict sbx,
-                               const int32_t *restrict sbs, const int16_t *xsa, const int16_t *ssa, size_t L,
-                               size_t w, float *restrict d) {
-    const size_t G = j->G, ng = L / G;
-    const int F = (int)j->F, e_zero = (int)j->e_zero, unit = (int)j->unit, smb = (int)j->smb;
-    const int out_bits = (int)j->out_bits;
-    const float per_unit = pow2f(-unit);
-    float P[HW_LMAX / 16 * NB];
-    uint16_t anz[HW_LMAX / 16];
-    for (size_t g = 0; g < ng; g++) {
-        uint16_t mask = 0;
-        for (size_t i = 0; i < G; i++) mask |= (uint16_t)((av[g * G + i] != 0.0f) << i);
-        anz[g] = mask;
-        float *restrict p = P + g * NB;
-        for (size_t c = 0; c < w; c++) p[c] = 0.0f;
-        for (size_t i = 0; i < G; i++) {
-            const float a = av[g * G + i];
-            const float *restrict b = bv + (g * G + i) * NB;
-            for (size_t c = 0; c < w; c++) p[c] += a * b[c]; /* exact: integers * 2**unit below 2**10 */
-        }
-    }
-    /* per column, in passes over c that gcc vectorises: each group's scale significand (0: the group
-     * or a scale is zero) and exponent, the step's E, the aligned sum, the normalised value */
-    int32_t sig[HW_LMAX / 16][NB], x[HW_LMAX / 16][NB], Ec[NB];
-    int64_t S[NB];
-    for (size_t c = 0; c < w; c++) Ec[c] = d_exponent(d[c], e_zero, 0);
-    for (size_t g = 0; g < ng; g++) {
-        const int32_t an = anz[g], sa_sig = ssa[g], sa_x = xsa[g];
-        const int32_t *restrict bn = bnz + g * NB, *restrict bs = sbs + g * NB, *restrict bxg = sbx + g * NB;
+ * with t_g = P_g * sig_a * sig_b an integer below 2**20 shifted by x_g - 2 smb + unit + F - E <= 33
+ * (in [-500, 430] whatever the scales: 2**sh is a normal double): t_g * 2**sh is exact in double, its
+ * truncation to int64 is the shifted integer, |S| < 2**50.
+ *
+ * Vectorised as the fused loop is, by GCC generic vectors every target clone lowers to its width:
+ * the group sums over 32 int16 columns a vector (four vectors held in registers over a group), the
+ * alignment and the normalisation over 8 columns (int32 exponents, int64 / double sums). Columns
+ * past the chunk's w (a partial chunk) are computed on zero operands into a local copy of d and
+ * dropped. */
+#define HW_G 16 /* products per group (native.applies requires it) */
+#define HW_NG (HW_LMAX / HW_G)
+#define GW 8 /* columns per vector of the alignment pass */
+typedef int16_t v8hi __attribute__((vector_size(16)));
+typedef int32_t v8si __attribute__((vector_size(32)));
+typedef int64_t v8di __attribute__((vector_size(64)));
+typedef double v8df __attribute__((vector_size(64)));
+typedef float v8sf __attribute__((vector_size(32)));
+
+FP8REF_INLINE v8si vload8_hi(const int16_t *p) { v8hi v; memcpy(&v, p, sizeof v); return __builtin_convertvector(v, v8si); }
+FP8REF_INLINE v8si vload8_si(const int32_t *p) { v8si v; memcpy(&v, p, sizeof v); return v; }
+FP8REF_INLINE v8si vsel_si(v8si m, v8si a, v8si b) { return (a & m) | (b & ~m); } /* m ? a : b (m: -1 / 0) */
+FP8REF_INLINE v8di vsel_di(v8di m, v8di a, v8di b) { return (a & m) | (b & ~m); }
+FP8REF_INLINE v8df pow2d_v(v8si x) { /* 2**x lane-wise, -1022 <= x <= 1023 */
+    return (v8df)((__builtin_convertvector(x, v8di) + 1023) << 52);
+}
+
+/* B rows [k0, k0 + L), columns [j0, j0 + w) of the chunk as integers into bi (row stride NB), zero in
+ * columns [w, wp); returns the codes' flags. */
+FP8REF_INLINE int decode_slab_int(const hw_job *j, const uint8_t *B, size_t k0, size_t L, size_t j0, size_t w,
+                                  size_t wp, int16_t *bi) {
+    int bad = 0;
+    for (size_t k = 0; k < L; k++) {
+        const uint8_t *row = B + (k0 + k) * j->N + j0;
         for (size_t c = 0; c < w; c++) {
-            const int32_t sg = (an & bn[c]) ? sa_sig * bs[c] : 0;
-            const int32_t xg = sa_x + bxg[c];
-            const int32_t e = sg ? xg : e_zero; /* a zero term: e_zero takes part in the max */
-            sig[g][c] = sg;
-            x[g][c] = xg;
-            Ec[c] = e > Ec[c] ? e : Ec[c];
+            bi[k * NB + c] = j->ib[row[c]];
+            bad |= j->fb[row[c]];
         }
+        for (size_t c = w; c < wp; c++) bi[k * NB + c] = 0;
     }
-    for (size_t c = 0; c < w; c++) S[c] = (int64_t)((double)d[c] * pow2d(F - Ec[c])); /* |C term| < 2**(F+1) */
-    for (size_t g = 0; g < ng; g++)
-        for (size_t c = 0; c < w; c++) {
-            const int64_t t = (int64_t)(int32_t)(P[g * NB + c] * per_unit) * sig[g][c];
-            const int sh = x[g][c] - 2 * smb + unit + F - Ec[c]; /* <= 33 for a nonzero term */
-            const uint64_t mag = (uint64_t)(t < 0 ? -t : t);
-            const int l = sh > 0 ? sh : 0, r = -sh > 63 ? 63 : (-sh > 0 ? -sh : 0);
-            const int64_t m = (int64_t)((mag << l) >> r); /* trunc(|t| * 2**sh) */
-            S[c] += t < 0 ? -m : m;
+    return bad;
+}
+
+/* The step's per-column operands of B, shared by every row of A:  bi (L x NB), per group g the mask
+ * bnz of its nonzero elements (bit i: element g * G + i) and its scale's exponent and significand. */
+typedef struct {
+    int16_t bi[HW_LMAX * NB], bnz[HW_NG * NB];
+    int32_t sbx[HW_NG * NB], sbs[HW_NG * NB];
+} grouped_slab;
+
+/* ... and of a row of A: its integers, per group the nonzero mask and scale exponent, significand. */
+typedef struct {
+    int16_t ai[HW_LMAX];
+    int32_t anz[HW_NG], xsa[HW_NG], ssa[HW_NG];
+} grouped_row_ops;
+
+/* The group sums P (ng x NB, int16) of one row over columns [0, wp), wp a multiple of VL. */
+FP8REF_INLINE void group_sums(const int16_t *restrict ai, const int16_t *restrict bi, size_t ng, size_t wp,
+                              int16_t *restrict P) {
+    for (size_t g = 0; g < ng; g++) {
+        const int16_t *restrict a = ai + g * HW_G, *restrict b = bi + g * HW_G * NB;
+        size_t c0 = 0;
+        for (; c0 + 4 * VL <= wp; c0 += 4 * VL) {
+            v32hi p0 = {0}, p1 = {0}, p2 = {0}, p3 = {0};
+            for (size_t i = 0; i < HW_G; i++) {
+                const int16_t x = a[i];
+                const int16_t *r = b + i * NB + c0;
+                p0 += x * vload_hi(r);
+                p1 += x * vload_hi(r + VL);
+                p2 += x * vload_hi(r + 2 * VL);
+                p3 += x * vload_hi(r + 3 * VL);
+            }
+            vstore_hi(P + g * NB + c0, p0);
+            vstore_hi(P + g * NB + c0 + VL, p1);
+            vstore_hi(P + g * NB + c0 + 2 * VL, p2);
+            vstore_hi(P + g * NB + c0 + 3 * VL, p3);
         }
-    for (size_t c = 0; c < w; c++) {
-        const float r = normalise_rz(S[c], Ec[c], F, out_bits);
-        d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
+        for (; c0 < wp; c0 += VL) {
+            v32hi p = {0};
+            for (size_t i = 0; i < HW_G; i++) p += a[i] * vload_hi(b + i * NB + c0);
+            vstore_hi(P + g * NB + c0, p);
+        }
     }
 }
 
+/* One step of one row: dl (w8 floats, w8 a multiple of GW; C in, the step's result out) from the
+ * group sums P. */
+FP8REF_INLINE void grouped_align(const hw_job *j, const grouped_slab *restrict sl, const grouped_row_ops *restrict ro,
+                                 const int16_t *restrict P, size_t ng, size_t w8, float *restrict dl) {
+    const int F = (int)j->F, e_zero = (int)j->e_zero, out_bits = (int)j->out_bits;
+    const int shift = (int)j->unit - 2 * (int)j->smb + F; /* sh = x_g + shift - E */
+    for (size_t c0 = 0; c0 < w8; c0 += GW) {
+        v8si db;
+        memcpy(&db, dl + c0, sizeof db);
+        const v8si mag = db & 0x7fffffff, inf = mag == 0x7f800000; /* an Inf d (an earlier step overflowed) stays */
+        const v8si field = (db >> 23) & 0xff;
+        v8si E = vsel_si(mag == 0, (v8si){0} + e_zero, vsel_si(field > 0, field, (v8si){0} + 1) - 127);
+        v8si sg[HW_NG], xg[HW_NG];
+        for (size_t g = 0; g < ng; g++) {
+            const v8si nz = (vload8_hi(sl->bnz + g * NB + c0) & ro->anz[g]) != 0;
+            sg[g] = nz & (ro->ssa[g] * vload8_si(sl->sbs + g * NB + c0)); /* 0: a zero group or scale */
+            xg[g] = ro->xsa[g] + vload8_si(sl->sbx + g * NB + c0);
+            const v8si e = vsel_si(sg[g] == 0, (v8si){0} + e_zero, xg[g]); /* a zero term: e_zero takes part */
+            E = vsel_si(e > E, e, E);
+        }
+        const v8si finite = db & ~inf; /* an Inf d reads as 0 (its result is dropped) */
+        v8sf d;
+        memcpy(&d, &finite, sizeof d);
+        v8di S = __builtin_convertvector(__builtin_convertvector(d, v8df) * pow2d_v(F - E), v8di); /* |C term| < 2**(F+1) */
+        for (size_t g = 0; g < ng; g++) {
+            const v8df t = __builtin_convertvector(vload8_hi(P + g * NB + c0) * sg[g], v8df);
+            S += __builtin_convertvector(t * pow2d_v(xg[g] + shift - E), v8di); /* trunc(t * 2**sh) */
+        }
+        /* normalise_rz, lane-wise: clear the significand's bits below out_bits (more below 2**-126) */
+        v8di u = (v8di)(__builtin_convertvector(S, v8df) * pow2d_v(E - F));
+        const v8di ex = ((u >> 52) & 0x7ff) - 1023, below = -126 - ex;
+        v8di drop = (52 - out_bits) + (below & (below > 0));
+        drop = vsel_di(drop < 53, drop, (v8di){0} + 63); /* past 52: the sign bit alone stays */
+        u &= ~((((v8di){0} + 1) << drop) - 1);
+        const v8sf r = __builtin_convertvector((v8df)u, v8sf) + 0.0f; /* + 0.0f: never -0, as the model */
+        v8si rb;
+        memcpy(&rb, &r, sizeof rb);
+        rb = vsel_si(inf, db, rb);
+        memcpy(dl + c0, &rb, sizeof rb);
+    }
+}
+
+/* grouped_align with AVX-512 (F, DQ, BW, VL), 16 columns a step: the exponents in int32 lanes, the
+ * sums in two halves of 8 doubles. Every term is an integer times a power of two whose product is a
+ * normal double or zero, so vscalefpd (x * 2**floor(y)) scales it exactly and vrndscalepd truncates it;
+ * the partial sums are integers below 2**53, exact in double. The normalisation, round-toward-zero to
+ * 23 fraction bits with exponent >= -126 (grouped: rz-f32 only), is the double -> float conversion
+ * rounding toward zero (float32's own grid), an overflow (>= 2**128) made infinite as the model does.
+ * Same bits as the portable grouped_align (tests/hardware/test_fused_c.py runs both). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HW_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl"), noinline))
+static int avx512_ok = -1;
+/* FP8REF_NO_AVX512 (read at each call, for the tests) runs the portable grouped_align instead */
+#define HAVE_AVX512()                                                                                          \
+    ((avx512_ok >= 0 ? avx512_ok                                                                               \
+                     : (avx512_ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && \
+                                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))) && \
+     !getenv("FP8REF_NO_AVX512"))
+
+HW_AVX512 static __m512d trunc_scaled(__m256i x, __m256i e) { /* trunc(x * 2**e), int32 lanes in */
+    return _mm512_roundscale_pd(_mm512_scalef_pd(_mm512_cvtepi32_pd(x), _mm512_cvtepi32_pd(e)),
+                                _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+}
+
+HW_AVX512 static __m256 rz_f32(__m512d S, __m256i e) { /* S * 2**e rounded toward zero to float32, >= 2**128: Inf */
+    const __m512d v = _mm512_scalef_pd(S, _mm512_cvtepi32_pd(e));
+    __m256 r = _mm512_cvt_roundpd_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask8 over = _mm512_cmp_pd_mask(_mm512_abs_pd(v), _mm512_set1_pd(0x1p128), _CMP_GE_OQ);
+    r = _mm256_mask_or_ps(r, over, _mm256_and_ps(r, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(INFINITY));
+    return _mm256_add_ps(r, _mm256_setzero_ps()); /* + 0.0f: never -0, as the model */
+}
+
+HW_AVX512 static void grouped_align_avx512(const hw_job *j, const grouped_slab *restrict sl,
+                                           const grouped_row_ops *restrict ro, const int16_t *restrict P, size_t ng,
+                                           size_t w16, float *restrict dl) {
+    const __m512i vF = _mm512_set1_epi32((int)j->F), vez = _mm512_set1_epi32((int)j->e_zero);
+    const __m512i shift = _mm512_set1_epi32((int)j->unit - 2 * (int)j->smb + (int)j->F);
+    __m512i anz[HW_NG], ssa[HW_NG], xsa[HW_NG];
+    for (size_t g = 0; g < ng; g++) {
+        anz[g] = _mm512_set1_epi32(ro->anz[g]);
+        ssa[g] = _mm512_set1_epi32(ro->ssa[g]);
+        xsa[g] = _mm512_set1_epi32(ro->xsa[g]);
+    }
+    for (size_t c0 = 0; c0 < w16; c0 += 16) {
+        const __m512i db = _mm512_loadu_si512(dl + c0), mag = _mm512_and_si512(db, _mm512_set1_epi32(0x7fffffff));
+        const __mmask16 inf = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f800000));
+        const __m512i field = _mm512_and_si512(_mm512_srli_epi32(db, 23), _mm512_set1_epi32(0xff));
+        __m512i E = _mm512_sub_epi32(_mm512_max_epi32(field, _mm512_set1_epi32(1)), _mm512_set1_epi32(127));
+        E = _mm512_mask_mov_epi32(E, _mm512_testn_epi32_mask(mag, mag), vez);
+        __m512i sg[HW_NG], xg[HW_NG];
+        for (size_t g = 0; g < ng; g++) {
+            const __m512i bn = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(sl->bnz + g * NB + c0)));
+            sg[g] = _mm512_maskz_mullo_epi32(_mm512_test_epi32_mask(bn, anz[g]), ssa[g],
+                                             _mm512_loadu_si512(sl->sbs + g * NB + c0));
+            xg[g] = _mm512_add_epi32(xsa[g], _mm512_loadu_si512(sl->sbx + g * NB + c0));
+            E = _mm512_max_epi32(E, _mm512_mask_mov_epi32(xg[g], _mm512_testn_epi32_mask(sg[g], sg[g]), vez));
+        }
+        const __m512 d = _mm512_castsi512_ps(_mm512_maskz_mov_epi32((__mmask16)~inf, db)); /* an Inf d reads as 0 */
+        const __m512i up = _mm512_sub_epi32(vF, E), down = _mm512_sub_epi32(E, vF);
+        __m512d S[2];
+        S[0] = _mm512_roundscale_pd(_mm512_scalef_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(d)),
+                                                     _mm512_cvtepi32_pd(_mm512_castsi512_si256(up))),
+                                    _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        S[1] = _mm512_roundscale_pd(_mm512_scalef_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(d, 1)),
+                                                     _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(up, 1))),
+                                    _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        for (size_t g = 0; g < ng; g++) {
+            const __m512i p = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(P + g * NB + c0)));
+            const __m512i t = _mm512_mullo_epi32(p, sg[g]), sh = _mm512_sub_epi32(_mm512_add_epi32(xg[g], shift), E);
+            S[0] = _mm512_add_pd(S[0], trunc_scaled(_mm512_castsi512_si256(t), _mm512_castsi512_si256(sh)));
+            S[1] = _mm512_add_pd(S[1], trunc_scaled(_mm512_extracti64x4_epi64(t, 1), _mm512_extracti64x4_epi64(sh, 1)));
+        }
+        const __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(rz_f32(S[0], _mm512_castsi512_si256(down))),
+                                            rz_f32(S[1], _mm512_extracti64x4_epi64(down, 1)), 1);
+        _mm512_storeu_si512(dl + c0, _mm512_mask_mov_epi32(_mm512_castps_si512(r), inf, db)); /* an Inf d stays */
+    }
+}
+#else
+#define HAVE_AVX512() 0
+#define grouped_align_avx512(j, sl, ro, P, ng, w16, dl) ((void)0)
+#endif
+
 FP8REF_CLONES void fp8ref_hw_grouped(const hw_job *j, size_t lo, size_t hi) {
-    const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L, G = j->G, ng = L / G;
+    const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L, ng = L / HW_G;
     const size_t nbk = K / j->block; /* scales per row of A */
-    float bv[HW_LMAX * NB], av[HW_LMAX];
-    int16_t bx[HW_LMAX * NB], ax[HW_LMAX];
-    int32_t bnz[HW_LMAX / 16 * NB], sbx[HW_LMAX / 16 * NB], sbs[HW_LMAX / 16 * NB];
-    int16_t xsa[HW_LMAX / 16], ssa[HW_LMAX / 16];
+    grouped_slab sl;
+    grouped_row_ops ro;
+    int16_t P[HW_NG * NB];
+    float dl[NB];
+    const int vec = HAVE_AVX512();
     int bad = 0;
     for (size_t u = lo; u < hi; u++) {
         const size_t bt = u / j->chunks, j0 = (u % j->chunks) * NB, w = N - j0 < NB ? N - j0 : NB;
+        const size_t wp = (w + VL - 1) & ~(size_t)(VL - 1); /* whole int16 vectors (NB is a multiple of VL) */
         const uint8_t *A = j->A + bt * M * K, *B = j->B + bt * K * N;
         const uint8_t *SA = j->SA + bt * M * nbk, *SB = j->SB + bt * nbk * N;
         float *D = j->D + bt * M * N, *acc = j->acc ? j->acc + bt * M * N : NULL;
         for (size_t s = 0; s < S; s++) {
-            bad |= decode_slab(j, B, s * L, L, j0, w, bv, bx);
+            bad |= decode_slab_int(j, B, s * L, L, j0, w, wp, sl.bi);
             for (size_t g = 0; g < ng; g++) {
-                const size_t q = (s * L + g * G) / j->block;
-                for (size_t c = 0; c < w; c++) {
-                    int32_t mask = 0;
-                    for (size_t i = 0; i < G; i++) mask |= (bv[(g * G + i) * NB + c] != 0.0f) << i;
-                    bnz[g * NB + c] = mask;
-                    const uint8_t code = SB[q * N + j0 + c];
-                    sbx[g * NB + c] = j->xs[code];
-                    sbs[g * NB + c] = j->ss[code];
-                    bad |= j->fs[code];
+                for (size_t c0 = 0; c0 < wp; c0 += VL) {
+                    v32hi mask = {0};
+                    for (size_t i = 0; i < HW_G; i++)
+                        mask |= (vload_hi(sl.bi + (g * HW_G + i) * NB + c0) != 0) & (int16_t)(1u << i);
+                    vstore_hi(sl.bnz + g * NB + c0, mask);
                 }
+                const uint8_t *sb = SB + (s * L + g * HW_G) / j->block * N + j0;
+                for (size_t c = 0; c < w; c++) {
+                    sl.sbx[g * NB + c] = j->xs[sb[c]];
+                    sl.sbs[g * NB + c] = j->ss[sb[c]];
+                    bad |= j->fs[sb[c]];
+                }
+                for (size_t c = w; c < wp; c++) sl.sbx[g * NB + c] = sl.sbs[g * NB + c] = 0;
             }
             const int promote = acc && ((j->promote && (s + 1) % j->promote == 0) || s + 1 == S);
             for (size_t m = 0; m < M; m++) {
-                bad |= decode_row(j, A + m * K + s * L, L, av, ax);
+                const uint8_t *a = A + m * K + s * L;
+                for (size_t k = 0; k < L; k++) {
+                    ro.ai[k] = j->ia[a[k]];
+                    bad |= j->fa[a[k]];
+                }
                 for (size_t g = 0; g < ng; g++) {
-                    const uint8_t code = SA[m * nbk + (s * L + g * G) / j->block];
-                    xsa[g] = j->xs[code];
-                    ssa[g] = j->ss[code];
+                    int32_t mask = 0;
+                    for (size_t i = 0; i < HW_G; i++) mask |= (ro.ai[g * HW_G + i] != 0) << i;
+                    ro.anz[g] = mask;
+                    const uint8_t code = SA[m * nbk + (s * L + g * HW_G) / j->block];
+                    ro.xsa[g] = j->xs[code];
+                    ro.ssa[g] = j->ss[code];
                     bad |= j->fs[code];
                 }
                 float *d = D + m * N + j0;
                 if (s == 0) bad |= check_c(d, w);
-                grouped_row(j, av, bv, bnz, sbx, sbs, xsa, ssa, L, w, d);
+                memcpy(dl, d, w * sizeof *dl);
+                for (size_t c = w; c < wp; c++) dl[c] = 0.0f;
+                group_sums(ro.ai, sl.bi, ng, wp, P);
+                if (vec) /* 16 columns a step (wp is a multiple of 32) */
+                    grouped_align_avx512(j, &sl, &ro, P, ng, (w + 15) & ~(size_t)15, dl);
+                else
+                    grouped_align(j, &sl, &ro, P, ng, (w + GW - 1) & ~(size_t)(GW - 1), dl);
+                memcpy(d, dl, w * sizeof *dl);
                 if (promote) promote_row(j, m, j->promote ? s / j->promote : 0, j0, w, d, acc + m * N + j0);
             }
         }

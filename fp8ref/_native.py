@@ -43,8 +43,8 @@ quant_job = _struct("quant_job", [(n, _vp) for n in ("src", "dst", "s", "s_off",
                     + [("addend", _f32), ("clampv", _f32), ("neg0", _u32), ("stream", _i32)])
 mm_job = _struct("mm_job", [(n, _vp) for n in ("A", "B", "tab_a", "tab_b", "sa", "sb", "total", "part", "scratch")]
                  + [(n, _sz) for n in ("M", "K", "N", "L", "bk", "KB", "step", "scratch_stride", "fused")])
-hw_job = _struct("hw_job", [(n, _vp) for n in ("A", "B", "SA", "SB", "va", "vb", "xa", "xb", "xs", "ss", "fa", "fb",
-                                                "fs", "psa", "psb", "D", "acc")]
+hw_job = _struct("hw_job", [(n, _vp) for n in ("A", "B", "SA", "SB", "va", "vb", "xa", "xb", "xs", "ss", "ia", "ib",
+                                                "fa", "fb", "fs", "psa", "psb", "D", "acc")]
                  + [(n, _sz) for n in ("M", "N", "K", "L", "chunks", "promote", "np", "G", "block")]
                  + [(n, _i64) for n in ("F", "out_bits", "e_zero", "zero_in", "fma", "unit", "smb", "f16", "bad")])
 dec_job = _struct("dec_job", [(n, _vp) for n in ("src", "dst", "lut", "flags", "scale", "norm2")]

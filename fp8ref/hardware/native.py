@@ -47,15 +47,34 @@ def tables(fmt: FloatFormat, ignore_sign: bool = False) -> tuple[np.ndarray, ...
     return out
 
 
+@cache
+def integers(fmt: FloatFormat) -> np.ndarray:
+    """int16 value per code in units of the format's last bit, 2**(emin - mantissa_bits) (read-only;
+    the grouped loop sums products of them exactly); NaN/Inf codes read as 0, as in ``tables``."""
+    q = np.ldexp(tables(fmt)[0].astype(np.float64), -(fmt.emin - fmt.mantissa_bits))
+    out = q.astype(np.int16)
+    if not np.array_equal(out, q):
+        raise ValueError(f"{fmt.name}: values are not int16 multiples of its last bit")  # internal contract
+    out.setflags(write=False)
+    return out
+
+
+@cache
+def _group_sums_fit(ins: Instruction) -> bool:
+    """The grouped loop's int16 group sums hold G products of the largest integers."""
+    ma, mb = (int(np.abs(integers(f).astype(np.int32)).max()) for f in (ins.a_fmt, ins.b_fmt))
+    return ins.datapath.G * ma * mb < 1 << 15
+
+
 def applies(ins: Instruction) -> bool:
     dp = ins.datapath
     if kernels() is None or min(ins.k, dp.L) > _LMAX:
         return False
     if dp.family == "pairwise":
         return ins.acc == "float32" and dp.output == "rne-f32"
-    if dp.family == "grouped":  # e2m1 products: exact group sums in fp32 (see grouped_row)
+    if dp.family == "grouped":  # e2m1 products: exact int16 group sums (_kernels_hw.c)
         return ins.acc == "float32" and dp.output == "rz-f32" and dp.G == 16 and ins.block % dp.G == 0 \
-            and ins.a_fmt.bits == ins.b_fmt.bits == 4 and dp.L % dp.G == 0
+            and ins.a_fmt.bits == ins.b_fmt.bits == 4 and dp.L % dp.G == 0 and _group_sums_fit(ins)
     if dp.F > 25:  # the fused loops' int32 partial sums hold 16 terms below 2**(F + 2)
         return False
     out_ok = dp.output in _OUT_BITS if ins.acc == "float32" else dp.output == "rne-f16"
@@ -74,6 +93,7 @@ def _template(ins: Instruction) -> tuple[hw_job, str, tuple]:
     dp = ins.datapath
     ta, tb = tables(ins.a_fmt), tables(ins.b_fmt)
     ts = tables(ins.scale_fmt, ins.scale_type == "ue4m3") if ins.scale_fmt is not None else tables(ins.a_fmt)
+    tabs = (ta, tb, ts)
     job = hw_job(va=_address(ta[0]), vb=_address(tb[0]), xa=_address(ta[1]), xb=_address(tb[1]),
                  xs=_address(ts[1]), ss=_address(ts[3]), fa=_address(ta[2]), fb=_address(tb[2]), fs=_address(ts[2]),
                  F=dp.F, f16=int(ins.acc == "float16"))
@@ -84,13 +104,15 @@ def _template(ins: Instruction) -> tuple[hw_job, str, tuple]:
         job.e_zero = dp.e_zero
         if dp.family == "grouped":
             task = "fp8ref_hw_grouped"
+            ia, ib = integers(ins.a_fmt), integers(ins.b_fmt)
+            job.ia, job.ib, tabs = _address(ia), _address(ib), (ta, tb, ts, ia, ib)
             job.G, job.block = dp.G, ins.block
             job.unit = ins.a_fmt.emin - ins.a_fmt.mantissa_bits + ins.b_fmt.emin - ins.b_fmt.mantissa_bits
             job.smb = ins.scale_fmt.mantissa_bits
         else:
             task = "fp8ref_hw_fused"
             job.zero_in = int(ins.scale_fmt is not None or dp.e_zero > ins.a_fmt.emin + ins.b_fmt.emin)
-    return job, task, (ta, tb, ts)
+    return job, task, tabs
 
 
 def _run(ins: Instruction, A, B, D, SA=None, SB=None, acc=None, promote=0, psa=None, psb=None, fma=False) -> int:
