@@ -60,31 +60,39 @@ void fp8ref_parallel(fp8ref_task fn, const void *args, size_t n, size_t ntasks, 
     omp_parallel(par_body, &c, (unsigned)(nthreads < ntasks ? nthreads : ntasks), 0);
 }
 
-/* One task call on arrays handed over as Python objects, for callers where ctypes' per-array
- * address lookup (numpy's .ctypes) costs more than the loop (one small tensor-core instruction,
- * fp8ref.hardware.native.Plan). Called through ctypes.PyDLL, so with the GIL held: each object's
- * C-contiguous buffer address is written at offsets[i] in the job, the task runs over [0, n) with the
- * GIL released, the buffers are released. -1 with a Python exception set when an object exposes no
- * C-contiguous buffer (the caller made them contiguous first: an internal contract). */
-int fp8ref_call_with_buffers(fp8ref_task fn, void *job, size_t n, PyObject *arrays, const size_t *offsets) {
-    Py_buffer views[8];
-    if (!PyTuple_Check(arrays) || PyTuple_GET_SIZE(arrays) > 8) {
-        PyErr_SetString(PyExc_TypeError, "fp8ref_call_with_buffers: expected a tuple of at most 8 arrays");
-        return -1;
+/* _kernels.hw_call(task, template, a, b, d[, sa, sb]) -> flags: one small tensor-core instruction's C
+ * loop (fp8ref.hardware.native.Plan), a Python function (METH_FASTCALL) because ctypes' conversion of
+ * each argument and numpy's .ctypes cost more than the loop. task and template are addresses (the
+ * C task; the plan's hw_job, copied here: concurrent calls never share one); a, b, d, sa, sb expose
+ * C-contiguous buffers (the caller made them so: an internal contract), their addresses become the
+ * job's A, B, D, SA, SB. The task runs over the job's chunks with the GIL released; returns the
+ * copy's bad flags. */
+static PyObject *hw_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const size_t offsets[5] = {offsetof(hw_job, A), offsetof(hw_job, B), offsetof(hw_job, D),
+                                      offsetof(hw_job, SA), offsetof(hw_job, SB)};
+    (void)self;
+    if (nargs != 5 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "hw_call: expected task, template, a, b, d[, sa, sb]");
+        return NULL;
     }
-    const Py_ssize_t count = PyTuple_GET_SIZE(arrays);
+    fp8ref_task fn = (fp8ref_task)PyLong_AsVoidPtr(args[0]);
+    const hw_job *tmpl = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    hw_job job = *tmpl;
+    Py_buffer views[5];
+    const Py_ssize_t count = nargs - 2;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, i), &views[i], PyBUF_C_CONTIGUOUS) < 0) {
+        if (PyObject_GetBuffer(args[2 + i], &views[i], PyBUF_C_CONTIGUOUS) < 0) {
             while (i--) PyBuffer_Release(&views[i]);
-            return -1;
+            return NULL;
         }
-        memcpy((char *)job + offsets[i], &views[i].buf, sizeof(void *));
+        memcpy((char *)&job + offsets[i], &views[i].buf, sizeof(void *));
     }
     Py_BEGIN_ALLOW_THREADS
-    if (n) fn(job, 0, n);
+    fn(&job, 0, job.chunks);
     Py_END_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++) PyBuffer_Release(&views[i]);
-    return 0;
+    return PyLong_FromLongLong((long long)job.bad);
 }
 
 /* ---- codec loops -------------------------------------------------------------------------------- */
@@ -150,7 +158,12 @@ SIZEOF(dec_job)
 SIZEOF(epi_job)
 SIZEOF(bsum_job)
 
+static PyMethodDef kernels_methods[] = {
+    {"hw_call", (PyCFunction)(void (*)(void))hw_call, METH_FASTCALL, "One tensor-core instruction's C loop (see _kernels.c)."},
+    {NULL, NULL, 0, NULL}};
+
 static struct PyModuleDef kernels_module = {PyModuleDef_HEAD_INIT, "_kernels",
-                                            "C loops for fp8ref (used through ctypes).", -1, NULL};
+                                            "C loops for fp8ref (used through ctypes; hw_call: a Python function).", -1,
+                                            kernels_methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&kernels_module); }

@@ -84,6 +84,9 @@ FP8REF_INLINE void vstore_hi(int16_t *p, v32hi v) { memcpy(p, &v, sizeof v); }
 FP8REF_INLINE v16sf vload_sf(const float *p) { v16sf v; memcpy(&v, p, sizeof v); return v; }
 FP8REF_INLINE v32hi vmax_hi(v32hi a, v32hi b) { v32hi m = a > b; return (a & m) | (b & ~m); }
 FP8REF_INLINE v32hi vmin_hi(v32hi a, v32hi b) { v32hi m = a < b; return (a & m) | (b & ~m); }
+typedef int16_t v16hi __attribute__((vector_size(32))); /* 16 columns (the pairwise loop: CDNA3's n is 16 or 32) */
+FP8REF_INLINE v16hi vload16_hi(const int16_t *p) { v16hi v; memcpy(&v, p, sizeof v); return v; }
+FP8REF_INLINE v16hi vmax16_hi(v16hi a, v16hi b) { v16hi m = a > b; return (a & m) | (b & ~m); }
 
 /* normalise_rz for int32 S where 2**(E - F) lies in [2**-162, 2**114] (no block scales, F <= 23):
  * 16 lanes a vector instead of 8. |S| keeps at most 24 bits, so (float)|S| is exact; the scaling by
@@ -469,7 +472,9 @@ FP8REF_INLINE void grouped_align(const hw_job *j, const grouped_slab *restrict s
  * Same bits as the portable grouped_align (tests/hardware/test_fused_c.py runs both). */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define HW_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl"), noinline))
+#define HW_AVX512_TARGET target("avx512f,avx512dq,avx512bw,avx512vl")
+#define HW_AVX512 __attribute__((HW_AVX512_TARGET, noinline))
+#define HW_AVX512_INLINE static inline __attribute__((HW_AVX512_TARGET, always_inline))
 static int avx512_ok = -1;
 /* FP8REF_NO_AVX512 (read at each call, for the tests) runs the portable grouped_align instead */
 #define HAVE_AVX512()                                                                                          \
@@ -478,12 +483,12 @@ static int avx512_ok = -1;
                                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))) && \
      !getenv("FP8REF_NO_AVX512"))
 
-HW_AVX512 static __m512d trunc_scaled(__m256i x, __m256i e) { /* trunc(x * 2**e), int32 lanes in */
+HW_AVX512_INLINE __m512d trunc_scaled(__m256i x, __m256i e) { /* trunc(x * 2**e), int32 lanes in */
     return _mm512_roundscale_pd(_mm512_scalef_pd(_mm512_cvtepi32_pd(x), _mm512_cvtepi32_pd(e)),
                                 _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
 }
 
-HW_AVX512 static __m256 rz_f32(__m512d S, __m256i e) { /* S * 2**e rounded toward zero to float32, >= 2**128: Inf */
+HW_AVX512_INLINE __m256 rz_f32(__m512d S, __m256i e) { /* S * 2**e rounded toward zero to float32, >= 2**128: Inf */
     const __m512d v = _mm512_scalef_pd(S, _mm512_cvtepi32_pd(e));
     __m256 r = _mm512_cvt_roundpd_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     const __mmask8 over = _mm512_cmp_pd_mask(_mm512_abs_pd(v), _mm512_set1_pd(0x1p128), _CMP_GE_OQ);
@@ -589,16 +594,18 @@ FP8REF_CLONES void fp8ref_hw_grouped(const hw_job *j, size_t lo, size_t hi) {
                     ro.ssa[g] = j->ss[code];
                     bad |= j->fs[code];
                 }
-                float *d = D + m * N + j0;
+                float *d = D + m * N + j0, *dv = w == wp ? d : dl; /* a partial vector: on a padded copy */
                 if (s == 0) bad |= check_c(d, w);
-                memcpy(dl, d, w * sizeof *dl);
-                for (size_t c = w; c < wp; c++) dl[c] = 0.0f;
+                if (dv == dl) {
+                    memcpy(dl, d, w * sizeof *dl);
+                    for (size_t c = w; c < wp; c++) dl[c] = 0.0f;
+                }
                 group_sums(ro.ai, sl.bi, ng, wp, P);
                 if (vec) /* 16 columns a step (wp is a multiple of 32) */
-                    grouped_align_avx512(j, &sl, &ro, P, ng, (w + 15) & ~(size_t)15, dl);
+                    grouped_align_avx512(j, &sl, &ro, P, ng, (w + 15) & ~(size_t)15, dv);
                 else
-                    grouped_align(j, &sl, &ro, P, ng, (w + GW - 1) & ~(size_t)(GW - 1), dl);
-                memcpy(d, dl, w * sizeof *dl);
+                    grouped_align(j, &sl, &ro, P, ng, (w + GW - 1) & ~(size_t)(GW - 1), dv);
+                if (dv == dl) memcpy(d, dl, w * sizeof *dl);
                 if (promote) promote_row(j, m, j->promote ? s / j->promote : 0, j0, w, d, acc + m * N + j0);
             }
         }
@@ -612,19 +619,37 @@ FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restric
     int16_t E0[NB], E1[NB];
     int32_t S0[NB], S1[NB];
     float up0[NB], up1[NB];
-    for (size_t c = 0; c < w; c++) {
+    const size_t wv = w & ~(size_t)15; /* whole 16-column blocks: max, scaling and sums held in registers */
+    for (size_t c0 = 0; c0 < wv; c0 += 16) {
+        v16hi m0 = (v16hi){0} + 2 * HW_ZERO, m1 = m0;
+        for (size_t k = 0; k < L; k += 2) {
+            m0 = vmax16_hi(m0, vload16_hi(bx + k * NB + c0) + ax[k]);
+            m1 = vmax16_hi(m1, vload16_hi(bx + (k + 1) * NB + c0) + ax[k + 1]);
+        }
+        /* an all-zero half: -999, its sum is 0 whatever the scaling (2**0) */
+        v16si x0 = __builtin_convertvector(m0, v16si), x1 = __builtin_convertvector(m1, v16si);
+        const v16si z0 = x0 < HW_ZERO_SUM, z1 = x1 < HW_ZERO_SUM;
+        x0 = (z0 & -999) | (~z0 & x0);
+        x1 = (z1 & -999) | (~z1 & x1);
+        const v16si b0 = ((~z0 & (F - x0)) + 127) << 23, b1 = ((~z1 & (F - x1)) + 127) << 23; /* pow2f */
+        v16sf u0, u1;
+        memcpy(&u0, &b0, sizeof u0);
+        memcpy(&u1, &b1, sizeof u1);
+        v16si s0 = {0}, s1 = {0};
+        for (size_t k = 0; k < L; k += 2) {
+            s0 += __builtin_convertvector((av[k] * vload_sf(bv + k * NB + c0)) * u0, v16si);
+            s1 += __builtin_convertvector((av[k + 1] * vload_sf(bv + (k + 1) * NB + c0)) * u1, v16si);
+        }
+        m0 = __builtin_convertvector(x0, v16hi);
+        m1 = __builtin_convertvector(x1, v16hi);
+        memcpy(E0 + c0, &m0, sizeof m0);
+        memcpy(E1 + c0, &m1, sizeof m1);
+        memcpy(S0 + c0, &s0, sizeof s0);
+        memcpy(S1 + c0, &s1, sizeof s1);
+    }
+    for (size_t c = wv; c < w; c++) { /* the last columns, one at a time */
         E0[c] = E1[c] = 2 * HW_ZERO;
         S0[c] = S1[c] = 0;
-    }
-    const size_t wv = w & ~(size_t)(VL - 1); /* whole vector blocks, held in registers over k */
-    for (size_t c0 = 0; c0 < wv; c0 += VL) {
-        v32hi m0 = vload_hi(E0 + c0), m1 = vload_hi(E1 + c0);
-        for (size_t k = 0; k < L; k += 2) {
-            m0 = vmax_hi(m0, vload_hi(bx + k * NB + c0) + ax[k]);
-            m1 = vmax_hi(m1, vload_hi(bx + (k + 1) * NB + c0) + ax[k + 1]);
-        }
-        vstore_hi(E0 + c0, m0);
-        vstore_hi(E1 + c0, m1);
     }
     for (size_t k = 0; k < L; k += 2) {
         const int16_t e0 = ax[k], e1 = ax[k + 1];
@@ -635,21 +660,11 @@ FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restric
             E1[c] = y1 > E1[c] ? y1 : E1[c];
         }
     }
-    for (size_t c = 0; c < w; c++) { /* an all-zero half: -999, its sum is 0 whatever the scaling */
+    for (size_t c = wv; c < w; c++) {
         E0[c] = E0[c] < HW_ZERO_SUM ? -999 : E0[c];
         E1[c] = E1[c] < HW_ZERO_SUM ? -999 : E1[c];
         up0[c] = pow2f(E0[c] == -999 ? 0 : F - E0[c]);
         up1[c] = pow2f(E1[c] == -999 ? 0 : F - E1[c]);
-    }
-    for (size_t c0 = 0; c0 < wv; c0 += 16) {
-        const v16sf u0 = vload_sf(up0 + c0), u1 = vload_sf(up1 + c0);
-        v16si s0 = {0}, s1 = {0};
-        for (size_t k = 0; k < L; k += 2) {
-            s0 += __builtin_convertvector((av[k] * vload_sf(bv + k * NB + c0)) * u0, v16si);
-            s1 += __builtin_convertvector((av[k + 1] * vload_sf(bv + (k + 1) * NB + c0)) * u1, v16si);
-        }
-        memcpy(S0 + c0, &s0, sizeof s0);
-        memcpy(S1 + c0, &s1, sizeof s1);
     }
     for (size_t k = 0; k < L; k += 2) {
         const float a0 = av[k], a1 = av[k + 1];

@@ -78,7 +78,8 @@ def _load():
     except ImportError:
         return None
     lib = ctypes.CDLL(_kernels.__file__)
-    missing = [name for name in (*_SIGNATURES, "fp8ref_call_with_buffers") if not hasattr(lib, name)]
+    missing = [name for name in _SIGNATURES if not hasattr(lib, name)] + \
+        [name for name in ("hw_call",) if not hasattr(_kernels, name)]
     if missing:  # a build older than this source tree: run the numpy paths rather than crash
         return _refuse(_kernels.__file__, f"lacks {', '.join(missing)}")
     for name, argtypes in _SIGNATURES.items():
@@ -92,31 +93,28 @@ def _load():
 
 
 _LIB: list = []  # [library or None], loaded on first use
+# os.environ's own store (CPython: a dict of encoded keys, which os.environ's setters and deleters keep
+# current): a dict lookup per call instead of os.environ.get's KeyError (1-2 us, the cost of one small
+# tensor-core instruction's Python side); os.environ itself where it has no such store
+_ENV_STORE = getattr(os.environ, "_data", None)
+_OFF_KEY = os.environ.encodekey("FP8REF_NO_KERNELS") if isinstance(_ENV_STORE, dict) else None
 
 
 def kernels():
     """The compiled C loops, or None: not built, refused at load, or ``FP8REF_NO_KERNELS`` set now."""
-    if os.environ.get("FP8REF_NO_KERNELS"):
+    if (_ENV_STORE.get(_OFF_KEY) if _OFF_KEY is not None else os.environ.get("FP8REF_NO_KERNELS")):
         return None
     if not _LIB:
         _LIB.append(_load())
     return _LIB[0]
 
 
-def call_with_buffers():
-    """fp8ref_call_with_buffers(task, job, n, arrays, offsets) through ctypes.PyDLL (the GIL held on
-    entry: it reads the arrays' buffers itself; see _kernels.c), or None without the C loops."""
+def hw_call():
+    """_kernels.hw_call (a Python function: see _kernels.c), or None without the C loops."""
     if kernels() is None:
         return None
-    if not _PYLIB:
-        from . import _kernels
-        fn = ctypes.PyDLL(_kernels.__file__).fp8ref_call_with_buffers
-        fn.argtypes, fn.restype = [_vp, _vp, _sz, ctypes.py_object, _vp], ctypes.c_int
-        _PYLIB.append(fn)
-    return _PYLIB[0]
-
-
-_PYLIB: list = []
+    from . import _kernels
+    return _kernels.hw_call
 
 
 def kernels_available() -> bool:

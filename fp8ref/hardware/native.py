@@ -17,7 +17,7 @@ from functools import cache
 
 import numpy as np
 
-from .._native import _PARALLEL_MIN, call_with_buffers, hw_job, kernels, parallel
+from .._native import _PARALLEL_MIN, hw_call, hw_job, kernels, parallel
 from ..formats import FloatFormat
 from .fdpa import code_fields, value_fields
 from .isa import Instruction
@@ -180,16 +180,16 @@ class Plan:
     the instruction's shapes and dtypes; anything else, and any NaN/Inf or invalid code, returns None
     and the caller takes the checked path (which validates and says what is wrong)."""
 
-    __slots__ = ("job", "fn", "call", "offsets", "shapes", "acc", "scaled", "f16", "keep")
+    __slots__ = ("job", "fn", "template", "call", "shapes", "acc", "scaled", "f16", "keep")
 
     def __init__(self, ins: Instruction):
         template, task, tabs = _template(ins)
-        self.job = hw_job.from_buffer_copy(template)
+        self.job = hw_job.from_buffer_copy(template)  # hw_call copies it per call: plans are shared
         self.job.M, self.job.N, self.job.K, self.job.L = ins.m, ins.n, ins.k, min(ins.k, ins.datapath.L)
         self.job.chunks = -(-ins.n // _NB)
         self.fn = ctypes.cast(getattr(kernels(), task), ctypes.c_void_p).value
-        self.call = call_with_buffers()  # the arrays' addresses read in C: numpy's .ctypes costs more
-        self.offsets = (ctypes.c_size_t * 5)(*(getattr(hw_job, f).offset for f in ("A", "B", "D", "SA", "SB")))
+        self.template = ctypes.addressof(self.job)
+        self.call = hw_call()  # the arrays' addresses read in C: numpy's .ctypes and ctypes' conversions cost more
         self.keep = tabs
         nb = ins.k // ins.block if ins.block else 0
         self.shapes = ((ins.m, ins.k), (ins.k, ins.n), (ins.m, ins.n), (ins.m, nb), (nb, ins.n))
@@ -208,15 +208,13 @@ class Plan:
             if not (type(sa) is np.ndarray and type(sb) is np.ndarray and sa.dtype is _U8 and sb.dtype is _U8
                     and sa.shape == sh[3] and sb.shape == sh[4]):
                 return None
-            arrays = (np.ascontiguousarray(a), np.ascontiguousarray(b), D, np.ascontiguousarray(sa),
-                      np.ascontiguousarray(sb))
+            bad = self.call(self.fn, self.template, np.ascontiguousarray(a), np.ascontiguousarray(b), D,
+                            np.ascontiguousarray(sa), np.ascontiguousarray(sb))
         elif sa is not None or sb is not None:
             return None
         else:
-            arrays = (np.ascontiguousarray(a), np.ascontiguousarray(b), D)
-        job = hw_job.from_buffer_copy(self.job)
-        self.call(self.fn, ctypes.byref(job), job.chunks, arrays, self.offsets)
-        if job.bad:
+            bad = self.call(self.fn, self.template, np.ascontiguousarray(a), np.ascontiguousarray(b), D)
+        if bad:
             return None
         return D.astype(np.float16) if self.f16 else D
 
