@@ -7,12 +7,14 @@ import time
 CLOCK = time.perf_counter  # a benchmark may switch it (bench_matmul.py --clock cpu: time.process_time)
 
 
-def best_time(fn, repeat: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeat):
+def best_time(fn, repeat: int = 5, min_total: float = 0.0) -> float:
+    """The best of ``repeat`` calls, and of more until they took ``min_total`` seconds in all."""
+    best, total, n = float("inf"), 0.0, 0
+    while n < repeat or total < min_total:
         start = CLOCK()
         fn()
-        best = min(best, CLOCK() - start)
+        t = CLOCK() - start
+        best, total, n = min(best, t), total + t, n + 1
     return best
 
 

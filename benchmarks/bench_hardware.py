@@ -6,7 +6,8 @@ on a loaded machine say so).
    mxf4 and mxf4nvf4 m128n256k64, every CDNA3 FP8 MFMA), and the same instruction issued over a K
    loop (a 128 x 256 x 1024 wgmma GEMM and a 64 x 128 x 512 MFMA 32x32x16 GEMM: mmasim instruction
    by instruction, fp8ref's kernel model over all tiles). Every result is checked bit for bit against
-   mmasim first; mmasim's time is its best with torch's threads and with one thread.
+   mmasim first; mmasim's time is its best with torch's threads and with one thread. An instruction's
+   time (either side) is the best of at least --repeat calls and at least 50 ms of calls.
 2. The Hopper kernel models (hopper-promoted, hopper-fast-accum) on M x N x K (default 256 x 4096
    x 4096) against a float32 torch matmul of the same shape, interleaved: each round times torch
    (best of 3) and the kernel model (once); the ratios of every round are printed as a range.
@@ -37,16 +38,19 @@ INSTRUCTIONS = [("wgmma", "Hopper", "m64n256k32.f32.e4m3.e4m3"),
      for b in ("fp8", "bf8")]
 
 
-def _peer_best(fn, repeat: int) -> float:
+MIN_TOTAL = 0.05  # seconds of calls per instruction timing: a 10 us call's best of 5 is mostly noise
+
+
+def _peer_best(fn, repeat: int, min_total: float = 0.0) -> float:
     """mmasim's best time over torch's thread count and one thread: on a loaded machine its small
     torch ops lose 10-20x to OpenMP contention with 2 threads, which would inflate the ratio."""
     import torch
 
     n = torch.get_num_threads()
-    best = best_time(fn, repeat)
+    best = best_time(fn, repeat, min_total)
     torch.set_num_threads(1)
     try:
-        return min(best, best_time(fn, repeat))
+        return min(best, best_time(fn, repeat, min_total))
     finally:
         torch.set_num_threads(n)
 
@@ -85,8 +89,8 @@ def bench_instructions(repeat: int) -> None:
         u = np.uint32 if ins.acc == "float32" else np.uint16
         assert np.array_equal(ref.view(u), mine.view(u))
         args = (op, arch, s, A, B, C)
-        t_sim = _peer_best(lambda args=args, sim=sim, SA=SA, SB=SB: run(sim, *args, SA, SB), repeat)
-        t_me = best_time(lambda args=args, SA=SA, SB=SB: mma(*args, scale_a=SA, scale_b=SB), repeat)
+        t_sim = _peer_best(lambda args=args, sim=sim, SA=SA, SB=SB: run(sim, *args, SA, SB), repeat, MIN_TOTAL)
+        t_me = best_time(lambda args=args, SA=SA, SB=SB: mma(*args, scale_a=SA, scale_b=SB), repeat, MIN_TOTAL)
         path = "C" if native.applies(ins) else "numpy"
         print(f"instruction {op} {s}: mmasim {t_sim * 1e3:.1f} ms, fp8ref ({path}) {t_me * 1e3:.2f} ms, "
               f"ratio {t_sim / t_me:.0f}x (bit-identical; {_load()})")

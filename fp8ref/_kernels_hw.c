@@ -343,9 +343,9 @@ FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
  *
  * Vectorised as the fused loop is, by GCC generic vectors every target clone lowers to its width:
  * the group sums over 32 int16 columns a vector (four vectors held in registers over a group), the
- * alignment and the normalisation over 8 columns (int32 exponents, int64 / double sums). Columns
- * past the chunk's w (a partial chunk) are computed on zero operands into a local copy of d and
- * dropped. */
+ * alignment and the normalisation over 8 columns (int32 exponents, int64 / double sums); where the
+ * CPU has AVX-512, grouped_align_avx512 takes 16 columns a step instead (same bits). A chunk whose
+ * width is not a whole number of vectors runs on a zero-padded copy of d; the padding is dropped. */
 #define HW_G 16 /* products per group (native.applies requires it) */
 #define HW_NG (HW_LMAX / HW_G)
 #define GW 8 /* columns per vector of the alignment pass */

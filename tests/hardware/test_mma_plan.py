@@ -58,6 +58,22 @@ def test_the_plan_runs_and_gives_the_models_bytes(name, monkeypatch):
     assert isinstance(got, torch.Tensor) and np.array_equal(got.numpy().view(u), want)
 
 
+def test_the_switch_off_is_read_at_every_call_after_the_plan_exists(monkeypatch):
+    """FP8REF_NO_KERNELS (read from os.environ's store on this path) turns the plan off at once."""
+    ins, A, B, C, S = _operands(MFMA, np.random.default_rng(4))
+    mma(*MFMA, A, B, C)
+    calls = []
+    monkeypatch.setattr(native, "chained_matmul", lambda *a: calls.append(1))  # the checked path's C loop
+    run = native.Plan.__call__
+    monkeypatch.setattr(native.Plan, "__call__", lambda self, *a: calls.append(2) or run(self, *a))
+    monkeypatch.setenv("FP8REF_NO_KERNELS", "1")
+    off = mma(*MFMA, A, B, C)
+    assert calls == [1]  # no plan: the checked path (whose C loop declines: numpy)
+    monkeypatch.setenv("FP8REF_NO_KERNELS", "")  # empty: not set, as os.environ.get reads it
+    assert mma(*MFMA, A, B, C) is not None and calls == [1, 2]
+    assert np.array_equal(off.view(np.uint32), _numpy(ins, A, B, C, S).view(np.uint32))
+
+
 @pytest.mark.parametrize("name", [MFMA, NVFP4, F16], ids=lambda n: n[0])
 def test_bad_input_after_the_plan_exists_is_the_same_one_line_error(name):
     ins, A, B, C, S = _operands(name, np.random.default_rng(4))
