@@ -92,7 +92,7 @@ def bench_instructions(repeat: int) -> None:
         t_sim = _peer_best(lambda args=args, sim=sim, SA=SA, SB=SB: run(sim, *args, SA, SB), repeat, MIN_TOTAL)
         t_me = best_time(lambda args=args, SA=SA, SB=SB: mma(*args, scale_a=SA, scale_b=SB), repeat, MIN_TOTAL)
         path = "C" if native.applies(ins) else "numpy"
-        print(f"instruction {op} {s}: mmasim {t_sim * 1e3:.1f} ms, fp8ref ({path}) {t_me * 1e3:.2f} ms, "
+        print(f"instruction {op} {s}: mmasim {t_sim * 1e3:.1f} ms, fp8ref ({path}) {t_me * 1e3:.3f} ms, "
               f"ratio {t_sim / t_me:.0f}x (bit-identical; {_load()})")
     # a K loop of one instruction: mmasim instruction by instruction vs the kernel model over all tiles
     for op, arch, s, kernel, (M, N, K) in (("wgmma", "Hopper", "m64n256k32.f32.e4m3.e4m3", "hopper-fast-accum",
