@@ -159,7 +159,8 @@ SIZEOF(epi_job)
 SIZEOF(bsum_job)
 
 static PyMethodDef kernels_methods[] = {
-    {"hw_call", (PyCFunction)(void (*)(void))hw_call, METH_FASTCALL, "One tensor-core instruction's C loop (see _kernels.c)."},
+    {"hw_call", (PyCFunction)(void (*)(void))hw_call, METH_FASTCALL,
+     "One tensor-core instruction's C loop (see _kernels.c)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef kernels_module = {PyModuleDef_HEAD_INIT, "_kernels",

@@ -355,7 +355,11 @@ typedef int64_t v8di __attribute__((vector_size(64)));
 typedef double v8df __attribute__((vector_size(64)));
 typedef float v8sf __attribute__((vector_size(32)));
 
-FP8REF_INLINE v8si vload8_hi(const int16_t *p) { v8hi v; memcpy(&v, p, sizeof v); return __builtin_convertvector(v, v8si); }
+FP8REF_INLINE v8si vload8_hi(const int16_t *p) {
+    v8hi v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, v8si);
+}
 FP8REF_INLINE v8si vload8_si(const int32_t *p) { v8si v; memcpy(&v, p, sizeof v); return v; }
 FP8REF_INLINE v8si vsel_si(v8si m, v8si a, v8si b) { return (a & m) | (b & ~m); } /* m ? a : b (m: -1 / 0) */
 FP8REF_INLINE v8di vsel_di(v8di m, v8di a, v8di b) { return (a & m) | (b & ~m); }
@@ -444,7 +448,8 @@ FP8REF_INLINE void grouped_align(const hw_job *j, const grouped_slab *restrict s
         const v8si finite = db & ~inf; /* an Inf d reads as 0 (its result is dropped) */
         v8sf d;
         memcpy(&d, &finite, sizeof d);
-        v8di S = __builtin_convertvector(__builtin_convertvector(d, v8df) * pow2d_v(F - E), v8di); /* |C term| < 2**(F+1) */
+        /* |C term| < 2**(F + 1) */
+        v8di S = __builtin_convertvector(__builtin_convertvector(d, v8df) * pow2d_v(F - E), v8di);
         for (size_t g = 0; g < ng; g++) {
             const v8df t = __builtin_convertvector(vload8_hi(P + g * NB + c0) * sg[g], v8df);
             S += __builtin_convertvector(t * pow2d_v(xg[g] + shift - E), v8di); /* trunc(t * 2**sh) */
