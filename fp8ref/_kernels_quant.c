@@ -275,17 +275,19 @@ FP8REF_INLINE uint16_t tab_run(const uint16_t *restrict x, uint8_t *restrict dst
 /* tab_run with AVX-512 VBMI, 64 inputs per step: the code of (E_b, m) from a 128-byte table
  * (vpermi2b), (E - E_b) 2^M from a 64-byte table (saturating at 255 > maxmag: an overflow), the
  * rest as masks. Same rules and result as tab_run (tests compare both with the segment loop). Runs
- * x0 + r * stride, r < rows, of n inputs; the inputs it does not take are marked one bit each in
- * slow_at (per run, one word per 64 inputs). */
+ * x0 + r * stride, r < rows, of n inputs. Returns how many of its 64-input words hold inputs it
+ * does not take: word i is slow_w[i] (run r, word k / 64: r * ceil(n / 64) + k / 64), its inputs
+ * marked one bit each in slow_at[i]. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 static int vbmi_ok = -1;
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
-FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
+FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                          int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
-                                         int stream, const bf16_tab *t, uint64_t *restrict slow_at) {
+                                         int stream, const bf16_tab *t, uint64_t *restrict slow_at,
+                                         int32_t *restrict slow_w) {
     const __m512i tlo = _mm512_loadu_si512(t->steps), thi = _mm512_loadu_si512(t->steps + 64);
     const __m512i shtab = _mm512_loadu_si512(t->shl);
     const __m512i eb = _mm512_set1_epi8((char)t->eb), etop = _mm512_set1_epi8((char)(t->hi >> 7));
@@ -296,7 +298,7 @@ FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *r
     /* byte i of the result: the low (or high) byte of 16-bit lane i of the pair (a, b) */
     const __m512i lo_idx = _mm512_loadu_si512(lo_bytes);
     const __m512i hi_idx = _mm512_add_epi8(lo_idx, _mm512_set1_epi8(1));
-    __mmask64 any = 0;
+    int hits = 0;
     for (int64_t r = 0; r < rows; r++) {
     const uint16_t *x = x0 + r * stride;
     uint8_t *dst = dst0 + r * dst_stride;
@@ -326,14 +328,14 @@ FP8REF_VBMI static uint16_t tab_run_vbmi(const uint16_t *restrict x0, uint8_t *r
         c = _mm512_mask_blend_epi8(zero & ~neg, c, zp);
         c = _mm512_mask_blend_epi8(zero & neg, c, zn);
         __mmask64 slow = ((_mm512_cmplt_epu8_mask(E, eb) & ~zero) | _mm512_cmpge_epu8_mask(E, etop)) & all;
-        slow_at[r * ((n + 63) / 64) + k / 64] = slow, any |= slow;
+        if (slow) slow_at[hits] = slow, slow_w[hits++] = (int32_t)(r * ((n + 63) / 64) + k / 64);
         if (stream && left >= 64) /* whole aligned lines (the caller checked dst and dst_stride) */
             _mm512_stream_si512((__m512i *)(dst + k), c);
         else
             _mm512_mask_storeu_epi8(dst + k, all, c);
     }
     }
-    return any != 0;
+    return hits;
 }
 
 /* dst[0, n) = src[0, n) with the whole aligned 64-byte lines of dst written by non-temporal stores
@@ -354,7 +356,7 @@ FP8REF_VBMI static void stream_copy(uint8_t *restrict dst, const uint8_t *restri
                      !getenv("FP8REF_NO_VBMI"))
 #else
 #define HAVE_VBMI() 0
-#define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at) 0
+#define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
 #define stream_copy(dst, src, n) ((void)0)
 #define STREAM_FENCE() ((void)0)
 #endif
@@ -382,6 +384,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
             /* runs per call: a 128x128 tile in one (buf holds TAB_CHUNK codes) */
             int64_t per = n <= TAB_CHUNK ? (buffered ? TAB_CHUNK / 64 : TAB_WORDS) / words : 1;
             uint64_t slow_at[TAB_WORDS];
+            int32_t slow_w[TAB_WORDS];
             uint8_t buf[TAB_CHUNK + 64]; /* buffered: the piece's codes, run after run, then copied out */
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 int64_t nr = rows - r0 < per ? rows - r0 : per;
@@ -397,12 +400,13 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                     }
                     uint8_t *out = buffered ? buf : dst + at;
                     int64_t os = buffered ? len : stride;
-                    if (tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, slow_at)) {
+                    int hits = tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, slow_at, slow_w);
+                    if (hits) {
                         if (direct) STREAM_FENCE(); /* the streamed lines written before a fix-up's normal store */
                         int64_t lw = (len + 63) / 64; /* words per run of this piece */
-                        for (int64_t w = 0; w < nr * lw; w++) /* only the inputs it did not take */
-                            for (uint64_t b = slow_at[w]; b; b &= b - 1) {
-                                int64_t r = w / lw, k = 64 * (w % lw) + __builtin_ctzll(b);
+                        for (int i = 0; i < hits; i++) /* only the inputs it did not take */
+                            for (uint64_t b = slow_at[i]; b; b &= b - 1) {
+                                int64_t r = slow_w[i] / lw, k = 64 * (slow_w[i] % lw) + __builtin_ctzll(b);
                                 segment(x + r * stride, out + r * os, k, k + 1, sv, c, kind, exact, mode, mul,
                                         model);
                             }
