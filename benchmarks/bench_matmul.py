@@ -105,7 +105,7 @@ def main() -> None:
         for r in range(args.repeat):
             # Each callable is timed on its second call in a row, the order rotating per round: none is
             # timed right after another library's BLAS, whose idle threads still spin (OpenBLAS's do
-            # for a while after numpy's matmul, and slow whatever runs next by ~1.4x here).
+            # for a while after numpy's matmul: fp8ref ran 1.3-1.4x slower right after one here).
             names = list(timed)[r % len(timed):] + list(timed)[:r % len(timed)]
             for name in names:
                 timed[name]()
