@@ -1,6 +1,7 @@
 #!/bin/bash
 # Incremental build of the C loops for development (pip install / setup.py rebuild every file:
-# minutes): the same flags as setup.py, into build/dev/, linked in place. Run from the checkout root.
+# minutes): setup.py's code-generation flags (-O3 -std=gnu11 -ffp-contract=off, Python's -fwrapv
+# -DNDEBUG; no -g or warnings), into build/dev/, linked in place. Run from the checkout root.
 # Recompiles only the .c files newer than their object (all when _kernels.h changed), in parallel;
 # a compile error stops it before the link.
 set -e
