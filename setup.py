@@ -24,7 +24,8 @@ setup(
     # No -fopenmp: the loops run on the OpenMP runtime torch loads, bound at run time (fp8ref/_native.py).
     ext_modules=[Extension("fp8ref._kernels",
                            ["fp8ref/_kernels.c", "fp8ref/_kernels_quant.c", "fp8ref/_kernels_matmul.c",
-                            "fp8ref/_kernels_hw.c", "fp8ref/_kernels_exact.c"],
+                            "fp8ref/_kernels_hw.c", "fp8ref/_kernels_hw_avx512.c",
+                            "fp8ref/_kernels_exact.c"],
                            depends=["fp8ref/_kernels.h"], libraries=["m"],
                            extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off"])],
     cmdclass={"build_ext": OptionalBuildExt},

@@ -92,6 +92,14 @@ typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kern
     int64_t bad;             /* out: flags of the codes and C read (1: NaN/Inf, 2: not a code) */
 } hw_job;
 
+typedef struct { /* _kernels_hw_avx512.c: the fused loop's tables, built once a call (fp8ref_hw_fast_prepare) */
+    float ma[128], mb[128];     /* |value| per code & 0x7f */
+    int8_t xa8[128], xb8[128];  /* alignment exponent per code & 0x7f, int8 (zero: -64) */
+    int32_t lo_real;            /* the smallest exponent sum of two nonzero operands */
+} hw_fast;
+int fp8ref_hw_fast_prepare(const hw_job *j, hw_fast *t);         /* 1: the CPU and the job fit the loop */
+int fp8ref_hw_fused_fast(const hw_job *j, const hw_fast *t, size_t u); /* the flags; -1: a large C, not run */
+
 typedef struct { /* the operand staging of the exact fast path (_kernels_exact.c): row r, column c < cols
                   * of the codes -> v = lut[code] (* scale), rows [unit * lo, unit * hi) */
     const uint8_t *src;

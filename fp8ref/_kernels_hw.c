@@ -31,6 +31,8 @@
  *
  * Loop order per unit: steps, then rows, so a step's decoded B slab (L x NB values and exponents,
  * 24 KiB) stays in L1 while every row of A passes over it; the inner loops run over NB columns.
+ * Where the CPU has AVX-512 VNNI and VBMI, _kernels_hw_avx512.c takes the whole units of the FP8
+ * instructions with F <= 13 and f32 results (Hopper, Ada): same integers, fewer instructions a product.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -320,7 +322,17 @@ FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide, 
 /* Tasks over units [lo, hi): unit u is batch u / chunks, columns [(u % chunks) * NB, + NB). */
 FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
     const int wide = j->F > 23 || j->L > 32 || j->SA != NULL; /* else int32 sums, normalise_rz32 */
+    hw_fast fast;
+    int fast_ok = -1; /* _kernels_hw_avx512.c takes the whole 128-column units it serves; FP8REF_NO_AVX512: none */
     for (size_t u = lo; u < hi; u++) { /* each combination its own inlined copy (f16 apart: it slows the f32 ones) */
+        if (j->N - (u % j->chunks) * NB >= NB) {
+            if (fast_ok < 0) fast_ok = !getenv("FP8REF_NO_AVX512") && fp8ref_hw_fast_prepare(j, &fast);
+            const int bad = fast_ok ? fp8ref_hw_fused_fast(j, &fast, u) : -1;
+            if (bad >= 0) {
+                flag(j, bad);
+                continue;
+            }
+        }
         if (j->f16)
             j->zero_in ? (wide ? fused_unit(j, u, 1, 1, 1) : fused_unit(j, u, 1, 0, 1))
                        : (wide ? fused_unit(j, u, 0, 1, 1) : fused_unit(j, u, 0, 0, 1));

@@ -6,12 +6,14 @@ many steps, column counts that leave partial vector blocks, batches, and every k
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fp8ref._native import kernels_available
+from fp8ref._native import hw_job, kernels, kernels_available
 from fp8ref.hardware import KERNELS, instruction, kernel_mm, names, native
 from fp8ref.hardware.instructions import dot_add
 from fp8ref.hardware.native import applies, chained_matmul
@@ -199,6 +201,55 @@ def test_grouped_vector_and_portable_passes_equal_numpy(name, seed, zeros, c_kin
             mp.setenv("FP8REF_NO_AVX512", "1")
         got = chained_matmul(ins, A, B, C, SA, SB)
     assert np.array_equal(got.view(np.uint32), _numpy(ins, A, B, C, SA, SB).view(np.uint32))
+
+
+def _avx512_loop_serves(ins, K: int = 4096) -> bool:
+    """fp8ref_hw_fast_prepare (_kernels_hw_avx512.c): whether the AVX-512 fused loop takes this
+    instruction's whole 128-column units on this CPU."""
+    job = hw_job.from_buffer_copy(native._template(ins)[0])
+    job.K, job.L = K, min(K, ins.datapath.L)
+    return bool(kernels().fp8ref_hw_fast_prepare(ctypes.byref(job), ctypes.create_string_buffer(4096)))
+
+
+FP8_F32 = [n for n in SERVED if instruction(*n).datapath.family == "fused" and instruction(*n).acc == "float32"
+           and instruction(*n).scale_fmt is None and instruction(*n).a_fmt.bits == instruction(*n).b_fmt.bits == 8]
+AVX512_FUSED = [n for n in FP8_F32 if instruction(*n).datapath.F <= 13]
+
+
+def test_the_avx512_fused_loop_serves_hopper_and_ada_fp8_only():
+    """F <= 13, FP8 operands, no block scales, f32 accumulators: the Hopper / Ada FP8 instructions;
+    not Blackwell (F = 25), f16 accumulators or block-scaled kinds. Without the CPU's AVX-512 VNNI
+    and VBMI the loop serves none (then the portable loops give the same bytes)."""
+    serves = {n: _avx512_loop_serves(instruction(*n)) for n in SERVED}
+    if not any(serves.values()):
+        pytest.skip("this CPU lacks AVX-512 VNNI / VBMI: the portable loops serve every unit")
+    assert AVX512_FUSED and {n for n, ok in serves.items() if ok} == set(AVX512_FUSED)
+    assert any(n[1] == "Hopper" for n in AVX512_FUSED) and any(n[1] == "Ada Lovelace" for n in AVX512_FUSED)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(AVX512_FUSED or FP8_F32), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.3, 0.9]),
+       st.sampled_from(["normal", "wide", "zero", "huge", "edge"]), st.sampled_from([1, 3, 8]),
+       st.sampled_from([128, 256, 300]), st.sampled_from([1, 3, 7]), st.booleans())
+def test_avx512_and_portable_fused_loops_equal_numpy(name, seed, zeros, c_kind, steps, n, m, portable):
+    """Whole 128-column units (and a partial one at n = 300) over K chained: the AVX-512 loop's
+    magic-number terms, int8 exponents and sign-split K give the numpy model's bytes, as the
+    portable loop does (FP8REF_NO_AVX512). C across the fp32 range: subnormal, -0, huge (its units
+    go to the portable loop), and |C| either side of 2**100, where the AVX-512 loop hands a unit over."""
+    ins = instruction(*name)
+    rng = np.random.default_rng(seed)
+    K = ins.datapath.L * steps
+    A, B = _finite(ins.a_fmt, rng, (m, K), zeros), _finite(ins.b_fmt, rng, (K, n), zeros)
+    if c_kind == "edge":
+        C = (np.sign(rng.standard_normal((m, n))) * np.float32(2.0 ** 100)).astype(np.float32)
+        C.view(np.uint32)[rng.random((m, n)) < 0.5] -= 1  # just below 2**100
+    else:
+        C = _c_values(rng, (m, n), c_kind)
+    with pytest.MonkeyPatch.context() as mp:
+        if portable:
+            mp.setenv("FP8REF_NO_AVX512", "1")
+        got = chained_matmul(ins, A, B, C)
+    assert np.array_equal(got.view(np.uint32), _numpy(ins, A, B, C, None, None).view(np.uint32))
 
 
 def _kernel_operands(k, rng, M, K, N):
