@@ -202,3 +202,29 @@ def test_align_truncate_worked_example():
     A[3, 1] = tiny  # 1 + 2**-13 (product) + 2**-13 (C) = 1 + 2**-12
     D = mma("wgmma", "hopper", "m64n8k32.f32.e4m3.e4m3", A, B, C)
     assert [float(D[i, 0]) for i in range(4)] == [1 + 2.0 ** -13, 1.0, 1.0, 1 + 2.0 ** -12]
+
+
+def _finite_crafted(ins, rng):
+    """cases.crafted with its NaN/Inf codes and C, and C >= 2**100, made finite and small: whole
+    128-column units of these run in the AVX-512 fused loop where the CPU has one (_kernels_hw_avx512.c)."""
+    A, B, C = cases.crafted(ins, rng)
+    for x, fmt in ((A, ins.a_fmt), (B, ins.b_fmt)):
+        bad = ~np.isin(x, cases.finite_codes(fmt))
+        x[bad] = rng.choice(cases.finite_codes(fmt), int(bad.sum()))
+    C[~(np.abs(C) < 2.0 ** 100)] = -1.5
+    return A, B, C
+
+
+@pytest.mark.parametrize("s", ["m64n128k32.f32.e4m3.e4m3", "m64n256k32.f32.e5m2.e4m3"])
+def test_whole_column_units_match_fraction_oracle(s):
+    """The wide wgmma shapes, finite operands: cancellation, the smallest products, exponent spread
+    wider than F, signed zeros, C that swamps the products, subnormal and -0 C (every column)."""
+    ins = instruction("wgmma", "hopper", s)
+    rng = np.random.default_rng(11)
+    A, B, C = _finite_crafted(ins, rng)
+    D = mma("wgmma", "hopper", s, A, B, C)
+    for i in range(12):
+        for j in range(ins.n):
+            want = oracle_fused(ins, A[i], B[:, j], float(C[i, j]))
+            got = float(D[i, j])
+            assert got == want and math.copysign(1, got) == math.copysign(1, want), (i, j, got, want)
