@@ -137,7 +137,11 @@ typedef struct { /* exact K-block sums of chosen elements (_kernels_exact.c); ta
 enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
 enum { BF16 = 0, F16 = 1, F32 = 2 };
 
+#ifdef FP8REF_BASELINE /* tools/check_baseline.sh: one build for plain x86-64, the clone every other CPU runs */
+#define FP8REF_CLONES
+#else
 #define FP8REF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 #define FP8REF_INLINE static inline __attribute__((always_inline))
 
 /* Branch-free so that compilers vectorize it: SEL(c, a, b) is c ? a : b for c in {0, 1}. */

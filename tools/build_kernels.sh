@@ -3,13 +3,13 @@
 # minutes): setup.py's code-generation flags (-O3 -std=gnu11 -ffp-contract=off, Python's -fwrapv
 # -DNDEBUG; no -g or warnings), into build/dev/, linked in place. Run from the checkout root.
 # Recompiles only the .c files newer than their object (all when _kernels.h changed), in parallel;
-# a compile error stops it before the link.
+# a compile error stops it before the link. EXTRA_CFLAGS: more flags (tools/check_baseline.sh).
 set -e
 PY=${PY:-python}
 INC=$($PY -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 SO=fp8ref/_kernels$($PY -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 mkdir -p build/dev
-FLAGS="-pthread -fPIC -O3 -std=gnu11 -ffp-contract=off -DNDEBUG -fwrapv -Wno-psabi -I$INC"
+FLAGS="-pthread -fPIC -O3 -std=gnu11 -ffp-contract=off -DNDEBUG -fwrapv -Wno-psabi -I$INC $EXTRA_CFLAGS"
 pids=()
 for c in fp8ref/_kernels*.c; do
   o=build/dev/$(basename ${c%.c}).o
