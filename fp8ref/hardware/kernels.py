@@ -244,8 +244,8 @@ def kernel_mm(a, b, scale_a=None, scale_b=None, *, kernel, out_dtype: str = "flo
         epi = (epi * _float32(np.asarray(alpha, np.float32), "alpha").reshape(())).astype(np.float32)
     A = np.pad(A, ((0, 0), (0, Kp - K)))
     B = np.pad(B, ((0, Kp - K), (0, 0)))
-    part = -(-Kp // ins.k // k.split_k) * ins.k
-    total = None
+    part = max(ins.k, -(-Kp // ins.k // k.split_k) * ins.k)
+    total = np.zeros((M, N), np.float32) if Kp == 0 else None  # K = 0: no instruction runs, the sum is 0
     for p0 in range(0, Kp, part):
         p1 = min(p0 + part, Kp)
         acc = _native_part(k, A, B, SA, SB, p0, p1, sa if k.scales == "promotion" else None,

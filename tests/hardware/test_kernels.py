@@ -150,3 +150,27 @@ def test_scaled_mm_runs_the_registered_kernel_models():
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     with pytest.raises(InputTypeError, match="kernel_mm"):
         scaled_mm(A, B, sa, sb, accumulate="blackwell-mxfp8")
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_an_empty_k_loop_leaves_the_epilogue_of_zero(name):
+    """K = 0: no instruction runs, the accumulator stays +0, the output is the epilogue's (bias
+    rounded to the output dtype), the same as scaled_mm's exact sum of nothing."""
+    from fp8ref import scaled_mm
+
+    k = KERNELS[name]
+    M, N = 3, 5
+    bias = np.array([1.5, -2.0, 0.0, -0.0, 3e38], np.float32)
+    A, B = np.zeros((M, 0), np.uint8), np.zeros((0, N), np.uint8)
+    sa = sb = None
+    if k.scales == "instruction":
+        sa, sb = np.zeros((M, 0), np.uint8), np.zeros((0, N), np.uint8)
+    elif k.scales == "promotion":
+        sa, sb = np.zeros((M, 0), np.float32), np.zeros((0, 1), np.float32)
+    got = kernel_mm(A, B, sa, sb, kernel=name, bias=bias)
+    assert np.array_equal(got.view(np.uint32), np.broadcast_to(bias + np.float32(0), (M, N)).view(np.uint32))
+    if k.scales == "epilogue" and k.ins.a_fmt.name == "float8_e4m3fn":
+        one = np.float32(1)
+        want = scaled_mm(A, B, one, one, bias=bias, accumulate="exact")
+        assert np.array_equal(scaled_mm(A, B, one, one, bias=bias, accumulate=name).view(np.uint32),
+                              np.asarray(want).view(np.uint32))
