@@ -50,7 +50,7 @@ def pytest_configure(config) -> None:
     from ..errors import Fp8RefError
     from .backend import BackendUnavailable, load_backend
 
-    config._fp8ref = {"backend": None, "unavailable": None, "deselected": {}, "xfails": None, "ran": set()}
+    config._fp8ref = {"backend": None, "unavailable": None, "deselected": {}, "xfails": None}
     model = config.getoption("fp8ref_accumulation", None)
     if model is not None:
         from ..golden.accumulation import BEST, check_name
@@ -109,10 +109,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
             write(f"  {n:5d}  {reason}")
     xfails = state["xfails"]
     if xfails is not None:
-        import fnmatch
-
-        ran = state["ran"]  # an entry for cases this run did not include is not judged
-        for entry in (e for e in xfails.stale() if any(fnmatch.fnmatchcase(c, e.pattern) for c in ran)):
+        for entry in xfails.stale():  # an entry for cases this run did not include is not judged
             write(f"fp8ref: stale xfail {xfails.source}:{entry.line}: {entry.text!r} matched nothing in this run; "
                   "delete it")
 
@@ -197,7 +194,6 @@ class _CaseItem(pytest.Item):
         known = self.xfails.match if self.xfails else (lambda case, tags: False)
         if self.xfails is not None:
             self.xfails.record([r])
-            self.config._fp8ref["ran"].add(r.case)
         if r.status == "error":
             if known(r.case, ("error",)):
                 pytest.xfail(r.reason)

@@ -16,7 +16,8 @@ Tags come from the mismatch:
 - ``input-subnormal``: x is subnormal in its own dtype (float64: in float32);
 - ``nan-code``: both NaN, codes differ (only under the exact or sign NaN rule);
 - ``error``: the backend raised on the case, or returned a wrong dtype or shape.
-An entry that matches nothing in a run is reported as stale.
+An entry whose glob names a case that ran, yet excused nothing, is reported as stale (an entry for
+cases the run left out, e.g. another suite's, is not judged).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Entry:
 class Xfails:
     source: str
     entries: list[Entry] = field(default_factory=list)
+    ran: set[str] = field(default_factory=set)  # the cases recorded
 
     def matching(self, case: str, tags) -> list[Entry]:
         return [e for e in self.entries if fnmatch.fnmatchcase(case, e.pattern) and set(e.tags) <= set(tags)]
@@ -54,8 +56,9 @@ class Xfails:
         return bool(self.matching(case, tags))
 
     def record(self, results) -> None:
-        """Count each entry's hits (accumulating over runs; entries with none are stale)."""
+        """Count each entry's hits and note the cases that ran (accumulating over runs)."""
         for r in results:
+            self.ran.add(r.case)
             hits = self.matching(r.case, ("error",)) if r.status == "error" else []
             for m in r.mismatches:
                 hits += self.matching(m.case, m.tags)
@@ -63,7 +66,8 @@ class Xfails:
                 e.hits += 1
 
     def stale(self) -> list[Entry]:
-        return [e for e in self.entries if e.hits == 0]
+        """The entries with no hit whose glob names some case that ran."""
+        return [e for e in self.entries if e.hits == 0 and any(fnmatch.fnmatchcase(c, e.pattern) for c in self.ran)]
 
 
 def parse_xfails(text: str, source: str = "<xfails>") -> Xfails:

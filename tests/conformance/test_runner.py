@@ -63,7 +63,9 @@ def test_xfails_select_by_case_and_tags_and_report_stale_entries():
     xf = parse_xfails("""
 # ties round up in this backend
 encode.float8_e4m3fn.rne.*.float32 tie   # documented
-encode.float8_e5m2.* overflow
+encode.float8_e4m3fn.* negative   # names cases that ran, excuses none: stale
+encode.float8_e5m2.* overflow      # SUITE has no e5m2 case: not judged
+attention.*.bfloat16.* double-rounding
 """, "be.txt")
     result = run(RoundHalfUp(), SUITE, xfails=xf)
     assert result.unexpected == 0 and result.exit_code == 0
