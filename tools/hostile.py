@@ -119,7 +119,7 @@ operations:
     rounding: [rne]
     saturate: [true]
     input_dtypes: [float32]
-    random: {1: 64, 2: 64}
+    random: {1: 64, 2: 96}
     exhaustive: {1: [], 2: []}
   - op: decode
     formats: [float8_e4m3fn]
@@ -223,6 +223,9 @@ class ForkRunner:
                 os.dup2(fd_in, 0)
                 os.dup2(fd_out, 1)
                 os.dup2(fd_err, 2)
+                # streams of their own on fds 1 and 2: the parent's may be another program's (pytest's capture)
+                sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
+                sys.stderr = sys.__stderr__ = open(2, "w", closefd=False)
                 os.chdir(cwd)
                 sys.path.insert(0, str(cwd))  # as `python -m fp8ref` run in cwd (module:object backends)
                 _limit_memory()
@@ -376,8 +379,11 @@ def leftovers(case: Case, d: Path, outcome: Outcome) -> list[str]:
 
 
 def one_error_line(outcome: Outcome, prefix: str = ERROR_PREFIX) -> str | None:
+    """The refusal's line; a validator's report (another prefix, e.g. the file's name) may give one
+    line per problem, each with the prefix."""
     lines = [ln for ln in outcome.stderr.splitlines() if ln.strip()]
-    if outcome.rc == 1 and len(lines) == 1 and lines[0].startswith(prefix):
+    one = len(lines) == 1 if prefix == ERROR_PREFIX else bool(lines)
+    if outcome.rc == 1 and one and all(ln.startswith(prefix) for ln in lines):
         return lines[0]
     return None
 
@@ -406,6 +412,8 @@ def classify(case: Case, d: Path, o: Outcome, left: list[str]) -> tuple[str, str
         return "wrong-refusal", (line or o.stderr.strip()[-200:])
     if line is None:
         return "vague-error", f"rc={o.rc}: " + " | ".join(o.stderr.strip().splitlines()[-2:])[-200:]
+    if line.startswith(ERROR_PREFIX + " unexpected "):  # the CLI's last resort: an exception fp8ref did not expect
+        return "vague-error", f"an unexpected exception: {line[:200]}"
     if case.names and not any(n in line for n in case.names):
         return "vague-error", f"names none of {list(case.names)[:3]}: {line[:200]}"
     return "typed-error", line[:200]
@@ -513,6 +521,14 @@ def fixture_setup(fixture: str, mutate: Callable[[Path], None] | None = None) ->
         if mutate:
             mutate(d / "ck")
     return setup
+
+
+def calibration_json(amax: dict[str, float]) -> str:
+    """A calibration file as fp8ref.write_calibration writes it (the cases that need a valid one)."""
+    import fp8ref
+    from fp8ref.checkpoint.export import CALIBRATION_FORMAT
+    return json.dumps({"format": CALIBRATION_FORMAT, "holds": "amax", "fp8ref_version": fp8ref.__version__,
+                       "input_amax": amax, "kv_amax": {}})
 
 
 def files(content: dict[str, str | bytes]) -> Callable[[Path], None]:
@@ -926,7 +942,9 @@ def golden_cases(quick: bool, golden: Path) -> list[Case]:
         # reading a suite_file outside the folder is the fault itself: the refusal must name the key
         names = ("suite_file",) if name.startswith("suite_file") else ("g", "MANIFEST.json")
         cases.append(Case("golden", f"verify/{name}", ["golden", "verify", "g", "--quiet"], setup(edit),
-                          names=names, item=item))
+                          names=names, item=item, verdict="result: FAIL"))
+        if name == "level-changed":  # check judges outputs against the tensors as written; re-deriving is verify's
+            continue
         cases.append(Case("golden", f"check/{name}", ["golden", "check", "g", "--outputs", "outputs.safetensors"],
                           setup(edit), names=names, item=item, verdict="result: FAIL"))
     cases.append(Case("golden", "verify/intact", ["golden", "verify", "g", "--quiet"], setup(lambda m, g: None),
@@ -1064,7 +1082,7 @@ def checkpoint_cases(quick: bool) -> list[Case]:
     def ar_collision(p: Path) -> None:
         write_original(p)
         shard(p, 2, ["quantization_config.json", "model-2.safetensors"])
-    amax = json.dumps({f"model.layers.{i}.{p}": 1.0 for i in range(NLAYERS) for p in PROJ})
+    amax = calibration_json({f"model.layers.{i}.{p}": 1.0 for i in range(NLAYERS) for p in PROJ})
     cases.append(quantize_case("item06-collision", "autoround-shard-named-quantization_config.json",
                                "name: s\nscheme: FP8_STATIC\nignore:\n  - lm_head\n", orig=ar_collision,
                                extra_argv=("--format", "auto-round", "--calibration", "cal.json"),
@@ -1118,8 +1136,8 @@ def checkpoint_cases(quick: bool) -> list[Case]:
         cases.append(quantize_case("item09-scale-dtype", f"{scheme}-{sdt}", spec, expect="any", names=(layer,),
                                    check=_want_scale(layer, want), item=9,
                                    extra_argv=("--calibration", "cal.json") if scheme == "FP8" else (),
-                                   more=files({"cal.json": json.dumps({f"model.layers.{i}.{p}": 1.0 for i in range(2)
-                                                                      for p in PROJ})})))
+                                   more=files({"cal.json": calibration_json({f"model.layers.{i}.{p}": 1.0
+                                                                              for i in range(2) for p in PROJ})})))
     # item 10: absurd but finite scale
     def huge_scale(ck: Path) -> None:
         _set_tensor(ck, "model.layers.0.self_attn.k_proj.weight_scale",
@@ -1245,8 +1263,9 @@ def cli_cases(quick: bool) -> list[Case]:
                 "--quiet"]
         if name.startswith("import"):
             argv[2] += ":B"
+        # a backend that loads but raises in a case: the run's report says so (ERROR lines, result: FAIL)
         cases.append(Case("cli", f"backend-raises/{name}", argv,
-                          files({f"{mod}.py": body, "s.yaml": SUITE}), names=(mod,), item=4))
+                          files({f"{mod}.py": body, "s.yaml": SUITE}), names=(mod,), item=4, verdict="result: FAIL"))
     return cases
 
 
@@ -1352,6 +1371,8 @@ def broken_pipe_case(argv: list[str], setup: Callable[[Path], None], name: str) 
         os.close(w)
         os.close(r)  # the reader is gone before the first write: `| head -0`
         o = _collect(p, ctx.timeout, t0)
+        if o.rc == 141 and not o.stderr.strip():  # 128 + SIGPIPE, quietly: what `cmd | head -0` should see
+            o.rc = 0
         return o, [], f"stdout closed: rc={o.rc}"
     return Case("cli", f"broken-pipe/{name}", argv, expect="any", script=script, item=4)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
 from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, results_json, summarize, table
+from ..errors import BackendError
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
@@ -57,10 +58,16 @@ def cmd_conform(args) -> int:
     backend = load_backend(args.backend)
     xfails = None if args.no_xfails else (load_xfails(args.xfails) if args.xfails else default_xfails(backend.name))
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
-    return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)], level=args.level,
-                   xfails=xfails, nan_rule=args.nan_rule, select=select, max_errors=args.max_errors,
-                   json_out=args.json, progress=progress_enabled(args), dump_failing=args.dump_failing,
-                   out=sys.stderr if args.json == "-" else None, accumulation=args.accumulation)
+    try:
+        return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)],
+                       level=args.level, xfails=xfails, nan_rule=args.nan_rule, select=select,
+                       max_errors=args.max_errors, json_out=args.json, progress=progress_enabled(args),
+                       dump_failing=args.dump_failing, out=sys.stderr if args.json == "-" else None,
+                       accumulation=args.accumulation)
+    except BackendError as exc:  # the backend names itself; say what was typed too (module:object)
+        if args.backend in str(exc):
+            raise
+        raise BackendError(f"{exc} (--backend {args.backend})") from None
 
 
 def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_rule="any", select=None,

@@ -215,7 +215,7 @@ def _check_manifest(where: Path, manifest) -> None:
         raise GoldenError(f"{where}: suite_file: expected the name of a file of the folder listed in files "
                           f"(normally {SUITE_FILE!r}), got {suite_file!r}")
     for i, entry in enumerate(manifest["cases"]):
-        if not isinstance(entry, dict) or entry.get("op") not in OPERATIONS or not {
+        if not isinstance(entry, dict) or not isinstance(entry.get("op"), str) or entry["op"] not in OPERATIONS or not {
                 "name", "params", "inputs", "outputs", "n_special"} <= set(entry):
             raise GoldenError(f"{where}: cases[{i}]: expected name, op (one of {sorted(OPERATIONS)}), "
                               f"params, inputs, outputs, n_special; got {entry!r:.200}")
