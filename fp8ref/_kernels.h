@@ -9,6 +9,7 @@
 #ifndef FP8REF_KERNELS_H
 #define FP8REF_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -92,6 +93,9 @@ typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kern
     int64_t bad;             /* out: flags of the codes and C read (1: NaN/Inf, 2: not a code) */
 } hw_job;
 
+#define HW_NB 128          /* columns per unit of the hardware loops (native.py's _NB) */
+#define HW_ZERO (-4096)    /* int16 alignment exponent of a zero operand (native.py builds the tables) */
+
 typedef struct { /* _kernels_hw_avx512.c: the fused loop's tables, built once a call (fp8ref_hw_fast_prepare) */
     float ma[128], mb[128];     /* |value| per code & 0x7f */
     int8_t xa8[128], xb8[128];  /* alignment exponent per code & 0x7f, int8 (zero: -64) */
@@ -150,6 +154,18 @@ enum { BF16 = 0, F16 = 1, F32 = 2 };
 FP8REF_INLINE float f32_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 FP8REF_INLINE uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 FP8REF_INLINE uint64_t bits64_of(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+
+/* The d values of row m go into the FP32 accumulator; d restarts at +0 (both fused loops). */
+FP8REF_INLINE void promote_row(const hw_job *j, size_t m, size_t p, size_t j0, size_t w, float *restrict d,
+                               float *restrict acc) {
+    const float *sa = j->psa ? j->psa + m * j->np : NULL;
+    const float *sb = j->psb ? j->psb + p * j->N + j0 : NULL;
+    for (size_t c = 0; c < w; c++) {
+        const float s = sa ? sa[p] * sb[c] : 1.0f;
+        acc[c] = j->fma ? fmaf(d[c], s, acc[c]) : acc[c] + d[c] * s;
+        d[c] = 0.0f;
+    }
+}
 
 /* The code of a rounded magnitude `mag` (exponent field << M | mantissa) with sign s: zero,
  * overflow and the NaN/Inf input classes take the codes the caller precomputed in P. */

@@ -39,8 +39,7 @@
 
 #include "_kernels.h"
 
-#define NB 128
-#define HW_ZERO (-4096)  /* int16 alignment exponent of a zero operand (native.py builds the tables) */
+#define NB HW_NB
 #define HW_ZERO_SUM (-2048) /* below it: a product with a zero operand */
 #define HW_LMAX 64
 
@@ -273,18 +272,6 @@ FP8REF_INLINE void fused_row(const float *restrict av, const int16_t *restrict a
                                  : normalise_rz32(isum[c] + tc, E, F, out_bits); /* |isum| <= 2**30 */
             d[c] = (bits_of(d[c]) & 0x7fffffffu) == 0x7f800000u ? d[c] : r; /* an Inf C (a step overflowed) stays */
         }
-}
-
-/* The d values of row m go into the FP32 accumulator; d restarts at +0. */
-FP8REF_INLINE void promote_row(const hw_job *j, size_t m, size_t p, size_t j0, size_t w, float *restrict d,
-                               float *restrict acc) {
-    const float *sa = j->psa ? j->psa + m * j->np : NULL;
-    const float *sb = j->psb ? j->psb + p * j->N + j0 : NULL;
-    for (size_t c = 0; c < w; c++) {
-        const float s = sa ? sa[p] * sb[c] : 1.0f;
-        acc[c] = j->fma ? fmaf(d[c], s, acc[c]) : acc[c] + d[c] * s;
-        d[c] = 0.0f;
-    }
 }
 
 FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide, int f16) {

@@ -17,11 +17,10 @@
  * The alignment exponents are int8 here (64 columns an instruction): the formats' exponents fit in
  * [-31, 31] and a zero operand's is X8_ZERO, so a sum holding one is below every real one (lo_real).
  * The unit runs only when every |C| is below 2**100: with K |a b| below 2**100 too (checked once a
- * call), every step's E is at most 101, so Mc is a normal float32 (E >= e_zero is checked too).
+ * call), every step's E is at most 101, so Mc is a normal float32. A zero C sets E only where the
+ * step has no nonzero product (e_zero below lo_real is checked), and then the sum is 0 whatever E.
  * Codes decode through the tables by VBMI byte permutes and fp32 permutes, 64 and 16 codes a time.
  */
-#include <math.h>
-
 #include "_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -30,10 +29,9 @@
 #define FAST_ISA "avx512f,avx512dq,avx512bw,avx512vl,avx512cd,avx512vnni,avx512vbmi"
 #define FAST __attribute__((target(FAST_ISA)))
 #define FAST_INLINE static inline __attribute__((target(FAST_ISA), always_inline))
-#define NB 128         /* columns per unit (NB in _kernels_hw.c) */
+#define NB HW_NB
 #define LMAX 32        /* longest step */
 #define X8_ZERO (-64)  /* int8 alignment exponent of a zero operand */
-#define HW_ZERO (-4096) /* the int16 one of the tables (_kernels_hw.c) */
 #define C_LIMIT 0x71800000u /* bits of 2**100 */
 #define PF_ROWS 2
 
@@ -131,10 +129,9 @@ typedef struct {
 
 FAST_INLINE __m512i decode_row(const __m512 *M, const __m512i *X, const __m512i *Fl, const uint8_t *a, size_t L,
                                fast_row *r) {
-    const __mmask64 in = L >= 64 ? ~0ull : (1ull << L) - 1;
+    const __mmask64 in = (1ull << L) - 1; /* L <= LMAX = 32 */
     const __m512i c = _mm512_maskz_loadu_epi8(in, a);
     const __m512i x8 = _mm512_permutex2var_epi8(X[0], _mm512_and_si512(c, _mm512_set1_epi8(0x7f)), X[1]);
-    const __m512i rep = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     /* byte i of the result: byte (i / 4) (+ 16 for the second half) of x8 */
     const __m512i by4 = _mm512_set_epi8(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12, 11, 11, 11, 11,
                                         10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4,
@@ -146,7 +143,8 @@ FAST_INLINE __m512i decode_row(const __m512 *M, const __m512i *X, const __m512i 
         const __m512i c32 = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(c, q));
         _mm512_storeu_ps(r->am + 16 * q, lookup128(M, c32));
     }
-    const __m512i k0 = rep, k1 = _mm512_add_epi32(rep, _mm512_set1_epi32(16));
+    const __m512i k0 = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i k1 = _mm512_add_epi32(k0, _mm512_set1_epi32(16));
     /* compress in registers, then plain stores (the compressing store is microcoded) */
     _mm512_storeu_si512(r->kp, _mm512_maskz_compress_epi32((__mmask16)pos, k0));
     _mm512_storeu_si512(r->kp + __builtin_popcount(pos & 0xffff), _mm512_maskz_compress_epi32((__mmask16)(pos >> 16), k1));
@@ -157,31 +155,29 @@ FAST_INLINE __m512i decode_row(const __m512 *M, const __m512i *X, const __m512i 
     return _mm512_maskz_mov_epi8(in, flags256(Fl, c));
 }
 
+/* Adds the terms of the n elements k = ks[i] of the row (a of one sign) to the 8 column vectors'
+ * sums: a >= 0 rounds Mc + |a b| toward zero, a < 0 rounds Mc - |a b| up (neg: a constant). */
+FAST_INLINE void add_terms(const fast_slab *restrict sl, const float *restrict am, const int32_t *ks, int n,
+                           const __m512 *Mc, __m512i *S, int neg) {
+    for (int i = 0; i < n; i++) {
+        const int k = ks[i];
+        const __m512 a = _mm512_set1_ps(am[k]);
+        const float *b = sl->bm + k * NB;
+        const int32_t *sg = sl->bs + k * NB;
+        for (int v = 0; v < 8; v++) {
+            const __m512 bv = _mm512_load_ps(b + 16 * v);
+            const __m512 t = neg ? _mm512_fnmadd_round_ps(a, bv, Mc[v], _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)
+                                 : _mm512_fmadd_round_ps(a, bv, Mc[v], _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            S[v] = _mm512_dpwssd_epi32(S[v], _mm512_castps_si512(t), _mm512_load_si512(sg + 16 * v));
+        }
+    }
+}
+
 /* The int32 sums of the row's terms over the step, for the 8 column vectors (Mc: their magic numbers). */
 FAST_INLINE void row_sums(const fast_slab *restrict sl, const fast_row *restrict r, const __m512 *Mc, __m512i *S) {
     for (int v = 0; v < 8; v++) S[v] = _mm512_setzero_si512();
-    for (int i = 0; i < r->np; i++) {
-        const int k = r->kp[i];
-        const __m512 a = _mm512_set1_ps(r->am[k]);
-        const float *b = sl->bm + k * NB;
-        const int32_t *sg = sl->bs + k * NB;
-        for (int v = 0; v < 8; v++) {
-            const __m512 t = _mm512_fmadd_round_ps(a, _mm512_load_ps(b + 16 * v), Mc[v],
-                                                   _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            S[v] = _mm512_dpwssd_epi32(S[v], _mm512_castps_si512(t), _mm512_load_si512(sg + 16 * v));
-        }
-    }
-    for (int i = 0; i < r->nn; i++) {
-        const int k = r->kn[i];
-        const __m512 a = _mm512_set1_ps(r->am[k]);
-        const float *b = sl->bm + k * NB;
-        const int32_t *sg = sl->bs + k * NB;
-        for (int v = 0; v < 8; v++) {
-            const __m512 t = _mm512_fnmadd_round_ps(a, _mm512_load_ps(b + 16 * v), Mc[v],
-                                                    _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
-            S[v] = _mm512_dpwssd_epi32(S[v], _mm512_castps_si512(t), _mm512_load_si512(sg + 16 * v));
-        }
-    }
+    add_terms(sl, r->am, r->kp, r->np, Mc, S, 0);
+    add_terms(sl, r->am, r->kn, r->nn, Mc, S, 1);
 }
 
 /* round-toward-zero of S * 2**x (x = E - F as a float; |S| < 2**24, exact as a float) to out_bits
@@ -254,17 +250,7 @@ FAST int fp8ref_hw_fused_fast(const hw_job *j, const hw_fast *t, size_t u) {
                 const __m512 down = _mm512_xor_ps(up, _mm512_set1_ps(-0.0f));
                 _mm512_storeu_ps(d + 16 * v, normalise(_mm512_add_epi32(Sv[v], tc), down, keep));
             }
-            if (promote) { /* acc = fp32(acc + fp32(d * s)) or fma(d, s, acc); d restarts at +0 */
-                float *ac = acc + m * N + j0;
-                for (int v = 0; v < 8; v++) {
-                    __m512 sc = _mm512_set1_ps(1.0f);
-                    if (j->psa)
-                        sc = _mm512_mul_ps(_mm512_set1_ps(j->psa[m * j->np + p]), _mm512_loadu_ps(j->psb + p * N + j0 + 16 * v));
-                    const __m512 dv = _mm512_loadu_ps(d + 16 * v), av = _mm512_loadu_ps(ac + 16 * v);
-                    _mm512_storeu_ps(ac + 16 * v, j->fma ? _mm512_fmadd_ps(dv, sc, av) : _mm512_add_ps(av, _mm512_mul_ps(dv, sc)));
-                    _mm512_storeu_ps(d + 16 * v, _mm512_setzero_ps());
-                }
-            }
+            if (promote) promote_row(j, m, p, j0, NB, d, acc + m * N + j0);
         }
     }
     uint8_t b[64]; /* the flags' OR over the bytes */

@@ -1,5 +1,6 @@
-"""The ``fused``, ``grouped`` and ``pairwise`` datapaths chained over K in C (fp8ref/_kernels_hw.c),
-on whole batches of tiles, a kernel's FP32 promotion, and one instruction's call by a cached plan.
+"""The ``fused``, ``grouped`` and ``pairwise`` datapaths chained over K in C (fp8ref/_kernels_hw.c, and
+_kernels_hw_avx512.c for the FP8 units it serves), on whole batches of tiles, a kernel's FP32
+promotion, and one instruction's call by a cached plan.
 
 Same integers as ``fdpa.fused_step`` / ``fdpa.pairwise_step`` (the C file says why every step is
 exact); used where the published model's rule is one the loops hold: fused normalised toward zero
@@ -23,8 +24,8 @@ from .fdpa import code_fields, value_fields
 from .isa import Instruction
 
 _OUT_BITS = {"rz-e8m13": 13, "rz-f32": 23}
-_NB = 128  # columns per C unit (NB in _kernels_hw.c)
-_ZERO = -4096  # int16 alignment exponent of a zero operand (HW_ZERO in _kernels_hw.c)
+_NB = 128  # columns per C unit (HW_NB in _kernels.h)
+_ZERO = -4096  # int16 alignment exponent of a zero operand (HW_ZERO in _kernels.h)
 _LMAX = 64  # longest step the C loops hold (HW_LMAX)
 NON_FINITE, NOT_A_CODE = 1, 2  # the flags the loops return (hw_job.bad)
 _U8 = np.dtype(np.uint8)
