@@ -75,7 +75,7 @@ def _operands(ins, rng):
 def bench_instructions(repeat: int) -> None:
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "hardware"))
-        from tests.hardware.mmasim_support import run, simulator
+        from tests.support.mmasim import run, simulator
     except ImportError as exc:
         print(f"instructions: mmasim not installed ({exc}); pip install mmasim==2.1.1")
         return

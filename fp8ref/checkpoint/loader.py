@@ -10,6 +10,7 @@ a plain unquantized tensor; anything else that looks like quantization data is a
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.files import read_json
-from ..io.safetensors import TensorStore, open_store, unpack_nibbles
+from ..io.safetensors import INDEX_NAME, TensorStore, open_store, unpack_nibbles
 from ..limits import MAX_GROUP, shown
 from . import base
 from .detect import UNQUANTIZED, detect_format
@@ -234,9 +235,14 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     shard files that are symlinks out of the folder (a Hugging Face cache snapshot); off by default.
     """
     path = Path(path)
+    warnings: list[str] = []
+    inner = _only_subfolder_checkpoint(path)
+    if inner is not None:
+        warnings.append(f"{path}: no checkpoint files here; loading its only subfolder holding one, {inner} "
+                        f"(auto-round writes OUT/<model>-<scheme>/)")
+        path = inner
     store = open_store(path, symlinks_out=symlinks_out)
     folder = path if path.is_dir() else path.parent
-    warnings: list[str] = []
     config: dict = {}
     config_path = folder / "config.json"
     where = str(config_path)
@@ -277,6 +283,16 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     if check_values and producer is not None:
         producer.validate(store, entries, warnings)
     return Checkpoint(folder if path.is_dir() else path, fmt, config, qc, store, entries, kv, warnings)
+
+
+def _only_subfolder_checkpoint(path: Path) -> Path | None:
+    """The one direct subfolder of ``path`` that holds safetensors files, where ``path`` is a folder
+    without any (a producer's output folder with the checkpoint one level down); None otherwise."""
+    if not path.is_dir() or path.is_symlink() or any(path.glob("*.safetensors")) or (path / INDEX_NAME).exists():
+        return None
+    found = [d for d in sorted(itertools.islice(path.iterdir(), 1000))
+             if d.is_dir() and not d.is_symlink() and (any(d.glob("*.safetensors")) or (d / INDEX_NAME).exists())]
+    return found[0] if len(found) == 1 else None
 
 
 def _check_second_copy(copy: object, qc: object, qc_path: Path, config_path: Path) -> None:

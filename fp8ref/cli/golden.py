@@ -10,6 +10,7 @@ from ..golden import check, generate, load_suite, verify
 from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
+from ..registry import suite_names
 from .output import (
     add_accumulation,
     add_json,
@@ -26,7 +27,7 @@ def register(sub) -> None:
     gsub = golden.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
 
     p = gsub.add_parser("generate", help="write a suite's inputs and expected outputs to a new folder")
-    p.add_argument("suite", help="suite YAML file, or the name of a shipped suite (formats, fp8-static-w8a8)")
+    p.add_argument("suite", help=f"suite YAML file, or the name of a shipped suite ({', '.join(suite_names())})")
     p.add_argument("-o", "--output", required=True, type=Path,
                    help="folder to create (must be new or empty, or --force)")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: the suite's level)")

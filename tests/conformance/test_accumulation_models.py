@@ -9,9 +9,9 @@ import pytest
 from fp8ref.conformance import Backend, run
 from fp8ref.golden import parse_suite
 from fp8ref.io import safetensors as st
-from tests.conformance.test_plugin import pytest_in
 from tests.support import model_backends
 from tests.support.cli import run_cli
+from tests.support.plugin import pytest_in
 
 SUITE = """\
 suite: accrun

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fp8ref.hardware import instruction, mma
-from tests.hardware import cases
+from tests.support import mma_cases as cases
 
 F32_MIN_E, F16_MIN_E = -126, -14
 

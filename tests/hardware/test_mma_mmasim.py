@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("mmasim")
 
 from fp8ref.hardware import instruction, mma, names  # noqa: E402
-from tests.hardware import cases  # noqa: E402
-from tests.hardware.mmasim_support import run, simulator  # noqa: E402
+from tests.support import mma_cases as cases  # noqa: E402
+from tests.support.mmasim import run, simulator  # noqa: E402
 
 pytestmark = pytest.mark.hardware
 NAMES = list(names())

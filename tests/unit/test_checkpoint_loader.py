@@ -250,3 +250,21 @@ def test_producer_weight_is_the_named_double_rounding(tmp_path):
     layer = load_checkpoint(write(tmp_path / "c", tensors, cfg))[Q]
     assert float(producer_weight(layer, "bfloat16")[3, 12]) == 1.0
     assert float(layer.dequantize("bfloat16")[3, 12]) == 1.0078125
+
+
+def test_a_checkpoint_one_folder_down_is_found_and_said(tmp_path):
+    """auto-round writes OUT/<model>-fp-w8afp8/: loading OUT finds the one subfolder and warns."""
+    tensors, cfg = build_autoround()
+    inner = write(tmp_path / "out" / "tiny-fp-w8afp8", tensors, cfg)
+    (tmp_path / "out" / "logs").mkdir()  # a folder without safetensors does not count
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert ckpt.path == inner and ckpt.format == load_checkpoint(inner).format
+    assert any("its only subfolder" in w and str(inner) in w for w in ckpt.warnings)
+
+
+def test_two_subfolders_with_checkpoints_are_not_guessed(tmp_path):
+    tensors, cfg = build_autoround()
+    write(tmp_path / "out" / "a", tensors, cfg)
+    write(tmp_path / "out" / "b", tensors, cfg)
+    with pytest.raises(CheckpointError, match="found none"):
+        load_checkpoint(tmp_path / "out")
