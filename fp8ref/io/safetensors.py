@@ -32,7 +32,7 @@ from ..errors import CheckpointError, Fp8RefError
 from ..formats import SAFETENSORS_DTYPES
 from ..limits import MAX_DIM, MAX_NAME, int_in, shown
 from .atomic import atomic_file, is_inside
-from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json
+from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json, write_bytes
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 16
@@ -563,9 +563,8 @@ def dumps(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
 
 def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
          order: str = "name") -> bytes:
-    """Write ``dumps(tensors, metadata, order)`` to ``path`` atomically; returns the bytes."""
+    """Write ``dumps(tensors, metadata, order)`` to ``path`` (``io.files.write_bytes``: atomically,
+    or into a FIFO); returns the bytes."""
     data = dumps(tensors, metadata, order)
-    path = Path(path)
-    with atomic_file(path) as tmp:
-        tmp.write_bytes(data)
+    write_bytes(path, data)
     return data
