@@ -275,7 +275,7 @@ def atomic_folder(dest: str | os.PathLike, *, force: bool = False, protect: Iter
     check_output_folder(given, force=force, protect=protect, error=error)
     if not dest.parent.is_dir():
         raise error(f"{given}: parent folder {given.parent} does not exist")
-    with folder_lock(dest, error):
+    with folder_lock(dest, error, shown=given):
         replace = check_output_folder(given, force=force, protect=protect, error=error)  # now under the lock
         remove_stale(dest)
         with terminating_signals_raise():

@@ -162,10 +162,11 @@ def lock_path(dest: Path) -> Path:
 
 
 @contextmanager
-def folder_lock(dest: Path, error: type[Fp8RefError] = OutputError) -> Iterator[None]:
+def folder_lock(dest: Path, error: type[Fp8RefError] = OutputError, *, shown: Path | None = None) -> Iterator[None]:
     """Hold ``.DEST.fp8ref-lock`` beside ``dest`` (an exclusive ``flock``, released by the kernel
-    if the process dies) while ``dest`` is written; another run gets a one-line error. The file is
-    removed on release; a lock on a file someone removed meanwhile is taken again."""
+    if the process dies) while ``dest`` is written; another run gets a one-line error naming
+    ``shown`` (default ``dest``). The file is removed on release; a lock on a file someone removed
+    meanwhile is taken again."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): the final no-replace rename still refuses a second writer
@@ -182,7 +183,7 @@ def folder_lock(dest: Path, error: type[Fp8RefError] = OutputError) -> Iterator[
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise error(f"{dest}: another fp8ref run is writing this output now (it holds {path}); "
+                raise error(f"{shown or dest}: another fp8ref run is writing this output now (it holds {path.name}); "
                             "wait for it or choose another output") from None
             raise
         try:
