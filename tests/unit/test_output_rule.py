@@ -286,3 +286,19 @@ def test_the_folder_lock_refuses_a_second_writer_and_is_removed(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with outputs.folder_lock(dest):  # free again
         pass
+
+
+@needs_root
+def test_a_full_disk_under_compares_spill_folder_names_the_file(tmp_path):
+    """numpy says only "N requested and M written"; the error names the spill file and the fix."""
+    import numpy as np
+
+    from fp8ref.errors import OutputError
+    from fp8ref.io.spill import SpillStore
+
+    with SpillStore(str(tmp_path)) as store:
+        first = Path(store._dir.name) / "1.bin"
+        os.mknod(first, stat.S_IFCHR | 0o666, FULL_DEV)  # the next spill file is a full disk
+        with pytest.raises(OutputError, match=rf"^{first}: cannot write a spilled activation .*point TMPDIR at"):
+            store.append("x", np.ones(4096, np.float32))
+    assert list(tmp_path.iterdir()) == []
