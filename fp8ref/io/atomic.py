@@ -204,7 +204,10 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     path = resolved(given) if given.is_symlink() else given
     remove_stale(path)
     with terminating_signals_raise():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        except OSError as exc:
+            raise write_error(given, exc) from None
         os.close(fd)
         try:
             try:
@@ -274,12 +277,15 @@ def atomic_folder(dest: str | os.PathLike, *, force: bool = False, protect: Iter
     protect = list(protect)
     check_output_folder(given, force=force, protect=protect, error=error)
     if not dest.parent.is_dir():
-        raise error(f"{given}: parent folder {given.parent} does not exist")
+        raise error(f"{given}: parent folder {given.parent} does not exist or is not a folder")
     with folder_lock(dest, error, shown=given):
         replace = check_output_folder(given, force=force, protect=protect, error=error)  # now under the lock
         remove_stale(dest)
         with terminating_signals_raise():
-            tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=_temp_prefix(dest), suffix=".partial"))
+            try:
+                tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=_temp_prefix(dest), suffix=".partial"))
+            except OSError as exc:
+                raise error(f"{given}: cannot write an output folder there: {exc.strerror or exc}") from None
             try:
                 try:
                     yield tmp

@@ -177,7 +177,8 @@ def folder_lock(dest: Path, error: type[Fp8RefError] = OutputError, *, shown: Pa
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as exc:
-            raise error(f"{path}: cannot create the lock for {dest}: {exc.strerror or exc}") from None
+            raise error(f"{shown or dest}: cannot write an output folder there (creating its lock {path.name}: "
+                        f"{exc.strerror or exc})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
