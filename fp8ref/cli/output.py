@@ -85,12 +85,13 @@ def _option(name: str) -> str:
 def check_paths(args) -> None:
     """Before a command runs: its outputs checked against its inputs and each other (the output
     rule, ``io.outputs``), and an output folder against ``--force`` (``check_output_folder``)."""
-    from ..checkpoint.loader import files_read
     from ..io.atomic import check_output_folder
     from ..io.outputs import refuse_overlaps
 
     inputs = _given(args, getattr(args, "paths_read", ()))
     for what, path in _given(args, getattr(args, "checkpoints_read", ())):
+        from ..checkpoint.loader import files_read
+
         inputs += [(what, p) for p in files_read(path)]
     folders = _given(args, getattr(args, "folders_written", ()))
     refuse_overlaps(inputs=inputs, files=_given(args, getattr(args, "files_written", ())), folders=folders,

@@ -248,13 +248,26 @@ def test_the_current_folder_as_output_is_refused_and_leaves_no_partial(world, ca
 def test_a_full_disk_while_writing_a_folder_names_the_output_and_leaves_nothing(world, capsys, monkeypatch):
     from fp8ref.io.safetensors import SafetensorsWriter
 
-    def full(self, name, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    class FullDisk:  # the shard file: its header fits, its first tensor does not
+        def __init__(self, f):
+            self.f = f
 
-    monkeypatch.setattr(SafetensorsWriter, "write", full)
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a buffered write raises it: no file name
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    real_init = SafetensorsWriter.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        self._file = FullDisk(self._file)
+
+    monkeypatch.setattr(SafetensorsWriter, "__init__", init)
     before = sorted(p.name for p in world.iterdir())
     assert run_cli("convert", world / "ckpt", world / "out", "--format", "hf-fp8", "--quiet") == 1
-    one_line_error(capsys, f"{world / 'out'}: cannot write: No space left on device")
+    one_line_error(capsys, f"{world / 'out' / 'model.safetensors'}: cannot write: No space left on device")
     assert sorted(p.name for p in world.iterdir()) == before
 
 
