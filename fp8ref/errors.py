@@ -61,6 +61,11 @@ class ModelError(Fp8RefError, ValueError):
     """A whole model that cannot be built, swapped or run (missing extra, unplaced layer, bad mode)."""
 
 
+class OutputError(Fp8RefError, OSError):
+    """An output fp8ref refuses to write (an input, a folder it did not write, one another run is
+    writing) or could not write (a full disk): the message names the file."""
+
+
 class Fp8RefWarning(UserWarning):
     """Something fp8ref did or noticed that the user should know (the CLI prints ``fp8ref: warning: ...``)."""
 

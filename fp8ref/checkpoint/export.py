@@ -557,6 +557,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     source = Path(source)
     store = open_store(source, symlinks_out=symlinks_out)
     folder = source if source.is_dir() else source.parent
+    given = (spec, calibration)  # files never inside the output
     where = "calibration"
     if calibration is not None and not isinstance(calibration, Mapping):
         where = str(calibration)
@@ -583,7 +584,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans))
     _refuse_collisions(store, qc, module)
     bar = _progress(len(store), progress)
-    with atomic_folder(output, force=force, protect=[folder if source.is_dir() else source]) as tmp:
+    inputs = [folder if source.is_dir() else source] + [p for p in given if isinstance(p, (str, os.PathLike))]
+    with atomic_folder(output, force=force, protect=inputs) as tmp:
         weight_map, total_size = {}, 0
         for fname, f in store.files.items():
             by_source = {}

@@ -227,6 +227,18 @@ class Checkpoint(Mapping):
             check_scale_values(self.store, name)
 
 
+BESIDE_A_FILE = ("config.json", "quantization_config.json")  # what loading a lone .safetensors file reads too
+
+
+def files_read(path: str | os.PathLike) -> list[Path]:
+    """What loading ``path`` reads: the folder, or the file and the JSON files beside it (outputs
+    must not be any of these)."""
+    path = Path(path)
+    if path.is_dir():
+        return [path]
+    return [path] + [path.parent / name for name in BESIDE_A_FILE if (path.parent / name).exists()]
+
+
 def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symlinks_out: bool = False) -> Checkpoint:
     """Load an FP8 checkpoint (folder, sharded or not, or a single ``.safetensors`` file).
 

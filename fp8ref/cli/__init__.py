@@ -3,24 +3,28 @@ handlers return an exit code.
 
 ``main`` is the one top-level handler: an ``Fp8RefError`` or an ``OSError`` prints as one line
 ``fp8ref: error: ...`` (exit 1), anything else as one line naming the exception (the traceback
-only with ``--debug``), a closed stdout (``fp8ref inspect CKPT | head -1``) ends quietly.
+only with ``--debug``), a closed stdout (``fp8ref inspect CKPT | head -1``) ends quietly;
+SIGTERM and SIGHUP unwind like Ctrl-C (exit 128 + signal), so temporaries are removed. Before a
+command runs, its outputs are checked against its inputs (``output.declare_paths``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 import warnings
 
 from .. import __version__
 from ..errors import Fp8RefError
+from ..io.atomic import Terminated, terminating_signals_raise
 from . import checkpoint as checkpoint_cmds
 from . import codec_cmds, compare, conform, golden, main_job, probe, verify
 from . import eval as eval_cmds
 from . import spec as spec_cmds
-from .output import show_warning
+from .output import check_paths, show_warning
 
 COMMAND_MODULES = (codec_cmds, spec_cmds, checkpoint_cmds, golden, conform, probe, compare, eval_cmds, verify)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell tool killed by a closed pipe exits with
@@ -67,14 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), terminating_signals_raise():
         warnings.showwarning = show_warning
         return _run(args, debug)
 
 
 def _run(args, debug: bool) -> int:
     try:
-        code = main_job.run_default() if args.command is None else args.handler(args)
+        if args.command is None:
+            code = main_job.run_default()
+        else:
+            check_paths(args)  # before any work: no output over an input (io.outputs)
+            code = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return code
     except BrokenPipeError:
@@ -83,6 +91,9 @@ def _run(args, debug: bool) -> int:
     except KeyboardInterrupt:
         print("fp8ref: interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:  # SIGTERM/SIGHUP: unwound like Ctrl-C, temporaries and spill folders removed
+        print(f"fp8ref: terminated by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
     except Exception as exc:  # noqa: BLE001 - the one place anything left becomes one line
         if debug:
             traceback.print_exc()

@@ -7,7 +7,10 @@ from __future__ import annotations
 import math
 
 from ..checkpoint import base as checkpoint_formats
-from .output import add_json, add_progress_flags, emit_json, progress_enabled, warn
+from .output import add_json, add_progress_flags, declare_paths, emit_json, progress_enabled, warn
+
+
+FORCE_HELP = "replace OUT if it is an output folder fp8ref wrote (and holds nothing else)"
 
 
 def register(sub) -> None:
@@ -20,11 +23,12 @@ def register(sub) -> None:
     q.add_argument("--calibration", metavar="FILE",
                    help="per-layer activation amax (JSON or safetensors), needed for static inputs")
     q.add_argument("--recipe", help="override every scheme's producer recipe")
-    q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("--force", action="store_true", help=FORCE_HELP)
     q.add_argument("--symlinks-out", action="store_true",
                    help="accept source files that are symlinks out of SRC (a Hugging Face cache snapshot)")
     add_progress_flags(q)
     add_json(q, "a summary")
+    declare_paths(q, inputs=("spec", "calibration"), checkpoints=("source",), files=("json",), folders=("output",))
     q.set_defaults(handler=cmd_quantize)
 
     c = sub.add_parser("convert", help="write a checkpoint in another format: exact where the target holds its "
@@ -34,11 +38,12 @@ def register(sub) -> None:
     c.add_argument("--format", required=True, choices=checkpoint_formats.names(), help="the target format")
     c.add_argument("--exact-only", action="store_true",
                    help="refuse (exit 1, nothing written) if any layer or KV scale would change")
-    c.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    c.add_argument("--force", action="store_true", help=FORCE_HELP)
     c.add_argument("--symlinks-out", action="store_true",
                    help="accept shard files that are symlinks out of SRC (a Hugging Face cache snapshot)")
     add_progress_flags(c)
     add_json(c, "the per-layer report")
+    declare_paths(c, checkpoints=("source",), files=("json",), folders=("output",))
     c.set_defaults(handler=cmd_convert)
 
     i = sub.add_parser("inspect", help="format, per-layer schemes and scale statistics of a checkpoint")
@@ -48,6 +53,7 @@ def register(sub) -> None:
     i.add_argument("--symlinks-out", action="store_true",
                    help="accept shard files that are symlinks out of CKPT (a Hugging Face cache snapshot)")
     add_json(i, "the description")
+    declare_paths(i, checkpoints=("checkpoint", "original"), files=("json",))
     i.set_defaults(handler=cmd_inspect)
 
     e = sub.add_parser("explain", help="the load-time steps a serving engine applies to each layer, and how many "
@@ -56,6 +62,7 @@ def register(sub) -> None:
     e.add_argument("--engine", default="vllm", help="an engine of specs/engines/ (default vllm)")
     e.add_argument("--target", default="cuda", choices=("cuda", "rocm-mi300"), help="the device (default cuda)")
     add_json(e, "the steps and their effects")
+    declare_paths(e, checkpoints=("checkpoint",), files=("json",))
     e.set_defaults(handler=cmd_explain)
 
 

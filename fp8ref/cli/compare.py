@@ -4,10 +4,8 @@ free-running errors, the first divergent layer, end-to-end logit agreement)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-from .output import add_progress_flags, progress_enabled
+from .output import add_progress_flags, declare_paths, progress_enabled, write_out
 
 INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (bytes -> ids "
               "modulo the vocabulary; not the model's tokenizer) or --random BxT (default 2x16, seed 0)")
@@ -38,6 +36,7 @@ def register(sub) -> None:
     p.add_argument("--html", metavar="OUT", help="write a self-contained HTML report (needs matplotlib: "
                                                  "fp8ref[report])")
     add_progress_flags(p)
+    declare_paths(p, inputs=("tokens", "text"), checkpoints=("checkpoint", "original"), files=("json", "html"))
     p.set_defaults(handler=cmd_compare)
 
 
@@ -64,14 +63,11 @@ def backends_for(modes) -> dict:
     return {m.arg: load_backend(m.arg) for m in modes if m.kind == "backend"}
 
 
-def write_json(report: dict, out: str) -> None:
+def write_json(report: dict, out: str) -> bool:
+    """The report to ``out`` by the output rule; True when stdout now holds it."""
     from ..nn.metrics import json_safe
 
-    text = json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n"
-    if out == "-":
-        sys.stdout.write(text)
-    else:
-        Path(out).write_text(text)
+    return write_out(out, json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n")
 
 
 def cmd_compare(args) -> int:
@@ -92,14 +88,13 @@ def cmd_compare(args) -> int:
     report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress,
                      executor=args.executor, checkpoint_path=ckpt.path)
     report = {"checkpoint": str(ckpt.path), "format": ckpt.format, "input": source, **report}
-    if args.json:
-        write_json(report, args.json)
+    json_on_stdout = bool(args.json) and write_json(report, args.json)
     if args.html:
         from ..nn.html import render
         from ..nn.metrics import json_safe
 
-        Path(args.html).write_text(render(json_safe(report), ckpt), encoding="utf-8")
-    if args.json != "-":
+        write_out(args.html, render(json_safe(report), ckpt))
+    if not json_on_stdout:
         _print_summary(report)
     return 0
 

@@ -17,7 +17,9 @@ from .output import (
     add_json,
     add_progress_flags,
     bad_accumulation,
+    declare_paths,
     emit_json,
+    json_on_stdout,
     progress_bar,
     progress_enabled,
 )
@@ -41,6 +43,7 @@ def register(sub) -> None:
                    "(input/NAME, expected/NAME, got/NAME: for a kernel's own unit test)")
     p.add_argument("--list-backends", action="store_true", help="list the known backends and exit")
     add_progress_flags(p)
+    declare_paths(p, inputs=("suite", "xfails"), files=("json",), into=("dump_failing",))
     p.set_defaults(handler=cmd_conform)
 
 
@@ -62,7 +65,7 @@ def cmd_conform(args) -> int:
         return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)],
                        level=args.level, xfails=xfails, nan_rule=args.nan_rule, select=select,
                        max_errors=args.max_errors, json_out=args.json, progress=progress_enabled(args),
-                       dump_failing=args.dump_failing, out=sys.stderr if args.json == "-" else None,
+                       dump_failing=args.dump_failing, out=sys.stderr if json_on_stdout(args.json) else None,
                        accumulation=args.accumulation)
     except BackendError as exc:  # the backend names itself; say what was typed too (module:object)
         if args.backend in str(exc):

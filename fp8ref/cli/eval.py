@@ -4,7 +4,7 @@ static model from disk and evaluate its accuracy")."""
 from __future__ import annotations
 
 from .compare import INPUT_HELP, add_input_args, add_keep_decoded, backends_for, token_ids, write_json
-from .output import add_progress_flags, progress_enabled
+from .output import add_progress_flags, declare_paths, progress_enabled
 
 
 def register(sub) -> None:
@@ -19,6 +19,7 @@ def register(sub) -> None:
     add_keep_decoded(p)
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
     add_progress_flags(p)
+    declare_paths(p, inputs=("tokens", "text"), checkpoints=("checkpoint", "original"), files=("json",))
     p.set_defaults(handler=cmd_eval)
 
 
@@ -35,9 +36,7 @@ def cmd_eval(args) -> int:
     ids, source = token_ids(args, int(model.config.vocab_size))
     res = {"checkpoint": str(args.checkpoint), "input": source,
            **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
-    if args.json:
-        write_json(res, args.json)
-    if args.json != "-":
+    if not (args.json and write_json(res, args.json)):
         print(f"{res['checkpoint']}: mode {res['mode']}, {res['sequences']} sequences, {res['tokens']} predicted "
               f"tokens: perplexity {res['perplexity']:.6g}")
     return 0

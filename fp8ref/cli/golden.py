@@ -16,7 +16,9 @@ from .output import (
     add_json,
     add_progress_flags,
     bad_accumulation,
+    declare_paths,
     emit_json,
+    json_on_stdout,
     progress_bar,
     progress_enabled,
 )
@@ -31,8 +33,10 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, type=Path,
                    help="folder to create (must be new or empty, or --force)")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: the suite's level)")
-    p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists and is not empty")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it is a golden folder fp8ref wrote "
+                   "(and holds nothing else)")
     add_progress_flags(p)
+    declare_paths(p, inputs=("suite",), folders=("output",))
     p.set_defaults(handler=cmd_generate)
 
     p = gsub.add_parser("verify", help="check every sha256 and re-derive every expected output")
@@ -57,6 +61,7 @@ def register(sub) -> None:
     p.add_argument("--max-errors", type=int, default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
+    declare_paths(p, inputs=("folder", "outputs", "xfails"), files=("json",))
     p.set_defaults(handler=cmd_check)
 
     p = gsub.add_parser("list", help="list the cases of a suite (names, operation, parameters)")
@@ -99,7 +104,7 @@ def cmd_check(args) -> int:
 
     judge = None if args.accumulation is None else ModelJudge(args.accumulation, args.nan_rule, cannot="error")
     # with --json -, stdout holds the JSON and nothing else
-    with contextlib.redirect_stdout(sys.stderr) if args.json == "-" else contextlib.nullcontext():
+    with contextlib.redirect_stdout(sys.stderr) if json_on_stdout(args.json) else contextlib.nullcontext():
         code, report = _check(args, judge)
     emit_json(args.json, report, sort_keys=True, indent=1)
     return code

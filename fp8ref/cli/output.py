@@ -51,8 +51,87 @@ def progress_bar(enabled: bool, desc: str):
 
 def add_json(p, what: str = "the result") -> None:
     """``--json OUT``, the same on every command: ``-`` writes the JSON to stdout instead of the
-    text; a path writes it there (atomically) beside the text."""
+    text; a path writes it there by the output rule (``write_out``) beside the text."""
     p.add_argument("--json", metavar="OUT", help=f"write {what} as JSON to OUT ('-': stdout, instead of the text)")
+    p.set_defaults(files_written=("json",))
+
+
+def declare_paths(p, *, inputs=(), checkpoints=(), files=(), folders=(), into=()) -> None:
+    """Name, by argument, what a command reads and writes; ``check_paths`` refuses, before the
+    command runs, an output that is or lies inside an input (``io.outputs.refuse_overlaps``).
+    ``checkpoints``: inputs read as checkpoints (a file's config.json beside it is read too);
+    ``files``: output files (``--json``, ``--html``); ``folders``: output folders, written whole
+    (with ``--force``: only one fp8ref wrote); ``into``: folders whose files are written one by one."""
+    p.set_defaults(paths_read=tuple(inputs), checkpoints_read=tuple(checkpoints), files_written=tuple(files),
+                   folders_written=tuple(folders), folders_written_into=tuple(into))
+
+
+def _given(args, names) -> list[tuple[str, str]]:
+    """(option, path) for each named argument given (a repeated option: each of its values)."""
+    out = []
+    for name in names:
+        value = getattr(args, name, None)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and str(v) != "-":
+                out.append((_option(name), str(v)))
+    return out
+
+
+def _option(name: str) -> str:
+    return {"source": "SRC", "checkpoint": "CKPT", "output": "OUT", "files": "FILE", "file": "FILE",
+            "folder": "FOLDER"}.get(name, "--" + name.replace("_", "-"))
+
+
+def check_paths(args) -> None:
+    """Before a command runs: its outputs checked against its inputs and each other (the output
+    rule, ``io.outputs``), and an output folder against ``--force`` (``check_output_folder``)."""
+    from ..io.atomic import check_output_folder
+    from ..io.outputs import refuse_overlaps
+
+    inputs = _given(args, getattr(args, "paths_read", ()))
+    for what, path in _given(args, getattr(args, "checkpoints_read", ())):
+        from ..checkpoint.loader import files_read
+
+        inputs += [(what, p) for p in files_read(path)]
+    folders = _given(args, getattr(args, "folders_written", ()))
+    refuse_overlaps(inputs=inputs, files=_given(args, getattr(args, "files_written", ())), folders=folders,
+                    into=_given(args, getattr(args, "folders_written_into", ())))
+    for _, path in folders:
+        check_output_folder(path, force=getattr(args, "force", False), protect=[p for _, p in inputs])
+
+
+def _std_stream(target: str):
+    """``sys.stdout``/``sys.stderr`` when ``target`` is the file or pipe it writes to
+    (``/dev/stdout``, or the file stdout is redirected to), else None."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if os.path.samestat(os.stat(target), os.fstat(stream.fileno())):
+                return stream
+        except (OSError, ValueError, AttributeError):  # no such file; a captured stream has no fileno
+            continue
+    return None
+
+
+def json_on_stdout(target: str | None) -> bool:
+    """Whether ``--json`` goes to stdout (``-``, ``/dev/stdout``): the text report then goes to stderr."""
+    return bool(target) and (str(target) == "-" or _std_stream(str(target)) is sys.stdout)
+
+
+def write_out(target: str, text: str) -> bool:
+    """Write an output file by the output rule: ``-`` or the file stdout goes to: stdout (True:
+    no text may follow there); else ``io.files.write_bytes`` (atomically into a regular file,
+    into a FIFO or a character device; a write error names the file)."""
+    stream = sys.stdout if str(target) == "-" else _std_stream(str(target))
+    if stream is not None:
+        stream.write(text)
+        stream.flush()
+        return stream is sys.stdout
+    from ..io.files import write_bytes
+
+    write_bytes(target, text.encode("utf-8"))
+    return False
 
 
 def emit_json(target: str | None, obj, *, indent: int = 2, sort_keys: bool = False) -> bool:
@@ -61,14 +140,7 @@ def emit_json(target: str | None, obj, *, indent: int = 2, sort_keys: bool = Fal
         return False
     import json
 
-    text = json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n"
-    if str(target) == "-":
-        sys.stdout.write(text)
-        return True
-    from ..io.files import write_bytes
-
-    write_bytes(target, text.encode())
-    return False
+    return write_out(target, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
 
 
 def add_accumulation(p) -> None:

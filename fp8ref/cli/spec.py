@@ -8,7 +8,7 @@ import warnings
 from ..errors import SpecError
 from ..scheme import preset_name
 from ..spec import LayerConfig, SpecWarning, load_spec
-from .output import add_json, emit_json, warn
+from .output import add_json, declare_paths, emit_json, warn
 
 _COLUMNS = ("layer", "preset", "weight", "w_gran", "act", "a_gran", "dynamic", "scale", "rounding", "recipe")
 
@@ -21,6 +21,7 @@ def register(sub) -> None:
     v.add_argument("files", nargs="+", metavar="FILE")
     v.add_argument("--strict", action="store_true", default=None, help="force strict mode")
     add_json(v, "the results")
+    declare_paths(v, inputs=("files",), files=("json",))
     v.set_defaults(handler=cmd_validate)
 
     s = cmds.add_parser("show", help="print the scheme each layer resolves to")
@@ -30,6 +31,7 @@ def register(sub) -> None:
     src.add_argument("--checkpoint", metavar="DIR", help="take the layer names from DIR/*.safetensors")
     s.add_argument("--strict", action="store_true", default=None, help="force strict mode")
     add_json(s, "the resolved schemes")
+    declare_paths(s, inputs=("file", "layers", "checkpoint"), files=("json",))
     s.set_defaults(handler=cmd_show)
 
 

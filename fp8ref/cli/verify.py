@@ -4,7 +4,7 @@ re-derived from the original weights and the producer's recipe; exit 1 on any mi
 from __future__ import annotations
 
 from .compare import write_json
-from .output import add_progress_flags, progress_enabled
+from .output import add_progress_flags, declare_paths, progress_enabled
 
 
 def register(sub) -> None:
@@ -18,6 +18,7 @@ def register(sub) -> None:
                    help="run the layers here (default) or as Ray tasks (RAY_ADDRESS, else a local cluster)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT ('-': stdout)")
     add_progress_flags(p)
+    declare_paths(p, inputs=("calibration",), checkpoints=("checkpoint", "original"), files=("json",))
     p.set_defaults(handler=cmd_verify)
 
 
@@ -29,9 +30,7 @@ def cmd_verify(args) -> int:
     cal = load_calibration(args.calibration) if args.calibration else None
     res = verify(ckpt, load_checkpoint(args.original), recipe=args.recipe, calibration=cal,
                  progress=progress_enabled(args), executor=args.executor)
-    if args.json:
-        write_json(res, args.json)
-    if args.json != "-":
+    if not (args.json and write_json(res, args.json)):
         for x in res["layers"]:
             if "error" in x:
                 print(f"{x['name']}: recipe {x['recipe']!r} cannot produce this layer: {x['error']}")

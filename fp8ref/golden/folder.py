@@ -20,8 +20,9 @@ import numpy as np
 from .. import __version__
 from ..errors import GoldenError
 from ..io import safetensors as st
-from ..io.atomic import atomic_folder
+from ..io.atomic import atomic_folder, check_output_folder
 from ..io.files import read_bytes, read_json, read_text, write_bytes
+from ..io.outputs import MARKER
 from .accumulation import ModelJudge, covers
 from .case import Case
 from .fields import LEVELS
@@ -54,12 +55,12 @@ def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
              progress: Progress | None = None, force: bool = False) -> dict:
     """Write the golden folder of ``suite`` at ``level`` (default: the suite's); returns the manifest.
     The folder appears complete or not at all (a full disk or a kill leaves nothing); an existing
-    one is replaced only when it is empty or with ``force``."""
+    one is replaced only when it is empty, or with ``force`` when fp8ref wrote it (``io.outputs``).
+    The suite's file is never inside the output."""
     level = suite.level if level is None else level
     out = Path(out_dir)
-    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
-        raise GoldenError(f"{out}: output folder exists and is not empty; choose a new folder or pass "
-                          "force=True (CLI: --force)")
+    protect = [suite.source] if Path(suite.source).is_file() else []
+    check_output_folder(out, force=force, protect=protect, error=GoldenError)
     total = count_cases(suite, level)
     per_op: dict[str, tuple[dict, dict]] = {}
     entries = []
@@ -74,7 +75,6 @@ def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
                         "outputs": {k: _spec(v) for k, v in expected.items()}})
         if progress:
             progress(done, total, case.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
     files = {SUITE_FILE: suite.text.encode()}
     for op, (ins, exps) in sorted(per_op.items()):
         files[f"{op}.inputs.safetensors"] = st.dumps(ins, _META)
@@ -85,7 +85,8 @@ def generate(suite: Suite, out_dir: str | Path, *, level: int | None = None,
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
         "cases": entries,
     }
-    with atomic_folder(out, force=out.exists(), error=GoldenError) as tmp:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_folder(out, force=force, protect=protect, error=GoldenError) as tmp:
         for name, data in files.items():
             write_bytes(tmp / name, data)
         write_bytes(tmp / MANIFEST, dump_json(manifest))
@@ -142,7 +143,7 @@ def open_golden(path: str | Path) -> Golden:
     manifest = read_json(mpath, MANIFEST, error=GoldenError)
     _check_manifest(mpath, manifest)
     listed = set(manifest["files"])
-    present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+    present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST, MARKER}
     problems = [f"missing file {n!r}" for n in sorted(listed - present)]
     problems += [f"extra file {n!r} (not listed in {MANIFEST})" for n in sorted(present - listed)]
     for name in sorted(listed & present):

@@ -9,9 +9,11 @@ so an interrupted run never leaves a half-written checkpoint or golden file behi
 - a temporary's name says who made it (``.NAME.fp8ref-HOST-PID.XXXX.partial``): one left by a
   process that no longer runs (SIGKILL, a power cut) is removed by the next write beside it,
   with a warning;
-- the final rename never replaces an output that appeared meanwhile (another run writing the
-  same folder without ``force``): ``renameat2(RENAME_NOREPLACE)`` where the kernel has it, a
+- one run at a time writes a folder (``outputs.folder_lock``), and the final rename never replaces
+  an output that appeared meanwhile: ``renameat2(RENAME_NOREPLACE)`` where the kernel has it, a
   check just before ``os.rename`` elsewhere;
+- what may be written where (inputs, devices, FIFOs, folders fp8ref did not write) is
+  ``outputs``' rule, checked here too;
 - the output gets the permissions the umask gives (``mkdtemp``/``mkstemp`` make 0700/0600).
 """
 
@@ -32,7 +34,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import CheckpointError, Fp8RefWarning
+from ..errors import CheckpointError, Fp8RefWarning, OutputError
+from .outputs import STREAM, folder_lock, output_kind, refuse_overlaps, resolved, why_not_replaceable, write_error, \
+    write_marker
 
 HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]  # short: names stay under 255 bytes
@@ -53,8 +57,16 @@ def _umask() -> int:
     return mask
 
 
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP arrived: unwinds like Ctrl-C (clean-up runs), exits 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 def _raise_exit(signum, frame):
-    raise SystemExit(128 + signum)
+    raise Terminated(signum)
 
 
 @contextmanager
@@ -161,16 +173,52 @@ def rename_noreplace(src: Path, dest: Path) -> None:
     os.rename(src, dest)
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _named(exc: OSError, tmp: Path, dest: Path) -> OSError:
+    """A write error inside the temporary ``tmp`` as an ``OutputError`` naming the output ``dest``
+    (a file of a folder by its final name); an error naming another file (a source read) as is."""
+    for name in (exc.filename2, exc.filename):
+        if name is not None and is_inside(Path(name), tmp):
+            return write_error(dest / Path(name).relative_to(tmp) if Path(name) != tmp else dest, exc)
+    if exc.filename is None and not isinstance(exc, OutputError):
+        return write_error(dest, exc)
+    return exc
+
+
 @contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it over ``path`` on success, delete it on failure."""
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success fsync it and rename it over ``path``,
+    on failure delete it. A symlink is resolved first (the link stays, its target is replaced);
+    a FIFO, a device or a folder is refused (``io.files.write_bytes`` writes into the first two)."""
+    given = Path(path)
+    if output_kind(given) == STREAM:
+        raise OutputError(f"{given}: a FIFO or a device, and this output is written whole to a regular file "
+                          "and renamed into place; give a file path")
+    path = resolved(given) if given.is_symlink() else given
     remove_stale(path)
     with terminating_signals_raise():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        except OSError as exc:
+            raise write_error(given, exc) from None
         os.close(fd)
         try:
-            yield Path(tmp)
-            os.chmod(tmp, 0o666 & ~_umask())
+            try:
+                yield Path(tmp)
+                os.chmod(tmp, 0o666 & ~_umask())
+                _fsync(Path(tmp))
+            except OSError as exc:
+                named = _named(exc, Path(tmp), given)
+                if named is exc:
+                    raise
+                raise named from None
             with _signals_blocked():
                 os.replace(tmp, path)
         except BaseException:
@@ -184,12 +232,31 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def _refuse_existing(dest: Path, force: bool, error: type) -> None:
-    if dest.exists() or dest.is_symlink():
+def check_output_folder(dest: str | os.PathLike, *, force: bool = False, protect: Iterable[str | os.PathLike] = (),
+                        error: type = CheckpointError) -> bool:
+    """Refuse, before any work, an output folder fp8ref may not write: one that is, holds or lies
+    inside a protected path (the command's inputs) or holds the current folder; an existing file
+    or link; an existing folder with files unless ``force``, and with ``force`` one fp8ref did not
+    write (``outputs.why_not_replaceable``). Returns whether an existing folder will be replaced."""
+    refuse_overlaps(inputs=[("the source", p) for p in protect], folders=[("the output", dest)], error=error)
+    given = Path(dest)
+    if not os.path.lexists(given):
+        return False
+    if given.is_symlink() or not given.is_dir():
         if not force:
-            raise error(f"{dest}: already exists; pass force=True (CLI: --force) to replace it")
-        if not dest.is_dir() or dest.is_symlink():
-            raise error(f"{dest}: exists and is not a folder; refusing to replace it")
+            raise error(f"{given}: already exists; pass force=True (CLI: --force) to replace it")
+        raise error(f"{given}: exists and is not a folder; refusing to replace it")
+    with os.scandir(given) as entries:
+        if next(entries, None) is None:
+            return True  # an empty folder: nothing to lose
+    if not force:
+        raise error(f"{given}: already exists and is not empty; choose a new folder or pass force=True "
+                    "(CLI: --force) to replace an output folder fp8ref wrote")
+    reason = why_not_replaceable(given)
+    if reason is not None:
+        raise error(f"{given}: not replaced: {reason}; --force replaces only an output folder fp8ref wrote "
+                    "(remove it yourself or choose a new folder)")
+    return True
 
 
 @contextmanager
@@ -197,38 +264,54 @@ def atomic_folder(dest: str | os.PathLike, *, force: bool = False, protect: Iter
                   error: type = CheckpointError) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``dest``; on success it replaces ``dest``.
 
-    Refuses an existing ``dest`` unless ``force`` (also when it appears while the folder is being
-    written), and any ``dest`` that is, contains or lies inside a protected path (the source
-    checkpoint). On any failure, interrupts and SIGTERM/SIGHUP included, the temporary folder is
-    removed and ``dest`` is left as it was.
+    ``check_output_folder`` first (an existing empty folder is replaced; one with files only with
+    ``force`` and only when fp8ref wrote it), under ``folder_lock`` (a second run writing ``dest``
+    meanwhile gets an error). On success the folder gets ``outputs.MARKER``, listing its files. On
+    any failure, interrupts and SIGTERM/SIGHUP included, the temporary folder is removed and
+    ``dest`` is left as it was.
     """
-    dest = Path(dest)
-    real = dest.resolve()
-    for p in protect:
-        src = Path(p).resolve()
-        if real == src or is_inside(real, src) or is_inside(src, real):
-            raise error(f"{dest}: output must not be, contain or lie inside the source {p}")
-    _refuse_existing(dest, force, error)
+    from .. import __version__
+
+    given = Path(dest)
+    dest = Path(os.path.abspath(dest))  # '.' has no name to put a temporary beside
+    protect = list(protect)
+    check_output_folder(given, force=force, protect=protect, error=error)
     if not dest.parent.is_dir():
-        raise error(f"{dest}: parent folder {dest.parent} does not exist")
-    remove_stale(dest)
-    with terminating_signals_raise():
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=_temp_prefix(dest), suffix=".partial"))
-        try:
-            yield tmp
-            os.chmod(tmp, 0o777 & ~_umask())
-            with _signals_blocked():
-                _install(tmp, dest, force, error)
-        except BaseException:
-            with _signals_blocked():
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        raise error(f"{given}: parent folder {given.parent} does not exist or is not a folder")
+    with folder_lock(dest, error, shown=given):
+        replace = check_output_folder(given, force=force, protect=protect, error=error)  # now under the lock
+        remove_stale(dest)
+        with terminating_signals_raise():
+            try:
+                tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=_temp_prefix(dest), suffix=".partial"))
+            except OSError as exc:
+                raise error(f"{given}: cannot write an output folder there: {exc.strerror or exc}") from None
+            try:
+                try:
+                    yield tmp
+                    write_marker(tmp, __version__)
+                    os.chmod(tmp, 0o777 & ~_umask())
+                except OSError as exc:
+                    named = _named(exc, tmp, given)
+                    if named is exc:
+                        raise
+                    raise named from None
+                with _signals_blocked():
+                    _install(tmp, dest, replace, error)
+            except BaseException:
+                with _signals_blocked():
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
 
 
-def _install(tmp: Path, dest: Path, force: bool, error: type) -> None:
-    """Rename the finished ``tmp`` to ``dest`` (with ``force``, replacing the folder there)."""
+def _install(tmp: Path, dest: Path, replace: bool, error: type) -> None:
+    """Rename the finished ``tmp`` to ``dest`` (with ``replace``, replacing the folder there, if
+    it is still one fp8ref may replace)."""
     old = None
-    if force and dest.is_dir() and not dest.is_symlink():
+    if replace and dest.is_dir() and not dest.is_symlink():
+        reason = why_not_replaceable(dest)
+        if reason is not None:
+            raise error(f"{dest}: changed while this output was being written ({reason}); nothing was replaced")
         old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=_temp_prefix(dest), suffix=".partial"))
         os.replace(dest, old / "x")
     try:

@@ -1,6 +1,6 @@
 """Plain files: reading text and JSON strictly (regular files only, size-capped, UTF-8, duplicate
-JSON keys and deep nesting refused), reading and writing bytes; every failure a one-line
-``Fp8RefError`` that names the file."""
+JSON keys and deep nesting refused), reading bytes, and writing them by the output rule
+(``io.outputs``); every failure a one-line ``Fp8RefError`` that names the file."""
 
 from __future__ import annotations
 
@@ -121,8 +121,14 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", *,
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` atomically (a temporary file beside ``path``, then renamed)."""
+    """Write ``data`` to ``path`` by the output rule (``io.outputs``): into a FIFO or a character
+    device; atomically (a temporary file beside it, fsync, rename) into a regular file, a link's
+    target or a new path. A write error names ``path``."""
     from .atomic import atomic_file
+    from .outputs import STREAM, output_kind, write_into
 
+    if output_kind(path) == STREAM:
+        write_into(path, data)
+        return
     with atomic_file(Path(path)) as tmp:
         tmp.write_bytes(data)

@@ -22,6 +22,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
@@ -32,7 +33,7 @@ from ..errors import CheckpointError, Fp8RefError
 from ..formats import SAFETENSORS_DTYPES
 from ..limits import MAX_DIM, MAX_NAME, int_in, shown
 from .atomic import atomic_file, is_inside
-from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json
+from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json, write_bytes
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 16
@@ -461,8 +462,19 @@ class SafetensorsWriter:
         self.total = len(head) + sum(s.nbytes for s in self.specs.values())
         self._written: set[str] = set()
         self._file = open(self.path, "wb")
-        self._file.write(head)
-        self._file.truncate(self.total)
+        with self._naming_errors():
+            self._file.write(head)
+            self._file.truncate(self.total)
+
+    @contextmanager
+    def _naming_errors(self):
+        """A write error (a full disk) names this file (the output rule, ``io.outputs``)."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from None
 
     def write(self, name: str, data: np.ndarray | bytes) -> None:
         """Write a tensor: an array of its dtype and shape, or its raw bytes (flat uint8/bytes)."""
@@ -485,13 +497,15 @@ class SafetensorsWriter:
             buf = memoryview(data).cast("B")
         if buf.nbytes != spec.nbytes:
             raise CheckpointError(f"{self.path}: tensor {name!r}: {buf.nbytes} bytes, expected {spec.nbytes}")
-        self._file.seek(self.offsets[name])
-        self._file.write(buf)
+        with self._naming_errors():
+            self._file.seek(self.offsets[name])
+            self._file.write(buf)
         self._written.add(name)
 
     def close(self) -> None:
         missing = sorted(set(self.specs) - self._written)
-        self._file.close()
+        with self._naming_errors():
+            self._file.close()
         if missing:
             raise CheckpointError(f"{self.path}: tensors never written: {missing[:10]}")
 
@@ -563,9 +577,8 @@ def dumps(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
 
 def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
          order: str = "name") -> bytes:
-    """Write ``dumps(tensors, metadata, order)`` to ``path`` atomically; returns the bytes."""
+    """Write ``dumps(tensors, metadata, order)`` to ``path`` (``io.files.write_bytes``: atomically,
+    or into a FIFO); returns the bytes."""
     data = dumps(tensors, metadata, order)
-    path = Path(path)
-    with atomic_file(path) as tmp:
-        tmp.write_bytes(data)
+    write_bytes(path, data)
     return data

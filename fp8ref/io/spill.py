@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .._arrays import bits_view, numpy_bf16
+from ..errors import OutputError
 
 
 class SpillStore:
@@ -25,7 +26,11 @@ class SpillStore:
         items = self._meta.setdefault(key, [])
         self._files += 1
         path = Path(self._dir.name) / f"{self._files}.bin"
-        bits_view(a).tofile(path)
+        try:
+            bits_view(a).tofile(path)
+        except OSError as exc:  # numpy's short write says "N requested and M written", naming nothing
+            raise OutputError(f"{path}: cannot write a spilled activation ({exc.strerror or exc}); the spill "
+                              "folder is under $TMPDIR: point TMPDIR at a disk with more room") from None
         items.append((str(path), a.dtype.name, a.shape))
 
     def get(self, key: str) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ from fp8ref.errors import GoldenError
 from fp8ref.golden import check, generate, load_suite, parse_suite, verify
 from fp8ref.golden.folder import MANIFEST
 from fp8ref.io import safetensors as st
+from fp8ref.io.outputs import MARKER
 
 SUITE = """\
 suite: small
@@ -60,7 +61,7 @@ def test_generation_is_byte_identical(tmp_path, suite):
     generate(suite, tmp_path / "b")
     a, b = _bytes(tmp_path / "a"), _bytes(tmp_path / "b")
     assert a == b
-    assert set(a) == {MANIFEST, "suite.yaml", "encode.inputs.safetensors", "encode.expected.safetensors",
+    assert set(a) == {MARKER, MANIFEST, "suite.yaml", "encode.inputs.safetensors", "encode.expected.safetensors",
                       "decode.inputs.safetensors", "decode.expected.safetensors", "quantize.inputs.safetensors",
                       "quantize.expected.safetensors", "scaled_mm.inputs.safetensors",
                       "scaled_mm.expected.safetensors"}

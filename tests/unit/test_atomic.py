@@ -14,6 +14,7 @@ import pytest
 from fp8ref.errors import CheckpointError, Fp8RefWarning, GoldenError
 from fp8ref.io import atomic
 from fp8ref.io.atomic import atomic_file, atomic_folder, remove_stale
+from fp8ref.io.outputs import MARKER
 from tests.support.cli import run_cli
 
 TINY = "tests/golden/data/tiny.yaml"
@@ -122,30 +123,33 @@ def test_an_output_that_appears_meanwhile_is_not_replaced(tmp_path, monkeypatch,
 
 
 def test_two_concurrent_cli_exports_of_one_output(tmp_path, monkeypatch, capsys):
-    """Both start before either finishes (simulated: the second finishes inside the first)."""
+    """Both start before either finishes (simulated: the second runs inside the first, before its
+    rename): the second finds the first's lock and fails at once with a clear error; the first's
+    output is complete. (Separate processes: tests/hostile/test_data_loss.py.)"""
     real = atomic._install
-    state = {"nested": False}
+    state = {"nested": None}
 
-    def install(tmp, dest, force, error):
-        if not state["nested"]:
-            state["nested"] = True
-            assert run_cli("golden", "generate", TINY, "-o", dest, "--quiet") == 0
-        real(tmp, dest, force, error)
+    def install(tmp, dest, replace, error):
+        if state["nested"] is None:
+            state["nested"] = run_cli("golden", "generate", TINY, "-o", dest, "--quiet")
+        real(tmp, dest, replace, error)
 
     monkeypatch.setattr(atomic, "_install", install)
-    assert run_cli("golden", "generate", TINY, "-o", tmp_path / "g", "--quiet") == 1
-    assert "appeared while this output was being written" in capsys.readouterr().err
+    assert run_cli("golden", "generate", TINY, "-o", tmp_path / "g", "--quiet") == 0
+    assert state["nested"] == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another fp8ref run is writing this output now" in err
     assert run_cli("golden", "verify", tmp_path / "g", "--quiet") == 0
     assert _leftovers(tmp_path) == []
 
 
 def test_force_replaces_and_restores_on_failure(tmp_path, monkeypatch):
     dest = tmp_path / "out"
-    dest.mkdir()
-    (dest / "old").write_text("old")
+    with atomic_folder(dest) as tmp:
+        (tmp / "old").write_text("old")
     with atomic_folder(dest, force=True) as tmp:
         (tmp / "new").write_text("new")
-    assert [p.name for p in dest.iterdir()] == ["new"]
+    assert sorted(p.name for p in dest.iterdir()) == [MARKER, "new"]
 
     def fail(src, dst):
         raise OSError(errno.EIO, "I/O error", str(src))
@@ -154,7 +158,7 @@ def test_force_replaces_and_restores_on_failure(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         with atomic_folder(dest, force=True) as tmp:
             (tmp / "newer").write_text("x")
-    assert [p.name for p in dest.iterdir()] == ["new"]
+    assert sorted(p.name for p in dest.iterdir()) == [MARKER, "new"]
     assert _leftovers(tmp_path) == []
 
 
@@ -176,14 +180,18 @@ def test_golden_generate_on_a_full_disk_leaves_no_folder(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_golden_generate_refuses_a_non_empty_folder_unless_force(tmp_path, capsys):
+def test_golden_generate_refuses_a_non_empty_folder_and_force_replaces_only_its_own(tmp_path, capsys):
     out = tmp_path / "g"
     out.mkdir()
     (out / "x").write_text("x")
     assert run_cli("golden", "generate", TINY, "-o", out, "--quiet") == 1
     assert "--force" in capsys.readouterr().err
+    assert run_cli("golden", "generate", TINY, "-o", out, "--quiet", "--force") == 1
+    assert "fp8ref did not write it" in capsys.readouterr().err and (out / "x").read_text() == "x"
+    (out / "x").unlink()
+    assert run_cli("golden", "generate", TINY, "-o", out, "--quiet") == 0  # an empty folder is replaced
     assert run_cli("golden", "generate", TINY, "-o", out, "--quiet", "--force") == 0
-    assert not (out / "x").exists() and run_cli("golden", "verify", out, "--quiet") == 0
+    assert run_cli("golden", "verify", out, "--quiet") == 0
     with pytest.raises(GoldenError):
         from fp8ref.golden import generate, load_suite
 

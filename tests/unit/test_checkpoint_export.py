@@ -13,6 +13,7 @@ import pytest
 from fp8ref.checkpoint import export_checkpoint, load_calibration, load_checkpoint, write_calibration
 from fp8ref.checkpoint.inspect import quantization_error
 from fp8ref.errors import CheckpointError
+from fp8ref.io.outputs import MARKER
 from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 from tests.support.checkpoint_builders import snapshot, write
 from tests.support.cli import run_cli
@@ -46,7 +47,7 @@ def test_sharded_export_keeps_layout_and_copies_everything(tmp_path):
     export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, format="compressed-tensors", calibration=CAL)
     assert snapshot(tmp_path / "src") == before  # the source is never written
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "src").iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARKER] + [p.name for p in (tmp_path / "src").iterdir()])
     assert (out / "extra" / "notes.txt").read_text() == "kept" and (out / "tokenizer.json").read_text() == '{"t": 1}'
     index = json.loads((out / "model.safetensors.index.json").read_text())
     files = {f: SafetensorsFile(out / f) for f in set(index["weight_map"].values())}
@@ -72,8 +73,13 @@ def test_refuses_overwrite_without_force(tmp_path):
     with pytest.raises(CheckpointError, match="already exists.*force"):
         export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
     assert (tmp_path / "out" / "mine.txt").read_text() == "precious"
+    with pytest.raises(CheckpointError, match="not replaced: .*fp8ref did not write it"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL, force=True)
+    assert (tmp_path / "out" / "mine.txt").read_text() == "precious"
+    (tmp_path / "out" / "mine.txt").unlink()
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL)
     export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=CAL, force=True)
-    assert not (tmp_path / "out" / "mine.txt").exists() and len(load_checkpoint(tmp_path / "out")) == 3
+    assert len(load_checkpoint(tmp_path / "out")) == 3
 
 
 def test_interrupted_export_leaves_nothing(tmp_path, monkeypatch):
@@ -179,7 +185,7 @@ def test_spec_yaml_file_and_single_file_source(tmp_path):
     export_checkpoint(tmp_path / "src" / "model.safetensors", tmp_path / "out", tmp_path / "spec.yaml")
     ckpt = load_checkpoint(tmp_path / "out")
     assert ckpt.format == "compressed-tensors" and {layer.quant.input for layer in ckpt.values()} == {"dynamic-token"}
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [MARKER, "config.json", "model.safetensors"]
 
 
 def test_quantization_error_against_independent_sums(tmp_path):

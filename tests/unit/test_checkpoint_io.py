@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from fp8ref.errors import CheckpointError
 from fp8ref.io.atomic import atomic_folder
+from fp8ref.io.outputs import MARKER
 from fp8ref.io.safetensors import (
     DTYPES,
     SafetensorsFile,
@@ -172,7 +173,7 @@ def test_atomic_folder_success_failure_and_force(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no temporary folder left behind
     with atomic_folder(dest, force=True) as tmp:
         (tmp / "g").write_text("3")
-    assert sorted(os.listdir(dest)) == ["g"] and sorted(os.listdir(tmp_path)) == ["out"]
+    assert sorted(os.listdir(dest)) == [MARKER, "g"] and sorted(os.listdir(tmp_path)) == ["out"]
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "parent"])
