@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..limits import MAX_RANDOM_IDS, MAX_SEQUENCE
+from .argtypes import int_range, random_shape
 from .output import add_progress_flags, progress_enabled
 
 INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (bytes -> ids "
@@ -18,8 +20,11 @@ def add_input_args(p, *, random: bool = True) -> None:
     g.add_argument("--tokens", metavar="FILE", help="whitespace-separated token ids, one sequence per line")
     g.add_argument("--text", metavar="FILE", help="text file: each byte b -> id b %% vocab (no tokenizer)")
     if random:
-        g.add_argument("--random", metavar="BxT", help="B random sequences of T ids (seed 0); the default, 2x16")
-    p.add_argument("--seq-len", type=int, default=128, metavar="T", help="--text: ids per sequence (default 128)")
+        g.add_argument("--random", metavar="BxT", type=random_shape,
+                       help=f"B random sequences of T ids (seed 0; T <= {MAX_SEQUENCE}, B x T <= {MAX_RANDOM_IDS}); "
+                            "the default, 2x16")
+    p.add_argument("--seq-len", type=int_range(2, MAX_SEQUENCE), default=128, metavar="T",
+                   help=f"--text: ids per sequence, 2..{MAX_SEQUENCE} (default 128)")
 
 
 def register(sub) -> None:

@@ -12,6 +12,7 @@ from ..errors import BackendError
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
+from .argtypes import int_range
 from .output import (
     add_accumulation,
     add_json,
@@ -34,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
     p.add_argument("--case", help="only cases whose name matches this glob")
     add_accumulation(p)
-    p.add_argument("--max-errors", type=int, default=20,
+    p.add_argument("--max-errors", type=int_range(0, 2**31 - 1), default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
     p.add_argument("--dump-failing", type=Path, metavar="DIR", help="save each failing case as DIR/CASE.safetensors "

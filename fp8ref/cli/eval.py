@@ -4,6 +4,8 @@ static model from disk and evaluate its accuracy")."""
 from __future__ import annotations
 
 from .compare import INPUT_HELP, add_input_args, add_keep_decoded, backends_for, token_ids, write_json
+from ..limits import MAX_BATCH
+from .argtypes import int_range
 from .output import add_progress_flags, progress_enabled
 
 
@@ -15,7 +17,8 @@ def register(sub) -> None:
                    help="reference[:ACCUMULATION] (default), producer, original, backend:NAME")
     p.add_argument("--original", metavar="SRC", help="original (unquantized) weights, for mode 'original'")
     add_input_args(p, random=False)
-    p.add_argument("--batch", type=int, default=8, help="sequences per forward pass (default 8)")
+    p.add_argument("--batch", type=int_range(1, MAX_BATCH), default=8,
+                   help=f"sequences per forward pass, 1..{MAX_BATCH} (default 8)")
     add_keep_decoded(p)
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
     add_progress_flags(p)

@@ -10,6 +10,7 @@ from ..golden import check, generate, load_suite, verify
 from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
+from .argtypes import int_range
 from .output import (
     add_accumulation,
     add_json,
@@ -53,7 +54,7 @@ def register(sub) -> None:
                        "does not declare, so accumulate=fp32 scaled_mm cases are judged against the exact result by "
                        "the proven fp32-order bound (docs/conformance.md); all else stays bit-exact")
     add_accumulation(order)
-    p.add_argument("--max-errors", type=int, default=20,
+    p.add_argument("--max-errors", type=int_range(0, 2**31 - 1), default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
     p.set_defaults(handler=cmd_check)
