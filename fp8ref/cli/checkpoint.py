@@ -171,6 +171,12 @@ def cmd_inspect(args) -> int:
             kind = f"input global {layer['global_scale']['meaning']}" if "global_scale" in layer else "input_scale"
             line += f"  {kind} {_fmt(layer['input_scale'])}"
         print(line)
+    if info["kv_scale_values"]:
+        print(f"  KV-cache scales ({len(info['kv_scale_values'])}):")
+    for name, s in info["kv_scale_values"].items():
+        shown = "" if "min" not in s else f" {_fmt(s['min'])}" if s["min"] == s["max"] else \
+            f" [{_fmt(s['min'])}, {_fmt(s['max'])}]"
+        print(f"    {name}  {s['dtype']}{s['shape']}{shown}")
     if "error" in info:
         print("quantization error vs original (worst first):")
         print(f"  {'layer':<48} {'max_abs':>10} {'rel_rms':>10} {'snr_db':>8}")

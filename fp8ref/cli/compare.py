@@ -52,6 +52,17 @@ def add_keep_decoded(p) -> None:
                         "batches; 9 bytes of memory per weight element more); default: decoded on each call")
 
 
+def early_token_ids(args, ckpt):
+    """The token ids read before the model is built (a bad --text fails in a second, not after a
+    model build), with the vocabulary config.json declares; None when it declares none that
+    ``fp8ref.nn.config_check`` would accept (the ids are then read with the built model's)."""
+    from ..limits import int_in
+    from ..nn.config_check import BOUNDS
+
+    vocab = ckpt.config.get("vocab_size")
+    return token_ids(args, vocab) if int_in(vocab, 1, BOUNDS["vocab_size"]) else None
+
+
 def token_ids(args, vocab: int):
     from ..nn.tokens import random_tokens, read_tokens, text_tokens
 
@@ -90,9 +101,10 @@ def cmd_compare(args) -> int:
 
         _pyplot()  # a missing matplotlib fails before the model runs
     ckpt = load_checkpoint(args.checkpoint)
+    early = early_token_ids(args, ckpt)
     model = build_model(ckpt, mode=modes[0], original=args.original, backend=backends_for(modes),
                         keep_decoded=args.keep_decoded)
-    ids, source = token_ids(args, int(model.config.vocab_size))
+    ids, source = early or token_ids(args, int(model.config.vocab_size))
     progress = progress_enabled(args)
     report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress,
                      executor=args.executor, checkpoint_path=ckpt.path)

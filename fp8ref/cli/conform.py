@@ -59,6 +59,8 @@ def cmd_conform(args) -> int:
     backend = load_backend(args.backend)
     xfails = None if args.no_xfails else (load_xfails(args.xfails) if args.xfails else default_xfails(backend.name))
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
+    if select is not None:
+        select.glob = args.case  # named in the verdict when it selects nothing
     try:
         return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)],
                        level=args.level, xfails=xfails, nan_rule=args.nan_rule, select=select,
@@ -111,7 +113,8 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     if code == 0:
         verdict = "PASS"
     elif total == 0:
-        verdict = "FAIL: no case selected (--case matched nothing)" if select else "FAIL: the suites have no cases"
+        verdict = (f"FAIL: no case selected (--case {getattr(select, 'glob', '?')!r} matched no case name)" if select
+                   else "FAIL: the suites have no cases")
     elif unexpected:
         verdict = f"FAIL: {unexpected} unexpected mismatch(es)/error(s)"
     elif any(c.status == "error" for r in runs for c in r.results):

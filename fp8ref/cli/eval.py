@@ -3,7 +3,7 @@ static model from disk and evaluate its accuracy")."""
 
 from __future__ import annotations
 
-from .compare import INPUT_HELP, add_input_args, add_keep_decoded, backends_for, token_ids, write_json
+from .compare import INPUT_HELP, add_input_args, add_keep_decoded, backends_for, early_token_ids, token_ids, write_json
 from ..limits import MAX_BATCH
 from .argtypes import int_range
 from .output import add_progress_flags, progress_enabled
@@ -26,6 +26,7 @@ def register(sub) -> None:
 
 
 def cmd_eval(args) -> int:
+    from ..checkpoint import load_checkpoint
     from ..errors import ModelError
     from ..nn import build_model, parse_mode
     from ..nn.compare import evaluate
@@ -33,9 +34,11 @@ def cmd_eval(args) -> int:
     if not (args.text or args.tokens):
         raise ModelError("eval: give --text FILE or --tokens FILE")
     mode = parse_mode(args.mode)
-    model = build_model(args.checkpoint, mode=mode, original=args.original, backend=backends_for([mode]),
+    ckpt = load_checkpoint(args.checkpoint)
+    early = early_token_ids(args, ckpt)
+    model = build_model(ckpt, mode=mode, original=args.original, backend=backends_for([mode]),
                         keep_decoded=args.keep_decoded)
-    ids, source = token_ids(args, int(model.config.vocab_size))
+    ids, source = early or token_ids(args, int(model.config.vocab_size))
     res = {"checkpoint": str(args.checkpoint), "input": source,
            **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
     if args.json:

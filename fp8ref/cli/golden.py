@@ -130,6 +130,9 @@ def _check(args, judge) -> tuple[int, dict]:
               "counts elements that differ from it inside the bound, never as matches); every other case bit-exact")
     for problem in problems:
         print(f"ERROR {problem}")
+    if unchecked and unchecked == len(results) and not args.allow_missing:
+        print(f"note: none of the {unchecked} case(s) has outputs in {args.outputs}; is it the outputs file for "
+              f"{args.folder}? (tensors are named '<case>/<output>')")
     if args.allow_missing and unchecked:
         print(f"note: {unchecked} case(s) have no outputs in {args.outputs} and went unchecked (--allow-missing)")
     if xfails is not None:

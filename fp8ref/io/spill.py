@@ -25,7 +25,13 @@ class SpillStore:
         items = self._meta.setdefault(key, [])
         self._files += 1
         path = Path(self._dir.name) / f"{self._files}.bin"
-        bits_view(a).tofile(path)
+        try:  # not ndarray.tofile: its short-write error ("32768 requested and 12288 written") names no file
+            with open(path, "wb") as f:
+                f.write(bits_view(a).reshape(-1).view(np.uint8).data)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{exc.strerror or exc} (spilling activations {key!r}; the spill folder is "
+                                     f"under {Path(self._dir.name).parent}: set TMPDIR to a larger disk)",
+                          str(path)) from None
         items.append((str(path), a.dtype.name, a.shape))
 
     def get(self, key: str) -> list[np.ndarray]:
