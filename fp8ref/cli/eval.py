@@ -3,9 +3,17 @@ static model from disk and evaluate its accuracy")."""
 
 from __future__ import annotations
 
-from .compare import INPUT_HELP, add_input_args, add_keep_decoded, backends_for, early_token_ids, token_ids, write_json
 from ..limits import MAX_BATCH
 from .argtypes import int_range
+from .compare import (
+    INPUT_HELP,
+    add_input_args,
+    add_keep_decoded,
+    backends_for,
+    early_token_ids,
+    token_ids,
+    write_json,
+)
 from .output import add_progress_flags, progress_enabled
 
 

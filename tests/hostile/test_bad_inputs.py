@@ -347,7 +347,8 @@ def test_an_input_quantization_error_names_the_layer():
     layer = load_checkpoint(CKPTS / "llmc_fp8_dynamic")[Q]
     x = np.ones((2, 64), np.float32)
     x[1, 3] = np.nan
-    with pytest.raises(ModelError, match=f"^{Q}: input quantization \\(W float8_e4m3fn channel, input dynamic-token\\): "):
+    layout = r"\(W float8_e4m3fn channel, input dynamic-token\)"
+    with pytest.raises(ModelError, match=f"^{Q}: input quantization {layout}: "):
         quantize_input(layer, x)
     nv = load_checkpoint(CKPTS / "llmc_nvfp4")[Q]  # was "dynamic: expected 'tensor', ... got 'nvfp4'"
     codes, scale = quantize_input(nv, np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64))
