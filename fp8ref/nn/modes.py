@@ -162,6 +162,10 @@ def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.
     if done is not None:
         return done
     q = layer.quant
+    if q.weight_strategy in ("nvfp4", "mx"):
+        raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer ({q.describe()}): the golden "
+                         f"scaled_mm cases are FP8 with per-tensor, per-row or block128 scales; no {q.weight_strategy} "
+                         f"case declares block-scaled FP4/MX operands")
     codes, s_a = quantize_input(layer, np.asarray(x2, np.float32))
     M, K, N = x2.shape[0], x2.shape[1], layer.shape[0]
     s_w = np.asarray(layer.weight_scale).astype(np.float32)

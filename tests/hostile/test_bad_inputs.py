@@ -379,3 +379,15 @@ def test_a_full_spill_folder_names_the_file(monkeypatch, tmp_path):
             store.append("base/in/layer", np.zeros(4096, np.float32))
     assert exc.value.errno == errno.ENOSPC and exc.value.filename.endswith("1.bin")
     assert str(tmp_path) in exc.value.filename and "set TMPDIR" in exc.value.strerror
+
+
+def test_a_backend_mode_on_an_nvfp4_layer_names_the_layer_and_why():
+    """backend_forward broadcast a (M, K/16) block scale into a per-row one: 'unexpected ValueError'."""
+    from fp8ref.checkpoint import load_checkpoint
+    from fp8ref.conformance.backend import load_backend
+    from fp8ref.errors import ModelError
+    from fp8ref.nn.modes import backend_forward
+
+    nv = load_checkpoint(CKPTS / "llmc_nvfp4")[Q]
+    with pytest.raises(ModelError, match=f"^{Q}: backend 'torch' cannot run this layer .*no nvfp4 case"):
+        backend_forward(nv, np.ones((2, 64), np.float32), load_backend("torch"), "float32")
