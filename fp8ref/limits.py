@@ -23,6 +23,16 @@ MAX_PATTERN = 1024
 MAX_DEPTH = 64
 """Nesting of JSON/YAML containers (real configs nest under 10; Python's parsers recurse)."""
 
+MAX_SEQUENCE = 65536
+"""Token ids in one sequence of ``compare``/``eval``: --seq-len, --random's T, a --tokens line."""
+
+MAX_RANDOM_IDS = 1 << 22
+"""Ids ``--random BxT`` makes (B x T), and the most ``compare`` runs in its one pass: 4,194,304
+(32 MiB as int64; every layer's activations of as many tokens are held or spilled)."""
+
+MAX_BATCH = 65536
+"""Sequences per forward pass of ``eval --batch``."""
+
 
 def int_in(value: object, lo: int, hi: int) -> bool:
     """``value`` is an int (not a bool) with ``lo <= value <= hi``."""

@@ -573,7 +573,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     for k in kv_plans:
         kv_by_file.setdefault(k.file, []).append(k)
     config = {}
-    if (folder / "config.json").is_file():
+    if (folder / "config.json").exists() or (folder / "config.json").is_symlink():  # a FIFO: refused by read_json
         config = read_json(folder / "config.json", "config")
         if not isinstance(config, dict):
             raise CheckpointError(f"{folder / 'config.json'}: expected a JSON object")

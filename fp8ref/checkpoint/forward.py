@@ -72,7 +72,6 @@ def _block_scaled_forward(layer, x, out_dtype):
     from .._arrays import deliver, float64_values, float_input, is_torch
     from ..codec import decode
     from ..matmul.global_scaled import global_scaled_linear
-    from ..quant import QuantArgs, quantize
     from ..scaling import expand
 
     q = layer.quant
@@ -86,8 +85,7 @@ def _block_scaled_forward(layer, x, out_dtype):
     if q.input is None:
         xv = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k)
     else:
-        given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
-        qx = quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=layer.scheme["recipe"], **given)
+        qx = block_scaled_input(layer, x)
         codes = np.asarray(qx.codes if not is_torch(qx.codes) else qx.codes.numpy())
         s = np.asarray(qx.scale if not is_torch(qx.scale) else qx.scale.numpy(), np.float64)
         xv = (decode(codes, q.input_fmt).astype(np.float64) * expand(s, codes.shape, q.input)).reshape(-1, k)
@@ -97,6 +95,16 @@ def _block_scaled_forward(layer, x, out_dtype):
     bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float64)
     y = global_scaled_linear(xv, wv, g, q.global_scale or "multiplier", bias=bias, out_dtype=out)
     return deliver(y.reshape(*lead, layer.shape[0]), out, is_torch(x))
+
+
+def block_scaled_input(layer, x):
+    """The ``QuantResult`` of an nvfp4 / mx layer's input as its reference forward makes it: the
+    layer's recipe, run-time block scales (NVFP4: under the stored global input scale)."""
+    from ..quant import QuantArgs, quantize
+
+    q = layer.quant
+    given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
+    return quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=layer.scheme["recipe"], **given)
 
 
 # --- producer emulation -----------------------------------------------------------------------

@@ -15,6 +15,8 @@ from .loader import Checkpoint
 
 def _stats(values: np.ndarray) -> dict:
     v = np.asarray(values).astype(np.float64).reshape(-1)
+    if not v.size:  # the loader refuses empty scales; a caller's array may still be one
+        return {"count": 0}
     return {"count": int(v.size), "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean())}
 
 
@@ -35,8 +37,10 @@ def describe(ckpt: Checkpoint, *, values: bool = True) -> dict:
                 entry["global_scale"] = {"meaning": layer.quant.global_scale,
                                          "weight": float(np.asarray(layer.weight_global, np.float64).reshape(-1)[0])}
         layers[name] = entry
+    kv = {name: {"dtype": ckpt.store.info(t).dtype, "shape": list(ckpt.store.info(t).shape),
+                 **(_stats(ckpt.tensor(t)) if values else {})} for name, t in sorted(ckpt.kv_scales.items())}
     return {"path": str(ckpt.path), "format": ckpt.format, "dtype": ckpt.dtype, "layers": layers,
-            "kv_scales": sorted(ckpt.kv_scales), "unquantized_tensors": len(ckpt.unquantized),
+            "kv_scales": sorted(ckpt.kv_scales), "kv_scale_values": kv, "unquantized_tensors": len(ckpt.unquantized),
             "warnings": list(ckpt.warnings), "tensor_bytes_read": ckpt.store.bytes_read}
 
 

@@ -164,7 +164,15 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dt
     if len(w.shape) != 2:
         raise CheckpointError(f"{store.where(t['weight'])}: shape {list(w.shape)}, expected "
                               f"{'[out, in / 2]' if q.packed else '[out, in]'}")
+    if 0 in w.shape:
+        raise CheckpointError(f"{store.where(t['weight'])}: shape {list(w.shape)} holds no element; a quantized "
+                              f"layer's weight is [out, in] with out, in >= 1")
     out, inp = weight_shape(store, entry)
+    if q.packed and inp >= BLOCK_SCALED[q.weight_strategy][0] and inp % BLOCK_SCALED[q.weight_strategy][0]:
+        block = BLOCK_SCALED[q.weight_strategy][0]
+        raise CheckpointError(f"{store.where(t['weight'])}: packed shape {list(w.shape)} holds K = {inp} values per "
+                              f"row (2 per byte), not a multiple of the {block}-value {q.weight_strategy} block; "
+                              f"producers pack whole blocks (compressed-tensors refuses any other K >= {block})")
     s = store.info(t["weight_scale"])
     scale_dtypes = ((BLOCK_SCALED[q.weight_strategy][1],) if q.weight_strategy in BLOCK_SCALED
                     else FLOAT_SCALE_DTYPES + entry.extra_scale_dtypes)
@@ -201,8 +209,10 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dt
             if role in t and t[role] in store:
                 fmt = BLOCK_SCALED[q.weight_strategy][2] if role == "weight_scale" and q.weight_strategy in \
                     BLOCK_SCALED else None
-                check_scale_values(store, t[role], fmt, model_dtype=weight_scale_dtype(q, role, dtype),
-                                   elem_fmt=q.weight_fmt)
+                values = check_scale_values(store, t[role], fmt, model_dtype=weight_scale_dtype(q, role, dtype),
+                                            elem_fmt=q.weight_fmt)
+                if role == "weight_global" or (role == "input_scale" and q.input == "nvfp4"):
+                    check_global_values(store, t[role], values, q, weight=role == "weight_global", dtype=dtype)
 
 
 def weight_scale_dtype(q: LayerQuant, role: str, dtype: str | None) -> str | None:
@@ -217,6 +227,30 @@ def _check_global(store: TensorStore, name: str) -> None:
     if g.dtype != "F32" or g.shape not in ((), (1,)):
         raise CheckpointError(f"{store.where(name)}: {g.dtype} {list(g.shape)}, expected an NVFP4 global "
                               f"scale: F32, shape [] or [1]")
+
+
+def check_global_values(store: TensorStore, name: str, values: np.ndarray, q: LayerQuant, *, weight: bool,
+                        dtype: str | None = None) -> None:
+    """An NVFP4 global scale (already positive and finite) must be a normal float32: a denormal
+    divisor makes every block scale divided by it overflow. A weight's global must also keep the
+    largest dequantized weight (FP4's 6 times E4M3's 448, times the multiplier or over the divisor)
+    inside the model ``dtype`` (float32 when not given)."""
+    from ..formats import FORMATS
+    from ..rounding import FLOAT_FORMATS
+
+    v = float(np.asarray(values, np.float64).reshape(-1)[0])
+    if v < 2.0**-126:
+        raise CheckpointError(f"{store.where(name)}: NVFP4 global scale {v!r} is a denormal float32 (below "
+                              f"2**-126); a global {q.global_scale or 'scale'} must be a normal number")
+    if weight:
+        top = FORMATS[q.weight_fmt].max * FORMATS[BLOCK_SCALED[q.weight_strategy][2]].max
+        largest = top * v if (q.global_scale or "multiplier") == "multiplier" else top / v
+        limit = FLOAT_FORMATS[dtype or "float32"].max
+        if largest > limit * (1 + OVERFLOW_SLACK):
+            raise CheckpointError(f"{store.where(name)}: NVFP4 global weight {q.global_scale} {v!r} makes the largest "
+                                  f"dequantized weight {top:g} {'*' if q.global_scale != 'divisor' else '/'} {v!r} = "
+                                  f"{largest:.4g}, past {dtype or 'float32'}'s {limit:.4g}; dequantized weights "
+                                  f"would be Inf")
 
 
 def nan_count(codes: np.ndarray, fmt_name: str) -> tuple[int, tuple[int, ...] | None]:

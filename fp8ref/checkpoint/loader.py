@@ -28,6 +28,7 @@ from .layout import (
     BLOCK_SCALED,
     LayerEntry,
     LayerQuant,
+    check_global_values,
     check_layer,
     check_scale_values,
     model_dtype,
@@ -85,6 +86,9 @@ class QuantizedLayer:
                                         if block else "float8_e8m0fnu" if e8m0 else None,
                                         elem_fmt=self.quant.weight_fmt,
                                         model_dtype=weight_scale_dtype(self.quant, role, self._ckpt.dtype))
+            if role == "weight_global" or (role == "input_scale" and self.quant.input == "nvfp4"):
+                check_global_values(self._ckpt.store, name, values, self.quant, weight=role == "weight_global",
+                                    dtype=self._ckpt.dtype)
             if block or e8m0:  # E4M3 / E8M0 values are exact in float32
                 return values.astype(np.float32)
         return self._ckpt.store.get(name)
@@ -258,7 +262,7 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     config: dict = {}
     config_path = folder / "config.json"
     where = str(config_path)
-    if config_path.is_file():
+    if config_path.exists() or config_path.is_symlink():  # a FIFO or device is an error, not "no config"
         loaded = read_json(config_path, "config")
         if not isinstance(loaded, dict):
             raise CheckpointError(f"{config_path}: expected a JSON object, got {type(loaded).__name__}")
@@ -267,7 +271,7 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     qc_path = folder / "quantization_config.json"
     if qc is not None and (qc_path.exists() or qc_path.is_symlink()):
         _check_second_copy(read_json(qc_path, "quantization config"), qc, qc_path, config_path)
-    if qc is None and qc_path.is_file():
+    if qc is None and (qc_path.exists() or qc_path.is_symlink()):
         qc = read_json(qc_path, "quantization config")
         where = str(qc_path)
         warnings.append(f"{config_path}: no quantization_config; using {qc_path.name}. Fix: copy it into "
@@ -345,31 +349,49 @@ def _first_difference(a: object, b: object, path: tuple = ()) -> tuple[tuple, st
 _BLOCK = re.compile(r"(.*?(?:^|\.)(?:layers|h|blocks|block))\.(\d+)\.")
 
 
+def block_indices(store: TensorStore) -> dict[str, set[int]]:
+    """Container (``model.layers``) -> the block indices its tensor names hold."""
+    found: dict[str, set[int]] = {}
+    for name in store:
+        m = _BLOCK.match(name)
+        if m and len(m.group(2)) <= 9:  # an index past 10**9 is no block any config can declare
+            found.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return found
+
+
 def check_blocks(config: dict, store: TensorStore, where: str) -> None:
     """A quantized checkpoint must hold every decoder block its config declares: an index or a
     shard left out would otherwise load as a smaller model (7 of 14 layers, exit 0). Passes when
     some container of numbered blocks (``model.layers.N.``, ``transformer.h.N.``) has every index
-    below ``num_hidden_layers``; extra blocks (multi-token prediction layers) are fine."""
+    below ``num_hidden_layers``; extra blocks (multi-token prediction layers) are fine. Nothing is
+    allocated in proportion to ``num_hidden_layers``: only the indices the names hold are counted."""
     n = config.get("num_hidden_layers")
     if type(n) is not int or n <= 0:
         return
     if n > MAX_GROUP:
         raise CheckpointError(f"{where}: num_hidden_layers: expected an integer in 1..{MAX_GROUP}, got {shown(n)}")
-    found: dict[str, set[int]] = {}
-    for name in store:
-        m = _BLOCK.match(name)
-        if m:
-            found.setdefault(m.group(1), set()).add(int(m.group(2)))
-    want = set(range(n))
-    if any(want <= seen for seen in found.values()):
+    below = {c: sorted(i for i in seen if i < n) for c, seen in block_indices(store).items()}
+    if any(len(have) == n for have in below.values()):
         return
-    best = max(found, key=lambda c: (len(found[c] & want), c)) if found else None
-    have = sorted(found[best] & want) if best else []
-    missing = sorted(want - set(have))
+    best = max(below, key=lambda c: (len(below[c]), c)) if below else None
+    have = below[best] if best else []
     held = f"{len(have)} of them ({best}.{_ranges(have)})" if have else "none of them"
     raise CheckpointError(f"{where}: num_hidden_layers is {n}, so the checkpoint should hold {n} blocks of "
-                          f"quantized layers; its tensors hold {held}, none for block(s) {_ranges(missing)}: "
+                          f"quantized layers; its tensors hold {held}, none for block(s) {_gaps(have, n)}: "
                           f"a shard or index entry is missing")
+
+
+def _gaps(have: list[int], n: int) -> str:
+    """The indices in 0..n-1 missing from sorted ``have``, as ``_ranges`` writes them (first 6 runs),
+    found from the runs between held indices, never by listing 0..n-1."""
+    runs, start = [], 0
+    for v in have + [n]:
+        if v > start:
+            runs.append(f"{start}" if v - 1 == start else f"{start}-{v - 1}")
+        start = v + 1
+        if len(runs) > 6:
+            break
+    return ",".join(runs[:6]) + (",..." if len(runs) > 6 else "")
 
 
 def _ranges(values: list[int]) -> str:

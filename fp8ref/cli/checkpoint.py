@@ -9,7 +9,6 @@ import math
 from ..checkpoint import base as checkpoint_formats
 from .output import add_json, add_progress_flags, declare_paths, emit_json, progress_enabled, warn
 
-
 FORCE_HELP = "replace OUT if it is an output folder fp8ref wrote (and holds nothing else)"
 
 
@@ -178,6 +177,12 @@ def cmd_inspect(args) -> int:
             kind = f"input global {layer['global_scale']['meaning']}" if "global_scale" in layer else "input_scale"
             line += f"  {kind} {_fmt(layer['input_scale'])}"
         print(line)
+    if info["kv_scale_values"]:
+        print(f"  KV-cache scales ({len(info['kv_scale_values'])}):")
+    for name, s in info["kv_scale_values"].items():
+        shown = "" if "min" not in s else f" {_fmt(s['min'])}" if s["min"] == s["max"] else \
+            f" [{_fmt(s['min'])}, {_fmt(s['max'])}]"
+        print(f"    {name}  {s['dtype']}{s['shape']}{shown}")
     if "error" in info:
         print("quantization error vs original (worst first):")
         print(f"  {'layer':<48} {'max_abs':>10} {'rel_rms':>10} {'snr_db':>8}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from ..limits import MAX_RANDOM_IDS, MAX_SEQUENCE
+from .argtypes import int_range, random_shape
 from .output import add_progress_flags, declare_paths, progress_enabled, write_out
 
 INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (bytes -> ids "
@@ -16,8 +18,11 @@ def add_input_args(p, *, random: bool = True) -> None:
     g.add_argument("--tokens", metavar="FILE", help="whitespace-separated token ids, one sequence per line")
     g.add_argument("--text", metavar="FILE", help="text file: each byte b -> id b %% vocab (no tokenizer)")
     if random:
-        g.add_argument("--random", metavar="BxT", help="B random sequences of T ids (seed 0); the default, 2x16")
-    p.add_argument("--seq-len", type=int, default=128, metavar="T", help="--text: ids per sequence (default 128)")
+        g.add_argument("--random", metavar="BxT", type=random_shape,
+                       help=f"B random sequences of T ids (seed 0; T <= {MAX_SEQUENCE}, B x T <= {MAX_RANDOM_IDS}); "
+                            "the default, 2x16")
+    p.add_argument("--seq-len", type=int_range(2, MAX_SEQUENCE), default=128, metavar="T",
+                   help=f"--text: ids per sequence, 2..{MAX_SEQUENCE} (default 128)")
 
 
 def register(sub) -> None:
@@ -44,6 +49,17 @@ def add_keep_decoded(p) -> None:
     p.add_argument("--keep-decoded", action="store_true",
                    help="each quantized layer keeps its float64 weight between exact forwards (faster on many "
                         "batches; 9 bytes of memory per weight element more); default: decoded on each call")
+
+
+def early_token_ids(args, ckpt):
+    """The token ids read before the model is built (a bad --text fails in a second, not after a
+    model build), with the vocabulary config.json declares; None when it declares none that
+    ``fp8ref.nn.config_check`` would accept (the ids are then read with the built model's)."""
+    from ..limits import int_in
+    from ..nn.config_check import BOUNDS
+
+    vocab = ckpt.config.get("vocab_size")
+    return token_ids(args, vocab) if int_in(vocab, 1, BOUNDS["vocab_size"]) else None
 
 
 def token_ids(args, vocab: int):
@@ -81,9 +97,10 @@ def cmd_compare(args) -> int:
 
         _pyplot()  # a missing matplotlib fails before the model runs
     ckpt = load_checkpoint(args.checkpoint)
+    early = early_token_ids(args, ckpt)
     model = build_model(ckpt, mode=modes[0], original=args.original, backend=backends_for(modes),
                         keep_decoded=args.keep_decoded)
-    ids, source = token_ids(args, int(model.config.vocab_size))
+    ids, source = early or token_ids(args, int(model.config.vocab_size))
     progress = progress_enabled(args)
     report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress,
                      executor=args.executor, checkpoint_path=ckpt.path)

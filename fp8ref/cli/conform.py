@@ -12,6 +12,7 @@ from ..errors import BackendError
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
+from .argtypes import int_range
 from .output import (
     add_accumulation,
     add_json,
@@ -36,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
     p.add_argument("--case", help="only cases whose name matches this glob")
     add_accumulation(p)
-    p.add_argument("--max-errors", type=int, default=20,
+    p.add_argument("--max-errors", type=int_range(0, 2**31 - 1), default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
     p.add_argument("--dump-failing", type=Path, metavar="DIR", help="save each failing case as DIR/CASE.safetensors "
@@ -61,6 +62,8 @@ def cmd_conform(args) -> int:
     backend = load_backend(args.backend)
     xfails = None if args.no_xfails else (load_xfails(args.xfails) if args.xfails else default_xfails(backend.name))
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
+    if select is not None:
+        select.glob = args.case  # named in the verdict when it selects nothing
     try:
         return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)],
                        level=args.level, xfails=xfails, nan_rule=args.nan_rule, select=select,
@@ -113,7 +116,8 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     if code == 0:
         verdict = "PASS"
     elif total == 0:
-        verdict = "FAIL: no case selected (--case matched nothing)" if select else "FAIL: the suites have no cases"
+        verdict = (f"FAIL: no case selected (--case {getattr(select, 'glob', '?')!r} matched no case name)" if select
+                   else "FAIL: the suites have no cases")
     elif unexpected:
         verdict = f"FAIL: {unexpected} unexpected mismatch(es)/error(s)"
     elif any(c.status == "error" for r in runs for c in r.results):

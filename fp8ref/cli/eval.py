@@ -3,7 +3,17 @@ static model from disk and evaluate its accuracy")."""
 
 from __future__ import annotations
 
-from .compare import INPUT_HELP, add_input_args, add_keep_decoded, backends_for, token_ids, write_json
+from ..limits import MAX_BATCH
+from .argtypes import int_range
+from .compare import (
+    INPUT_HELP,
+    add_input_args,
+    add_keep_decoded,
+    backends_for,
+    early_token_ids,
+    token_ids,
+    write_json,
+)
 from .output import add_progress_flags, declare_paths, progress_enabled
 
 
@@ -15,7 +25,8 @@ def register(sub) -> None:
                    help="reference[:ACCUMULATION] (default), producer, original, backend:NAME")
     p.add_argument("--original", metavar="SRC", help="original (unquantized) weights, for mode 'original'")
     add_input_args(p, random=False)
-    p.add_argument("--batch", type=int, default=8, help="sequences per forward pass (default 8)")
+    p.add_argument("--batch", type=int_range(1, MAX_BATCH), default=8,
+                   help=f"sequences per forward pass, 1..{MAX_BATCH} (default 8)")
     add_keep_decoded(p)
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
     add_progress_flags(p)
@@ -24,6 +35,7 @@ def register(sub) -> None:
 
 
 def cmd_eval(args) -> int:
+    from ..checkpoint import load_checkpoint
     from ..errors import ModelError
     from ..nn import build_model, parse_mode
     from ..nn.compare import evaluate
@@ -31,9 +43,11 @@ def cmd_eval(args) -> int:
     if not (args.text or args.tokens):
         raise ModelError("eval: give --text FILE or --tokens FILE")
     mode = parse_mode(args.mode)
-    model = build_model(args.checkpoint, mode=mode, original=args.original, backend=backends_for([mode]),
+    ckpt = load_checkpoint(args.checkpoint)
+    early = early_token_ids(args, ckpt)
+    model = build_model(ckpt, mode=mode, original=args.original, backend=backends_for([mode]),
                         keep_decoded=args.keep_decoded)
-    ids, source = token_ids(args, int(model.config.vocab_size))
+    ids, source = early or token_ids(args, int(model.config.vocab_size))
     res = {"checkpoint": str(args.checkpoint), "input": source,
            **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
     if not (args.json and write_json(res, args.json)):

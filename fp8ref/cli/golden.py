@@ -11,6 +11,7 @@ from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
 from ..registry import suite_names
+from .argtypes import int_range
 from .output import (
     add_accumulation,
     add_json,
@@ -58,7 +59,7 @@ def register(sub) -> None:
                        "does not declare, so accumulate=fp32 scaled_mm cases are judged against the exact result by "
                        "the proven fp32-order bound (docs/conformance.md); all else stays bit-exact")
     add_accumulation(order)
-    p.add_argument("--max-errors", type=int, default=20,
+    p.add_argument("--max-errors", type=int_range(0, 2**31 - 1), default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
     declare_paths(p, inputs=("folder", "outputs", "xfails"), files=("json",))
@@ -135,6 +136,9 @@ def _check(args, judge) -> tuple[int, dict]:
               "counts elements that differ from it inside the bound, never as matches); every other case bit-exact")
     for problem in problems:
         print(f"ERROR {problem}")
+    if unchecked and unchecked == len(results) and not args.allow_missing:
+        print(f"note: none of the {unchecked} case(s) has outputs in {args.outputs}; is it the outputs file for "
+              f"{args.folder}? (tensors are named '<case>/<output>')")
     if args.allow_missing and unchecked:
         print(f"note: {unchecked} case(s) have no outputs in {args.outputs} and went unchecked (--allow-missing)")
     if xfails is not None:

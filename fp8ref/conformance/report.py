@@ -187,20 +187,24 @@ def _fmt_of(m: Mismatch) -> str | None:
 
 
 def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: int = 20, out=None) -> int:
-    """Print mismatch lines (capped at ``max_errors``; 0 = all), errors and the per-operation
-    table; returns the number of unexpected mismatches and errors."""
+    """Print mismatch lines (capped at ``max_errors`` per operation; 0 = all), ERROR and MISSING
+    lines (capped at ``max_errors`` each: a wrong outputs file misses every case) and the
+    per-operation table; returns the number of unexpected mismatches and errors."""
     import sys
 
     out = out or sys.stdout
     print(header, file=out)
     unexpected = 0
     shown: dict[str, int] = {}  # per operation: a flood of encode lines must not hide the GEMMs
+    failed: dict[str, int] = {}  # per status (error, missing)
     order = {op: i for i, op in enumerate(OPERATIONS)}
     # simplest failing cases first within each operation (the smallest GEMM shape first)
     for r in sorted(results, key=lambda r: (order.get(r.op, len(order)), int(np.prod(r.params.get("shape", [0]))))):
         if r.status in ("error", "missing") and not is_xfailed(r.case, ("error",)):
             unexpected += 1
-            print(f"{r.status.upper()} {r.case}: {r.reason}", file=out)
+            failed[r.status] = failed.get(r.status, 0) + 1
+            if not max_errors or failed[r.status] <= max_errors:
+                print(f"{r.status.upper()} {r.case}: {r.reason}", file=out)
         for m in r.mismatches:
             if is_xfailed(m.case, m.tags):
                 continue
@@ -216,6 +220,9 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
         if mism > shown.get(op, 0):
             print(f"... {mism - shown.get(op, 0)} more unexpected {op} mismatches not shown (--max-errors, "
                   "per operation)", file=out)
+    for status, n in failed.items():
+        if max_errors and n > max_errors:
+            print(f"... {n - max_errors} more {status.upper()} cases not shown (--max-errors)", file=out)
     return unexpected
 
 

@@ -138,7 +138,7 @@ def open_golden(path: str | Path) -> Golden:
     if not path.is_dir():
         raise GoldenError(f"{path}: not a folder (expected a golden folder written by 'fp8ref golden generate')")
     mpath = path / MANIFEST
-    if not mpath.is_file():
+    if not (mpath.exists() or mpath.is_symlink()):  # a FIFO or device: refused by read_json
         raise GoldenError(f"{mpath}: missing (every golden folder has a {MANIFEST})")
     manifest = read_json(mpath, MANIFEST, error=GoldenError)
     _check_manifest(mpath, manifest)

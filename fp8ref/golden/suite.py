@@ -56,7 +56,7 @@ def load_suite(path: str | Path) -> Suite:
 
 def resolve_suite_path(path: str | Path) -> Path:
     p = Path(path)
-    if p.is_file():
+    if (p.exists() and not p.is_dir()) or p.is_symlink():  # a FIFO or device: refused by read_text
         return p
     shipped = registry.suite_path(str(path))
     if shipped is not None:

@@ -35,8 +35,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import CheckpointError, Fp8RefWarning, OutputError
-from .outputs import STREAM, folder_lock, output_kind, refuse_overlaps, resolved, why_not_replaceable, write_error, \
-    write_marker
+from .outputs import (
+    STREAM,
+    folder_lock,
+    output_kind,
+    refuse_overlaps,
+    resolved,
+    why_not_replaceable,
+    write_error,
+    write_marker,
+)
 
 HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]  # short: names stay under 255 bytes

@@ -14,6 +14,7 @@ from ..limits import MAX_DEPTH
 
 MAX_JSON_BYTES = 100_000_000  # the header limit safetensors itself enforces
 MAX_TEXT_BYTES = 16 << 20  # specs, suites, xfails and name lists are kilobytes
+MAX_INPUT_BYTES = 1 << 30  # compare/eval --text and --tokens
 MAX_FILE_BYTES = 1 << 40
 
 

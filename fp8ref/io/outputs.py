@@ -109,7 +109,7 @@ def refuse_overlaps(*, inputs: Iterable[tuple[str, str | os.PathLike]] = (),
         for owhat, ogiven, oreal in outs_files[i + 1:]:
             if real == oreal or _same_file(given, ogiven):
                 raise error(f"{given}: {what} and {owhat} name the same file; give each its own")
-    for what, given, _ in outs_files:
+    for _what, given, _ in outs_files:
         output_kind(given, error)
 
 

@@ -166,7 +166,7 @@ class SafetensorsFile:
         info = self.info(name)
         out = np.empty(info.nbytes, dtype=np.uint8)
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path, what="safetensors file") as f:  # swapped for a FIFO since: refused
                 f.seek(self.data_start + info.begin)
                 got = f.readinto(memoryview(out))
         except OSError as exc:
@@ -182,7 +182,7 @@ class SafetensorsFile:
         size = self.data_size
         out = np.empty(size, dtype=np.uint8)
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path, what="safetensors file") as f:  # swapped for a FIFO since: refused
                 f.seek(self.data_start)
                 got = f.readinto(memoryview(out))
         except OSError as exc:
@@ -298,7 +298,7 @@ def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> Tensor
     """Open a single safetensors file, or a folder with an index or one ``*.safetensors`` file
     (``symlinks_out``: see ``safe_member``)."""
     path = Path(path)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a FIFO or device: refused by SafetensorsFile by name
         f = SafetensorsFile(path)
         return TensorStore(path.parent, {path.name: f}, dict.fromkeys(f.tensors, path.name))
     if not path.is_dir():

@@ -19,9 +19,11 @@ from tqdm import tqdm
 from .._arrays import numpy_of, torch_of
 from ..errors import ModelError
 from ..io.spill import SpillStore
+from ..limits import MAX_RANDOM_IDS
 from .linear import fp8ref_layers, set_mode
 from .metrics import layer_metrics, logit_metrics, perplexity
 from .modes import parse_mode, quantize_input
+from .tokens import as_model_ids
 
 
 def _logits(out) -> torch.Tensor:
@@ -104,6 +106,10 @@ def compare(model, ids: torch.Tensor, modes: list, *, with_perplexity: bool = Fa
     workers read the layers from); the free-running passes run here. Captured activations are spilled
     to a temporary folder and read back one layer at a time (``fp8ref.io.spill``)."""
     modes = [parse_mode(m) for m in modes]
+    if ids.numel() > MAX_RANDOM_IDS:
+        raise ModelError(f"compare: {ids.numel()} token ids ({ids.shape[0]} x {ids.shape[1]}); compare runs at most "
+                         f"{MAX_RANDOM_IDS} in its one pass (eval takes longer inputs batch by batch)")
+    ids = as_model_ids(ids)
     layers = fp8ref_layers(model)
     for mode in modes:  # what a mode needs (original weights, a backend) is checked before any run
         for lin in layers.values():
@@ -119,6 +125,7 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
 
     base = modes[0]
     logits0, order = capture(model, ids, base, _spiller(store, "base"))
+    refuse_nonfinite(logits0, f"compare: baseline mode {base}")
     end = {str(base): {"perplexity": perplexity(logits0, ids)} if with_perplexity else {}}
     per_layer = {name: {"name": name, "teacher_forced": {}, "free_running": {}} for name in order}
     first: dict[str, dict] = {}
@@ -168,14 +175,26 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
             "end_to_end": end, "first_divergent": first, "layers": [per_layer[n] for n in order]}
 
 
+def refuse_nonfinite(logits: torch.Tensor, what: str) -> None:
+    """A mode whose logits hold NaN or Inf has no next-token distribution: every metric against it
+    (KL, top-1 agreement, perplexity) would be NaN or, worse, look perfect (argmax of NaN rows agrees)."""
+    bad = ~torch.isfinite(logits)
+    if bad.any():
+        raise ModelError(f"{what}: {int(bad.sum())} of {logits.numel()} logits are not finite (NaN or Inf); "
+                         f"nothing to compare or evaluate (check the model's config.json and weights)")
+
+
 def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool = False) -> dict:
     """Perplexity of ``ids`` [B, T] under ``mode`` (batches of ``batch`` sequences)."""
+    if type(batch) is not int or batch < 1:
+        raise ModelError(f"eval: batch: expected a positive integer, got {batch!r}")
     set_mode(model, mode)
     nll, count = 0.0, 0
     with torch.no_grad():
         for i in tqdm(range(0, ids.shape[0], batch), desc="eval", unit="batch", disable=not progress):
-            chunk = ids[i:i + batch]
+            chunk = as_model_ids(ids[i:i + batch])
             logits = _logits(model(chunk))
+            refuse_nonfinite(logits, f"eval: mode {parse_mode(mode)}, sequences {i}..{i + chunk.shape[0] - 1}")
             n = chunk.shape[0] * (chunk.shape[1] - 1)
             nll += float(np.log(perplexity(logits, chunk))) * n
             count += n

@@ -10,6 +10,7 @@ import torch
 
 from .._arrays import torch_of
 from ..errors import ModelError
+from .config_check import check_config
 from .linear import swap_linears
 
 INSTALL_HINT = "pip install 'fp8ref[hf]' (or: pip install transformers)"
@@ -53,6 +54,7 @@ def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", back
     model_type = cfg.pop("model_type", None)
     if not isinstance(model_type, str):
         raise ModelError(f"{where}: no 'model_type'; expected e.g. \"llama\"")
+    check_config(tf, model_type, cfg, ckpt, where)  # before transformers allocates anything from it
     try:
         config = tf.AutoConfig.for_model(model_type, **cfg)
     except (ValueError, KeyError) as exc:

@@ -77,14 +77,22 @@ def parse_modes(text: str) -> list[Mode]:
 def quantize_input(layer, x32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The layer's FP8 input codes and float32 scale exactly as its reference forward makes them
     (``fp8ref.matmul.quantize_input``, linear's activation rule) for (M, K) float32 activations."""
+    from ..checkpoint.forward import block_scaled_input
+    from ..errors import Fp8RefError
     from ..matmul import quantize_input as linear_input
 
     q = layer.quant
     if q.input is None:
         raise ModelError(f"{layer.name}: weight-only layer; its inputs are not quantized")
-    if q.input == "static":
-        return linear_input(x32, input_scale=np.asarray(layer.input_scale).astype(np.float32))
-    return linear_input(x32, dynamic=q.input.removeprefix("dynamic-"), block_k=q.input_group or 128)
+    try:
+        if q.input in ("nvfp4", "mx"):  # FP4/FP8 codes with run-time block scales
+            qx = block_scaled_input(layer, x32)
+            return np.asarray(qx.codes), np.asarray(qx.scale, np.float32)
+        if q.input == "static":
+            return linear_input(x32, input_scale=np.asarray(layer.input_scale).astype(np.float32))
+        return linear_input(x32, dynamic=q.input.removeprefix("dynamic-"), block_k=q.input_group or 128)
+    except Fp8RefError as exc:  # the matmul layer knows no layer names
+        raise ModelError(f"{layer.name}: input quantization ({q.describe()}): {exc}") from None
 
 
 # (weight strategy, input) -> the scheme of the golden ``linear`` operation a layer is a case of
@@ -154,6 +162,10 @@ def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.
     if done is not None:
         return done
     q = layer.quant
+    if q.weight_strategy in ("nvfp4", "mx"):
+        raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer ({q.describe()}): the golden "
+                         f"scaled_mm cases are FP8 with per-tensor, per-row or block128 scales; no {q.weight_strategy} "
+                         f"case declares block-scaled FP4/MX operands")
     codes, s_a = quantize_input(layer, np.asarray(x2, np.float32))
     M, K, N = x2.shape[0], x2.shape[1], layer.shape[0]
     s_w = np.asarray(layer.weight_scale).astype(np.float32)

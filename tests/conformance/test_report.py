@@ -50,7 +50,7 @@ def test_a_nan_result_is_reported_as_a_wrong_nan_result():
 def test_verdict_when_case_matches_nothing(capsys):
     assert run_cli("conform", "--backend", "torch", "--suite", "formats", "--case", "nosuch*", "--quiet") == 1
     out = capsys.readouterr().out
-    assert "--case matched nothing" in out and "nothing was compared" not in out
+    assert "--case 'nosuch*' matched no case name" in out and "nothing was compared" not in out
 
 
 def test_verdict_when_every_case_errored(tmp_path, capsys):

@@ -52,8 +52,8 @@ def one_line_error(capsys, *needles: str) -> str:
 @pytest.fixture
 def world(tmp_path):
     """A quantized checkpoint, its original weights, a spec and a micro golden suite, all copies."""
-    ckpt = shutil.copytree(CKPTS / "llmc_fp8", tmp_path / "ckpt")
-    orig = shutil.copytree(CKPTS / "original_bf16", tmp_path / "orig")
+    shutil.copytree(CKPTS / "llmc_fp8", tmp_path / "ckpt")
+    shutil.copytree(CKPTS / "original_bf16", tmp_path / "orig")
     (tmp_path / "spec.yaml").write_text("scheme: FP8_DYNAMIC\nignore: [lm_head]\n")
     (tmp_path / "micro.yaml").write_text(MICRO)
     return tmp_path
@@ -139,8 +139,8 @@ def _refused_before_work(world, capsys, argv, needle):
 
 def test_convert_json_onto_its_source_weights_is_refused(world, capsys):
     target = world / "ckpt" / "model.safetensors"
-    _refused_before_work(world, capsys, ["convert", world / "ckpt", world / "out", "--format", "hf-fp8",
-                                         "--json", target], f"{target}: --json lies inside the input {world / 'ckpt'} (SRC)")
+    _refused_before_work(world, capsys, ["convert", world / "ckpt", world / "out", "--format", "hf-fp8", "--json", target],
+                         f"{target}: --json lies inside the input {world / 'ckpt'} (SRC)")
 
 
 def test_verify_json_inside_the_original_is_refused(world, capsys):
