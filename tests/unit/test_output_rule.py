@@ -139,8 +139,8 @@ def _refused_before_work(world, capsys, argv, needle):
 
 def test_convert_json_onto_its_source_weights_is_refused(world, capsys):
     target = world / "ckpt" / "model.safetensors"
-    _refused_before_work(world, capsys, ["convert", world / "ckpt", world / "out", "--format", "hf-fp8", "--json", target],
-                         f"{target}: --json lies inside the input {world / 'ckpt'} (SRC)")
+    argv = ["convert", world / "ckpt", world / "out", "--format", "hf-fp8", "--json", target]
+    _refused_before_work(world, capsys, argv, f"{target}: --json lies inside the input {world / 'ckpt'} (SRC)")
 
 
 def test_verify_json_inside_the_original_is_refused(world, capsys):
