@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..limits import MAX_BATCH
 from .argtypes import int_range
 from .compare import (
-    INPUT_HELP,
     add_input_args,
     add_keep_decoded,
     backends_for,
@@ -19,7 +18,9 @@ from .output import add_progress_flags, declare_paths, progress_enabled
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="perplexity of a checkpoint's model under a mode",
-                       description=f"Needs transformers (fp8ref[hf]). {INPUT_HELP}.")
+                       description="Needs transformers (fp8ref[hf]). token ids: --tokens FILE (integer ids, one "
+                                   "sequence per line) or --text FILE (bytes -> ids modulo the vocabulary; not the "
+                                   "model's tokenizer).")
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder (config.json + safetensors)")
     p.add_argument("--mode", default="reference",
                    help="reference[:ACCUMULATION] (default), producer, original, backend:NAME")
