@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.files import read_json
+from ..io.paths import path_arg
 from ..io.safetensors import TensorStore, open_store, unpack_nibbles
 from ..limits import MAX_GROUP, shown
 from . import base
@@ -233,7 +234,7 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     headers and JSON files are read; values are checked when first used. ``symlinks_out``: accept
     shard files that are symlinks out of the folder (a Hugging Face cache snapshot); off by default.
     """
-    path = Path(path)
+    path = path_arg(path)
     store = open_store(path, symlinks_out=symlinks_out)
     folder = path if path.is_dir() else path.parent
     warnings: list[str] = []
