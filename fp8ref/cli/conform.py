@@ -118,7 +118,7 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     total = sum(len(r.results) for r in runs)
     code = 0 if unexpected == 0 and compared > 0 and not stopped else 1
     if stopped:
-        verdict = f"FAIL: the backend stopped the run ({stopped})"
+        verdict = "FAIL: the backend stopped the run (the 'stopped:' line above)"
     elif code == 0:
         verdict = "PASS"
     elif total == 0:
