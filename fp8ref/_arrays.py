@@ -39,6 +39,8 @@ def check_torch(x, what: str) -> None:
     if x.device.type != "cpu":
         raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}"
                              + (" (a meta tensor has no values)" if x.device.type == "meta" else ""))
+    if getattr(x, "is_nested", False):
+        raise InputTypeError(f"{what}: expected a dense tensor, got a nested tensor")
     if x.layout != torch().strided:
         raise InputTypeError(f"{what}: expected a dense tensor, got layout {x.layout} (.to_dense() makes one)")
 
