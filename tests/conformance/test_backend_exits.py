@@ -90,3 +90,14 @@ def test_a_backend_exit_is_a_backend_error():
     from fp8ref.errors import BackendError, Fp8RefError
 
     assert issubclass(BackendExit, BackendError) and issubclass(BackendExit, Fp8RefError)
+
+
+def test_the_pytest_plugin_fails_that_case_and_runs_the_others(tmp_path):
+    from tests.conformance.test_plugin import pytest_in
+
+    (tmp_path / "exits.yaml").write_text(SUITE_TEXT)
+    code, out = pytest_in(tmp_path, f"--fp8ref-backend={BACKENDS}:ExitsInEncode",
+                          f"--fp8ref-suite={tmp_path / 'exits.yaml'}", "--fp8ref-max-examples=5")
+    assert code == 1 and "INTERNALERROR" not in out, out
+    assert out.count(": backend called sys.exit(9)") == 1, out
+    assert "1 failed" in out and "passed" in out, out
