@@ -62,6 +62,8 @@ def native_order(a: np.ndarray) -> np.ndarray:
 def numpy_input(x, what: str) -> np.ndarray:
     """A numpy array (or scalar) as a plain ndarray in native byte order; a masked array is
     refused (its mask would be ignored)."""
+    if type(x) is np.ndarray and x.dtype.isnative:  # the common case, kept cheap (small calls matter)
+        return x
     if isinstance(x, np.ma.MaskedArray):
         raise InputTypeError(f"{what}: a numpy masked array; fp8ref would ignore its mask: pass "
                              f"{what}.filled(value) or np.asarray({what})")
