@@ -169,8 +169,9 @@ def to_numpy(a, what: str = "array") -> np.ndarray:
 
 def torch_of(a: np.ndarray):
     """A torch tensor (a copy) with the same dtype and bytes as numpy array ``a``: checkpoint tensors
-    into a torch model (bfloat16 and float16 cross as bits; float8 stays uint8 codes)."""
-    a = np.ascontiguousarray(a)
+    into a torch model (bfloat16 and float16 cross as bits; float8 stays uint8 codes); a big-endian
+    array becomes a native tensor of the same values (torch has no byte order)."""
+    a = np.ascontiguousarray(native_order(a))
     if a.dtype.name in ("bfloat16", "float16"):
         return torch().from_numpy(a.view(np.int16).copy()).view(getattr(torch(), a.dtype.name))
     return torch().from_numpy(a.copy())

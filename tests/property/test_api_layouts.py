@@ -340,3 +340,14 @@ def test_torch_views(x, data):
                              lambda y: fp8ref.quantize(y, QuantArgs(granularity="channel")),
                              lambda y: fp8ref.fake_quant(y, QuantArgs())):
                     assert outcome(call, v) == outcome(call, t), f"{name} ({path} path)"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_numpy_arrays_into_torch_keep_their_values_in_any_byte_order(dtype):
+    """torch_of (original weights of swap_linears, checkpoint tensors into a model): torch has no
+    byte order, and torch.from_numpy refuses a big-endian array; the tensor holds the same values."""
+    from fp8ref._arrays import numpy_of, torch_of
+
+    a = np.array([[1.5, -2.0, 0.0], [-0.0, 3.0e-3, 65504.0]], np.float32).astype(np_dtype(dtype))
+    for name, v in layouts(a).items():
+        assert numpy_of(torch_of(v)).tobytes() == a.tobytes(), name
