@@ -71,12 +71,8 @@ _NOT_CALIBRATION = (f"not an fp8ref calibration file (expected a JSON object wit
 def _amax_number(value, where: str) -> float:
     """One activation amax: a finite number >= 0 (an AmaxState of tensor granularity, a one-element
     array or a Python number)."""
-    from ..calibrate import AmaxState, DequantScale
+    from ..calibrate import AmaxState
 
-    if isinstance(value, DequantScale):
-        raise CheckpointError(f"{where}: a scale (amax / format max, from finalize or calibrate_input_scales), not "
-                              "an amax; pass the AmaxState that observe_linear_inputs returns (or "
-                              "calibrate_input_scales(...).amax[layer])")
     if isinstance(value, AmaxState):
         if value.amax is None:
             raise CheckpointError(f"{where}: this layer saw no input (its AmaxState has no amax)")
@@ -97,18 +93,29 @@ def _amax_number(value, where: str) -> float:
     return amax
 
 
-def amax_values(amax: Mapping, where: str) -> dict[str, float]:
-    """name -> activation amax as numbers (see ``_amax_number``), or one CheckpointError; scales from
-    ``calibrate_input_scales``/``finalize`` are refused: stored as amax they give input scales
-    448x too small (float8_e4m3fn)."""
-    from ..calibrate import CalibratedScales
+def refuse_scales(amax, where: str) -> Mapping:
+    """``amax`` (a mapping of name -> activation amax) as it is, or one CheckpointError when it is,
+    or holds, scales from ``calibrate_input_scales``/``finalize``: stored as amax they would give
+    input scales 448x too small (float8_e4m3fn)."""
+    from ..calibrate import CalibratedScales, DequantScale
 
     if isinstance(amax, CalibratedScales):
         raise CheckpointError(f"{where}: these are calibrate_input_scales' scales (amax / format max), not amax; "
                               "pass their .amax (calibrate_input_scales(...).amax), the amax they came from")
     if not isinstance(amax, Mapping):
         raise CheckpointError(f"{where}: expected a mapping of name -> activation amax, got {type(amax).__name__}")
-    return {str(k): _amax_number(v, f"{where}[{k!r}]") for k, v in amax.items()}
+    for k, v in amax.items():
+        if isinstance(v, DequantScale):
+            raise CheckpointError(f"{where}[{k!r}]: a scale (amax / format max, from finalize or "
+                                  "calibrate_input_scales), not an amax; pass the AmaxState that "
+                                  "observe_linear_inputs returns (or calibrate_input_scales(...).amax[layer])")
+    return amax
+
+
+def amax_values(amax: Mapping, where: str) -> dict[str, float]:
+    """name -> activation amax as numbers (see ``_amax_number``), or one CheckpointError; scales are
+    refused (``refuse_scales``)."""
+    return {str(k): _amax_number(v, f"{where}[{k!r}]") for k, v in refuse_scales(amax, where).items()}
 
 
 def write_calibration(path: str | os.PathLike, input_amax: Mapping, *, kv_amax: Mapping | None = None) -> Path:
@@ -584,10 +591,11 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
         where = str(calibration)
         calibration = load_calibration(calibration)
     elif calibration is not None:
-        calibration = amax_values(calibration, where)
+        refuse_scales(calibration, where)
     kv_amax = {}
     if calibration is not None:
         calibration, kv_amax = split_calibration(calibration, where)
+        calibration = {k: _amax_number(v, f"{where}[{k!r}]") for k, v in calibration.items()}  # AmaxState too
     if kv_amax and module.kv_refusal:  # before the spec is resolved: the format is the first thing wrong
         plan_kv(store, kv_amax, format, {}, where=where)
     plans = plan_layers(store, spec, format, recipe=recipe, calibration=calibration)

@@ -118,7 +118,7 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     from ..checkpoint.export import amax_values
     from .executor import run_all
 
-    if calibration is not None:
+    if calibration is not None:  # numbers (AmaxState values too); scales refused
         calibration = amax_values(calibration, "calibration")
     items = []
     for name in ckpt:
