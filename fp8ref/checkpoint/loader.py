@@ -234,7 +234,8 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     headers and JSON files are read; values are checked when first used. ``symlinks_out``: accept
     shard files that are symlinks out of the folder (a Hugging Face cache snapshot); off by default.
     """
-    path = path_arg(path)
+    path_arg(path)  # load_checkpoint(5): a typed error, not pathlib's TypeError
+    path = Path(path)
     store = open_store(path, symlinks_out=symlinks_out)
     folder = path if path.is_dir() else path.parent
     warnings: list[str] = []
