@@ -19,7 +19,6 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.files import read_json
-from ..io.paths import path_arg
 from ..io.safetensors import TensorStore, open_store, unpack_nibbles
 from ..limits import MAX_GROUP, shown
 from . import base
@@ -234,6 +233,8 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     headers and JSON files are read; values are checked when first used. ``symlinks_out``: accept
     shard files that are symlinks out of the folder (a Hugging Face cache snapshot); off by default.
     """
+    from ..io.paths import path_arg
+
     path_arg(path)  # load_checkpoint(5): a typed error, not pathlib's TypeError
     path = Path(path)
     store = open_store(path, symlinks_out=symlinks_out)
