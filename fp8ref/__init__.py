@@ -11,8 +11,8 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "calibrate": ("AmaxState", "amax_state", "calibrate_input_scales", "finalize", "merge", "observe",
-                  "observe_linear_inputs"),
+    "calibrate": ("AmaxState", "CalibratedScales", "DequantScale", "amax_state", "calibrate_input_scales",
+                  "finalize", "merge", "observe", "observe_linear_inputs"),
     "checkpoint": ("Checkpoint", "export_checkpoint", "load_checkpoint", "write_calibration", "write_checkpoint"),
     "codec": ("ROUNDING_MODES", "decode", "encode", "view_as_codes", "view_as_float8"),
     "errors": ("Fp8RefError",),

@@ -33,6 +33,43 @@ def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "device")
 
 
+def check_torch(x, what: str) -> None:
+    """A torch tensor fp8ref can read as numpy: dense (strided layout) and on the CPU. Sparse,
+    nested, meta and device tensors are refused naming what they are (never copied silently)."""
+    if x.device.type != "cpu":
+        raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}"
+                             + (" (a meta tensor has no values)" if x.device.type == "meta" else ""))
+    if getattr(x, "is_nested", False):
+        raise InputTypeError(f"{what}: expected a dense tensor, got a nested tensor")
+    if x.layout != torch().strided:
+        raise InputTypeError(f"{what}: expected a dense tensor, got layout {x.layout} (.to_dense() makes one)")
+
+
+def native_order(a: np.ndarray) -> np.ndarray:
+    """``a`` in this machine's byte order: itself when it already is, else a copy with the same
+    values (a big-endian '>f4' read from a file or written on another machine). Every numpy input
+    passes here before its bytes are viewed as bit patterns or handed to the C loops, which read
+    native words."""
+    if a.dtype.isnative:
+        return a
+    width = _UINT_OF_WIDTH.get(a.dtype.itemsize)
+    if width is None:  # no bit pattern is viewed for these; numpy converts the values
+        return a.astype(a.dtype.newbyteorder("="))
+    swapped = np.dtype(width).newbyteorder(a.dtype.byteorder)
+    return a.view(swapped).astype(width).view(a.dtype.newbyteorder("="))
+
+
+def numpy_input(x, what: str) -> np.ndarray:
+    """A numpy array (or scalar) as a plain ndarray in native byte order; a masked array is
+    refused (its mask would be ignored)."""
+    if type(x) is np.ndarray and x.dtype.isnative:  # the common case, kept cheap (small calls matter)
+        return x
+    if isinstance(x, np.ma.MaskedArray):
+        raise InputTypeError(f"{what}: a numpy masked array; fp8ref would ignore its mask: pass "
+                             f"{what}.filled(value) or np.asarray({what})")
+    return native_order(np.asarray(x))
+
+
 def dtype_name(x) -> str:
     """'float32', 'bfloat16', 'uint8', ... of a numpy array or torch tensor."""
     return str(x.dtype).removeprefix("torch.") if is_torch(x) else np.dtype(x.dtype).name
@@ -62,8 +99,7 @@ def float_input(x, what: str = "x") -> tuple[np.ndarray, str, bool]:
     float64 array or torch CPU tensor; bfloat16 comes back as its uint16 bit pattern."""
     if is_torch(x):
         t = torch()
-        if x.device.type != "cpu":
-            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
+        check_torch(x, what)
         name = dtype_name(x)
         if name not in FLOAT_DTYPES:
             raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got torch.{name}")
@@ -71,7 +107,7 @@ def float_input(x, what: str = "x") -> tuple[np.ndarray, str, bool]:
         arr = c.view(t.int16).numpy().view(np.uint16) if name == "bfloat16" else c.numpy()
         return arr, name, True
     if isinstance(x, (np.ndarray, np.generic)):
-        arr = np.ascontiguousarray(x)
+        arr = np.ascontiguousarray(numpy_input(x, what))
         name = arr.dtype.name
         if name not in FLOAT_DTYPES:
             raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got numpy {name}")
@@ -86,7 +122,8 @@ def float64_values(x, what: str, dtypes: tuple[str, ...]) -> np.ndarray:
         name = dtype_name(x)
         if name not in dtypes:
             raise InputTypeError(f"{what}: expected dtype {' or '.join(dtypes)}, got torch {name}")
-        return x.detach().cpu().to(dtype=torch().float64).numpy()
+        check_torch(x, what)
+        return x.detach().to(dtype=torch().float64).numpy()
     if type(x) in (float, int) and "float32" in dtypes:
         if float(np.float32(x)) != float(x):
             raise InputTypeError(f"{what}: the Python number {x!r} is not a float32 value; pass a float32 array")
@@ -94,7 +131,7 @@ def float64_values(x, what: str, dtypes: tuple[str, ...]) -> np.ndarray:
     if isinstance(x, (np.ndarray, np.generic)):
         if x.dtype.name not in dtypes:
             raise InputTypeError(f"{what}: expected dtype {' or '.join(dtypes)}, got numpy {x.dtype.name}")
-        return np.asarray(x, dtype=np.float64)
+        return np.asarray(numpy_input(x, what), dtype=np.float64)
     raise InputTypeError(f"{what}: expected a numpy array or torch tensor, got {type(x).__name__}")
 
 
@@ -103,8 +140,7 @@ def code_input(x, what: str) -> tuple[np.ndarray, str | None, bool]:
     torch float8 tensor (viewed, not converted)."""
     if is_torch(x):
         t = torch()
-        if x.device.type != "cpu":
-            raise InputTypeError(f"{what}: expected a CPU tensor, got device {x.device}")
+        check_torch(x, what)
         named = None
         if x.dtype != t.uint8 and x.element_size() == 1 and x.dtype.is_floating_point:
             named, x = dtype_name(x), x.view(t.uint8)
@@ -114,25 +150,28 @@ def code_input(x, what: str) -> tuple[np.ndarray, str | None, bool]:
     if isinstance(x, np.ndarray):
         if x.dtype != np.uint8:
             raise InputTypeError(f"{what}: expected uint8 codes, got numpy {x.dtype}")
-        return x, None, False
+        return numpy_input(x, what), None, False
     raise InputTypeError(f"{what}: expected a numpy uint8 array or a torch tensor, got {type(x).__name__}")
 
 
-def to_numpy(a) -> np.ndarray:
-    """A numpy array of a result array (torch or numpy): bfloat16 as exact float32 values."""
+def to_numpy(a, what: str = "array") -> np.ndarray:
+    """A numpy array (native byte order) of an array, torch or numpy: bfloat16 as exact float32 values."""
     if is_torch(a):
+        check_torch(a, what)
         if a.dtype == torch().bfloat16:
             return bf16_bits_to_f32(a.detach().contiguous().view(torch().int16).numpy().view(np.uint16))
         return a.detach().contiguous().numpy()
-    if getattr(a, "dtype", None) is not None and a.dtype.name == "bfloat16":
+    a = numpy_input(a, what)
+    if a.dtype.name == "bfloat16":
         return bf16_bits_to_f32(np.ascontiguousarray(a).view(np.uint16))
-    return np.asarray(a)
+    return a
 
 
 def torch_of(a: np.ndarray):
     """A torch tensor (a copy) with the same dtype and bytes as numpy array ``a``: checkpoint tensors
-    into a torch model (bfloat16 and float16 cross as bits; float8 stays uint8 codes)."""
-    a = np.ascontiguousarray(a)
+    into a torch model (bfloat16 and float16 cross as bits; float8 stays uint8 codes); a big-endian
+    array becomes a native tensor of the same values (torch has no byte order)."""
+    a = np.ascontiguousarray(native_order(a))
     if a.dtype.name in ("bfloat16", "float16"):
         return torch().from_numpy(a.view(np.int16).copy()).view(getattr(torch(), a.dtype.name))
     return torch().from_numpy(a.copy())
@@ -181,6 +220,9 @@ def output_buffer(out, shape: tuple, as_torch: bool, np_dtype, what: str, float8
     if not as_torch and not isinstance(out, np.ndarray):
         raise InputTypeError(f"out: expected a numpy array for {what}, got {type(out).__name__}")
     flat = _torch_out(out, np_dtype, what, float8) if as_torch else out
+    if not flat.dtype.isnative:
+        raise InputTypeError(f"out: a byte-swapped array ({flat.dtype.str}) for {what}; fp8ref writes this "
+                             f"machine's byte order: pass a native {np.dtype(np_dtype).name} array")
     if flat.dtype != np_dtype or tuple(flat.shape) != tuple(shape) or not flat.flags.c_contiguous:
         raise InputTypeError(f"out: expected a contiguous {np.dtype(np_dtype).name} array of shape "
                              f"{tuple(shape)} for {what}, got {flat.dtype.name} {tuple(flat.shape)}")
@@ -191,8 +233,7 @@ def output_buffer(out, shape: tuple, as_torch: bool, np_dtype, what: str, float8
 
 def _torch_out(out, np_dtype, what: str, float8: str | None) -> np.ndarray:
     """A torch ``out`` as the numpy array that shares its memory, or a one-line error."""
-    if out.device.type != "cpu":
-        raise InputTypeError(f"out: expected a CPU tensor for {what}, got device {out.device}")
+    check_torch(out, f"out (for {what})")
     if out.requires_grad:
         raise InputTypeError(f"out: the tensor for {what} requires grad; pass one that does not")
     if out.element_size() == 1 and out.dtype.is_floating_point:

@@ -6,6 +6,11 @@ An observer is a value, not an object with hidden state:
     for x in batches: state = observe(state, x)
     scale = finalize(state, "float8_e4m3fn")  # fp32(amax) / fp32(fmt.max), a dequant multiplier
 
+Scales and amax are told apart by type: ``finalize`` returns a ``DequantScale`` array and
+``calibrate_input_scales`` a ``CalibratedScales`` mapping (which keeps the amax it came from in
+``.amax``), so ``write_calibration``, which stores amax, refuses them instead of writing input
+scales 448x too small (docs/matmul.md).
+
 ``observe`` is a max, so the fold does not depend on the order of the batches, and ``merge`` of
 states observed on separate shards equals observing the concatenation. The same ``merge`` is the
 rule for fused projections that share one input (q/k/v, gate/up) and for the input scale of
@@ -57,6 +62,28 @@ class AmaxState:
             frozen = np.array(self.amax, dtype=np.float64)
             frozen.setflags(write=False)
             object.__setattr__(self, "amax", frozen)
+
+
+class DequantScale(np.ndarray):
+    """Dequantization scales (amax / fmt.max) that ``finalize`` computed: a numpy array marked as
+    scales, so that what stores amax (``write_calibration``) can refuse them. It is an ndarray in
+    every other respect. Arithmetic on it gives plain arrays: ``scale * 448`` is no longer a scale."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        inputs = tuple(np.asarray(x) if isinstance(x, DequantScale) else x for x in inputs)
+        if out is not None:
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, DequantScale) else o for o in out)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+
+class CalibratedScales(dict):
+    """What ``calibrate_input_scales`` returns: layer name -> ``DequantScale``. ``amax`` holds the
+    layer name -> ``AmaxState`` (merged over each ``fuse`` group) the scales were finalized from:
+    the values ``write_calibration`` takes."""
+
+    def __init__(self, scales: dict, amax: dict):
+        super().__init__(scales)
+        self.amax = amax
 
 
 def amax_state(granularity: str = "tensor", *, group_size: int | None = None) -> AmaxState:
@@ -126,6 +153,8 @@ def finalize(state: AmaxState, fmt: FloatFormat | str = "float8_e4m3fn", *, dtyp
     Errors: a state that saw nothing, a NaN/Inf amax, or (default formula) a zero amax, which
     would give a zero scale: each recipe has its own rule for that, so pass ``scale_fn``.
     """
+    if not isinstance(state, AmaxState):
+        raise InputTypeError(f"state: expected an AmaxState (amax_state, observe), got {type(state).__name__}")
     fmt = get_format(fmt)
     if dtype not in ("float32", "float64"):
         raise InputTypeError(f"dtype: expected 'float32' or 'float64', got {dtype!r}")
@@ -135,12 +164,13 @@ def finalize(state: AmaxState, fmt: FloatFormat | str = "float8_e4m3fn", *, dtyp
         raise ScaleError(f"state: amax is {state.amax[~np.isfinite(state.amax)].reshape(-1)[0]} "
                          "(a NaN or Inf was observed); expected finite activations")
     if scale_fn is not None:
-        return scale_fn(state.amax, fmt)
+        scale = scale_fn(state.amax, fmt)
+        return np.asarray(scale).view(DequantScale) if isinstance(scale, (np.ndarray, np.generic)) else scale
     if (state.amax == 0).any():
         raise ScaleError("state: amax is 0 (only zeros observed), which gives a zero scale; pass scale_fn "
                          "with your recipe's rule for it (CT: eps of the scale dtype, auto-round: 1/229376)")
     t = np.dtype(dtype).type
-    return (state.amax.astype(t) / t(fmt.max)).astype(t)
+    return np.asarray(state.amax.astype(t) / t(fmt.max), t).view(DequantScale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,6 +199,8 @@ def observe_linear_inputs(model, batches: Iterable, select, *, granularity: str 
     """
     import torch
 
+    if not isinstance(model, torch.nn.Module):
+        raise InputTypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     pick = _selector(select)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and pick(name)}
     if not hasattr(select, "resolve") and not callable(select):
@@ -201,10 +233,11 @@ def observe_linear_inputs(model, batches: Iterable, select, *, granularity: str 
 def calibrate_input_scales(model, batches: Iterable, select, *, fmt: FloatFormat | str = "float8_e4m3fn",
                            granularity: str = "tensor", group_size: int | None = None,
                            fuse: Iterable[Iterable[str]] = (), dtype: str = "float32",
-                           scale_fn=None) -> dict[str, np.ndarray]:
+                           scale_fn=None) -> CalibratedScales:
     """Static input scales of the selected linear layers: observe, merge each group in ``fuse``
     (e.g. the q/k/v projections of one attention block: every member gets the merged scale), then
-    ``finalize``. Layers that saw no input raise ScaleError naming them."""
+    ``finalize``. Layers that saw no input raise ScaleError naming them. The result maps layer ->
+    ``DequantScale``; its ``.amax`` (layer -> AmaxState) is what ``write_calibration`` stores."""
     states = observe_linear_inputs(model, batches, select, granularity=granularity, group_size=group_size)
     for group in fuse:
         group = list(group)
@@ -216,4 +249,5 @@ def calibrate_input_scales(model, batches: Iterable, select, *, fmt: FloatFormat
     silent = sorted(n for n, s in states.items() if s.amax is None)
     if silent:
         raise ScaleError(f"model: selected layers saw no input during calibration: {silent}")
-    return {name: finalize(s, fmt, dtype=dtype, scale_fn=scale_fn) for name, s in states.items()}
+    return CalibratedScales({name: finalize(s, fmt, dtype=dtype, scale_fn=scale_fn) for name, s in states.items()},
+                            states)

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ._arrays import bf16_bits_to_f32, float_input, is_torch, output_buffer, torch
+from ._arrays import bf16_bits_to_f32, check_torch, float_input, is_torch, numpy_input, output_buffer, torch
 from ._native import enc_params as _EncParams
 from ._native import kernels as _kernels
 from ._native import kernels_available  # noqa: F401 (re-exported for tests and tools)
@@ -314,7 +314,11 @@ def _check_random_bits(random_bits, rounding: str, shape: tuple):
         return None, 0
     if random_bits is None:
         raise InputTypeError("random_bits: rounding='stochastic' needs an unsigned integer array of x's shape")
+    if is_torch(random_bits):
+        check_torch(random_bits, "random_bits")
     rb = random_bits.numpy() if is_torch(random_bits) else random_bits
+    if isinstance(rb, (np.ndarray, np.generic)):
+        rb = numpy_input(rb, "random_bits")
     if not isinstance(rb, (np.ndarray, np.generic)) or np.dtype(rb.dtype) not in _RANDOM_BITS_DTYPES:
         got = getattr(random_bits, "dtype", type(random_bits).__name__)
         raise InputTypeError(f"random_bits: expected a uint8, uint16 or uint32 array, got {got}")
@@ -328,6 +332,7 @@ def decode(codes, fmt: FloatFormat | str, *, out=None):
     same shape and library as ``codes``."""
     fmt = get_format(fmt)
     if is_torch(codes):
+        check_torch(codes, "codes")
         if codes.dtype != torch().uint8:
             raise InputTypeError(f"codes: expected torch.uint8 codes, got {codes.dtype} "
                                  "(view float8 tensors with view_as_codes)")
@@ -335,7 +340,7 @@ def decode(codes, fmt: FloatFormat | str, *, out=None):
     elif isinstance(codes, (np.ndarray, np.generic)):
         if codes.dtype != np.uint8:
             raise InputTypeError(f"codes: expected uint8 codes, got numpy {codes.dtype}")
-        as_torch, arr = False, np.ascontiguousarray(codes).reshape(-1)
+        as_torch, arr = False, np.ascontiguousarray(numpy_input(codes, "codes")).reshape(-1)
     else:
         raise InputTypeError(f"codes: expected a numpy array or torch tensor of uint8, got {type(codes).__name__}")
     if fmt.bits < 8 and arr.size and int(arr.max()) >= fmt.n_codes:

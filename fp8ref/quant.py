@@ -138,7 +138,7 @@ def _scale_array(value, what: str, expected: tuple) -> tuple[np.ndarray, str]:
     """A user scale/amax as float64 numpy of the layout shape (also [], [N] for [N,1]), and
     its dtype name."""
     arr, dtype, _ = float_input(value, what) if (is_torch(value) or isinstance(value, np.ndarray)) else (
-        np.asarray(value, np.float64), "float64", False)
+        _python_numbers(value, what), "float64", False)
     if dtype == "bfloat16":
         arr = _widen(arr, dtype, None)
     arr = np.asarray(arr, np.float64)
@@ -147,6 +147,29 @@ def _scale_array(value, what: str, expected: tuple) -> tuple[np.ndarray, str]:
         raise ShapeError(f"{what}: expected shape {expected} (or the same without size-1 axes), "
                          f"got {tuple(arr.shape)}")
     return arr.reshape(expected), dtype
+
+
+def _python_numbers(value, what: str) -> np.ndarray:
+    """float64 array of a Python/numpy real number or a (nested) list of them; anything else (a
+    string, a complex number, None) one InputTypeError."""
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # ragged nesting
+        arr = np.asarray(None)
+    if arr.dtype.kind not in "fiu":
+        raise InputTypeError(f"{what}: expected a real number or an array of them, got {type(value).__name__}"
+                             + (f" of {arr.dtype}" if arr.dtype.kind not in "OU" else ""))
+    return arr.astype(np.float64)
+
+
+def _one_number(value, what: str) -> np.float64:
+    """The one number of a scalar, a one-element array/tensor or list (NVFP4's global scale or amax)."""
+    arr = (to_numpy(value, what) if is_torch(value) or isinstance(value, (np.ndarray, np.generic))
+           else _python_numbers(value, what))
+    if arr.dtype.kind not in "fiu" or arr.size != 1:
+        raise InputTypeError(f"{what}: expected one real number (the tensor's), got "
+                             f"{arr.dtype} of shape {tuple(arr.shape)}")
+    return np.float64(arr.reshape(-1)[0])
 
 
 # --- public API ---------------------------------------------------------------------------
@@ -655,10 +678,10 @@ def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     if amax is not None and given is not None:
         raise InputTypeError("scale, amax: give one of them, not both")
     if given is not None:
-        g = np.float32(np.asarray(to_numpy(given) if is_torch(given) else given, np.float32).reshape(-1)[0])
+        g = np.float32(_one_number(given, "scale"))
         check_scale(np.array([g]), "scale")
     else:
-        a = amax_b.max(initial=0.0) if amax is None else np.asarray(amax, np.float64).reshape(-1)[0]
+        a = amax_b.max(initial=0.0) if amax is None else _one_number(amax, "amax")
         g = nvfp4_producer_global(a, rec, dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ab = _f32(amax_b)  # block amax values are D values: exact in fp32

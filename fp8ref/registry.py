@@ -13,6 +13,7 @@ import functools
 from pathlib import Path
 
 from .errors import RecipeError, did_you_mean
+from .io.paths import path_arg
 from .io.yaml import YamlDocument, load_yaml
 from .recipes import BlockRecipe, Recipe, block_recipe_from_document, recipe_from_document
 
@@ -44,7 +45,7 @@ def recipe_names() -> tuple[str, ...]:
 def load_recipes(directory: str | None = None) -> dict[str, Recipe | BlockRecipe]:
     """Every recipe in specs/recipes/*.yaml (or ``directory``), by name; read once. A document with
     ``kind: block`` is an MX/NVFP4 ``BlockRecipe``; the others are element-scale ``Recipe``s."""
-    folder = Path(directory) if directory is not None else RECIPES_DIR
+    folder = path_arg(directory, "directory") if directory is not None else RECIPES_DIR
     recipes: dict[str, Recipe] = {}
     for path in sorted(folder.glob("*.yaml")):
         doc = load_yaml(path)

@@ -34,6 +34,7 @@ from functools import cached_property
 from pathlib import Path
 
 from .errors import SpecError, did_you_mean
+from .io.paths import path_arg
 from .io.yaml import YamlDocument, load_yaml, load_yaml_string
 from .limits import MAX_NAME
 from .patterns import Pattern
@@ -157,7 +158,7 @@ def _dump_scheme(scheme: QuantizationScheme | None):
 # --- loading --------------------------------------------------------------------------------
 def load_spec(path: str | Path, *, strict: bool | None = None) -> LayerConfig:
     """Load and validate a YAML spec file; ``strict`` overrides the file's ``strict`` key."""
-    return _build(load_yaml(path), strict)
+    return _build(load_yaml(path_arg(path)), strict)
 
 
 def load_spec_string(text: str, *, source: str = "<string>", strict: bool | None = None) -> LayerConfig:

@@ -36,7 +36,7 @@ def ordinal(a: np.ndarray, fmt: FloatFormat | None = None) -> np.ndarray:
 
 
 def _values(x, what: str) -> np.ndarray:
-    a = to_numpy(x) if not isinstance(x, (int, float)) else np.asarray(float(x))
+    a = to_numpy(x, what) if not isinstance(x, (int, float)) else np.asarray(float(x))
     if a.dtype.kind not in "fiu":
         raise InputTypeError(f"{what}: expected real numbers, got dtype {a.dtype}")
     v = a.astype(np.float64)

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError, Fp8RefError, RecipeError
+from ..errors import CheckpointError, Fp8RefError, InputTypeError, RecipeError
 from ..io.atomic import atomic_folder, atomic_write_text, is_inside
 from ..io.files import read_json
+from ..io.paths import path_arg
 from ..io.safetensors import INDEX_NAME, SafetensorsWriter, TensorSpec, TensorStore, open_store, pack_nibbles
 from ..limits import shown
 from ..recipes import store_dtype
@@ -92,18 +93,45 @@ def _amax_number(value, where: str) -> float:
     return amax
 
 
+def refuse_scales(amax, where: str) -> Mapping:
+    """``amax`` (a mapping of name -> activation amax) as it is, or one CheckpointError when it is,
+    or holds, scales from ``calibrate_input_scales``/``finalize``: stored as amax they would give
+    input scales 448x too small (float8_e4m3fn)."""
+    from ..calibrate import CalibratedScales, DequantScale
+
+    if isinstance(amax, CalibratedScales):
+        raise CheckpointError(f"{where}: these are calibrate_input_scales' scales (amax / format max), not amax; "
+                              "pass their .amax (calibrate_input_scales(...).amax), the amax they came from")
+    if not isinstance(amax, Mapping):
+        raise CheckpointError(f"{where}: expected a mapping of name -> activation amax, got {type(amax).__name__}")
+    for k, v in amax.items():
+        if isinstance(v, DequantScale):
+            raise CheckpointError(f"{where}[{k!r}]: a scale (amax / format max, from finalize or "
+                                  "calibrate_input_scales), not an amax; pass the AmaxState that "
+                                  "observe_linear_inputs returns (or calibrate_input_scales(...).amax[layer])")
+    return amax
+
+
+def amax_values(amax: Mapping, where: str) -> dict[str, float]:
+    """name -> activation amax as numbers (see ``_amax_number``), or one CheckpointError; scales are
+    refused (``refuse_scales``)."""
+    return {str(k): _amax_number(v, f"{where}[{k!r}]") for k, v in refuse_scales(amax, where).items()}
+
+
 def write_calibration(path: str | os.PathLike, input_amax: Mapping, *, kv_amax: Mapping | None = None) -> Path:
     """Write the calibration file ``export_checkpoint``/``fp8ref quantize --calibration`` read: per
     layer the activation amax (numbers, one-element arrays, or the ``AmaxState`` values
     ``observe_linear_inputs`` returns), and per attention module the KV-cache amax under
     ``ATTN.k_scale``/``ATTN.v_scale`` or ``ATTN.{k,v}_proj.output_amax``. The file says what it
-    holds (amax, with this fp8ref's version), so a file of scales is never taken for one."""
+    holds (amax, with this fp8ref's version), so a file of scales is never taken for one. Scales
+    (``calibrate_input_scales``' result, ``finalize``'s ``DequantScale``) are refused: pass
+    ``calibrate_input_scales(...).amax``."""
     from .. import __version__
     from ..io.files import write_bytes
 
-    path = Path(path)
-    layers = {str(k): _amax_number(v, f"{path}: input_amax[{k!r}]") for k, v in dict(input_amax).items()}
-    kv = {str(k): _amax_number(v, f"{path}: kv_amax[{k!r}]") for k, v in dict(kv_amax or {}).items()}
+    path = path_arg(path)
+    layers = amax_values(input_amax, f"{path}: input_amax")
+    kv = amax_values(kv_amax or {}, f"{path}: kv_amax")
     _check_kv_split(path, layers, kv)
     doc = {"format": CALIBRATION_FORMAT, "holds": "amax", "fp8ref_version": __version__,
            "input_amax": dict(sorted(layers.items())), "kv_amax": dict(sorted(kv.items()))}
@@ -127,7 +155,7 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
     safetensors whose metadata has the same ``format`` and ``holds`` (one-element tensors named
     ``layer`` or a KV-cache key). Anything else, a bare ``{layer: value}`` object included, is refused:
     nothing says whether it holds amax or scales."""
-    path = Path(path)
+    path = path_arg(path)
     if path.suffix == ".safetensors":
         store = open_store(path)
         meta = next(iter(store.files.values())).metadata or {}
@@ -554,7 +582,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
         from ..registry import get_recipe
 
         get_recipe(recipe)
-    source = Path(source)
+    source = path_arg(source, "source")
+    output = path_arg(output, "output")
     store = open_store(source, symlinks_out=symlinks_out)
     folder = source if source.is_dir() else source.parent
     given = (spec, calibration)  # files never inside the output
@@ -562,9 +591,12 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     if calibration is not None and not isinstance(calibration, Mapping):
         where = str(calibration)
         calibration = load_calibration(calibration)
+    elif calibration is not None:
+        refuse_scales(calibration, where)
     kv_amax = {}
     if calibration is not None:
         calibration, kv_amax = split_calibration(calibration, where)
+        calibration = {k: _amax_number(v, f"{where}[{k!r}]") for k, v in calibration.items()}  # AmaxState too
     if kv_amax and module.kv_refusal:  # before the spec is resolved: the format is the first thing wrong
         plan_kv(store, kv_amax, format, {}, where=where)
     plans = plan_layers(store, spec, format, recipe=recipe, calibration=calibration)
@@ -682,6 +714,12 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     every layer: codes and scale values are copied bit for bit (scales keep their dtype and
     are only reshaped/renamed to the target layout); other tensors and files are copied
     (``symlinks_out``: also files that are symlinks out of the checkpoint folder)."""
+    from .loader import Checkpoint
+
+    if not isinstance(checkpoint, Checkpoint):
+        raise InputTypeError(f"checkpoint: expected a Checkpoint (fp8ref.load_checkpoint(path)), got "
+                             f"{type(checkpoint).__name__}")
+    output = path_arg(output, "output")
     fmt = format or checkpoint.format
     module = base.get(fmt)
     store = checkpoint.store

@@ -250,6 +250,9 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     headers and JSON files are read; values are checked when first used. ``symlinks_out``: accept
     shard files that are symlinks out of the folder (a Hugging Face cache snapshot); off by default.
     """
+    from ..io.paths import path_arg
+
+    path_arg(path)  # load_checkpoint(5): a typed error, not pathlib's TypeError
     path = Path(path)
     warnings: list[str] = []
     inner = _only_subfolder_checkpoint(path)

@@ -78,10 +78,13 @@ def cmd_conform(args) -> int:
 
 def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_rule="any", select=None,
             max_errors=20, json_out=None, progress=True, out=None, dump_failing=None, accumulation=None) -> int:
-    """Run every suite, print the report, return the exit code (0: nothing unexpected)."""
+    """Run every suite, print the report, return the exit code (0: nothing unexpected). A backend
+    that raises SystemExit/KeyboardInterrupt itself fails that case and stops the run: the report
+    of what ran is printed and the exit code is 1 (never the backend's)."""
     out = out or sys.stdout
     runs, unexpected, report = [], 0, []
-    for suite in suites:
+    stopped = ""
+    for i, suite in enumerate(suites):
         r = run(backend, suite, level=level, nan_rule=nan_rule, xfails=xfails, select=select,
                 progress=progress_bar(progress, f"{backend.name} {suite.name}"), keep_failing=dump_failing is not None,
                 accumulation=accumulation)
@@ -107,13 +110,22 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
                        "cases": results_json(r.results, r.xfailed)})
         if judge is not None:
             report[-1]["accumulation"] = judge.to_json()
-    stale = xfails.stale() if xfails else []
+        if r.stopped:
+            later = [s.name for s in suites[i + 1:]]
+            stopped = (f"{r.stopped}: {r.not_run} case(s) of suite {r.suite} not run"
+                       + (f", nor suite(s) {', '.join(later)}" if later else ""))
+            report[-1].update(stopped=r.stopped, not_run=r.not_run)
+            print(f"stopped: {stopped}", file=out)
+            break
+    stale = xfails.stale() if xfails and not stopped else []  # a stopped run cannot say what never matches
     for e in stale:
         print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}", file=out)
     compared = sum(r.compared() for r in runs)
     total = sum(len(r.results) for r in runs)
-    code = 0 if unexpected == 0 and compared > 0 else 1
-    if code == 0:
+    code = 0 if unexpected == 0 and compared > 0 and not stopped else 1
+    if stopped:
+        verdict = "FAIL: the backend stopped the run (the 'stopped:' line above)"
+    elif code == 0:
         verdict = "PASS"
     elif total == 0:
         verdict = (f"FAIL: no case selected (--case {getattr(select, 'glob', '?')!r} matched no case name)" if select

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import signal
+import threading
 from collections.abc import Collection, Mapping
+from contextlib import contextmanager
 from importlib import metadata
 from typing import Protocol, runtime_checkable
 
@@ -184,17 +187,75 @@ def _check_keyword(backend, op: str, kw: str, cases: str) -> None:
 def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r})"
+    if isinstance(exc, KeyboardInterrupt):
+        return f"raised KeyboardInterrupt{f': {exc}' if str(exc) else ''} (no Ctrl-C reached fp8ref)"
     return f"{type(exc).__name__}: {exc}"
+
+
+_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextmanager
+def signals_seen():
+    """Within the block, a list of the stop signals (SIGINT, SIGTERM, SIGHUP) that reached the
+    process. Each signal with a Python handler (SIGINT's raises KeyboardInterrupt) keeps that
+    handler, which is called as before; the list only records that it ran. So a KeyboardInterrupt or
+    SystemExit raised while the list is empty came from the code that raised it (a backend calling
+    sys.exit), not from the user's Ctrl-C or a kill. Outside the main thread no handler runs in this
+    thread: the list stays empty."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = {}
+    for sig in _STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            def recorder(signum, frame, handler=handler):
+                seen.append(signum)
+                return handler(signum, frame)
+            previous[sig] = handler
+            signal.signal(sig, recorder)
+    try:
+        yield seen
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class BackendExit(BackendError):
+    """A backend's own code raised SystemExit or KeyboardInterrupt (no signal reached the process):
+    its failure, not a request to end fp8ref. ``exc``: what it raised."""
+
+    def __init__(self, message: str, exc: BaseException):
+        super().__init__(message)
+        self.exc = exc
+
+
+def call_backend(name: str, what: str, call, *args):
+    """``call(*args)`` (a backend's code): SystemExit and KeyboardInterrupt that it raises itself
+    become ``BackendExit``; those raised by a signal that reached the process during the call (the
+    user's Ctrl-C, a kill with a handler) propagate, so that the run still stops. Other exceptions
+    propagate unchanged."""
+    with signals_seen() as seen:
+        try:
+            return call(*args)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            if seen:
+                raise
+            raise BackendExit(f"backend {name!r}: {what}: {describe_failure(exc)}", exc) from None
 
 
 def guarded(name: str, what: str, call, *args):
     """``call(*args)`` with anything it raises, ``sys.exit`` included, turned into one BackendError
     naming the backend and the step (a backend is user code: its failure is not fp8ref's traceback)."""
     try:
-        return call(*args)
+        return call_backend(name, what, call, *args)
+    except BackendExit as exc:
+        raise BackendError(f"backend {name!r}: {what} failed: {describe_failure(exc.exc)}") from None
     except BackendError:
         raise
-    except (Exception, SystemExit) as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001
         raise BackendError(f"backend {name!r}: {what} failed: {describe_failure(exc)}") from None
 
 

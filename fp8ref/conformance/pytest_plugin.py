@@ -179,13 +179,17 @@ class _CaseItem(pytest.Item):
         import numpy as np
 
         from ..golden.accumulation import ModelJudge
+        from .backend import describe_failure
         from .report import mismatch_line, repro_line
-        from .runner import run_case
+        from .runner import CaseExit, run_case
 
         judge = ModelJudge(self.model, self.nan_rule) if self.model else None
-        with np.errstate(all="ignore"):
-            r = run_case(self.backend, self.op, self.entry, self.case, self.params, self.suite, self.level,
-                         self.nan_rule, judge=judge)
+        try:
+            with np.errstate(all="ignore"):
+                r = run_case(self.backend, self.op, self.entry, self.case, self.params, self.suite, self.level,
+                             self.nan_rule, judge=judge)
+        except CaseExit as exc:  # the backend's own sys.exit/KeyboardInterrupt: this case fails, pytest goes on
+            raise ConformanceFailure(f"{self.case}: backend {describe_failure(exc.exc)}") from None
         if r.status == "not-implemented":  # e.g. a case the fp32-order bound does not cover
             pytest.skip(f"not implemented: {r.reason}")
         if getattr(r, "in_bound", 0):  # passing by the declared fp32-order bound, not bit for bit

@@ -11,6 +11,11 @@ by the fp32-order bound instead (``fp8ref.golden.judge``): expected is fp8ref's 
 equal to it match, elements inside the proven bound are counted as "in bound" (never as
 matches), and only elements outside it are mismatches.
 
+A backend whose own code raises ``SystemExit`` (``sys.exit``) or ``KeyboardInterrupt`` fails
+that case and stops the run: ``RunResult.stopped`` says where, the cases before it are reported.
+The user's Ctrl-C (or a kill whose signal has a Python handler) is told apart by the signal that
+reached the process (``backend.signals_seen``) and still ends the run with KeyboardInterrupt.
+
 ``run(..., accumulation=MODEL)`` judges the GEMM cases against a named accumulation model instead
 (the backend asked for ``accumulate=MODEL``; ``fp8ref.golden.accumulation``), whatever order the
 backend declares, and ranks every registered model by the elements it explains.
@@ -36,7 +41,7 @@ from ..golden.judge import (
     judge_output,
 )
 from ..golden.suite import Suite, cases, load_suite
-from .backend import check_capabilities, guarded, load_backend
+from .backend import BackendExit, call_backend, check_capabilities, describe_failure, guarded, load_backend
 from .xfails import Xfails
 
 
@@ -59,6 +64,8 @@ class RunResult:
     results: list[CaseResult] = field(default_factory=list)
     xfails: Xfails | None = None
     accumulation: ModelJudge | None = None  # with run(accumulation=...): the ranking of the models
+    stopped: str = ""  # why the run ended early: the backend raised SystemExit/KeyboardInterrupt in a case
+    not_run: int = 0  # the cases after that one
 
     def xfailed(self, case: str, tags) -> bool:
         return self.xfails is not None and self.xfails.match(case, tags)
@@ -77,8 +84,8 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """0 only when something was compared and nothing unexpected differed."""
-        return 0 if self.unexpected == 0 and self.compared() > 0 else 1
+        """0 only when the run ended, something was compared and nothing unexpected differed."""
+        return 0 if self.unexpected == 0 and self.compared() > 0 and not self.stopped else 1
 
 
 def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str = "any",
@@ -104,12 +111,17 @@ def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str 
     level = suite.level if level is None else level
     judge = None if accumulation is None else ModelJudge(accumulation, nan_rule, keep_failing=keep_failing)
     todo = [c for c in cases(suite, level) if select is None or select(c[2])]
-    version = backend.version() if hasattr(backend, "version") else ""
+    version = guarded(backend.name, "version()", backend.version) if hasattr(backend, "version") else ""
     out = RunResult(backend.name, version, suite.name, level, nan_rule, xfails=xfails, accumulation=judge)
     for done, (op, entry, name, params) in enumerate(todo, 1):
-        with np.errstate(all="ignore"):  # peers' overflow/invalid-cast warnings are not results
-            out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule,
-                                        keep_failing=keep_failing, judge=judge))
+        try:
+            with np.errstate(all="ignore"):  # peers' overflow/invalid-cast warnings are not results
+                out.results.append(run_case(backend, op, entry, name, params, suite, level, nan_rule,
+                                            keep_failing=keep_failing, judge=judge))
+        except CaseExit as exc:  # the backend exited inside this case: report what ran, call it no more
+            out.results.append(exc.result)
+            out.stopped, out.not_run = f"{exc}; the run stopped there", len(todo) - done
+            break
         if progress:
             progress(done, len(todo), name)
     if judge is not None:
@@ -117,6 +129,21 @@ def run(backend, suite: Suite | str, *, level: int | None = None, nan_rule: str 
     if xfails is not None:
         xfails.record(out.results)
     return out
+
+
+class CaseExit(BackendExit):
+    """BackendExit inside a case, with that case's result (status error)."""
+
+    def __init__(self, exc: BackendExit, result: CaseResult):
+        super().__init__(str(exc), exc.exc)
+        self.result = result
+
+
+def _exited(exc: BackendExit, result: CaseResult) -> CaseExit:
+    """The case failed by the backend's exit; the run stops after it."""
+    result.status, result.mismatches = "error", []
+    result.reason = f"backend {describe_failure(exc.exc)}; the run stopped here"
+    return CaseExit(exc, result)
 
 
 def expected_outputs(backend, op, params, inputs) -> dict:
@@ -143,7 +170,8 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule, *, keep_f
     if bounded:
         result.rule = getattr(op, "tolerance_rule", "fp32-order bound")
     try:
-        got = op.call(backend, case.params, {k: v.copy() for k, v in case.inputs.items()})
+        got = call_backend(backend.name, f"case {name}", op.call, backend, case.params,
+                           {k: v.copy() for k, v in case.inputs.items()})
         for out_name, exp in expected.items():
             judge_output(result, op, name, case.params, case.inputs, out_name, exp, got[out_name], nan_rule,
                          bounded=bounded)
@@ -153,6 +181,8 @@ def run_case(backend, op, entry, name, params, suite, level, nan_rule, *, keep_f
                               **{f"got/{k}": np.asarray(got[k]) for k in expected}}
     except OutputError as exc:
         result.status, result.reason, result.mismatches = "error", f"wrong output: {exc}", []
+    except BackendExit as exc:
+        raise _exited(exc, result) from None
     except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours
         result.status, result.reason, result.mismatches = "error", f"backend raised {type(exc).__name__}: {exc}", []
     return result
@@ -169,7 +199,10 @@ def _run_model_case(backend, op, entry, name, params, suite, level, judge: Model
         return result
     case = op.make_case(name, params, entry, suite, level)
     try:
-        got = op.call(backend, call, {k: v.copy() for k, v in case.inputs.items()})
+        got = call_backend(backend.name, f"case {name}", op.call, backend, call,
+                           {k: v.copy() for k, v in case.inputs.items()})
+    except BackendExit as exc:
+        raise _exited(exc, result) from None
     except Exception as exc:  # noqa: BLE001 - a backend failure is that case's result, not ours
         result.status, result.reason = "error", f"backend raised {type(exc).__name__}: {exc}"
         return result

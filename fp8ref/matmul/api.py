@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._arrays import code_input, deliver, float64_values, is_torch, same_library
+from .._arrays import code_input, deliver, dtype_name, float64_values, is_torch, same_library
 from ..codec import encode
 from ..errors import FormatError, InputTypeError, ShapeError
 from ..formats import FORMATS, get_format
@@ -254,5 +254,5 @@ def _quantize_input(x2: np.ndarray, input_scale, dynamic, ifmt, block_k: int, re
 
 
 def _default_out(x) -> str:
-    name = str(x.dtype).removeprefix("torch.")
+    name = dtype_name(x)  # not str(dtype): a big-endian bfloat16's is '>V2'
     return name if name in OUT_FORMATS else "float32"

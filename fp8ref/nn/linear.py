@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .._arrays import dtype_name, numpy_of, torch_of
-from ..errors import ModelError
+from .._arrays import check_torch, dtype_name, numpy_of, torch_of
+from ..errors import InputTypeError, ModelError
 from .modes import Mode, backend_forward, parse_mode
 
 
@@ -31,6 +31,14 @@ class Fp8RefLinear(torch.nn.Module):
 
     def __init__(self, layer, mode="reference", *, accumulate: str = "exact", backend=None,
                  original_weight=None, original_bias=None, keep_decoded: bool = True):
+        from ..checkpoint.loader import QuantizedLayer
+
+        if not isinstance(layer, QuantizedLayer):
+            raise InputTypeError(f"layer: expected a QuantizedLayer (checkpoint[name] of fp8ref.load_checkpoint), "
+                                 f"got {type(layer).__name__}")
+        for what, t in (("original_weight", original_weight), ("original_bias", original_bias)):
+            if t is not None:
+                _check_input(t, f"{layer.name}: {what}")
         super().__init__()
         self.layer = layer
         self.name = layer.name
@@ -91,7 +99,8 @@ class Fp8RefLinear(torch.nn.Module):
     def run(self, x: torch.Tensor, mode=None) -> torch.Tensor:
         """The output in ``mode`` (default: the module's), in x's dtype."""
         mode = self._mode if mode is None else self.check_mode(mode)
-        if x.shape[-1] != self.in_features:
+        _check_input(x, f"{self.name}: input")
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ModelError(f"{self.name}: input of shape {list(x.shape)}, expected (..., {self.in_features})")
         x = x.detach()
         if mode.kind == "original":
@@ -109,6 +118,15 @@ class Fp8RefLinear(torch.nn.Module):
         x2 = numpy_of(x.reshape(-1, self.in_features))  # the model dtype: a backend's linear quantizes it
         y, self.last_backend_params = backend_forward(self.layer, x2, self.backends[mode.arg], dtype_name(x))
         return torch_of(y).reshape(*lead, self.out_features)
+
+
+def _check_input(x, what: str) -> None:
+    """A dense float CPU tensor (a meta or sparse tensor has no values fp8ref can read)."""
+    if not isinstance(x, torch.Tensor):
+        raise InputTypeError(f"{what}: expected a torch tensor, got {type(x).__name__}")
+    check_torch(x, what)
+    if not x.dtype.is_floating_point or x.element_size() == 1:
+        raise InputTypeError(f"{what}: expected a float16, bfloat16, float32 or float64 tensor, got {x.dtype}")
 
 
 @dataclass

@@ -115,8 +115,11 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     Checkpoints); ``ok`` is False on any mismatch. calibration: layer name -> activation amax
     (``fp8ref.checkpoint.load_calibration``), to re-derive static input scales too. executor:
     ``local`` or ``ray`` (one task per layer, same report)."""
+    from ..checkpoint.export import amax_values
     from .executor import run_all
 
+    if calibration is not None:  # numbers (AmaxState values too); scales refused
+        calibration = amax_values(calibration, "calibration")
     items = []
     for name in ckpt:
         key = f"{name}.weight"

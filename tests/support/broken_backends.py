@@ -67,6 +67,46 @@ class Raises(_Broken):
         return codes
 
 
+class ExitsInEncode(_Broken):
+    """Correct on its first call; on its second its own code calls sys.exit(9) (a kernel wrapper
+    that "handles" a failure by exiting). Four cases: rne/rtz x saturate."""
+
+    name = "exits-in-encode"
+    capabilities = {"encode": {**CAPS["encode"], "rounding": ("rne", "rtz")}}
+
+    def __init__(self):
+        self.calls = 0
+
+    def breaks(self, x, codes):
+        self.calls += 1
+        if self.calls == 2:
+            self.stop()
+        return codes
+
+    def stop(self):
+        raise SystemExit(9)
+
+
+class InterruptsInEncode(ExitsInEncode):
+    """As ExitsInEncode, but raises KeyboardInterrupt itself (no Ctrl-C was pressed)."""
+
+    name = "interrupts-in-encode"
+
+    def stop(self):
+        raise KeyboardInterrupt("cancelled by the kernel's watchdog")
+
+
+class CtrlCInEncode(ExitsInEncode):
+    """The user presses Ctrl-C while the backend computes: a real SIGINT reaches the process."""
+
+    name = "ctrl-c-in-encode"
+
+    def stop(self):
+        import signal
+
+        signal.raise_signal(signal.SIGINT)
+
+
 class Nothing(Backend):
     name = "nothing"
     capabilities = {}
