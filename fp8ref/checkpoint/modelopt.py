@@ -175,8 +175,8 @@ def producer_refusal(quant: LayerQuant) -> str | None:
     algo = algo_of(quant)
     if algo not in _CPU_REFUSALS:
         return None
-    return (f"no producer emulation for ModelOpt {algo}: there is no CPU loader, and ModelOpt's in-memory fake "
-            f"quantization runs on CUDA only (on CPU: {_CPU_REFUSALS[algo]}); use mode='reference'")
+    return (f"no producer emulation for ModelOpt {algo}: its in-memory fake quantization runs on CUDA only (on "
+            f"CPU: {_CPU_REFUSALS[algo]}) and no CPU loader exists; use mode='reference'")
 
 
 def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
