@@ -78,8 +78,8 @@ def cannot_run(layer, mode: Mode) -> str | None:
         return (f"mode {mode}: {kind} layers have the exact reference only (reference); no accumulation model "
                 f"of block-scaled FP4/MX products is defined")
     if mode.kind == "backend":
-        return (f"mode {mode}: {kind} layers are no case of the golden linear or scaled_mm operations that a "
-                f"backend declares (FP8 only)")
+        return (f"backend {mode.arg!r} cannot run this layer ({layer.quant.describe()}): the golden linear and "
+                f"scaled_mm cases a backend declares are FP8; no {strategy} case declares block-scaled FP4/MX operands")
     return None
 
 
