@@ -54,7 +54,8 @@ class CheckpointFormat(Protocol):
     # input) as the producer's loader prepares them; None when no producer emulation is modelled
     emulate: Callable | None
     # Defaults supplies these: config_files (files besides config.json it owns), nvfp4_global
-    # (divisor | multiplier | None), recipe_of(quant) (the recipe reproducing its bytes), the KV-cache
+    # (divisor | multiplier | None), recipe_of(quant) (the recipe reproducing its bytes),
+    # producer_refusal(quant) (why mode="producer" cannot run such a layer, or None), the KV-cache
     # vocabulary (kv_name, kv_shape, kv_store, kv_recipe, kv_shared), kv_tensor(name, shape) (a
     # loaded KV scale's name and shape when written in this format), input_recipe(entry) (dynamic
     # inputs' recipe) and carry_config(source, qc) (config fields kept on a rewrite)
@@ -116,6 +117,13 @@ class Defaults:
     def recipe_of(self, quant: LayerQuant) -> str:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""
         return self.name
+
+    def producer_refusal(self, quant: LayerQuant) -> str | None:
+        """Why mode="producer" cannot run a layer of ``quant`` (None: it can): known before any forward,
+        so a whole-model run stops at once, naming the layer."""
+        if self.emulate is None:
+            return f"no producer emulation for {self.name!r} checkpoints; use mode='reference'"
+        return None
 
     def input_recipe(self, entry: LayerEntry):
         """The recipe a dynamic input is quantized with in mode="reference" (None: fp8ref's)."""

@@ -16,7 +16,7 @@ from ..limits import MAX_GROUP, MAX_NAME, int_in, shown
 from ..patterns import Pattern
 from ..producers import compressed_tensors as ct
 from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
-from .forward import _round, dynamic_scale, fp32_weight_scale, qdq
+from .forward import _round, dynamic_scale, fp32_weight_scale, qdq, quantize_block_input
 from .layout import BLOCK_SCALED, D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
 NAME = ct.NAME
@@ -362,7 +362,7 @@ def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[n
 
     from ..codec import decode, encode
     from ..formats import FORMATS as FLOAT_FORMATS
-    from ..quant import QuantArgs, dequantize, quantize
+    from ..quant import dequantize
 
     q = layer.quant
     fmt = FLOAT_FORMATS[q.weight_fmt]
@@ -373,11 +373,8 @@ def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[n
     codes = encode(np.clip(y, -fmt.max, fmt.max).astype(np.float32), fmt)
     w = _round(decode(codes, fmt) * eff, dtype)
     if q.input is not None:
-        recipe = layer.scheme["recipe"]
-        given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
         xt = torch.from_numpy(np.ascontiguousarray(x32)).to(getattr(torch, dtype))  # x32 holds D values: exact
-        qx = quantize(xt, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=recipe, **given)
-        x32 = dequantize(qx, dtype=dtype).to(torch.float32).numpy()
+        x32 = dequantize(quantize_block_input(layer, xt), dtype=dtype).to(torch.float32).numpy()
     return w, x32
 
 

@@ -64,12 +64,32 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
                   accumulate=accumulate, **mm_options)
 
 
+def quantize_block_input(layer, x):
+    """The NVFP4 / MX input of ``layer`` as its reference quantizes it (``fp8ref.quant.QuantResult``,
+    in x's library): per 16 (NVFP4, under the stored global input scale) or per 32 (MX) elements of
+    the last axis, with the block-scale rule of the layer's producer recipe, the scales a backend
+    computes at run time. One function for every caller (the reference forward, ``compare``'s code
+    counts, an expert of a MoE layer), so they all quantize the same way; errors name the layer."""
+    from ..errors import Fp8RefError
+    from ..quant import QuantArgs, quantize
+
+    q = layer.quant
+    if q.input not in ("nvfp4", "mx"):
+        raise CheckpointError(f"{layer.name}: input {q.input or 'not quantized'}; NVFP4 / MX layers only")
+    if x.shape[-1] != layer.shape[1]:
+        raise CheckpointError(f"{layer.name}: x has {x.shape[-1]} features, the weight {layer.shape[1]}")
+    given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
+    try:
+        return quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=layer.scheme["recipe"], **given)
+    except Fp8RefError as exc:
+        raise type(exc)(f"{layer.name}: input: {exc}") from None
+
+
 def _block_scaled_forward(layer, x, out_dtype):
-    """nvfp4 / mx reference: the input quantized by the layer's producer recipe (the block scales
-    a backend computes at run time; NVFP4 under the stored global input scale), then the exact
-    sum of the exact products, times the global multipliers or divided by the global divisors,
+    """nvfp4 / mx reference: the input quantized by ``quantize_block_input``, then the exact sum
+    of the exact products, times the global multipliers or divided by the global divisors,
     rounded once (``fp8ref.matmul.global_scaled``). Weight-only layers take x as it is."""
-    from .._arrays import deliver, float64_values, float_input, is_torch
+    from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
     from ..codec import decode
     from ..matmul.global_scaled import global_scaled_linear
     from ..scaling import expand
@@ -85,26 +105,15 @@ def _block_scaled_forward(layer, x, out_dtype):
     if q.input is None:
         xv = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k)
     else:
-        qx = block_scaled_input(layer, x)
-        codes = np.asarray(qx.codes if not is_torch(qx.codes) else qx.codes.numpy())
-        s = np.asarray(qx.scale if not is_torch(qx.scale) else qx.scale.numpy(), np.float64)
+        qx = quantize_block_input(layer, x)
+        codes = to_numpy(qx.codes)
+        s = np.asarray(to_numpy(qx.scale), np.float64)
         xv = (decode(codes, q.input_fmt).astype(np.float64) * expand(s, codes.shape, q.input)).reshape(-1, k)
         if q.input == "nvfp4":
-            g *= float(np.asarray(qx.global_scale if not is_torch(qx.global_scale) else qx.global_scale.numpy(),
-                                  np.float32).reshape(-1)[0])  # float32 x float32: exact in float64
+            g *= float(np.asarray(to_numpy(qx.global_scale), np.float32).reshape(-1)[0])  # exact: two float32
     bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float64)
     y = global_scaled_linear(xv, wv, g, q.global_scale or "multiplier", bias=bias, out_dtype=out)
     return deliver(y.reshape(*lead, layer.shape[0]), out, is_torch(x))
-
-
-def block_scaled_input(layer, x):
-    """The ``QuantResult`` of an nvfp4 / mx layer's input as its reference forward makes it: the
-    layer's recipe, run-time block scales (NVFP4: under the stored global input scale)."""
-    from ..quant import QuantArgs, quantize
-
-    q = layer.quant
-    given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
-    return quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=layer.scheme["recipe"], **given)
 
 
 # --- producer emulation -----------------------------------------------------------------------
@@ -178,10 +187,11 @@ def _producer_forward(layer, x):
 
     from . import base
 
-    emulate = base.get(layer.producer).emulate
-    if emulate is None:
-        raise CheckpointError(f"{layer.name}: no producer emulation for {layer.producer!r} checkpoints; "
-                              f"use mode='reference'")
+    fmt = base.get(layer.producer)
+    why = fmt.producer_refusal(layer.quant)
+    if why is not None:
+        raise CheckpointError(f"{layer.name}: {why}")
+    emulate = fmt.emulate
     if not isinstance(x, torch.Tensor):
         raise CheckpointError(f"{layer.name}: mode='producer' takes a torch tensor in the model dtype")
     dtype = str(x.dtype).removeprefix("torch.")

@@ -169,6 +169,16 @@ def static_input_amax(layer, dtype: str) -> np.ndarray:
     return a
 
 
+def producer_refusal(quant: LayerQuant) -> str | None:
+    """NVFP4 and MXFP8 have no producer forward: no CPU loader, and ModelOpt's in-memory fake
+    quantization of them runs on CUDA only."""
+    algo = algo_of(quant)
+    if algo not in _CPU_REFUSALS:
+        return None
+    return (f"no producer emulation for ModelOpt {algo}: its in-memory fake quantization runs on CUDA only (on "
+            f"CPU: {_CPU_REFUSALS[algo]}) and no CPU loader exists; use mode='reference'")
+
+
 def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """mode="producer": ModelOpt's in-memory QuantLinear holding the export dequantized, W = D(fp32(q·s))
     (``w``; there is no ModelOpt loader): its weight quantizer takes amax = max|W| per tensor (FP8)
@@ -180,10 +190,10 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
 
     from ..quant import QuantArgs, fake_quant
 
+    why = producer_refusal(layer.quant)
+    if why is not None:
+        raise CheckpointError(f"{layer.name}: {why}")
     algo = algo_of(layer.quant)
-    if algo in _CPU_REFUSALS:
-        raise CheckpointError(f"{layer.name}: no producer emulation for ModelOpt {algo}: its in-memory fake "
-                              f"quantization runs on CUDA only (on CPU: {_CPU_REFUSALS[algo]}); use mode='reference'")
     tdtype = getattr(torch, dtype)
     per_channel = algo == "FP8_PER_CHANNEL_PER_TOKEN"
     amax = None if per_channel else static_input_amax(layer, dtype)  # refuses a float32 model first
@@ -241,6 +251,7 @@ class ModelOpt(Defaults):
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
     emulate = staticmethod(emulate)
+    producer_refusal = staticmethod(producer_refusal)
 
     def kv_name(self, attn: str, which: str) -> str:
         return f"{attn}.{which}_proj.{which}_scale"

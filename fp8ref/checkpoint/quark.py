@@ -147,11 +147,11 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     elif q.input == "mx":
         import torch
 
-        from ..quant import QuantArgs, dequantize, quantize
+        from ..quant import dequantize
+        from .forward import quantize_block_input
 
         xt = torch.from_numpy(np.ascontiguousarray(x32)).to(getattr(torch, dtype))  # x32 holds D values: exact
-        qx = quantize(xt, QuantArgs(format=q.input_fmt, granularity="mx"), recipe=layer.scheme["recipe"])
-        x32 = dequantize(qx, dtype=dtype).to(torch.float32).numpy()
+        x32 = dequantize(quantize_block_input(layer, xt), dtype=dtype).to(torch.float32).numpy()
     return w, x32
 
 

@@ -73,8 +73,8 @@ def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
 def _code_differ(layer, xs: list, xs0: list) -> float | None:
     if layer.quant.input is None:
         return None
-    a = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])).astype(np.float32))[0] for x in xs]
-    b = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])).astype(np.float32))[0] for x in xs0]
+    a = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])))[0] for x in xs]
+    b = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])))[0] for x in xs0]
     a, b = np.concatenate([c.reshape(-1) for c in a]), np.concatenate([c.reshape(-1) for c in b])
     return float(np.mean(a != b)) if a.size else 0.0
 

@@ -10,7 +10,7 @@ import torch
 
 from .._arrays import check_torch, dtype_name, numpy_of, torch_of
 from ..errors import InputTypeError, ModelError
-from .modes import Mode, backend_forward, parse_mode
+from .modes import Mode, backend_forward, cannot_run, parse_mode
 
 
 class Fp8RefLinear(torch.nn.Module):
@@ -87,6 +87,9 @@ class Fp8RefLinear(torch.nn.Module):
         if mode.kind == "backend" and mode.arg not in self.backends:
             raise ModelError(f"{self.name}: mode {mode} needs its backend object (backend=load_backend("
                              f"{mode.arg!r})); have {sorted(self.backends) or 'none'}")
+        why = cannot_run(self.layer, mode)
+        if why is not None:
+            raise ModelError(f"{self.name}: {why}")
         return mode
 
     def extra_repr(self) -> str:

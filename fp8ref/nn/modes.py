@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ModelError
 
 KINDS = ("original", "reference", "producer", "backend")
+BLOCK_INPUTS = ("nvfp4", "mx")  # inputs quantized per block at run time: exact reference, no backend case
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,27 @@ def parse_mode(text, *, accumulate: str = "exact") -> Mode:
     return Mode(kind)
 
 
+def cannot_run(layer, mode: Mode) -> str | None:
+    """Why ``layer`` cannot run in ``mode`` (None: it can), known before any forward: NVFP4 / MX
+    layers have the exact reference only, and no golden linear / scaled_mm case a backend declares;
+    ``producer`` where the format has no producer forward for the layer (ModelOpt NVFP4 / MXFP8)."""
+    if mode.kind == "producer":
+        from ..checkpoint import base
+
+        return base.get(layer.producer).producer_refusal(layer.quant)
+    strategy = layer.quant.weight_strategy
+    if strategy not in BLOCK_INPUTS:
+        return None
+    kind = "NVFP4" if strategy == "nvfp4" else "MX"
+    if mode.kind == "reference" and mode.arg != "exact":
+        return (f"mode {mode}: {kind} layers have the exact reference only (reference); no accumulation model "
+                f"of block-scaled FP4/MX products is defined")
+    if mode.kind == "backend":
+        return (f"backend {mode.arg!r} cannot run this layer ({layer.quant.describe()}): the golden linear and "
+                f"scaled_mm cases a backend declares are FP8; no {strategy} case declares block-scaled FP4/MX operands")
+    return None
+
+
 def parse_modes(text: str) -> list[Mode]:
     """A comma-separated list of modes, each at most once."""
     modes = [parse_mode(t) for t in text.split(",") if t.strip()]
@@ -74,20 +96,25 @@ def parse_modes(text: str) -> list[Mode]:
     return modes
 
 
-def quantize_input(layer, x32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The layer's FP8 input codes and float32 scale exactly as its reference forward makes them
-    (``fp8ref.matmul.quantize_input``, linear's activation rule) for (M, K) float32 activations."""
-    from ..checkpoint.forward import block_scaled_input
+def quantize_input(layer, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The layer's input codes and float32 scales exactly as its reference forward makes them for
+    (M, K) activations in the model dtype: FP8 layers by ``fp8ref.matmul.quantize_input``
+    (linear's activation rule); NVFP4 / MX layers by ``checkpoint.forward.quantize_block_input``
+    (element codes, and the per-16 / per-32 block scales; NVFP4's global input scale aside)."""
     from ..errors import Fp8RefError
     from ..matmul import quantize_input as linear_input
 
     q = layer.quant
     if q.input is None:
         raise ModelError(f"{layer.name}: weight-only layer; its inputs are not quantized")
+    if q.input in BLOCK_INPUTS:
+        from .._arrays import to_numpy
+        from ..checkpoint.forward import quantize_block_input
+
+        qx = quantize_block_input(layer, x)  # in the model dtype: the recipe's D steps depend on it
+        return to_numpy(qx.codes), np.asarray(to_numpy(qx.scale), np.float32)
+    x32 = np.asarray(x, np.float32)
     try:
-        if q.input in ("nvfp4", "mx"):  # FP4/FP8 codes with run-time block scales
-            qx = block_scaled_input(layer, x32)
-            return np.asarray(qx.codes), np.asarray(qx.scale, np.float32)
         if q.input == "static":
             return linear_input(x32, input_scale=np.asarray(layer.input_scale).astype(np.float32))
         return linear_input(x32, dynamic=q.input.removeprefix("dynamic-"), block_k=q.input_group or 128)
@@ -158,15 +185,17 @@ def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.
     ``block128`` case. Returns y and the parameters of the operation the backend ran."""
     from ..matmul import ACCUMULATIONS, SCALE_ORDERS
 
+    why = cannot_run(layer, Mode("backend", backend.name))
+    if why is not None:
+        raise ModelError(f"{layer.name}: {why}")
     done = _linear_forward(layer, x2, backend)
     if done is not None:
         return done
     q = layer.quant
-    if q.weight_strategy in ("nvfp4", "mx"):
-        raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer ({q.describe()}): the golden "
-                         f"scaled_mm cases are FP8 with per-tensor, per-row or block128 scales; no {q.weight_strategy} "
-                         f"case declares block-scaled FP4/MX operands")
-    codes, s_a = quantize_input(layer, np.asarray(x2, np.float32))
+    why = cannot_run(layer, Mode("backend", backend.name))
+    if why is not None:
+        raise ModelError(f"{layer.name}: {why}")
+    codes, s_a = quantize_input(layer, x2)
     M, K, N = x2.shape[0], x2.shape[1], layer.shape[0]
     s_w = np.asarray(layer.weight_scale).astype(np.float32)
     if q.weight_strategy == "block" or q.input == "dynamic-group":
