@@ -176,6 +176,8 @@ class Fp8RefExperts(torch.nn.Module):
             pos, token = torch.where(mask[e])
             x = hidden_states[token]
             p = self.projections[e]
+            for lin in p.values():  # which rows of the batch each call saw (compare aligns the runs by them)
+                lin.routed_tokens = token
             h = self.native.act_fn(p["gate"](x)) * p["up"](x)
             y = p["down"](h) * top_k_weights[token, pos, None]
             final.index_add_(0, token, y.to(final.dtype))
