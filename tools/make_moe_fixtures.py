@@ -56,7 +56,7 @@ SEED, EDIT_SEED = 1234, 4321
 
 def tiny(arch: str):
     """The tiny model of ``arch`` with seeded random weights (heavier tails than the default init,
-    e_score_correction_bias made non-zero so the routing correction is exercised)."""
+    e_score_correction_bias made non-zero so the routing correction is exercised, kept float32)."""
     import transformers
 
     cfg_name, cls_name, kwargs = CONFIGS[arch]
@@ -69,9 +69,10 @@ def tiny(arch: str):
             if p.ndim >= 2 and "embed" not in name:
                 std = 0.08 if p.ndim == 3 else 0.05
                 p.copy_(torch.randn(p.shape, generator=g) * std * torch.exp(0.5 * torch.randn(p.shape, generator=g)))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):  # float32, as transformers keeps it (and DeepSeek ships it)
+                module.e_score_correction_bias = (torch.randn(module.e_score_correction_bias.shape, generator=g)
+                                                  * 0.1).float()
     return model
 
 
