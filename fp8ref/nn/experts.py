@@ -144,6 +144,9 @@ class Fp8RefExperts(torch.nn.Module):
             gate_up = torch.stack([torch.cat([weight(p["gate"]), weight(p["up"])]) for p in self.projections])
             down = torch.stack([weight(p["down"]) for p in self.projections])
             self._fused[key] = (gate_up, down)
+            for p in self.projections:  # one copy of the dequantized experts: the fused one
+                for lin in p.values():
+                    lin._producer = None
         return self._fused[key]
 
     def release_fused(self) -> None:
