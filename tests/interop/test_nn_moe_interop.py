@@ -139,3 +139,20 @@ def test_hf_fp8_producer_takes_transformers_blocks_not_the_declared_ones(tmp_pat
     q_a = ckpt["model.layers.0.self_attn.q_a_proj"]
     assert (transformers_weight(kv_a, "bfloat16") != producer_weight(kv_a, "bfloat16")).any()
     assert (transformers_weight(q_a, "bfloat16") == producer_weight(q_a, "bfloat16")).all()
+
+
+def test_static_fp8_experts_with_their_own_input_scales(tmp_path):
+    """FP8 with static input scales (fp8ref writes it from per-layer amax; each expert its own):
+    reference quantizes each expert's input with that expert's scale; transformers' reload drops
+    the experts' input scales (its fused experts run unquantized) and fp8ref's producer with it."""
+    orig = CKPTS / ORIGINAL["qwen3_moe"]
+    names = [n for n in fp8ref.load_checkpoint(CKPTS / "llmc_qwen3_moe_fp8_dynamic")]
+    cal = {n: 2.0 + 0.5 * i for i, n in enumerate(sorted(names))}  # a different amax per layer and expert
+    out = tmp_path / "static"
+    fp8ref.export_checkpoint(orig, out, {"scheme": "FP8", "ignore": ["lm_head", "re:.*mlp\\.gate$"]}, calibration=cal)
+    ckpt = fp8ref.load_checkpoint(out)
+    scales = {float(ckpt[n].input_scale.reshape(-1)[0]) for n in names if ".experts." in n}
+    assert len(scales) == 24  # every expert projection its own input scale
+    assert _same(_ours(out), _tool_logits(out))
+    ref = _ours(out, "reference")
+    assert torch.isfinite(ref).all() and not _same(ref, _ours(out))
