@@ -175,3 +175,23 @@ def test_mixtral_names_warn_on_load():
     assert "24 expert weights named down_proj/gate_proj/up_proj" in w and "would not load these tensors" in w
     assert not [w for w in fp8ref.load_checkpoint(QWEN).warnings if "transformers reads" in w]
     assert not [w for w in fp8ref.load_checkpoint(CKPTS / "moe_mixtral_bf16").warnings if "transformers reads" in w]
+
+
+def test_free_running_rows_are_aligned_by_token():
+    """An expert's free-running rows: the tokens routed to it in both runs, matched by token; the
+    share routed to it in one run only is routed_differ."""
+    from fp8ref.io.spill import SpillStore
+    from fp8ref.nn.compare import _routed_rows, _rows, _spiller
+
+    with SpillStore() as store:
+        base, mode = _spiller(store, "base"), _spiller(store, "m")
+        x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+        base("e", x, x * 10, torch.tensor([0, 2, 5]))
+        mode("e", x + 100, x * 20, torch.tensor([2, 3, 5]))
+        ia, ib, differ = _routed_rows(store, "m", "e")
+        assert differ == 0.5  # tokens 0 and 3 of {0, 2, 3, 5}
+        ys = _rows([torch.from_numpy(a) for a in store.get("m/out/e")], ia)[0]
+        ys0 = _rows([torch.from_numpy(a) for a in store.get("base/out/e")], ib)[0]
+        assert ys.tolist() == [[0.0, 20.0], [80.0, 100.0]]  # the mode's rows of tokens 2 and 5
+        assert ys0.tolist() == [[20.0, 30.0], [40.0, 50.0]]  # the baseline's rows of tokens 2 and 5
+        assert _routed_rows(store, "m", "not-an-expert") is None
