@@ -13,12 +13,16 @@ CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoi
 MIXTRAL_NAMES = {".gate_proj.": ".w1.", ".up_proj.": ".w3.", ".down_proj.": ".w2."}
 
 
-def rewrite(src: Path, dst: Path, *, rename=None, drop=None, config: dict | None = None) -> Path:
+def rewrite(src: Path, dst: Path, *, rename=None, drop=None, copy: dict[str, str] | None = None,
+            config: dict | None = None) -> Path:
     """``src`` copied to ``dst`` with each tensor name passed through ``rename``, the names ``drop``
-    accepts left out, and ``config`` merged into config.json."""
+    accepts left out, the tensors under each prefix ``copy`` maps to also written under its key
+    (e.g. an expert duplicated as one more), and ``config`` merged into config.json."""
     f = SafetensorsFile(src / "model.safetensors")
     tensors = {(rename(n) if rename else n): (f.info(n).dtype, f.get(n)) for n in f.tensors
                if not (drop and drop(n))}
+    for new, old in (copy or {}).items():
+        tensors.update({new + n[len(old):]: (f.info(n).dtype, f.get(n)) for n in f.tensors if n.startswith(old)})
     dst.mkdir(parents=True, exist_ok=True)
     write_safetensors(dst / "model.safetensors", tensors)
     cfg = json.loads((src / "config.json").read_text())

@@ -132,16 +132,20 @@ def test_mixtral_names_are_mapped_and_inspect_warns(capsys):
 
 # --- bad input: one clear error naming the tensor or module, nothing written -------------------------
 
-@pytest.mark.parametrize("config, message", [
-    ({"num_local_experts": 3}, "model.layers.0.mlp.experts.3.down_proj: expert 3, but the model's "
-                         "model.layers.0.mlp.experts has 3 experts"),
-    ({"num_local_experts": 5}, "model.layers.0.mlp.experts.4.gate_proj: missing; the model's "
-                               "model.layers.0.mlp.experts has 5 experts"),
-    ({"moe_intermediate_size": 32}, "model.layers.0.mlp.experts.0.down_proj: weight [128, 64], the model's "
-                                    "model.layers.0.mlp.experts expects [128, 32]"),
+E3 = "model.layers.0.mlp.experts.3."
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"copy": {"model.layers.0.mlp.experts.4.": E3}},  # one expert more than the config's 4
+     "model.layers.0.mlp.experts.4.down_proj: expert 4, but the model's model.layers.0.mlp.experts has 4 experts"),
+    ({"drop": lambda n: n.startswith(E3 + "gate_proj")},
+     "model.layers.0.mlp.experts.3.gate_proj: missing; the model's model.layers.0.mlp.experts has 4 experts"),
+    ({"config": {"moe_intermediate_size": 32}},
+     "model.layers.0.mlp.experts.0.down_proj: weight [128, 64], the model's model.layers.0.mlp.experts expects "
+     "[128, 32]"),
 ])
-def test_experts_disagreeing_with_the_config(tmp_path, capsys, config, message):
-    bad = rewrite(QWEN, tmp_path / "bad", config=config)
+def test_experts_disagreeing_with_the_config(tmp_path, capsys, edit, message):
+    bad = rewrite(QWEN, tmp_path / "bad", **edit)
     with pytest.raises(ModelError, match=re.escape(message)):
         _build(bad)
     out = tmp_path / "r.json"
@@ -152,17 +156,18 @@ def test_experts_disagreeing_with_the_config(tmp_path, capsys, config, message):
 
 
 def test_unquantized_experts_disagreeing_with_the_config(tmp_path):
-    bad = rewrite(QWEN_BF16, tmp_path / "bad", config={"num_local_experts": 3})
-    with pytest.raises(ModelError, match=r"model\.layers\.0\.mlp\.experts\.3\.\w+_proj\.weight'?: expert beyond "
-                                         r"the model's 3 experts"):
+    bad = rewrite(QWEN_BF16, tmp_path / "bad", copy={"model.layers.0.mlp.experts.4.": E3})
+    with pytest.raises(ModelError, match=r"model\.layers\.0\.mlp\.experts\.4\.\w+_proj\.weight'?: expert beyond "
+                                         r"the model's 4 experts"):
         _build(bad, mode="original", original=QWEN_BF16)
 
 
 def test_a_router_without_experts(tmp_path, capsys):
-    bad = rewrite(QWEN_BF16, tmp_path / "bad", drop=lambda n: ".experts." in n)
-    message = ("model.layers.0.mlp.experts: the model has 4 experts here and the checkpoint none (no "
-               "model.layers.0.mlp.experts.N.gate_proj/up_proj/down_proj); it holds only "
-               "model.layers.0.mlp.gate.weight")
+    """The second block's experts left out, its router kept."""
+    bad = rewrite(QWEN_BF16, tmp_path / "bad", drop=lambda n: n.startswith("model.layers.1.mlp.experts."))
+    message = ("model.layers.1.mlp.experts: the model has 4 experts here and the checkpoint none (no "
+               "model.layers.1.mlp.experts.N.gate_proj/up_proj/down_proj); it holds only "
+               "model.layers.1.mlp.gate.weight")
     with pytest.raises(ModelError, match=re.escape(message)):
         _build(bad, mode="original", original=QWEN_BF16)
     (tmp_path / "ids.txt").write_text("1 2 3 4\n")
