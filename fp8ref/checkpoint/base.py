@@ -90,6 +90,9 @@ class Defaults:
     # mode="producer" after the D matmul: (layer, fp32 y holding D values, D) -> y as the producer's
     # output quantizer leaves it (Quark's k/v_proj KV-cache fake quantization); None: y as it is
     emulate_output = None
+    # mode="producer" of one MoE expert's projection: (layer, D) -> the D weight the producer's reload puts
+    # in the model's fused experts (which it runs unquantized, no activation quantization); None: not modelled
+    emulate_experts = None
     # mode="producer" attention: the producer's reload fake-quantizes K and V with the stored KV-cache
     # scales (compressed-tensors' forward_quantize); False: its reload drops them (auto-round 0.16.1)
     kv_reload_quantizes = True

@@ -399,6 +399,30 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     return w, x32
 
 
+def emulate_experts(layer, dtype: str) -> np.ndarray:
+    """mode="producer" of an MoE expert (transformers 5.17's ``DecompressExperts``): each expert's FP8
+    weight becomes ``bfloat16(fp32(q) * fp32(s))``, the stored scale broadcast as it stands (so block
+    scales only broadcast where a weight is a single block, or one block per row or column), always
+    bfloat16, then copied into the model's fused parameter in D. The fused experts are no nn.Linear:
+    compressed-tensors never wraps them, so their inputs are not quantized."""
+    from ..codec import decode
+
+    q = layer.quant
+    if q.weight_fmt != "float8_e4m3fn" or q.weight_strategy not in ("tensor", "channel", "block"):
+        raise CheckpointError(f"{layer.name}: producer mode models compressed-tensors' FP8 experts only "
+                              f"(transformers' DecompressExperts FP8 path); this expert is {q.weight_strategy} "
+                              f"{q.weight_fmt}")
+    codes = decode(layer.weight_codes, q.weight_fmt).astype(np.float32)
+    s = np.asarray(layer.weight_scale).astype(np.float32)
+    try:
+        np.broadcast_shapes(codes.shape, s.shape)
+    except ValueError:
+        raise CheckpointError(f"{layer.name}: transformers' DecompressExperts multiplies the expert's weight "
+                              f"{list(codes.shape)} by its weight_scale {list(s.shape)} by broadcasting, which "
+                              f"fails: transformers cannot reload this checkpoint (use mode='reference')") from None
+    return _round(_round(codes * s, "bfloat16"), dtype)
+
+
 class CompressedTensors(Defaults):
     name = NAME
     scales = (
@@ -434,7 +458,7 @@ class CompressedTensors(Defaults):
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
     emulate = staticmethod(emulate)
-
+    emulate_experts = staticmethod(emulate_experts)
 
 
 register(CompressedTensors())

@@ -123,21 +123,67 @@ KV_REFUSAL = ("its quantization_config (quant_method 'fp8') has no KV-cache fiel
               "no k_scale/v_scale")
 
 
-def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """mode="producer": transformers 5.x without CUDA/XPU loads quant_method fp8 with
-    ``dequantize=True`` (``Fp8Dequantize``): W = D(fp32(q * s)), the block size taken as the weight
-    shape over the scale grid (so a grid that does not divide the weight raises there, and here);
-    the input is not quantized, then nn.Linear's D matmul."""
-    s = np.asarray(layer.weight_scale)
-    if s.ndim == 2 and (layer.shape[0] % s.shape[0] or layer.shape[1] % s.shape[1]):
+def transformers_weight(layer, dtype: str) -> np.ndarray:
+    """The weight transformers 5.x's CPU reload (``Fp8Dequantize``, ``dequantize=True``) gives the model:
+    D(fp32(q * s)) with the block size taken as the weight shape over the scale grid, rows // scale_rows
+    by cols // scale_cols (a grid that does not divide the weight raises there, and here). Where the
+    weight's rows or columns are not a multiple of the declared block but the grid divides them (a
+    [160, 128] kv_a_proj_with_mqa with 2 scale rows: 80-row blocks), this is not what the format
+    declares (128-row blocks, the last one cropped; ``validate`` warns): producer mode computes it."""
+    from ..codec import decode
+    from .forward import _round
+
+    s = np.asarray(layer.weight_scale).astype(np.float32)
+    rows, cols = layer.shape
+    sr, sc = s.shape if s.ndim == 2 else (1, 1)
+    if rows % sr or cols % sc:
         raise CheckpointError(f"{layer.name}: weight {list(layer.shape)} is not divisible by the scale grid "
                               f"{list(s.shape)}; transformers' Fp8Dequantize raises here")
-    return w, x32
+    q = decode(layer.weight_codes, layer.quant.weight_fmt).astype(np.float32).reshape(sr, rows // sr, sc, cols // sc)
+    return _round((q * s.reshape(sr, 1, sc, 1)).reshape(rows, cols), dtype)
+
+
+def transformers_block_quirk(rows: int, cols: int, block: tuple[int, int]) -> tuple[int, int] | None:
+    """The (rows, cols) block transformers' Fp8Dequantize uses for a [rows, cols] weight with ``block``
+    scales where it differs from ``block`` and the grid divides the weight (else None)."""
+    r, c = block
+    sr, sc = -(-rows // r), -(-cols // c)
+    if rows % sr or cols % sc or (rows // sr, cols // sc) == (r, c):
+        return None
+    if rows // sr == min(r, rows) and cols // sc == min(c, cols):
+        return None  # a weight smaller than one block: the same single block
+    return rows // sr, cols // sc
+
+
+def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """mode="producer": transformers 5.x without CUDA/XPU loads quant_method fp8 with
+    ``dequantize=True`` (``Fp8Dequantize``): W = ``transformers_weight`` (its block geometry, not
+    necessarily the format's); the input is not quantized, then nn.Linear's D matmul."""
+    return transformers_weight(layer, dtype), x32
+
+
+def emulate_experts(layer, dtype: str) -> np.ndarray:
+    """mode="producer" of an MoE expert: transformers' Fp8Dequantize runs per expert before the merge
+    into the fused parameter, the same D weight as a linear's; the fused experts run unquantized."""
+    return transformers_weight(layer, dtype)
 
 
 def validate(store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
     """scale_fmt ue8m0: every weight_scale_inv must be a power of two (engines' UE8M0 kernels read
-    only the exponent; DeepGEMM rounds others up)."""
+    only the exponent; DeepGEMM rounds others up). Block layers whose blocks transformers' CPU reload
+    takes otherwise than the format declares (``transformers_block_quirk``) get a warning."""
+    for e in entries:
+        if e.quant.block:
+            rows, cols = store.info(e.tensors["weight"]).shape
+            alt = transformers_block_quirk(rows, cols, tuple(e.quant.block))
+            if alt is not None:
+                r, c = e.quant.block
+                warnings.append(f"{store.where(e.tensors['weight'])}: a [{rows}, {cols}] weight with {r}x{c} blocks "
+                                f"({-(-rows // r)}x{-(-cols // c)} scales): transformers' CPU reload "
+                                f"(Fp8Dequantize) dequantizes it in {alt[0]}x{alt[1]} blocks (the weight shape over "
+                                f"the scale grid), not the declared ones: its logits are not the checkpoint's. "
+                                f"fp8ref's reference uses the declared blocks; its producer mode what transformers "
+                                f"computes")
     for e in entries:
         if not e.extra_scale_dtypes:
             continue
@@ -168,6 +214,7 @@ class HfFp8(Defaults):
     scales_follow_recipe = False  # weight_scale_inv / activation_scale are F32 whatever the recipe
     kv_refusal = KV_REFUSAL
     emulate = staticmethod(emulate)  # the CPU loader's dequantized path; CUDA loaders run FP8 kernels
+    emulate_experts = staticmethod(emulate_experts)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return any(f"{n}.weight_scale_inv" in store for n in fp8_layers)

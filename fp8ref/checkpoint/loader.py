@@ -24,6 +24,7 @@ from ..io.safetensors import INDEX_NAME, TensorStore, open_store, unpack_nibbles
 from ..limits import MAX_GROUP, shown
 from . import base
 from .detect import UNQUANTIZED, detect_format
+from .expert_names import name_warnings
 from .layout import (
     BLOCK_SCALED,
     LayerEntry,
@@ -301,6 +302,7 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
         check_blocks(config, store, str(config_path))
     if check_values and producer is not None:
         producer.validate(store, entries, warnings)
+    warnings.extend(name_warnings(config, list(store), str(folder)))
     return Checkpoint(folder if path.is_dir() else path, fmt, config, qc, store, entries, kv, warnings)
 
 

@@ -132,3 +132,17 @@ def _print_summary(r: dict) -> None:
         worst = sorted(r["layers"], key=lambda x: -x["teacher_forced"][mode]["rel_rms"])[:3]
         shown = ", ".join(f"{x['name']} {x['teacher_forced'][mode]['rel_rms']:.3g}" for x in worst)
         print(f"  {mode}: worst teacher-forced relative RMS: {shown}")
+    groups = r.get("expert_groups") or []
+    if groups:
+        print("  MoE experts, one line per block (per-expert rows: --json):")
+    for g in groups:
+        for mode in r["modes"][1:]:
+            tf, fr = g["modes"][mode]["teacher_forced"], g["modes"][mode]["free_running"]
+            if tf["worst"] is None:
+                print(f"    {g['experts']} {mode}: no expert ran")
+                continue
+            short = "experts." + tf["worst"].rpartition(".experts.")[2]
+            print(f"    {g['experts']} ({g['ran']} of {g['projections']} projections ran) {mode}: teacher-forced "
+                  f"relative RMS mean {tf['mean_rel_rms']:.3g}, worst {short} {tf['worst_rel_rms']:.3g}; "
+                  f"free-running worst {fr['worst_rel_rms']:.3g}, tokens routed otherwise "
+                  f"{fr['routed_differ']:.1%}")

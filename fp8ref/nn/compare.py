@@ -41,7 +41,7 @@ def capture(model, ids: torch.Tensor, mode, sink) -> tuple[torch.Tensor, list[st
         if module.name not in seen:
             seen.add(module.name)
             order.append(module.name)
-        sink(module.name, args[0].detach(), out.detach())
+        sink(module.name, args[0].detach(), out.detach(), getattr(module, "routed_tokens", None))
 
     handles = [m.register_forward_hook(hook) for m in fp8ref_layers(model).values()]
     try:
@@ -54,12 +54,39 @@ def capture(model, ids: torch.Tensor, mode, sink) -> tuple[torch.Tensor, list[st
 
 
 def _spiller(store, tag: str, inputs: bool = True):
-    """A capture sink that writes each call's input and output to ``store`` at once."""
-    def sink(name, x, y):
+    """A capture sink that writes each call's input and output to ``store`` at once, and for an
+    MoE expert the batch rows routed to it (call number in the high 32 bits)."""
+    calls: dict[str, int] = {}
+
+    def sink(name, x, y, tokens=None):
         if inputs:
             store.append(f"{tag}/in/{name}", numpy_of(x))
         store.append(f"{tag}/out/{name}", numpy_of(y))
+        if tokens is not None:
+            n = calls[name] = calls.get(name, -1) + 1
+            store.append(f"{tag}/tok/{name}", tokens.numpy().astype(np.int64) + (n << 32))
     return sink
+
+
+def _routed_rows(store, key: str, name: str) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """For an expert: the rows of the mode's and the baseline's captures that hold the same tokens
+    (routed to the expert in both runs), and the share of its tokens routed to it in one run only;
+    None for a layer every token runs through."""
+    tok0 = store.get(f"base/tok/{name}")
+    if not tok0:
+        return None
+    a = np.concatenate(store.get(f"{key}/tok/{name}") or [np.zeros(0, np.int64)])
+    b = np.concatenate(tok0)
+    both, ia, ib = np.intersect1d(a, b, return_indices=True)
+    union = np.union1d(a, b).size
+    return ia, ib, (1 - both.size / union) if union else 0.0
+
+
+def _rows(ts: list[torch.Tensor], idx: np.ndarray) -> list[torch.Tensor]:
+    if not ts or not idx.size:
+        return []
+    flat = torch.cat([t.reshape(-1, t.shape[-1]) for t in ts])
+    return [flat[torch.from_numpy(idx)]]
 
 
 def _load(store, key: str) -> list[torch.Tensor]:
@@ -67,11 +94,11 @@ def _load(store, key: str) -> list[torch.Tensor]:
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in ts])
+    return torch.cat([t.reshape(-1) for t in ts]) if ts else torch.zeros(0)
 
 
 def _code_differ(layer, xs: list, xs0: list) -> float | None:
-    if layer.quant.input is None:
+    if layer.quant.input is None or not xs or not xs0:  # not xs: an expert no token reached in both runs
         return None
     a = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])))[0] for x in xs]
     b = [quantize_input(layer, numpy_of(x.reshape(-1, x.shape[-1])))[0] for x in xs0]
@@ -137,12 +164,19 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
         if with_perplexity:
             end[key]["perplexity"] = perplexity(logits, ids)
         for name in order:
-            fr = layer_metrics(_cat(_load(store, f"{key}/out/{name}")), _cat(_load(store, f"base/out/{name}")))
-            fr["code_differ"] = _code_differ(layers[name].layer, _load(store, f"{key}/in/{name}"),
-                                             _load(store, f"base/in/{name}"))
+            ys, ys0 = _load(store, f"{key}/out/{name}"), _load(store, f"base/out/{name}")
+            xs, xs0 = _load(store, f"{key}/in/{name}"), _load(store, f"base/in/{name}")
+            routed = _routed_rows(store, key, name)
+            if routed is not None:  # an expert: the tokens routed to it in both runs, row by row
+                ia, ib, routed_differ = routed
+                ys, ys0, xs, xs0 = _rows(ys, ia), _rows(ys0, ib), _rows(xs, ia), _rows(xs0, ib)
+            fr = layer_metrics(_cat(ys), _cat(ys0))
+            fr["code_differ"] = _code_differ(layers[name].layer, xs, xs0)
+            if routed is not None:
+                fr["routed_differ"] = routed_differ
             per_layer[name]["free_running"][key] = fr
-            store.drop(f"{key}/in/{name}")
-            store.drop(f"{key}/out/{name}")
+            for part in ("in", "out", "tok"):
+                store.drop(f"{key}/{part}/{name}")
             bar.update()
     bar.close()
     jobs = [(str(mode), name) for name in order for mode in modes[1:]]  # layer by layer: each loaded once
@@ -172,7 +206,37 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
     set_mode(model, base)
     return {"baseline": str(base), "modes": [str(m) for m in modes],
             "tokens": {"batch": int(ids.shape[0]), "length": int(ids.shape[1])},
-            "end_to_end": end, "first_divergent": first, "layers": [per_layer[n] for n in order]}
+            "end_to_end": end, "first_divergent": first, "layers": [per_layer[n] for n in order],
+            "expert_groups": expert_groups(model, per_layer, [str(m) for m in modes[1:]])}
+
+
+def expert_groups(model, per_layer: dict, modes: list[str]) -> list[dict]:
+    """One summary per MoE block (its experts' projection rows grouped, so a 256-expert model's
+    report stays readable): how many experts ran, and per mode the worst and mean teacher-forced
+    relative RMS over its projections, the worst free-running one, and the share of tokens routed
+    otherwise than in the baseline (free-running, mean over the experts that ran)."""
+    from .experts import Fp8RefExperts
+
+    groups = []
+    for m in model.modules():
+        if not isinstance(m, Fp8RefExperts):
+            continue
+        names = [lin.name for p in m.projections for lin in p.values()]
+        ran = [n for n in names if n in per_layer]
+        g = {"experts": m.name, "count": m.num_experts, "projections": len(names), "ran": len(ran), "modes": {}}
+        for mode in modes:
+            tf = {n: per_layer[n]["teacher_forced"][mode]["rel_rms"] for n in ran}
+            fr = {n: per_layer[n]["free_running"][mode] for n in ran}
+            worst_tf = max(tf, key=tf.get, default=None)
+            worst_fr = max(fr, key=lambda n: fr[n]["rel_rms"], default=None)
+            routed = [f.get("routed_differ", 0.0) for f in fr.values()]
+            g["modes"][mode] = {
+                "teacher_forced": {"worst": worst_tf, "worst_rel_rms": tf.get(worst_tf),
+                                   "mean_rel_rms": float(np.mean(list(tf.values()))) if tf else None},
+                "free_running": {"worst": worst_fr, "worst_rel_rms": fr[worst_fr]["rel_rms"] if worst_fr else None,
+                                 "routed_differ": float(np.mean(routed)) if routed else None}}
+        groups.append(g)
+    return groups
 
 
 def refuse_nonfinite(logits: torch.Tensor, what: str) -> None:

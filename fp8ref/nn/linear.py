@@ -155,13 +155,19 @@ def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumu
     another module type, another shape) are reported, not raised: see ``SwapReport.raise_unplaced``.
     keep_decoded: each layer keeps its decoded weight between exact forwards (``Fp8RefLinear``:
     8 bytes per weight element); False for models whose float64 weights would not fit in memory."""
+    from .experts import expert_name, place_experts
+
     report = SwapReport()
+    experts = []
     for name in checkpoint:
         layer = checkpoint[name]
         try:
             module = model.get_submodule(name)
         except AttributeError:
-            report.unplaced.append((name, "no module of that name"))
+            if expert_name(name) is not None:  # a projection of a fused experts module: placed below
+                experts.append(name)
+            else:
+                report.unplaced.append((name, "no module of that name"))
             continue
         if not isinstance(module, torch.nn.Linear):
             report.unplaced.append((name, f"is a {type(module).__name__}, not an nn.Linear"))
@@ -180,7 +186,29 @@ def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumu
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, new)
         report.swapped.append(name)
+    if experts:
+        place_experts(model, checkpoint, experts, report,
+                      lambda layer, name: _expert(layer, name, mode, accumulate, backend, original, keep_decoded))
     return report
+
+
+def _expert(layer, name, mode, accumulate, backend, original, keep_decoded):
+    """One ``Fp8ExpertLinear`` in ``mode``, its original weight under any of its names."""
+    from .experts import Fp8ExpertLinear, original_expert_weight
+
+    w = None
+    if original is not None:
+        w = original_expert_weight(original, name)
+        if w is None:
+            raise ModelError(f"{getattr(original, 'path', 'original')}: no tensor {name}.weight (nor its other "
+                             f"names) for the quantized expert {name!r}")
+        if tuple(w.shape) != tuple(layer.shape):
+            raise ModelError(f"{getattr(original, 'path', 'original')}: {name}.weight is {list(w.shape)}, the "
+                             f"checkpoint's weight {list(layer.shape)}")
+    new = Fp8ExpertLinear(layer, "reference", accumulate=accumulate, backend=backend, original_weight=w,
+                          keep_decoded=keep_decoded)
+    new.mode = mode
+    return new
 
 
 def _original(original, name: str, shape: tuple[int, int]):

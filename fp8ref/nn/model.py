@@ -76,8 +76,11 @@ def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", back
 def load_unquantized(model: torch.nn.Module, ckpt) -> None:
     """Copy every unquantized tensor of ``ckpt`` into ``model`` by name; a checkpoint tensor without a
     model tensor, or a model tensor that neither the checkpoint nor a tied weight supplies, is an error."""
+    from .experts import fuse_unquantized_experts
+
+    fused, consumed = fuse_unquantized_experts(model, ckpt)  # per-expert tensors -> the fused parameters
     state = model.state_dict()
-    given = set(ckpt.unquantized)
+    given = set(ckpt.unquantized) - consumed | set(fused)
     extra = sorted(given - set(state))
     if extra:
         raise ModelError(f"{ckpt.path}: {len(extra)} tensors the model has no place for, e.g. {extra[:3]}")
@@ -90,7 +93,7 @@ def load_unquantized(model: torch.nn.Module, ckpt) -> None:
         raise ModelError(f"{ckpt.path}: {len(missing)} model tensors missing from the checkpoint, e.g. {missing[:3]}")
     with torch.no_grad():
         for name in sorted(given):
-            t = torch_of(ckpt.tensor(name))
+            t = fused[name] if name in fused else torch_of(ckpt.tensor(name))
             if tuple(t.shape) != tuple(state[name].shape):
                 raise ModelError(f"{ckpt.store.where(name)}: shape {list(t.shape)}, the model's "
                                  f"{list(state[name].shape)}")

@@ -40,6 +40,10 @@ FIXTURES_2026 = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "mod
 FIXTURES_QUARK = ["quark_fp8", "quark_mxfp4"]
 UE8M0 = "hf_fp8_ue8m0"  # tools/make_fixture_ue8m0.py; read by test_checkpoint_fixture_ue8m0.py
 ORIGINAL = "original_bf16"  # the unquantized tiny Llama the tools were given (verify, compare --original)
+# tools/make_moe_fixtures.py: MoE / MLA models and their originals; read by test_nn_moe_interop.py
+FIXTURES_MOE = ["llmc_deepseek_v3_fp8_block", "llmc_mixtral_fp8_block", "llmc_mixtral_fp8_dynamic",
+                "llmc_qwen3_moe_fp8_block", "llmc_qwen3_moe_fp8_dynamic", "moe_deepseek_v3_bf16", "moe_mixtral_bf16",
+                "moe_qwen3_moe_bf16"]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -56,7 +60,7 @@ def _layer_cases():
 
 def test_all_fixtures_present():
     assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(
-        FIXTURES + FIXTURES_2026 + FIXTURES_QUARK + [UE8M0, ORIGINAL])
+        FIXTURES + FIXTURES_2026 + FIXTURES_QUARK + FIXTURES_MOE + [UE8M0, ORIGINAL])
     assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 
