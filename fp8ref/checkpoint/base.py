@@ -86,6 +86,11 @@ class Defaults:
     """What a format without producer quirks, extra config files or producer emulation inherits."""
 
     emulate = None
+    # the recipes verify tries, in order, when a checkpoint records none (None: every recipe for the
+    # layer's granularity and format, the format's recipe_of first)
+    known_recipes: tuple[str, ...] | None = None
+    # (regex, replacement) pairs: a producer's tensor name -> the original model's (verify --original)
+    original_names: tuple[tuple[str, str], ...] = ()
     # mode="producer" after the D matmul: (layer, fp32 y holding D values, D) -> y as the producer's
     # output quantizer leaves it (Quark's k/v_proj KV-cache fake quantization); None: y as it is
     emulate_output = None
@@ -260,3 +265,44 @@ def infer_block(store: TensorStore, suffix: str) -> tuple[int, int] | None:
                                   f"size; add the producer's quantization_config to config.json")
         block.append(fits[0])
     return block[0], block[1]
+
+
+# --- the recipe a checkpoint was written with ---------------------------------------------------
+# None of the formats has a config field for it, so fp8ref records it in each shard's safetensors
+# metadata: {recipe name: [layer names]} as JSON, for the layers whose weight the shard holds.
+RECIPE_METADATA = "fp8ref_recipes"
+
+
+def with_recipes(metadata: dict | None, recipes: dict[str, str]) -> dict[str, str]:
+    """A shard's metadata with ``recipes`` (layer -> recipe) recorded (none: ``metadata`` as it was)."""
+    import json
+
+    out = dict(metadata or {"format": "pt"})
+    if recipes:
+        by_recipe: dict[str, list[str]] = {}
+        for layer, recipe in sorted(recipes.items()):
+            by_recipe.setdefault(recipe, []).append(layer)
+        out[RECIPE_METADATA] = json.dumps(by_recipe, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def recorded_recipes(store: TensorStore) -> dict[str, str]:
+    """layer -> recipe as recorded by ``with_recipes`` in the shards' metadata; a malformed record is
+    an error naming the file (it would otherwise pick the wrong recipe silently)."""
+    import json
+
+    out: dict[str, str] = {}
+    for fname, f in store.files.items():
+        raw = (f.metadata or {}).get(RECIPE_METADATA)
+        if raw is None:
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, list)
+                                                and all(isinstance(n, str) for n in v) for k, v in doc.items()):
+            raise CheckpointError(f"{f.path}: __metadata__.{RECIPE_METADATA}: expected a JSON object of recipe name "
+                                  f"-> [layer names], got {raw[:80]!r}")
+        out.update({layer: recipe for recipe, layers in doc.items() for layer in layers})
+    return out
