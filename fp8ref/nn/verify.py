@@ -79,8 +79,9 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
     from ..checkpoint import base
 
     scheme = layer.scheme
-    if not base.get(layer.producer).scales_follow_recipe:  # the format's fixed scale dtype (hf-fp8: F32) says
-        scheme = scheme.replace(scale_dtype="model")      # how it stores, not how the recipe rounds
+    if not base.get(layer.producer).scales_follow_recipe and qa.granularity not in SELF_SCALED:
+        scheme = scheme.replace(scale_dtype="model")  # the format's fixed scale dtype (hf-fp8: F32) says how it
+        # stores, not how the recipe rounds (E4M3 / E8M0 block scales are what they are)
     try:
         q = quantize(weight, scheme, recipe=recipe, amax=amax)
     except Fp8RefError as exc:  # the recipe cannot have produced this layer: every byte unexplained
