@@ -292,7 +292,7 @@ def recorded_recipes(store: TensorStore) -> dict[str, str]:
     import json
 
     out: dict[str, str] = {}
-    for fname, f in store.files.items():
+    for f in store.files.values():
         raw = (f.metadata or {}).get(RECIPE_METADATA)
         if raw is None:
             continue
@@ -306,3 +306,33 @@ def recorded_recipes(store: TensorStore) -> dict[str, str]:
                                   f"-> [layer names], got {raw[:80]!r}")
         out.update({layer: recipe for recipe, layers in doc.items() for layer in layers})
     return out
+
+
+# --- where a layer's original weight is ----------------------------------------------------------
+def original_name(fmt: CheckpointFormat, name: str, store: TensorStore) -> str | None:
+    """The original tensor of checkpoint tensor ``name``: the same name, else the name the producer
+    renamed it from (its format's ``original_names`` table, applied to the module part); None if neither."""
+    if name in store:
+        return name
+    module, dot, leaf = name.rpartition(".")
+    for pattern, repl in fmt.original_names:
+        mapped = re.sub(pattern, repl, module)
+        if mapped != module and f"{mapped}{dot}{leaf}" in store:
+            return f"{mapped}{dot}{leaf}"
+    return None
+
+
+def original_weight(layer, store: TensorStore):
+    """The original (unquantized) weight of checkpoint ``layer`` in ``store``, as [out, in] rows like its
+    codes: the format's own mapping where it has one (gpt-oss's fused [E, in, out] experts), else
+    ``NAME.weight`` under ``original_name``."""
+    fmt = get(layer.producer)
+    hook = getattr(fmt, "original_weight", None)
+    if hook is not None:
+        return hook(layer, store)
+    key = original_name(fmt, f"{layer.name}.weight", store)
+    if key is None:
+        renamed = " (nor under the names its producer renamed it from)" if fmt.original_names else ""
+        raise CheckpointError(f"{store.root}: no tensor {layer.name + '.weight'!r} for the quantized layer "
+                              f"{layer.name!r}{renamed}")
+    return store.get(key)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, Fp8RefError
 from ..io.safetensors import TensorStore, pack_nibbles, unpack_nibbles
 from ..producers import gptoss as gx
 from .base import Defaults, ScaleDecl, register
@@ -196,10 +196,10 @@ def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe
     """Quantize the fused experts of an original gpt-oss checkpoint (``M.gate_up_proj`` / ``M.down_proj``,
     [E, in, out]) that ``spec`` gives a weight-only MXFP4 scheme; everything else is copied. The recipe
     (the scheme's, or ``recipe``) is recorded in each shard's metadata (``fp8ref_recipes``)."""
+    from ..io.atomic import atomic_folder
     from ..io.files import read_json
     from ..io.safetensors import INDEX_NAME, TensorSpec, open_store
     from . import base
-    from ..io.atomic import atomic_folder
     from .export import _copy_others, _layer_config, _write_metadata, _write_shard
     from .layout import from_scheme
 
@@ -251,7 +251,10 @@ def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe
             def items(f=f, mine=mine):
                 for tname in f.tensors:
                     if tname in mine:
-                        blocks, scales = quantize_experts(np.asarray(store.get(tname)), mine[tname])
+                        try:
+                            blocks, scales = quantize_experts(np.asarray(store.get(tname)), mine[tname])
+                        except Fp8RefError as exc:
+                            raise CheckpointError(f"{store.where(tname)}: cannot quantize: {exc}") from None
                         yield f"{tname}{gx.BLOCKS}", blocks
                         yield f"{tname}{gx.SCALES}", scales
                     else:
@@ -275,7 +278,7 @@ def cannot_express(quant: LayerQuant) -> str | None:
 
 def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str):
     raise CheckpointError(f"{NAME}: {name}: gpt-oss holds fused [experts, out, in] projections, not linear layers; "
-                          f"write them with fp8ref.checkpoint.gptoss.export or write_checkpoint of a gpt-oss checkpoint")
+                          f"write them with fp8ref quantize --format gpt-oss, or rewrite a gpt-oss checkpoint")
 
 
 class GptOss(Defaults):
@@ -306,18 +309,16 @@ class GptOss(Defaults):
             return {**qc, "modules_to_not_convert": source["modules_to_not_convert"]}
         return qc
 
-    def original_weight(self, layer: ExpertsLayer, original) -> np.ndarray:
+    def original_weight(self, layer: ExpertsLayer, store: TensorStore) -> np.ndarray:
         """The original of ``layer`` in its [E * out, in] rows: the model-layout [E, in, out] tensor
         ``M.P`` of an unquantized gpt-oss checkpoint, transposed."""
-        from ..errors import ModelError
-
-        if layer.name not in original.store:
-            raise ModelError(f"{original.path}: no tensor {layer.name!r} for the quantized experts {layer.name!r}")
-        w = np.asarray(original.tensor(layer.name))
+        if layer.name not in store:
+            raise CheckpointError(f"{store.root}: no tensor {layer.name!r} for the quantized experts {layer.name!r}")
+        w = np.asarray(store.get(layer.name))
         n, k = layer.expert_shape
         if w.shape != (layer.experts, k, n):
-            raise ModelError(f"{original.store.where(layer.name)}: shape {list(w.shape)}, expected [experts, in, out] "
-                             f"= {[layer.experts, k, n]} for {layer.name}{gx.BLOCKS}")
+            raise CheckpointError(f"{store.where(layer.name)}: shape {list(w.shape)}, expected [experts, in, out] = "
+                                  f"{[layer.experts, k, n]} for {layer.name}{gx.BLOCKS}")
         return np.ascontiguousarray(np.swapaxes(w, 1, 2)).reshape(layer.shape)
 
     layers = staticmethod(layers)

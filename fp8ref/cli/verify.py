@@ -40,9 +40,9 @@ def cmd_verify(args) -> int:
                 notes = [x["scale_note"]] if "scale_note" in x else []
                 if x.get("input_scale", "").startswith("mismatch"):
                     notes.append(f"input scale {x['input_scale']}")
-                print(f"{x['name']}: recipe {x['recipe']!r}: {x['code_mismatches']}/{x['codes']} codes differ (first at "
-                      f"{x['first_code_mismatch']}), {x['scale_mismatches']} scales differ (first weight scale at "
-                      f"{x['first_scale_mismatch']} of {x['scales']}){''.join('; ' + n for n in notes)}")
+                print(f"{x['name']}: recipe {x['recipe']!r}: {x['code_mismatches']}/{x['codes']} codes differ "
+                      f"(first at {x['first_code_mismatch']}), {x['scale_mismatches']} scales differ (first weight "
+                      f"scale at {x['first_scale_mismatch']} of {x['scales']}){''.join('; ' + n for n in notes)}")
         for name in res["unquantized"]["mismatched"]:
             print(f"{name}: unquantized tensor differs from the original")
         static = sum(x.get("input_scale", "").startswith("not") for x in res["layers"])

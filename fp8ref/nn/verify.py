@@ -8,7 +8,6 @@ No torch needed."""
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
 import numpy as np
@@ -111,34 +110,14 @@ def _load(path: str):
     return load_checkpoint(path)
 
 
-def original_name(fmt, name: str, store) -> str | None:
-    """The original tensor of checkpoint tensor ``name``: the same name, else the name the producer
-    renamed it from (its format's ``original_names`` table, applied to the module part); None if neither."""
-    if name in store:
-        return name
-    module, dot, leaf = name.rpartition(".")
-    for pattern, repl in fmt.original_names:
-        mapped = re.sub(pattern, repl, module)
-        if mapped != module and f"{mapped}{dot}{leaf}" in store:
-            return f"{mapped}{dot}{leaf}"
-    return None
-
-
 def original_weight(layer, original) -> np.ndarray:
-    """The original weight of ``layer`` as [out, in] rows like its codes: the format's own mapping where
-    it has one (gpt-oss's fused [E, in, out] experts), else ``NAME.weight`` under ``original_name``."""
-    from ..checkpoint import base
+    """``fp8ref.checkpoint.base.original_weight`` from a loaded original Checkpoint, as a ModelError."""
+    from ..checkpoint.base import original_weight as from_store
 
-    fmt = base.get(layer.producer)
-    hook = getattr(fmt, "original_weight", None)
-    if hook is not None:
-        return hook(layer, original)
-    key = original_name(fmt, f"{layer.name}.weight", original.store)
-    if key is None:
-        renamed = " (nor under the names its producer renamed it from)" if fmt.original_names else ""
-        raise ModelError(f"{original.path}: no tensor {layer.name + '.weight'!r} for the quantized layer "
-                         f"{layer.name!r}{renamed}")
-    return original.tensor(key)
+    try:
+        return from_store(layer, original.store)
+    except Fp8RefError as exc:
+        raise ModelError(str(exc)) from None
 
 
 def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) -> dict:
@@ -222,8 +201,8 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     names = list(ckpt)
     for name in names:  # every original present before any work (a format's own mapping checks when it runs)
         fmt = base.get(ckpt[name].producer)
-        if getattr(fmt, "original_weight", None) is None and original_name(fmt, f"{name}.weight",
-                                                                          original.store) is None:
+        if getattr(fmt, "original_weight", None) is None and base.original_name(fmt, f"{name}.weight",
+                                                                               original.store) is None:
             original_weight(ckpt[name], original)  # raises, naming the tensor
 
     def amax(name):
@@ -248,7 +227,7 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     layers = [results[n] for n in names]
     plain_bad, plain_missing = [], []
     for name in ckpt.unquantized:
-        key = original_name(base.get(ckpt.format), name, original.store)
+        key = base.original_name(base.get(ckpt.format), name, original.store)
         if key is None:
             plain_missing.append(name)
             continue

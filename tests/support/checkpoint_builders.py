@@ -130,7 +130,7 @@ def build_gptoss_original(seed: int = 0, *, experts: int = 4, hidden: int = 64, 
     tensors: dict = {}
     m = "model.layers.0.mlp.experts"
     for proj, (k, n) in (("gate_up_proj", (hidden, 2 * inter)), ("down_proj", (inter, hidden))):
-        w = rng.standard_normal((experts, k, n)) * 2.0 ** rng.normal(0, spread, (experts, 1, n))
+        w = rng.standard_normal((experts, k, n)) * 2.0 ** np.clip(rng.normal(0, spread, (experts, 1, n)), -120, 120)
         tensors[f"{m}.{proj}"] = ("BF16", w.astype(BF16))
         tensors[f"{m}.{proj}_bias"] = ("BF16", rng.standard_normal((experts, n)).astype(BF16))
     tensors["model.layers.0.mlp.router.weight"] = ("BF16", rng.standard_normal((experts, hidden)).astype(BF16))
@@ -170,6 +170,7 @@ def build_mixtral_original(seed: int = 0, *, experts: int = 2, hidden: int = 32,
     for e in range(experts):
         for w, shape in (("w1", (inter, hidden)), ("w3", (inter, hidden)), ("w2", (hidden, inter))):
             tensors[MIXTRAL_EXPERT.format(e=e, w=w) + ".weight"] = ("BF16", rng.standard_normal(shape).astype(BF16))
-    tensors["model.layers.0.block_sparse_moe.gate.weight"] = ("BF16", rng.standard_normal((experts, hidden)).astype(BF16))
+    gate = rng.standard_normal((experts, hidden)).astype(BF16)
+    tensors["model.layers.0.block_sparse_moe.gate.weight"] = ("BF16", gate)
     tensors["model.norm.weight"] = ("BF16", np.ones(hidden, dtype=BF16))
     return tensors, {"model_type": "mixtral", "dtype": "bfloat16", "num_hidden_layers": 1}

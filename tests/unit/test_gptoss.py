@@ -240,3 +240,15 @@ def test_export_refuses_activation_quantization_and_writes_nothing(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith("fp8ref: error: ") and "gpt-oss stores weight-only MXFP4 experts" in err
     assert snapshot(tmp_path) == before
+
+
+def test_export_of_non_finite_experts_names_the_tensor(tmp_path, capsys):
+    tensors, config = build_gptoss_original(0)
+    tensors[f"{M}.down_proj"][1][1, 5, 7] = np.inf
+    orig = write(tmp_path / "orig", tensors, config)
+    spec = tmp_path.parent / f"{tmp_path.name}-mx.yaml"
+    spec.write_text("scheme: {bits: 4, group_size: 32, data_type: mx_fp, act_bits: 16, recipe: gpt-oss-mxfp4}\n")
+    assert run_cli("quantize", orig, tmp_path / "out", "--spec", spec, "--format", "gpt-oss") == 1
+    err = capsys.readouterr().err.strip()
+    assert f"tensor '{M}.down_proj': cannot quantize: x: recipe 'gpt-oss-mxfp4' needs finite values" in err
+    assert "\n" not in err and not (tmp_path / "out").exists()
