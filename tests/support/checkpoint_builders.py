@@ -174,3 +174,20 @@ def build_mixtral_original(seed: int = 0, *, experts: int = 2, hidden: int = 32,
     tensors["model.layers.0.block_sparse_moe.gate.weight"] = ("BF16", gate)
     tensors["model.norm.weight"] = ("BF16", np.ones(hidden, dtype=BF16))
     return tensors, {"model_type": "mixtral", "dtype": "bfloat16", "num_hidden_layers": 1}
+
+
+def without_recipe_record(path: Path) -> bytes:
+    """The bytes of a safetensors file fp8ref exported, with the recipe record it adds to the header
+    (``__metadata__.fp8ref_recipes``) taken out as fp8ref's writer would lay the header out without
+    it: equal to a producer tool's file where fp8ref reproduced every other byte. The record must be
+    there (an export that forgot it fails here)."""
+    from fp8ref.checkpoint.base import RECIPE_METADATA
+
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    meta = header["__metadata__"]
+    json.loads(meta.pop(RECIPE_METADATA))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + raw[8 + n:]
