@@ -336,3 +336,11 @@ def original_weight(layer, store: TensorStore):
         raise CheckpointError(f"{store.root}: no tensor {layer.name + '.weight'!r} for the quantized layer "
                               f"{layer.name!r}{renamed}")
     return store.get(key)
+
+
+def refuse_fused(checkpoint, layer, fmt: CheckpointFormat) -> None:
+    """Fused experts (gpt-oss's [E, out, in] projections) go only to a format that writes them as such
+    (``layer_plan``): another format would hold them as one [E * out, in] linear no loader expects."""
+    if getattr(layer, "experts", None) is not None and not hasattr(fmt, "layer_plan"):
+        raise CheckpointError(f"{checkpoint.path}: layer {layer.name!r}: {layer.experts} fused experts; the {fmt.name} "
+                              f"format stores per-expert linear layers, and fp8ref does not split fused experts")

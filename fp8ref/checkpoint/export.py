@@ -688,6 +688,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     store = checkpoint.store
     renames: dict[str, tuple[str, tuple]] = {}  # source tensor -> (target name, target shape)
     for name, layer in checkpoint.items():
+        base.refuse_fused(checkpoint, layer, module)
         reason = module.cannot_express(layer.quant)
         if reason:
             raise CheckpointError(f"{checkpoint.path}: layer {name!r}: the {fmt} format cannot express it: {reason}")

@@ -252,3 +252,15 @@ def test_export_of_non_finite_experts_names_the_tensor(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert f"tensor '{M}.down_proj': cannot quantize: x: recipe 'gpt-oss-mxfp4' needs finite values" in err
     assert "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_fused_experts_are_not_converted_to_a_linear_format(tmp_path, capsys):
+    orig, tensors, config = _original(tmp_path)
+    q = write(tmp_path / "q", *gptoss_quantized(tensors, config, round_up_oracle))
+    for cmd in (("convert", q, tmp_path / "ct", "--format", "compressed-tensors"),):
+        assert run_cli(*cmd) == 1
+        err = capsys.readouterr().err.strip()
+        assert f"layer '{M}.down_proj': 4 fused experts; the compressed-tensors format stores per-expert" in err
+    with pytest.raises(CheckpointError, match="fp8ref does not split fused experts"):
+        write_checkpoint(fp8ref.load_checkpoint(q), tmp_path / "ct2", format="compressed-tensors")
+    assert not (tmp_path / "ct").exists() and not (tmp_path / "ct2").exists()
