@@ -153,36 +153,29 @@ def _cost(result: dict) -> int:
 
 def _choose_recipes(names: list[str], ckpt, run) -> dict[str, dict]:
     """Per layer the result of the first candidate recipe that reproduces it. Layers with the same
-    candidates are tried together: a candidate is probed on the first undecided layer and run on the
-    rest only when it reproduces that one. Layers no candidate reproduces get the result of the
-    closest recipe (fewest mismatches on the first of them), marked ``recipe_source: closest``."""
+    candidates go together: the candidates are probed in order on the first undecided layer, and the
+    first that reproduces it runs on all the others; those it does not reproduce go round again. When
+    none reproduces the first layer, the closest (fewest mismatches on it) runs on every layer left,
+    and the layers it does not reproduce are marked ``recipe_source: closest``."""
     groups: dict[tuple, list[str]] = {}
     for n in names:
         groups.setdefault(tuple(candidate_recipes(ckpt[n])), []).append(n)
     out: dict[str, dict] = {}
     for candidates, group in groups.items():
-        tried: dict[str, dict] = {}  # recipe -> its result on the group's first layer
-        for rec in candidates:
-            if not group:
-                break
-            probe = run([group[0]], rec)[0]
-            tried[rec] = probe
-            if not _clean(probe):
-                continue
-            for n, r in zip(group, [probe] + run(group[1:], rec)):
-                if _clean(r):
-                    out[n] = {**r, "recipe_source": "discovered"}
-            if group[0] in out:
-                tried = {}
+        while group:
+            probes: dict[str, dict] = {}
+            for rec in candidates:
+                probes[rec] = run([group[0]], rec)[0]
+                if _clean(probes[rec]):
+                    break
+            rec = next((r for r, x in probes.items() if _clean(x)), None)
+            last = rec is None
+            if last:
+                rec = min(candidates, key=lambda r: (_cost(probes[r]), candidates.index(r)))
+            for n, r in zip(group, [probes[rec]] + run(group[1:], rec)):
+                if _clean(r) or last:
+                    out[n] = {**r, "recipe_source": "discovered" if _clean(r) else "closest"}
             group = [n for n in group if n not in out]
-        if not group:
-            continue
-        for rec in candidates:  # the first leftover against every candidate: which one comes closest
-            if rec not in tried:
-                tried[rec] = run([group[0]], rec)[0]
-        best = min(candidates, key=lambda r: (_cost(tried[r]), candidates.index(r)))
-        for n, r in zip(group, [tried[best]] + run(group[1:], best)):
-            out[n] = {**r, "recipe_source": "closest"}
     return out
 
 

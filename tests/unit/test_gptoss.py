@@ -264,3 +264,20 @@ def test_fused_experts_are_not_converted_to_a_linear_format(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="fp8ref does not split fused experts"):
         write_checkpoint(fp8ref.load_checkpoint(q), tmp_path / "ct2", format="compressed-tensors")
     assert not (tmp_path / "ct").exists() and not (tmp_path / "ct2").exists()
+
+
+def test_verify_finds_a_recipe_per_layer(tmp_path, capsys):
+    """gate_up_proj by ROUND_UP, down_proj by the OCP floor rule: each layer gets the recipe that made it."""
+    orig, tensors, config = _original(tmp_path, seed=5)
+    up, _ = gptoss_quantized(tensors, config, round_up_oracle)
+    mixed, qconfig = gptoss_quantized(tensors, config, ocp_floor_oracle)
+    for suffix in ("_blocks", "_scales"):
+        mixed[f"{M}.gate_up_proj{suffix}"] = up[f"{M}.gate_up_proj{suffix}"]
+    q = write(tmp_path / "q", mixed, qconfig)
+    r = verify(fp8ref.load_checkpoint(q), fp8ref.load_checkpoint(orig))
+    assert r["ok"] and r["recipe"] is None and r["recipe_source"] == "discovered"
+    assert {x["name"].rpartition(".")[2]: x["recipe"] for x in r["layers"]} == {"down_proj": "fp8ref",
+                                                                               "gate_up_proj": "gpt-oss-mxfp4"}
+    assert run_cli("verify", q, "--original", orig) == 0
+    assert ("recipe 'fp8ref' for 1 layers (found among the format's known recipes); recipe 'gpt-oss-mxfp4' for 1 "
+            "layers (found among the format's known recipes)") in capsys.readouterr().out
