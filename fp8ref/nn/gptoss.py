@@ -77,7 +77,7 @@ class GptOssExperts(torch.nn.Module):
 
                 t = {}
                 for proj, layer in (("gate_up_proj", self.gate_up), ("down_proj", self.down)):
-                    t[proj] = torch_of(layer.experts_weight(dtype_name(torch.empty(0, dtype=dtype))))
+                    t[proj] = torch_of(layer.experts_weight(str(dtype).removeprefix("torch.")))
                     t[f"{proj}_bias"] = torch_of(np.asarray(layer.bias)).to(dtype)
             else:
                 t = {k: v.to(dtype) for k, v in self.original.items()}
