@@ -38,8 +38,9 @@ MX_BLOCK = 32
 NVFP4_BLOCK = 16
 # E8M0 scale rules by name (docs/quantize.md has their mismatch rates): ocp-floor (OCP MX v1.0; "floor"
 # is its older name, kept), rceil (NVIDIA RCEIL, ModelOpt MXFP8), even (AMD Quark 0.13's even_round:
-# a float32 bit trick), ct-round-to-power-2 (compressed-tensors 0.19.0, MXFP4 and MXFP8 alike).
-MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even")
+# a float32 bit trick), ct-round-to-power-2 (compressed-tensors 0.19.0, MXFP4 and MXFP8 alike), round-up
+# (triton_kernels' downcast_to_mxfp_torch ROUND_UP, what transformers' Mxfp4Quantize writes for gpt-oss).
+MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even", "round-up")
 
 
 
@@ -182,6 +183,9 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
     even (AMD Quark 0.13 ``even_round``): amax rounded to float32, ``bits + (1 << 21)`` masked to
     sign and exponent (the 2**-2 significand step of an E2M1 mantissa), then floor(log2) - emax_elem;
     the same exponents as ct-round-to-power-2 for every float32 amax, computed on the bits.
+    round-up (triton_kernels ``downcast_to_mxfp_torch``, DequantScaleRoundingMode.ROUND_UP): the float32
+    quotient d = fp32(fp32(amax) / max_elem), then ``(bits(d) + 0x007FFFFF) & 0x7F800000``: any mantissa
+    bit carries into the exponent, so 2**e >= d; a subnormal d becomes 2**-126 (byte 1), d == 0 byte 0.
     amax == 0 -> -127 (code 0x00, the smallest scale; gfloat, TE).
     """
     if rule not in MX_SCALE_RULES:
@@ -195,6 +199,11 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
         bits = safe.astype(np.float32).view(np.uint32).astype(np.int64) + (1 << 21)
         field = (bits >> 23) & 0xFF  # a carry out of the mantissa bumps the exponent; 255 is inf
         e = np.where(field == 0, -127, field - 127 - elem.emax)  # 0: log2(0) = -inf, clipped below
+    elif rule == "round-up":
+        with np.errstate(over="ignore"):
+            d = safe.astype(np.float32) / np.float32(elem.max)  # one float32 rounding, as torch divides
+        field = ((d.view(np.uint32).astype(np.int64) + 0x007FFFFF) & 0x7F800000) >> 23
+        e = np.where(field == 0, -127, field - 127)  # 0: d underflowed to 0 (a float32 amax below 3 * 2**-149)
     elif rule == "ct-round-to-power-2":
         m, e2 = np.frexp(safe)  # safe = m * 2**e2, m in [0.5, 1): significand 2m >= 1.75 iff m >= 0.875
         e = (e2.astype(np.int64) - 1) + (m >= 0.875) - elem.emax

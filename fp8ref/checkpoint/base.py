@@ -87,6 +87,11 @@ class Defaults:
     """What a format without producer quirks, extra config files or producer emulation inherits."""
 
     emulate = None
+    # the recipes verify tries, in order, when a checkpoint records none (None: every recipe for the
+    # layer's granularity and format, the format's recipe_of first)
+    known_recipes: tuple[str, ...] | None = None
+    # (regex, replacement) pairs: a producer's tensor name -> the original model's (verify --original)
+    original_names: tuple[tuple[str, str], ...] = ()
     # mode="producer" after the D matmul: (layer, fp32 y holding D values, D) -> y as the producer's
     # output quantizer leaves it (Quark's k/v_proj KV-cache fake quantization); None: y as it is
     emulate_output = None
@@ -271,3 +276,82 @@ def infer_block(store: TensorStore, suffix: str) -> tuple[int, int] | None:
                                   f"size; add the producer's quantization_config to config.json")
         block.append(fits[0])
     return block[0], block[1]
+
+
+# --- the recipe a checkpoint was written with ---------------------------------------------------
+# None of the formats has a config field for it, so fp8ref records it in each shard's safetensors
+# metadata: {recipe name: [layer names]} as JSON, for the layers whose weight the shard holds.
+RECIPE_METADATA = "fp8ref_recipes"
+
+
+def with_recipes(metadata: dict | None, recipes: dict[str, str]) -> dict[str, str]:
+    """A shard's metadata with ``recipes`` (layer -> recipe) recorded (none: ``metadata`` as it was)."""
+    import json
+
+    out = dict(metadata or {"format": "pt"})
+    if recipes:
+        by_recipe: dict[str, list[str]] = {}
+        for layer, recipe in sorted(recipes.items()):
+            by_recipe.setdefault(recipe, []).append(layer)
+        out[RECIPE_METADATA] = json.dumps(by_recipe, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def recorded_recipes(store: TensorStore) -> dict[str, str]:
+    """layer -> recipe as recorded by ``with_recipes`` in the shards' metadata; a malformed record is
+    an error naming the file (it would otherwise pick the wrong recipe silently)."""
+    import json
+
+    out: dict[str, str] = {}
+    for f in store.files.values():
+        raw = (f.metadata or {}).get(RECIPE_METADATA)
+        if raw is None:
+            continue
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, list)
+                                                and all(isinstance(n, str) for n in v) for k, v in doc.items()):
+            raise CheckpointError(f"{f.path}: __metadata__.{RECIPE_METADATA}: expected a JSON object of recipe name "
+                                  f"-> [layer names], got {raw[:80]!r}")
+        out.update({layer: recipe for recipe, layers in doc.items() for layer in layers})
+    return out
+
+
+# --- where a layer's original weight is ----------------------------------------------------------
+def original_name(fmt: CheckpointFormat, name: str, store: TensorStore) -> str | None:
+    """The original tensor of checkpoint tensor ``name``: the same name, else the name the producer
+    renamed it from (its format's ``original_names`` table, applied to the module part); None if neither."""
+    if name in store:
+        return name
+    module, dot, leaf = name.rpartition(".")
+    for pattern, repl in fmt.original_names:
+        mapped = re.sub(pattern, repl, module)
+        if mapped != module and f"{mapped}{dot}{leaf}" in store:
+            return f"{mapped}{dot}{leaf}"
+    return None
+
+
+def original_weight(layer, store: TensorStore):
+    """The original (unquantized) weight of checkpoint ``layer`` in ``store``, as [out, in] rows like its
+    codes: the format's own mapping where it has one (gpt-oss's fused [E, in, out] experts), else
+    ``NAME.weight`` under ``original_name``."""
+    fmt = get(layer.producer)
+    hook = getattr(fmt, "original_weight", None)
+    if hook is not None:
+        return hook(layer, store)
+    key = original_name(fmt, f"{layer.name}.weight", store)
+    if key is None:
+        renamed = " (nor under the names its producer renamed it from)" if fmt.original_names else ""
+        raise CheckpointError(f"{store.root}: no tensor {layer.name + '.weight'!r} for the quantized layer "
+                              f"{layer.name!r}{renamed}")
+    return store.get(key)
+
+
+def refuse_fused(checkpoint, layer, fmt: CheckpointFormat) -> None:
+    """Fused experts (gpt-oss's [E, out, in] projections) go only to a format that writes them as such
+    (``layer_plan``): another format would hold them as one [E * out, in] linear no loader expects."""
+    if getattr(layer, "experts", None) is not None and not hasattr(fmt, "layer_plan"):
+        raise CheckpointError(f"{checkpoint.path}: layer {layer.name!r}: {layer.experts} fused experts; the {fmt.name} "
+                              f"format stores per-expert linear layers, and fp8ref does not split fused experts")

@@ -441,6 +441,7 @@ class CompressedTensors(Defaults):
         ScaleDecl("KV cache", "self_attn.{k,v}_scale", "multiplier", "D", "[1]", "-"),
     )
     methods = ("compressed-tensors",)
+    original_names = ct.ORIGINAL_NAMES  # llm-compressor's Mixtral expert renaming
     detect_rank = 2  # the fallback: float8 weights with plain weight_scale tensors
     scheme_scale_dtype = "model"
     scales_follow_recipe = True

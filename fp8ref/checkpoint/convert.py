@@ -270,6 +270,7 @@ def plan_conversion(ckpt, fmt: str) -> list[_Layer]:
     module = base.get(fmt)
     out = []
     for name, layer in ckpt.items():
+        base.refuse_fused(ckpt, layer, module)
         target = target_quant(layer.quant, module)
         if target is None:
             raise CheckpointError(f"{ckpt.path}: layer {name!r} ({layer.quant.describe()}): the {fmt} format has no "

@@ -578,6 +578,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     the folder (a Hugging Face cache snapshot).
     """
     module = base.get(format)
+    if hasattr(module, "export"):  # a format of fused tensors, not linear layers (gpt-oss): its own writer
+        return module.export(source, output, spec, recipe=recipe, force=force, symlinks_out=symlinks_out)
     if recipe is not None:  # '' is a wrong name, not "no override"
         from ..registry import get_recipe
 
@@ -641,7 +643,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                 for k in kv_by_file.get(fname, []):
                     yield k.name, k.value
 
-            total_size += _write_shard(tmp, fname, specs, f.metadata, tensors(), weight_map)
+            meta = base.with_recipes(f.metadata, {layer: plans[layer].recipe for layer in by_source.values()})
+            total_size += _write_shard(tmp, fname, specs, meta, tensors(), weight_map)
         _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if source.is_dir():
             _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files(),
@@ -725,6 +728,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     store = checkpoint.store
     renames: dict[str, tuple[str, tuple]] = {}  # source tensor -> (target name, target shape)
     for name, layer in checkpoint.items():
+        base.refuse_fused(checkpoint, layer, module)
         reason = module.cannot_express(layer.quant)
         if reason:
             raise CheckpointError(f"{checkpoint.path}: layer {name!r}: the {fmt} format cannot express it: {reason}")
@@ -732,7 +736,9 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         if fmt != checkpoint.format and store.info(layer.tensors["weight_scale"]).dtype == "F8_E8M0":
             raise CheckpointError(f"{store.where(layer.tensors['weight_scale'])}: F8_E8M0 (ue8m0) scales are kept "
                                   f"only by {checkpoint.format}; the {fmt} format stores float scales")
-        for role, tname, _, shape in module.tensor_plan(name, layer.quant, out, inp, checkpoint.dtype):
+        plan = (module.layer_plan(layer, checkpoint.dtype) if hasattr(module, "layer_plan")  # gpt-oss experts
+                else module.tensor_plan(name, layer.quant, out, inp, checkpoint.dtype))
+        for role, tname, _, shape in plan:
             if role in layer.tensors:
                 renames[layer.tensors[role]] = (tname, shape)
     for kname in sorted(checkpoint.kv_scales.values()):

@@ -47,19 +47,22 @@ def describe(ckpt: Checkpoint, *, values: bool = True) -> dict:
 def quantization_error(ckpt: Checkpoint, original: str | os.PathLike) -> list[dict]:
     """Per layer, the exact dequantized weight against the original: max |err|, relative RMS
     error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first."""
+    from .base import get, original_name, original_weight
+
     store = open_store(original)
     rows = []
     for name, layer in ckpt.items():
-        wname = f"{name}.weight"
+        wname = original_name(get(layer.producer), f"{name}.weight", store) or name  # gpt-oss experts: no .weight
         if wname not in store:
-            raise CheckpointError(f"{store.root}: the original has no tensor {wname!r} for layer {name!r}")
+            raise CheckpointError(f"{store.root}: the original has no tensor {name + '.weight'!r} for layer {name!r}")
         if store.info(wname).fmt is not None:
             raise CheckpointError(f"{store.where(wname)}: {store.info(wname).dtype}: the original must hold the "
                                   f"unquantized weights, this is a quantized checkpoint")
-        if store.info(wname).shape != tuple(layer.shape):
+        w = np.asarray(original_weight(layer, store))
+        if w.shape != tuple(layer.shape):
             raise CheckpointError(f"{store.where(wname)}: shape {list(store.info(wname).shape)}, the checkpoint "
                                   f"layer is {list(layer.shape)}")
-        w = np.asarray(store.get(wname)).astype(np.float64)
+        w = w.astype(np.float64)
         err = layer.dequantize("float64") - w
         signal, noise = float(np.sum(w * w)), float(np.sum(err * err))
         rows.append({"layer": name, "max_abs": float(np.max(np.abs(err))) if err.size else 0.0,

@@ -188,7 +188,8 @@ class Checkpoint(Mapping):
         self.dtype = model_dtype(config, store)
         self.warnings = warnings
         self.kv_scales = kv_scales
-        self._layers = {e.name: QuantizedLayer(self, e) for e in entries}
+        self._layers = {e.name: (getattr(base.get(e.producer), "layer_class", None) or QuantizedLayer)(self, e)
+                        for e in entries}
         claimed = {n for layer in self._layers.values() for n in layer.tensors.values()} | set(kv_scales.values())
         self.unquantized = sorted(n for n in store if n not in claimed)
 
@@ -288,8 +289,8 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     producer = None if fmt == UNQUANTIZED else base.get(fmt)
     entries, kv = ([], {}) if producer is None else producer.layers(qc, store, where, warnings)
     dtype = model_dtype(config, store)
-    for entry in entries:
-        check_layer(store, entry, check_values=check_values, dtype=dtype)
+    for entry in entries:  # a format of non-linear layers (gpt-oss's fused experts) brings its own check
+        getattr(producer, "check_layer", check_layer)(store, entry, check_values=check_values, dtype=dtype)
     for name in kv.values():
         info = store.info(name)
         if info.dtype not in ("F32", "BF16", "F16") or len(info.shape) > 1:

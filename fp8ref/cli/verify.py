@@ -11,7 +11,8 @@ def register(sub) -> None:
     p = sub.add_parser("verify", help="re-derive a checkpoint's codes and scales from its original weights")
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder or .safetensors file")
     p.add_argument("--original", metavar="SRC", required=True, help="the original (unquantized) weights")
-    p.add_argument("--recipe", help="producer recipe to re-derive with (default: each layer's producer's own)")
+    p.add_argument("--recipe", help="producer recipe to re-derive with (default: the one the checkpoint records, "
+                                    "else the first of its format's known recipes that reproduces the bytes)")
     p.add_argument("--calibration", metavar="FILE", help="per-layer activation amax (JSON or safetensors, as "
                                                          "fp8ref quantize takes it): re-derive static input scales")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -38,15 +39,36 @@ def cmd_verify(args) -> int:
                 notes = [x["scale_note"]] if "scale_note" in x else []
                 if x.get("input_scale", "").startswith("mismatch"):
                     notes.append(f"input scale {x['input_scale']}")
-                print(f"{x['name']}: {x['code_mismatches']}/{x['codes']} codes differ (first at "
-                      f"{x['first_code_mismatch']}), {x['scale_mismatches']} scales differ (first weight scale at "
-                      f"{x['first_scale_mismatch']} of {x['scales']}){''.join('; ' + n for n in notes)}")
+                print(f"{x['name']}: recipe {x['recipe']!r}: {x['code_mismatches']}/{x['codes']} codes differ "
+                      f"(first at {x['first_code_mismatch']}), {x['scale_mismatches']} scales differ (first weight "
+                      f"scale at {x['first_scale_mismatch']} of {x['scales']}){''.join('; ' + n for n in notes)}")
         for name in res["unquantized"]["mismatched"]:
             print(f"{name}: unquantized tensor differs from the original")
         static = sum(x.get("input_scale", "").startswith("not") for x in res["layers"])
         note = f"; {static} static input scales not re-derived (give --calibration)" if static else ""
         verdict = "OK" if res["ok"] else f"MISMATCH in {len(res['mismatched_layers'])} layers"
-        print(f"{res['checkpoint']}: {len(res['layers'])} layers re-derived with recipe "
-              f"{args.recipe or 'of each layer'}, {res['unquantized']['checked']} unquantized tensors compared: "
-              f"{verdict}{note}")
+        print(f"{res['checkpoint']}: {len(res['layers'])} layers re-derived with {describe_recipes(res)}, "
+              f"{res['unquantized']['checked']} unquantized tensors compared: {verdict}{note}")
     return 0 if res["ok"] else 1
+
+
+_SOURCES = {"given": "given", "recorded": "recorded in the checkpoint",
+            "discovered": "found among the format's known recipes"}
+
+
+def describe_recipes(res: dict) -> str:
+    """Which recipe(s) verify used and where each came from, for the summary line."""
+    layers = res["layers"]
+    parts = []
+    for rec in res["recipes"]:
+        mine = [x for x in layers if x["recipe"] == rec]
+        for source in sorted({x["recipe_source"] for x in mine}):
+            some = [x for x in mine if x["recipe_source"] == source]
+            count = "" if len(some) == len(layers) else f" for {len(some)} layers"
+            if source == "closest":
+                bad = sum(x["code_mismatches"] + x["scale_mismatches"] for x in some)
+                parts.append(f"recipe {rec!r}{count}: no known recipe reproduces the bytes, {rec!r} comes "
+                             f"closest ({bad} mismatches)")
+            else:
+                parts.append(f"recipe {rec!r}{count} ({_SOURCES[source]})")
+    return "; ".join(parts)

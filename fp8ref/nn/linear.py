@@ -239,7 +239,7 @@ def fp8ref_layers(model: torch.nn.Module) -> dict[str, Fp8RefLinear]:
 def set_mode(model: torch.nn.Module, mode) -> None:
     """Put every Fp8RefLinear of ``model`` in ``mode`` (checked for every layer before any changes),
     and the KV-cache quantization of its attention modules (``fp8ref.nn.attention``) too."""
-    layers = list(fp8ref_layers(model).values())
+    layers = list(fp8ref_layers(model).values()) + [m for m in model.modules() if getattr(m, "fp8ref_experts", 0)]
     parsed = [m.check_mode(mode) for m in layers]
     for m, p in zip(layers, parsed):
         m._mode = p

@@ -64,6 +64,9 @@ def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", back
     model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
     report = swap_linears(model, ckpt, mode=mode, accumulate=accumulate, backend=backend, original=orig,
                           keep_decoded=keep_decoded)
+    from .gptoss import swap_gptoss_experts  # gpt-oss's fused MXFP4 experts (not nn.Linear)
+
+    swap_gptoss_experts(model, ckpt, report, mode=mode, original=orig)
     report.raise_unplaced(str(ckpt.path))
     load_unquantized(model, ckpt)
     if kv_cache:

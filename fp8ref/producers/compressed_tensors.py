@@ -25,6 +25,14 @@ KV_CACHE_SCHEME = {"actorder": None, "block_structure": None, "dynamic": False, 
                    "symmetric": True, "type": "float", "zp_dtype": None}
 
 
+# llm-compressor 0.14.0.1 saves a Mixtral under transformers 5's expert names (gate/up/down_proj) while the
+# original checkpoint, and transformers' own loader, name them w1/w3/w2 (w1 = gate, w3 = up, w2 = down):
+# (regex on a layer name of its output, replacement) -> the original layer name (verify --original).
+ORIGINAL_NAMES = ((r"^(.*\.block_sparse_moe\.experts\.\d+)\.gate_proj$", r"\1.w1"),
+                  (r"^(.*\.block_sparse_moe\.experts\.\d+)\.up_proj$", r"\1.w3"),
+                  (r"^(.*\.block_sparse_moe\.experts\.\d+)\.down_proj$", r"\1.w2"))
+
+
 # --- QuantizationArgs ------------------------------------------------------------------------
 CT_ARGS_KEYS = ("actorder", "block_structure", "dynamic", "group_size", "num_bits", "observer",
                 "observer_kwargs", "scale_dtype", "strategy", "symmetric", "type", "zp_dtype")

@@ -27,6 +27,15 @@ def _floor_log2(a: Fraction) -> int:
     return e if Fraction(2) ** e <= a else e - 1
 
 
+def _round_f32(x: Fraction) -> Fraction:
+    """x > 0 rounded to the nearest float32 (ties to even), subnormals included (exact integers)."""
+    ulp = Fraction(2) ** (max(_floor_log2(x), -126) - 23)
+    q = int(x // ulp)
+    rem = x - q * ulp
+    q += rem * 2 > ulp or (rem * 2 == ulp and q % 2 == 1)
+    return q * ulp
+
+
 def _oracle(a: float, rule: str, emax: int, max_elem: Fraction) -> int:
     """The unbiased exponent, read from the rules' definitions with exact arithmetic."""
     if a != a or a in (float("inf"), float("-inf")):
@@ -39,6 +48,12 @@ def _oracle(a: float, rule: str, emax: int, max_elem: Fraction) -> int:
         k = fl - emax
     elif rule in ("even", "ct-round-to-power-2"):  # round up iff the significand is >= 1.75
         k = fl + (x >= Fraction(7, 4) * Fraction(2) ** fl) - emax
+    elif rule == "round-up":  # d = float32(amax / max_elem) (RNE); the smallest 2**k >= d, at least 2**-126
+        d = _round_f32(x / max_elem)
+        if d == 0:
+            return -127
+        k = _floor_log2(d)
+        k = max(-126, k + (Fraction(2) ** k != d))
     else:  # rceil: the smallest k with 2**k * max_elem >= amax
         r = x / max_elem
         k = _floor_log2(r)

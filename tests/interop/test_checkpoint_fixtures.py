@@ -123,7 +123,8 @@ def test_reloaded_weights(name):
 def test_rewrite_reproduces_tool_bytes(name, tmp_path):
     """fp8ref's writer lays out a checkpoint exactly as the tool (safetensors) did."""
     write_checkpoint(load_checkpoint(ROOT / name), tmp_path / "out")
-    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (ROOT / name / "model.safetensors").read_bytes()
+    ours = (tmp_path / "out" / "model.safetensors").read_bytes()
+    assert ours == (ROOT / name / "model.safetensors").read_bytes()
 
 
 def test_autoround_to_compressed_tensors_equals_autorounds_own_export(tmp_path):

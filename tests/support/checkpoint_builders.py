@@ -115,3 +115,79 @@ def write(folder: Path, tensors: dict, config: dict | None, *, shards: int = 1) 
 def snapshot(root: Path) -> dict:
     """Every path under ``root`` with its size and mtime, to prove nothing was written."""
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --- gpt-oss (fused MXFP4 experts) and Mixtral-named originals -------------------------------------
+GPTOSS_NOT_CONVERT = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def build_gptoss_original(seed: int = 0, *, experts: int = 4, hidden: int = 64, inter: int = 32,
+                          spread: float = 3.0) -> tuple[dict, dict]:
+    """An unquantized gpt-oss-style checkpoint: one layer's experts in the model's layout
+    (``gate_up_proj`` [E, hidden, 2 * inter], ``down_proj`` [E, inter, hidden], biases [E, out]), bf16,
+    rows of random magnitude (``spread``: the log2 standard deviation of a row's scale)."""
+    rng = np.random.default_rng(seed)
+    tensors: dict = {}
+    m = "model.layers.0.mlp.experts"
+    for proj, (k, n) in (("gate_up_proj", (hidden, 2 * inter)), ("down_proj", (inter, hidden))):
+        w = rng.standard_normal((experts, k, n)) * 2.0 ** np.clip(rng.normal(0, spread, (experts, 1, n)), -120, 120)
+        tensors[f"{m}.{proj}"] = ("BF16", w.astype(BF16))
+        tensors[f"{m}.{proj}_bias"] = ("BF16", rng.standard_normal((experts, n)).astype(BF16))
+    tensors["model.layers.0.mlp.router.weight"] = ("BF16", rng.standard_normal((experts, hidden)).astype(BF16))
+    tensors["model.layers.0.mlp.router.bias"] = ("BF16", rng.standard_normal(experts).astype(BF16))
+    tensors["model.norm.weight"] = ("BF16", np.ones(hidden, dtype=BF16))
+    return tensors, {"model_type": "gpt_oss", "dtype": "bfloat16", "num_hidden_layers": 1,
+                     "num_local_experts": experts, "hidden_size": hidden, "intermediate_size": inter}
+
+
+def gptoss_quantized(original: dict, config: dict, encode) -> tuple[dict, dict]:
+    """The gpt-oss MXFP4 checkpoint of ``original`` with ``encode(rows [R, K] float64) -> (E2M1 codes
+    [R, K], E8M0 bytes [R, K/32])`` applied to each expert projection's [E * out, in] rows (a test's own
+    rule), packed as gpt-oss stores them (low nibble = even element)."""
+    tensors = {}
+    for name, (dtype, value) in original.items():
+        if name.rpartition(".")[2] in ("gate_up_proj", "down_proj"):
+            e, k, n = value.shape
+            rows = np.swapaxes(value.astype(np.float64), 1, 2).reshape(e * n, k)
+            c, s = encode(rows)
+            packed = (c[:, 0::2] | (c[:, 1::2] << 4)).astype(np.uint8)
+            tensors[f"{name}_blocks"] = ("U8", packed.reshape(e, n, k // 32, 16))
+            tensors[f"{name}_scales"] = ("U8", np.asarray(s, np.uint8).reshape(e, n, k // 32))
+        else:
+            tensors[name] = (dtype, value)
+    qc = {"modules_to_not_convert": list(GPTOSS_NOT_CONVERT), "quant_method": "mxfp4"}
+    return tensors, {**config, "quantization_config": qc}
+
+
+MIXTRAL_EXPERT = "model.layers.0.block_sparse_moe.experts.{e}.{w}"
+LLMC_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # what llm-compressor 0.14 writes
+
+
+def build_mixtral_original(seed: int = 0, *, experts: int = 2, hidden: int = 32, inter: int = 64) -> tuple[dict, dict]:
+    """An unquantized Mixtral-named checkpoint (experts' w1/w3 [inter, hidden], w2 [hidden, inter])."""
+    rng = np.random.default_rng(seed)
+    tensors: dict = {}
+    for e in range(experts):
+        for w, shape in (("w1", (inter, hidden)), ("w3", (inter, hidden)), ("w2", (hidden, inter))):
+            tensors[MIXTRAL_EXPERT.format(e=e, w=w) + ".weight"] = ("BF16", rng.standard_normal(shape).astype(BF16))
+    gate = rng.standard_normal((experts, hidden)).astype(BF16)
+    tensors["model.layers.0.block_sparse_moe.gate.weight"] = ("BF16", gate)
+    tensors["model.norm.weight"] = ("BF16", np.ones(hidden, dtype=BF16))
+    return tensors, {"model_type": "mixtral", "dtype": "bfloat16", "num_hidden_layers": 1}
+
+
+def without_recipe_record(path: Path) -> bytes:
+    """The bytes of a safetensors file fp8ref exported, with the recipe record it adds to the header
+    (``__metadata__.fp8ref_recipes``) taken out as fp8ref's writer would lay the header out without
+    it: equal to a producer tool's file where fp8ref reproduced every other byte. The record must be
+    there (an export that forgot it fails here)."""
+    from fp8ref.checkpoint.base import RECIPE_METADATA
+
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    meta = header["__metadata__"]
+    json.loads(meta.pop(RECIPE_METADATA))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + raw[8 + n:]

@@ -173,8 +173,12 @@ def test_verify_cli_ok_and_recipe(capsys):
     orig = str(CKPTS / "original_bf16")
     assert main(["verify", str(CKPTS / "llmc_fp8_block"), "--original", orig]) == 0
     assert capsys.readouterr().out.strip().endswith(": OK")
-    # auto-round wrote this one in compressed-tensors format: its own recipe, not compressed-tensors'
-    assert main(["verify", str(CKPTS / "autoround_fp8_static_llmc"), "--original", orig]) == 1
+    # auto-round wrote this one in compressed-tensors format: its own recipe, not compressed-tensors';
+    # the file records none, so verify tries the known recipes and names the one that reproduces it
+    assert main(["verify", str(CKPTS / "autoround_fp8_static_llmc"), "--original", orig]) == 0
+    assert "with recipe 'auto-round' (found among the format's known recipes)" in capsys.readouterr().out
+    assert main(["verify", str(CKPTS / "autoround_fp8_static_llmc"), "--original", orig,
+                 "--recipe", "compressed-tensors"]) == 1
     assert "MISMATCH in 14 layers" in capsys.readouterr().out
     assert main(["verify", str(CKPTS / "autoround_fp8_static_llmc"), "--original", orig,
                  "--recipe", "auto-round"]) == 0
@@ -231,17 +235,19 @@ def test_html_report_is_self_contained(tmp_path):
 
 def test_verify_a_recipe_that_cannot_have_produced_the_layer(tmp_path, capsys):
     """hf-fp8's recipe needs 128 x 128 blocks to divide the weight: with it, a 64-wide block checkpoint
-    is unexplained (every byte counted), not an error; the recipe that made it verifies."""
+    is unexplained (every byte counted), not an error; the recipe that made it (FP8_BLOCK's
+    compressed-tensors, recorded in the shard's metadata by the export) verifies, with no --recipe."""
     out = tmp_path / "hf"
     orig = CKPTS / "original_bf16"
     fp8ref.export_checkpoint(orig, out, {"scheme": {"scheme": "FP8_BLOCK"}, "ignore": ["lm_head"]}, format="hf-fp8")
-    assert main(["verify", str(out), "--original", str(orig), "--json", "-"]) == 1
+    assert main(["verify", str(out), "--original", str(orig), "--recipe", "hf-fp8", "--json", "-"]) == 1
     r = json.loads(capsys.readouterr().out)
     assert all("requires the block (128, 128) to divide the shape" in x["error"] for x in r["layers"])
-    assert main(["verify", str(out), "--original", str(orig), "--recipe", "compressed-tensors", "--json", "-"]) == 0
+    assert main(["verify", str(out), "--original", str(orig), "--json", "-"]) == 0
     r = json.loads(capsys.readouterr().out)  # bf16 scales stored widened to F32 by the export
     assert r["ok"] and {x["scale_note"] for x in r["layers"]} == {
         "derived bfloat16, compared widened to the stored float32"}
+    assert (r["recipe"], r["recipe_source"]) == ("compressed-tensors", "recorded")
 
 
 def test_verify_with_calibration_rederives_static_input_scales(tmp_path, capsys):
