@@ -1,0 +1,86 @@
+"""onnxruntime (CPU execution provider): ``Cast`` graphs at opset 25 (``_onnx``), one session
+per format x rounding x saturation x input dtype, cached.
+
+Codes are read back bit for bit: onnxruntime returns float8 outputs other than e4m3fn as
+OrtValues numpy cannot hold, so the adapter copies the output buffer's bytes (``data_ptr``),
+and feeds codes in with ``OrtValue.ortvalue_from_numpy_with_onnx_type`` (no second Cast, nothing
+re-rounded). Covers the four float8 formats (RNE, saturate 0/1) and E8M0 (round_mode up / down /
+nearest = fp8ref rup / rdown and rtz / rna). bfloat16 inputs go in as their bits. FLOAT4E2M1 Cast
+has no CPU kernel in onnxruntime 1.32 ("Could not find an implementation for Cast(25)"), so FP4
+is not declared.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..backend import Backend
+from . import _onnx
+from ._common import INPUT_DTYPES, dist_version, missing
+
+_FORMATS = (*_onnx.FP8_FORMATS, "float8_e8m0fnu")
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    capabilities = {
+        "encode": {"format": _FORMATS, "rounding": ("rne", *_onnx.E8M0_ROUND_MODES), "saturate": (True, False),
+                   "dtype": INPUT_DTYPES},
+        "decode": {"format": _FORMATS},
+    }
+
+    def __init__(self):
+        self._sessions = {}
+
+    def unavailable(self) -> str | None:
+        return missing("onnxruntime") or missing("onnx")
+
+    def version(self) -> str:
+        return f"{dist_version('onnxruntime')}, {dist_version('onnx')}, opset {_onnx.OPSET}, CPUExecutionProvider"
+
+    def implements(self, op, params):
+        reason = super().implements(op, params)
+        if reason or op != "encode":
+            return reason
+        e8m0 = params["format"] == "float8_e8m0fnu"
+        if e8m0 != (params["rounding"] != "rne"):
+            return ("onnx Cast rounds float8 to nearest even only, and E8M0 by round_mode up / down / "
+                    "nearest (ties up) only")
+        return None
+
+    def _session(self, key, build):
+        if key not in self._sessions:
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = 1
+            self._sessions[key] = onnxruntime.InferenceSession(build().SerializeToString(), options,
+                                                               providers=["CPUExecutionProvider"])
+        return self._sessions[key]
+
+    @staticmethod
+    def _value(x: np.ndarray, type_name: str):
+        from onnxruntime import OrtValue
+
+        return OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(x), _onnx.element_type(type_name))
+
+    def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
+        x = np.asarray(x)
+        dtype = x.dtype.name
+        session = self._session(("encode", dtype, fmt, rounding, saturate),
+                                lambda: _onnx.encode_model(dtype, fmt, rounding, saturate))
+        feed = self._value(x.view(np.uint16) if dtype == "bfloat16" else x, _onnx.INPUT_TYPES[dtype])
+        out = session.run_with_ort_values(["y"], {"x": feed})[0]
+        n = int(np.prod(out.shape()))
+        if out.tensor_size_in_bytes() != n:
+            raise ValueError(f"onnxruntime returned {out.tensor_size_in_bytes()} bytes for {n} {fmt} codes")
+        # the OrtValue owns the buffer: copy its bytes before it goes away
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(out.data_ptr())).copy() if n else \
+            np.zeros(0, np.uint8)
+
+    def decode(self, codes, fmt):
+        session = self._session(("decode", fmt), lambda: _onnx.decode_model(fmt))
+        return session.run_with_ort_values(["y"], {"x": self._value(np.asarray(codes, np.uint8),
+                                                                        _onnx.ELEMENT_TYPES[fmt])})[0].numpy()
