@@ -19,8 +19,8 @@ from ...scaling import MX_BLOCK, reduce_amax
 from ...scheme import PRESETS
 from .. import degenerate, values
 from ..case import Case, Operation, shape_name
-from .encode import Encode
 from ..fields import at_level, choices, per_level, shapes
+from .encode import Encode
 
 DTYPES = ("bfloat16", "float16", "float32")
 # every recipe of the registry (a suite names the producers it covers; 'all': every registered one)
