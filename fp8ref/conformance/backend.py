@@ -43,6 +43,7 @@ BUILTIN = {
     "onnxruntime": "fp8ref.conformance.adapters.onnxruntime_backend:OnnxRuntimeBackend",
     "onnx_reference": "fp8ref.conformance.adapters.onnx_reference_backend:OnnxReferenceBackend",
     "gguf": "fp8ref.conformance.adapters.gguf_backend:GgufBackend",
+    "openvino": "fp8ref.conformance.adapters.openvino_backend:OpenVinoBackend",
 }
 
 

@@ -1,5 +1,5 @@
 """The CPU inference engines as conformance backends (tox -e engines): onnxruntime and ONNX's
-reference evaluator (Cast graphs at opset 25) and gguf's MXFP4 quantizer.
+reference evaluator (Cast graphs at opset 25), gguf's MXFP4 quantizer and OpenVINO's Convert.
 
 Each backend runs its suites through the conformance runner: nothing unexpected differs, every
 entry of its shipped xfails file still excuses something, and a deliberately broken variant of the
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.interop
 # default suites (formats, fp8-static-w8a8) do not have.
 SUITES = {"onnxruntime": ("onnxruntime", ("formats", "fp8-static-w8a8")),
           "onnx_reference": ("onnx", ("formats", "fp8-static-w8a8")),
-          "gguf": ("gguf", ("mxfp4", "degenerate"))}
+          "gguf": ("gguf", ("mxfp4", "degenerate")),
+          "openvino": ("openvino", ("formats", "fp8-static-w8a8"))}
 
 
 def _backend(name):
@@ -50,6 +51,8 @@ def test_engine_differs_only_where_documented(name):
     results = _run(backend, xfails)
     assert sum(r.unexpected for r in results) == 0, _unexpected(results)
     assert sum(r.compared() for r in results) >= 14
+    if name == "onnx_reference":  # its float8 and FP4 casts agree everywhere; only E8M0 is pinned
+        assert all(not m for r in results for x in r.results if "e8m0" not in x.case for m in [x.mismatches])
     assert [e.text for e in xfails.entries if e.hits == 0] == []
 
 
@@ -170,3 +173,24 @@ def test_gguf_ties_go_to_the_smaller_magnitude_and_zero_loses_its_sign():
     got = gguf.quantize(x, scheme="MXFP4", recipe="fp8ref", role="weight")["codes"][0, :3].tolist()
     assert got == [7, 1, 0]
     assert _mxfp4(x)[0][0, :3].tolist() == [7, 2, 8]
+
+
+# --- OpenVINO 2026.4.1 Convert --------------------------------------------------------------------
+def test_openvino_convert_rounds_float32_through_float16():
+    ov = _backend("openvino")
+    x = np.array([0.0029288, 464.00003], np.float32)
+    assert ov.encode(x, "float8_e4m3fn", rounding="rne", saturate=False).tolist() == [0x02, 0x7E]
+    assert fp8ref.encode(x, "float8_e4m3fn", rounding="rne", saturate=False).tolist() == [0x01, 0x7F]
+    tie = np.array([np.nextafter(np.float32(2.0 ** -17), np.float32(0))])  # just below half of e5m2's min
+    assert ov.encode(tie, "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x01]
+    assert fp8ref.encode(tie, "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x00]
+
+
+def test_openvino_low_payload_nan_becomes_inf_in_e5m2_and_negative_nan_zero_in_e8m0():
+    ov = _backend("openvino")
+    nans = np.array([0x7F800001, 0x7FC00000, 0xFFC00000], np.uint32).view(np.float32)
+    assert ov.encode(nans[:2], "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x7C, 0x7E]
+    assert ov.encode(nans, "float8_e8m0fnu", rounding="rne", saturate=True).tolist() == [0xFF, 0xFF, 0x00]
+    assert fp8ref.encode(nans, "float8_e8m0fnu", rounding="rne", saturate=True).tolist() == [0xFF, 0xFF, 0xFF]
+    e5m2 = fp8ref.encode(nans[:2], "float8_e5m2", rounding="rne", saturate=False)
+    assert np.isnan(fp8ref.decode(e5m2, "float8_e5m2")).all()
