@@ -20,10 +20,11 @@ from fp8ref.scheme import PRESETS
 
 pytestmark = pytest.mark.interop
 
-# backend -> (package it needs, suites it is judged on). gguf implements MXFP4 only, which the
-# default suites (formats, fp8-static-w8a8) do not have.
-SUITES = {"onnxruntime": ("onnxruntime", ("formats", "fp8-static-w8a8")),
-          "onnx_reference": ("onnx", ("formats", "fp8-static-w8a8")),
+# backend -> (package it needs, suites it is judged on): the default suites (formats,
+# fp8-static-w8a8) and degenerate (DequantizeLinear per row, per tensor, per MX block); gguf
+# implements MXFP4 only, which the default suites do not have.
+SUITES = {"onnxruntime": ("onnxruntime", ("formats", "fp8-static-w8a8", "degenerate")),
+          "onnx_reference": ("onnx", ("formats", "fp8-static-w8a8", "degenerate", "mxfp4")),
           "gguf": ("gguf", ("mxfp4", "degenerate")),
           "openvino": ("openvino", ("formats", "fp8-static-w8a8"))}
 

@@ -54,3 +54,32 @@ def encode_model(x_dtype: str, fmt: str, rounding: str, saturate: bool):
 
 def decode_model(fmt: str):
     return cast_model(ELEMENT_TYPES[fmt], "FLOAT")
+
+
+# DequantizeLinear: the schemes whose scale ONNX can take as is (float32, per tensor, per row of the
+# weight = axis 0, or per block of 32 along the last axis = blocked with block_size 32)
+DEQUANTIZE_SCHEMES = ("FP8", "FP8_STATIC", "FP8_DYNAMIC", "MXFP8", "MXFP4")
+
+
+def dequantize_model(fmt: str, shape, scale_shape):
+    """An opset-25 model ``y = DequantizeLinear(x: fmt, scale: float32) -> float32`` (recipe fp8ref
+    dequantizes to float32 whatever the model dtype) for 2-D codes ``shape`` and the case's
+    ``scale_shape``: (1,) per tensor, (N, 1) per row (axis 0, scale fed 1-D), (N, ceil(K / B)) per
+    block of B along axis 1 (block_size B). Returns the model and the shape the scale is fed in."""
+    from onnx import helper
+
+    n, k = shape
+    attrs = {}
+    if tuple(scale_shape) == (1,):
+        fed = [1]
+    elif tuple(scale_shape) == (n, 1):
+        fed, attrs["axis"] = [n], 0
+    else:
+        fed, attrs["axis"], attrs["block_size"] = list(scale_shape), 1, -(-k // scale_shape[1])
+    node = helper.make_node("DequantizeLinear", ["x", "scale"], ["y"], **attrs)
+    graph = helper.make_graph([node], "fp8ref_dequantize",
+                              [helper.make_tensor_value_info("x", element_type(ELEMENT_TYPES[fmt]), list(shape)),
+                               helper.make_tensor_value_info("scale", element_type("FLOAT"), fed)],
+                              [helper.make_tensor_value_info("y", element_type("FLOAT"), list(shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    return model, fed

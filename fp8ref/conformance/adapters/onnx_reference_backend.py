@@ -2,13 +2,16 @@
 ``Cast`` graphs as the onnxruntime adapter (``_onnx``). It takes and returns ml_dtypes arrays, so
 codes are its output's bytes. Covers the four float8 formats (RNE, saturate 0/1), E8M0 (round_mode
 up / down / nearest = fp8ref rup / rdown and rtz / rna) and FLOAT4E2M1 (RNE; Cast has no saturate
-for it).
+for it); and ``DequantizeLinear`` (opset 25, float32 scale per tensor / per row (axis 0) / per block
+of 32 (block_size), to float32) against recipe fp8ref's dequantize (float32 for every model dtype).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...quant import as_args
+from ...scheme import PRESETS
 from ..backend import Backend
 from . import _onnx
 from ._common import INPUT_DTYPES, dist_version, missing
@@ -22,6 +25,7 @@ class OnnxReferenceBackend(Backend):
         "encode": {"format": _FORMATS, "rounding": ("rne", *_onnx.E8M0_ROUND_MODES), "saturate": (True, False),
                    "dtype": INPUT_DTYPES},
         "decode": {"format": _FORMATS},
+        "dequantize": {"scheme": _onnx.DEQUANTIZE_SCHEMES, "recipe": ("fp8ref",)},
     }
 
     def __init__(self):
@@ -36,7 +40,7 @@ class OnnxReferenceBackend(Backend):
     def implements(self, op, params):
         reason = super().implements(op, params)
         if reason or op != "encode":
-            return reason
+            return reason  # dequantize: every DEQUANTIZE_SCHEMES format is one of _FORMATS
         e8m0 = params["format"] == "float8_e8m0fnu"
         if e8m0 != (params["rounding"] != "rne"):
             return ("onnx Cast rounds float8 and FP4 to nearest even only, and E8M0 by round_mode up / down / "
@@ -65,3 +69,14 @@ class OnnxReferenceBackend(Backend):
 
         ev = self._evaluator(("decode", fmt), lambda: _onnx.decode_model(fmt))
         return np.asarray(ev.run(None, {"x": np.asarray(codes, np.uint8).view(getattr(ml_dtypes, fmt))})[0])
+
+    def dequantize(self, codes, scale, *, scheme, recipe, role, dtype):
+        import ml_dtypes
+
+        fmt = as_args(PRESETS[scheme], role=role).format
+        scale = np.asarray(scale)
+        model, fed = _onnx.dequantize_model(fmt, codes.shape, scale.shape)
+        ev = self._evaluator(("dequantize", fmt, codes.shape, scale.shape), lambda: model)
+        feeds = {"x": np.asarray(codes, np.uint8).view(getattr(ml_dtypes, fmt)),
+                 "scale": scale.astype(np.float32).reshape(fed)}
+        return np.asarray(ev.run(None, feeds)[0])
