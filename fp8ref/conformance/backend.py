@@ -44,6 +44,7 @@ BUILTIN = {
     "onnx_reference": "fp8ref.conformance.adapters.onnx_reference_backend:OnnxReferenceBackend",
     "gguf": "fp8ref.conformance.adapters.gguf_backend:GgufBackend",
     "openvino": "fp8ref.conformance.adapters.openvino_backend:OpenVinoBackend",
+    "openvino_fakeconvert": "fp8ref.conformance.adapters.openvino_backend:OpenVinoFakeConvertBackend",
 }
 
 

@@ -96,3 +96,51 @@ class OpenVinoBackend(Backend):
         compiled = self._convert(_TYPES[fmt], "f32")
         out = compiled([self._tensor(data, _TYPES[fmt], flat.size)])[compiled.output(0)]
         return np.asarray(out, np.float32).reshape(codes.shape)
+
+
+class OpenVinoFakeConvertBackend(OpenVinoBackend):
+    """OpenVINO's ``FakeConvert`` (opset13; experimental upstream): ``(f8(x * scale - shift) + shift) / scale``
+    back in x's dtype, here with scale 1 and shift 0, so its output is the f8 value itself. FakeConvert
+    clamps to the f8 range (declared ``saturate=True``). The codes are fp8ref's encoding of the returned
+    values, checked to be exact: a value off the f8 grid fails the case instead of being rounded."""
+
+    name = "openvino_fakeconvert"
+    capabilities = {
+        "encode": {"format": ("float8_e4m3fn", "float8_e5m2"), "rounding": ("rne",), "saturate": (True,),
+                   "dtype": ("float32", "float16", "bfloat16")},
+    }
+
+    def version(self) -> str:
+        return f"{dist_version('openvino')} (FakeConvert, scale 1, CPU plugin)"
+
+    def implements(self, op, params):
+        return Backend.implements(self, op, params)
+
+    def _fake_convert(self, src: str, dst: str):
+        if ("fake", src, dst) not in self._compiled:
+            import openvino as ov
+            import openvino.opset13 as ops
+
+            x = ops.parameter([-1], getattr(ov.Type, src))
+            one = ops.convert(ops.constant(np.array([1.0], np.float32)), getattr(ov.Type, src))
+            zero = ops.convert(ops.constant(np.array([0.0], np.float32)), getattr(ov.Type, src))
+            model = ov.Model([ops.fake_convert(x, one, zero, dst)], [x])
+            self._compiled["fake", src, dst] = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": 1})
+        return self._compiled["fake", src, dst]
+
+    def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
+        from ... import codec
+
+        x = np.asarray(x)
+        flat = x.reshape(-1)
+        dtype = _INPUT_TYPES[x.dtype.name]
+        out = self._bytes(self._fake_convert(dtype, _TYPES[fmt]), self._tensor(flat, dtype, flat.size))
+        values = out.view(x.dtype).astype(np.float64)
+        codes = codec.encode(values, fmt, rounding="rne", saturate=False)
+        back = codec.decode(codes, fmt).astype(np.float64)
+        off = ~((back == values) | (np.isnan(back) & np.isnan(values)))
+        if off.any():
+            i = int(np.argmax(off))
+            raise ValueError(f"FakeConvert returned {values[i]!r} for x={flat[i]!r}, not a {fmt} value "
+                             f"({int(off.sum())} such elements)")
+        return codes.reshape(x.shape)
