@@ -43,6 +43,11 @@ BUILTIN = {
     "gfloat": "fp8ref.conformance.adapters.gfloat_backend:GfloatBackend",
     "compressed_tensors": "fp8ref.conformance.adapters.compressed_tensors_backend:CompressedTensorsBackend",
     "auto_round": "fp8ref.conformance.adapters.auto_round_backend:AutoRoundBackend",
+    "onnxruntime": "fp8ref.conformance.adapters.onnxruntime_backend:OnnxRuntimeBackend",
+    "onnx_reference": "fp8ref.conformance.adapters.onnx_reference_backend:OnnxReferenceBackend",
+    "gguf": "fp8ref.conformance.adapters.gguf_backend:GgufBackend",
+    "openvino": "fp8ref.conformance.adapters.openvino_backend:OpenVinoBackend",
+    "openvino_fakeconvert": "fp8ref.conformance.adapters.openvino_backend:OpenVinoFakeConvertBackend",
 }
 
 

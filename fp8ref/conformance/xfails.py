@@ -9,9 +9,11 @@ then a ``#`` comment saying why (a link to the upstream decision)::
 
 Tags come from the mismatch:
 
-- ``overflow``: |x| > max; ``inf-input``; ``nan-input``; ``zero``;
-- ``subnormal``: 0 < |x| < the format's min normal; ``tie``: x halfway between neighbours;
-- ``double-rounding``: a float64 input whose float32 rounding changes the result or lands on a tie;
+- ``overflow``: |x| > max; ``inf-input``; ``nan-input``;
+- ``zero``: x == 0 (quantize, MX: fp8ref's code is +-0; dequantize: the code is +-0);
+- ``subnormal``: 0 < |x| < the format's min normal; ``tie``: x (quantize, MX: x / 2**k) halfway between neighbours;
+- ``double-rounding``: a float64 input whose float32 rounding (a float32 input whose float16 rounding)
+  changes the result or lands on a tie;
 - ``negative``: x < 0 into an unsigned format;
 - ``input-subnormal``: x is subnormal in its own dtype (float64: in float32);
 - ``nan-code``: both NaN, codes differ (only under the exact or sign NaN rule);

@@ -98,15 +98,19 @@ class Encode(Operation):
                 "subnormal": (a > 0) & (a < fmt.min_normal), "tie": self._ties(fmt, x), "zero": x == 0,
                 "negative": (x < 0) & (not fmt.signed), "input-subnormal": (a > 0) & (a < self._tiny(params)),
             }
-            if params["dtype"] == "float64":
-                x32 = x.astype(np.float32)
+            # a float64 input rounded to float32 first (torch, onnxruntime), a float32 one to float16
+            # (OpenVINO's Convert to f8)
+            narrow = {"float64": np.float32, "float32": np.float16}.get(params["dtype"])
+            if narrow is not None:
+                with np.errstate(over="ignore"):
+                    xn = x.astype(narrow).astype(np.float64)
                 bits = inputs.get("random_bits")
-                via32 = codec.encode(x32, fmt, saturate=params["saturate"], rounding=params["rounding"],
-                                     random_bits=None if bits is None else bits[index])
+                via = codec.encode(xn, fmt, saturate=params["saturate"], rounding=params["rounding"],
+                                   random_bits=None if bits is None else bits[index])
                 direct = codec.encode(x, fmt, saturate=params["saturate"], rounding=params["rounding"],
                                       random_bits=None if bits is None else bits[index])
-                changed = (via32 != direct) | self._ties(fmt, x32.astype(np.float64))
-                flags["double-rounding"] = finite & (x32.astype(np.float64) != x) & changed
+                changed = (via != direct) | self._ties(fmt, xn)
+                flags["double-rounding"] = finite & (xn != x) & changed
         names = list(flags)
         table = np.stack([flags[n] for n in names], axis=1)
         return [tuple(n for n, f in zip(names, row, strict=True) if f) for row in table]

@@ -12,13 +12,15 @@ from itertools import product
 
 import numpy as np
 
-from ... import quant
+from ... import codec, quant
+from ...formats import get_format
 from ...registry import get_recipe, recipe_names
-from ...scaling import reduce_amax
+from ...scaling import MX_BLOCK, reduce_amax
 from ...scheme import PRESETS
 from .. import degenerate, values
 from ..case import Case, Operation, shape_name
 from ..fields import at_level, choices, per_level, shapes
+from .encode import Encode
 
 DTYPES = ("bfloat16", "float16", "float32")
 # every recipe of the registry (a suite names the producers it covers; 'all': every registered one)
@@ -132,6 +134,22 @@ class Quantize(_QuantBase):
     def output_format(self, params, output):
         return _args(params).format if output == "codes" else None
 
+    def tags(self, params, inputs, mask, got) -> list[tuple[str, ...]]:
+        """MX codes: ``tie`` where x / 2**k lies halfway between two element values, ``zero`` where
+        fp8ref's code is +-0 (a signed-zero choice). Scales and other granularities carry no tag."""
+        x = inputs["x"]
+        n = int(mask.sum())
+        if mask.shape != x.shape or _args(params).granularity != "mx":
+            return [()] * n
+        expected = self.reference(params, inputs)
+        fmt = get_format(_args(params).format)
+        scale = np.repeat(expected["scale"].astype(np.float64), MX_BLOCK, axis=-1)[..., :x.shape[-1]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            q = x.astype(np.float64)[mask] / scale[mask]
+        tie = Encode._ties(fmt, q)
+        zero = codec.decode(expected["codes"][mask], fmt) == 0
+        return [tuple(t for t, f in (("tie", a), ("zero", b)) if f) for a, b in zip(tie, zero, strict=True)]
+
     def element_inputs(self, params, inputs, index):
         if len(index) == len(params["shape"]):
             return {"x": inputs["x"][index]}
@@ -154,6 +172,12 @@ class Dequantize(_QuantBase):
         q = quant.QuantResult(inputs["codes"], scale, qa.format, qa.granularity, rec.name, qa,
                               scale.dtype.name, params["dtype"], _recipe=rec)
         return {"values": quant.dequantize(q)}
+
+    def tags(self, params, inputs, mask, got) -> list[tuple[str, ...]]:
+        """``zero`` where the code is +-0 (a signed-zero choice)."""
+        fmt = get_format(_args(params).format)
+        zero = codec.decode(inputs["codes"][mask], fmt) == 0
+        return [("zero",) if z else () for z in zero]
 
     def call(self, backend, params, inputs):
         return {"values": backend.dequantize(inputs["codes"], inputs["scale"], scheme=params["scheme"],

@@ -1,0 +1,110 @@
+"""onnxruntime (CPU execution provider): ``Cast`` graphs at opset 25 (``_onnx``), one session
+per format x rounding x saturation x input dtype, cached.
+
+Codes are read back bit for bit: onnxruntime returns float8 outputs other than e4m3fn as
+OrtValues numpy cannot hold, so the adapter copies the output buffer's bytes (``data_ptr``),
+and feeds codes in with ``OrtValue.ortvalue_from_numpy_with_onnx_type`` (no second Cast, nothing
+re-rounded). Covers the four float8 formats (RNE, saturate 0/1) and E8M0 (round_mode up / down /
+nearest = fp8ref rup / rdown and rtz / rna). bfloat16 inputs go in as their bits. FLOAT4E2M1 Cast
+has no CPU kernel in onnxruntime 1.32 ("Could not find an implementation for Cast(25)"), so FP4
+is not declared. ``DequantizeLinear`` (opset 25, float32 scale per tensor, per row = axis 0, or per
+block of 32 = block_size) to float32 is judged against recipe fp8ref's dequantize (decode(q) * s
+rounded once to float32, for every model dtype); onnxruntime 1.32's CPU provider has no
+FLOAT4E2M1 DequantizeLinear (MXFP4 not declared) and none with a float32 scale and a bfloat16
+``output_dtype``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ...quant import as_args
+from ...scheme import PRESETS
+from ..backend import Backend
+from . import _onnx
+from ._common import INPUT_DTYPES, dist_version, missing
+
+_FORMATS = (*_onnx.FP8_FORMATS, "float8_e8m0fnu")
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    capabilities = {
+        "encode": {"format": _FORMATS, "rounding": ("rne", *_onnx.E8M0_ROUND_MODES), "saturate": (True, False),
+                   "dtype": INPUT_DTYPES},
+        "decode": {"format": _FORMATS},
+        "dequantize": {"scheme": _onnx.DEQUANTIZE_SCHEMES, "recipe": ("fp8ref",)},
+    }
+
+    def __init__(self):
+        self._sessions = {}
+
+    def unavailable(self) -> str | None:
+        return missing("onnxruntime") or missing("onnx")
+
+    def version(self) -> str:
+        return f"{dist_version('onnxruntime')}, {dist_version('onnx')}, opset {_onnx.OPSET}, CPUExecutionProvider"
+
+    def implements(self, op, params):
+        reason = super().implements(op, params)
+        if reason or op == "decode":
+            return reason
+        if op == "dequantize":
+            fmt = as_args(PRESETS[params["scheme"]], role=params["role"]).format
+            return None if fmt in _FORMATS else f"onnxruntime 1.32 has no CPU DequantizeLinear for {fmt}"
+        e8m0 = params["format"] == "float8_e8m0fnu"
+        if e8m0 != (params["rounding"] != "rne"):
+            return ("onnx Cast rounds float8 to nearest even only, and E8M0 by round_mode up / down / "
+                    "nearest (ties up) only")
+        return None
+
+    def _session(self, key, build):
+        if key not in self._sessions:
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = 1
+            self._sessions[key] = onnxruntime.InferenceSession(build().SerializeToString(), options,
+                                                               providers=["CPUExecutionProvider"])
+        return self._sessions[key]
+
+    @staticmethod
+    def _bytes(out) -> np.ndarray:
+        """An output OrtValue's bytes (a copy: the OrtValue owns the buffer)."""
+        n = out.tensor_size_in_bytes()
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(out.data_ptr())).copy() if n else \
+            np.zeros(0, np.uint8)
+
+    @staticmethod
+    def _value(x: np.ndarray, type_name: str):
+        from onnxruntime import OrtValue
+
+        return OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(x), _onnx.element_type(type_name))
+
+    def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
+        x = np.asarray(x)
+        dtype = x.dtype.name
+        session = self._session(("encode", dtype, fmt, rounding, saturate),
+                                lambda: _onnx.encode_model(dtype, fmt, rounding, saturate))
+        feed = self._value(x.view(np.uint16) if dtype == "bfloat16" else x, _onnx.INPUT_TYPES[dtype])
+        out = session.run_with_ort_values(["y"], {"x": feed})[0]
+        n = int(np.prod(out.shape()))
+        if out.tensor_size_in_bytes() != n:
+            raise ValueError(f"onnxruntime returned {out.tensor_size_in_bytes()} bytes for {n} {fmt} codes")
+        return self._bytes(out).reshape(x.shape)
+
+    def decode(self, codes, fmt):
+        session = self._session(("decode", fmt), lambda: _onnx.decode_model(fmt))
+        return session.run_with_ort_values(["y"], {"x": self._value(np.asarray(codes, np.uint8),
+                                                                        _onnx.ELEMENT_TYPES[fmt])})[0].numpy()
+
+    def dequantize(self, codes, scale, *, scheme, recipe, role, dtype):
+        fmt = as_args(PRESETS[scheme], role=role).format
+        scale = np.asarray(scale)
+        model, fed = _onnx.dequantize_model(fmt, codes.shape, scale.shape)
+        session = self._session(("dequantize", fmt, codes.shape, scale.shape), lambda: model)
+        feeds = {"x": self._value(np.asarray(codes, np.uint8), _onnx.ELEMENT_TYPES[fmt]),
+                 "scale": self._value(scale.astype(np.float32).reshape(fed), "FLOAT")}
+        return session.run_with_ort_values(["y"], feeds)[0].numpy()

@@ -1,0 +1,215 @@
+"""The CPU inference engines as conformance backends (tox -e engines): onnxruntime and ONNX's
+reference evaluator (Cast graphs at opset 25), gguf's MXFP4 quantizer and OpenVINO's Convert and
+FakeConvert.
+
+Each backend runs its suites through the conformance runner: nothing unexpected differs, every
+entry of its shipped xfails file still excuses something, and a deliberately broken variant of the
+adapter is caught. The peer bugs behind the xfails are asserted on their smallest inputs, with the
+peer's (wrong) answer and fp8ref's, so a fixed upstream bug shows up here as a failing test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fp8ref
+from fp8ref import codec, quant
+from fp8ref.conformance import default_xfails, load_backend, run
+from fp8ref.golden import load_suite
+from fp8ref.scheme import PRESETS
+
+pytestmark = pytest.mark.interop
+
+# backend -> (package it needs, suites it is judged on): the default suites (formats,
+# fp8-static-w8a8) and degenerate (DequantizeLinear per row, per tensor, per MX block); gguf
+# implements MXFP4 only, which the default suites do not have.
+SUITES = {"onnxruntime": ("onnxruntime", ("formats", "fp8-static-w8a8", "degenerate")),
+          "onnx_reference": ("onnx", ("formats", "fp8-static-w8a8", "degenerate", "mxfp4")),
+          "gguf": ("gguf", ("mxfp4", "degenerate")),
+          "openvino": ("openvino", ("formats", "fp8-static-w8a8")),
+          "openvino_fakeconvert": ("openvino", ("formats", "fp8-static-w8a8"))}
+
+
+def _backend(name):
+    pytest.importorskip(SUITES[name][0])
+    return load_backend(name)
+
+
+def _run(backend, xfails):
+    return [run(backend, load_suite(s), xfails=xfails) for s in SUITES[backend.name][1]]
+
+
+def _unexpected(results):
+    return [(x.case, x.reason or str(x.mismatches[0])[:300]) for r in results for x in r.results
+            if (x.status == "error" and not r.xfailed(x.case, ("error",)))
+            or any(not r.xfailed(m.case, m.tags) for m in x.mismatches)][:5]
+
+
+@pytest.mark.parametrize("name", list(SUITES))
+def test_engine_differs_only_where_documented(name):
+    """Every difference is in the backend's xfails file, and every entry still happens."""
+    backend = _backend(name)
+    xfails = default_xfails(backend.name)
+    results = _run(backend, xfails)
+    assert sum(r.unexpected for r in results) == 0, _unexpected(results)
+    assert sum(r.compared() for r in results) >= 9
+    if name == "onnx_reference":  # its float8 and FP4 casts agree everywhere; only E8M0 is pinned
+        assert all(not m for r in results for x in r.results if "e8m0" not in x.case for m in [x.mismatches])
+    assert [e.text for e in xfails.entries if e.hits == 0] == []
+
+
+class _Planted:
+    """A broken variant: the last element of every output it returns is one code or one ulp off."""
+
+    @staticmethod
+    def _nudge(a):
+        a = np.array(a)
+        flat = a.reshape(-1).view(np.uint8 if a.dtype.itemsize == 1 else np.uint32)
+        if flat.size:
+            flat[-1] ^= 1
+        return a
+
+
+@pytest.mark.parametrize("name", list(SUITES))
+def test_engine_adapter_reports_a_planted_bug(name):
+    backend = _backend(name)
+    broken = type(f"Broken{type(backend).__name__}", (type(backend),), {})()
+    for op in backend.capabilities:
+        method = getattr(broken, op)
+
+        def planted(*args, _method=method, **kwargs):
+            out = _method(*args, **kwargs)
+            return {k: _Planted._nudge(v) for k, v in out.items()} if isinstance(out, dict) else _Planted._nudge(out)
+        setattr(broken, op, planted)
+    results = _run(broken, default_xfails(backend.name))
+    assert sum(r.unexpected for r in results) > 0
+
+
+# --- onnxruntime 1.32 -----------------------------------------------------------------------------
+def test_onnxruntime_e4m3fn_nosat_gives_448_for_480_to_496():
+    ort = _backend("onnxruntime")
+    x = np.array([470, 480, 495, 496, -480], np.float32)
+    assert ort.encode(x, "float8_e4m3fn", rounding="rne", saturate=False).tolist() == [0x7F, 0x7E, 0x7E, 0x7F, 0xFE]
+    assert fp8ref.encode(x, "float8_e4m3fn", rounding="rne", saturate=False).tolist() == [0x7F, 0x7F, 0x7F, 0x7F, 0xFF]
+
+
+def test_onnxruntime_e5m2_nosat_gives_nan_where_onnx_says_inf():
+    ort = _backend("onnxruntime")
+    x = np.array([59392, 61439, 61440, 65535, 65536], np.float32)
+    assert ort.encode(x, "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x7B, 0x7B, 0x7F, 0x7F, 0x7C]
+    assert fp8ref.encode(x, "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x7B, 0x7B, 0x7C, 0x7C, 0x7C]
+
+
+def test_onnxruntime_casts_double_through_float():
+    ort = _backend("onnxruntime")
+    x = np.array([0.0029296874999999996])  # just below the 0x01 / 0x02 midpoint; its float32 is the midpoint
+    assert ort.encode(x, "float8_e4m3fn", rounding="rne", saturate=True).tolist() == [0x02]
+    assert fp8ref.encode(x, "float8_e4m3fn", rounding="rne", saturate=True).tolist() == [0x01]
+
+
+# --- onnx 1.23.2 ReferenceEvaluator ---------------------------------------------------------------
+def _e8m0(encoder, x, rounding, saturate):
+    """Codes from a backend or from fp8ref (same keywords)."""
+    return encoder.encode(np.array(x, np.float32), "float8_e8m0fnu", rounding=rounding, saturate=saturate).tolist()
+
+
+def test_onnx_reference_e8m0_inf_saturated_gives_nan():
+    ref = _backend("onnx_reference")
+    assert _e8m0(ref, [np.inf], "rup", True) == [0xFF]  # the spec's table: E8M0_MAX
+    assert _e8m0(fp8ref, [np.inf], "rup", True) == [0xFE]
+
+
+def test_onnx_reference_e8m0_zero_nosat_gives_2_pow_minus_127():
+    ref = _backend("onnx_reference")
+    assert _e8m0(ref, [0.0], "rna", False) == [0x00]  # the spec's table ("non-saturate + nearest"): NaN
+    assert _e8m0(fp8ref, [0.0], "rna", False) == [0xFF]
+
+
+def test_onnx_reference_e8m0_float32_subnormals_round_to_2_pow_minus_126():
+    ref = _backend("onnx_reference")
+    x = [2.0 ** -127, 1.25 * 2.0 ** -127]
+    assert _e8m0(ref, x, "rup", True)[:1] + _e8m0(ref, x, "rna", True)[1:] == [0x01, 0x01]
+    right = [fp8ref.encode(np.array(x, np.float32), "float8_e8m0fnu", rounding=m, saturate=True).tolist()[i]
+             for i, m in enumerate(("rup", "rna"))]
+    assert right == [0x00, 0x00]
+
+
+# --- gguf 0.19.0 MXFP4 ----------------------------------------------------------------------------
+def _mxfp4(x):
+    q = quant.quantize(x, PRESETS["MXFP4"], recipe="fp8ref", role="weight")
+    return q.codes, q.scale
+
+
+def _byte(scale):
+    return codec.encode(np.asarray(scale, np.float32), "float8_e8m0fnu", rounding="rne", saturate=True).reshape(-1)
+
+
+def _block(amax):
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0], x[0, 1] = amax, amax / 2
+    return x
+
+
+def test_gguf_scale_is_one_binade_high_just_below_a_power_of_two():
+    gguf = _backend("gguf")
+    x = _block(np.nextafter(np.float32(2 ** 20), np.float32(0)))  # float32 np.log2 returns exactly 20
+    got = gguf.quantize(x, scheme="MXFP4", recipe="fp8ref", role="weight")
+    codes, scale = _mxfp4(x)
+    assert _byte(got["scale"]).tolist() == [145] and _byte(scale).tolist() == [144]
+    assert got["codes"][0, :2].tolist() == [6, 4] and codes[0, :2].tolist() == [7, 6]  # 4 and 2, not 6 and 4
+
+
+def test_gguf_scale_byte_wraps_below_2_pow_minus_125():
+    gguf = _backend("gguf")
+    x = _block(np.float32(2.0 ** -126))
+    got = gguf.quantize(x, scheme="MXFP4", recipe="fp8ref", role="weight")
+    codes, scale = _mxfp4(x)
+    assert _byte(got["scale"]).tolist() == [0xFF] and not got["codes"].any()  # NaN scale, every element 0
+    assert _byte(scale).tolist() == [0x00] and codes[0, :2].tolist() == [4, 2]  # 2**-127 * [2, 1]
+
+
+def test_gguf_ties_go_to_the_smaller_magnitude_and_zero_loses_its_sign():
+    gguf = _backend("gguf")
+    x = np.zeros((1, 32), np.float32)
+    x[0, :3] = [6.0, 0.75, -0.1]  # scale 1: 0.75 is the 0.5 / 1.0 tie, -0.1 rounds to -0
+    got = gguf.quantize(x, scheme="MXFP4", recipe="fp8ref", role="weight")["codes"][0, :3].tolist()
+    assert got == [7, 1, 0]
+    assert _mxfp4(x)[0][0, :3].tolist() == [7, 2, 8]
+
+
+# --- OpenVINO 2026.4.1 Convert --------------------------------------------------------------------
+def test_openvino_convert_rounds_float32_through_float16():
+    ov = _backend("openvino")
+    x = np.array([0.0029288, 464.00003], np.float32)
+    assert ov.encode(x, "float8_e4m3fn", rounding="rne", saturate=False).tolist() == [0x02, 0x7E]
+    assert fp8ref.encode(x, "float8_e4m3fn", rounding="rne", saturate=False).tolist() == [0x01, 0x7F]
+    tie = np.array([np.nextafter(np.float32(2.0 ** -17), np.float32(0))])  # just below half of e5m2's min
+    assert ov.encode(tie, "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x01]
+    assert fp8ref.encode(tie, "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x00]
+
+
+def test_openvino_low_payload_nan_becomes_inf_in_e5m2_and_negative_nan_zero_in_e8m0():
+    ov = _backend("openvino")
+    nans = np.array([0x7F800001, 0x7FC00000, 0xFFC00000], np.uint32).view(np.float32)
+    assert ov.encode(nans[:2], "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x7C, 0x7E]
+    assert ov.encode(nans, "float8_e8m0fnu", rounding="rne", saturate=True).tolist() == [0xFF, 0xFF, 0x00]
+    assert fp8ref.encode(nans, "float8_e8m0fnu", rounding="rne", saturate=True).tolist() == [0xFF, 0xFF, 0xFF]
+    e5m2 = fp8ref.encode(nans[:2], "float8_e5m2", rounding="rne", saturate=False)
+    assert np.isnan(fp8ref.decode(e5m2, "float8_e5m2")).all()
+
+
+def test_openvino_fakeconvert_gives_minus_max_for_nan():
+    fake = _backend("openvino_fakeconvert")
+    nans = np.array([0x7FC00000, 0xFFC00000], np.uint32).view(np.float32)
+    assert fake.encode(nans, "float8_e4m3fn", rounding="rne", saturate=True).tolist() == [0xFE, 0xFE]  # -448
+    assert fake.encode(nans, "float8_e5m2", rounding="rne", saturate=True).tolist() == [0xFB, 0xFB]  # -57344
+    assert fp8ref.encode(nans, "float8_e4m3fn", rounding="rne", saturate=True).tolist() == [0x7F, 0xFF]
+
+
+def test_openvino_e5m2_just_below_its_smallest_subnormal_is_one_binade_high():
+    x = np.array([np.nextafter(np.float32(2.0 ** -16), np.float32(0)), 2.0 ** -16], np.float32)
+    assert _backend("openvino").encode(x, "float8_e5m2", rounding="rne", saturate=False).tolist() == [0x02, 0x01]
+    fake = _backend("openvino_fakeconvert")
+    assert fake.encode(x, "float8_e5m2", rounding="rne", saturate=True).tolist() == [0x02, 0x01]
+    assert fp8ref.encode(x, "float8_e5m2", rounding="rne", saturate=True).tolist() == [0x01, 0x01]
