@@ -112,9 +112,11 @@ def test_experts_that_disagree_with_the_config_stay_unplaced(tmp_path):
     cfg = json.loads((bad / "config.json").read_text())
     cfg["num_local_experts"] = 8
     (bad / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelError, match=r"4 quantized layers could not be placed in the model: "
-                                         r"model.layers.0.mlp.experts.down_proj: 4 experts of \[out, in\] \[64, 64\] "
-                                         r"in the checkpoint, the model's config has 8 of \[64, 64\]"):
+    # config.json is checked against the checkpoint's shapes before any expert is placed: the router
+    # of 8 experts the config describes is the first tensor that disagrees
+    with pytest.raises(ModelError, match=r"bad/config.json: the model it describes has "
+                                         r"model.layers.0.mlp.router.weight of shape \[8, 64\], "
+                                         r"the checkpoint's is \[4, 64\]"):
         build_model(bad)
     with pytest.raises(ModelError, match="mode 'original' needs the original weights"):
         build_model(MXFP4, mode="original")
