@@ -199,10 +199,12 @@ def test_free_running_rows_are_aligned_by_token():
 
 @pytest.mark.parametrize("fixture, original", [("llmc_qwen3_moe_fp8_dynamic", "moe_qwen3_moe_bf16"),
                                                ("llmc_qwen3_moe_fp8_block", "moe_qwen3_moe_bf16"),
-                                               ("llmc_deepseek_v3_fp8_block", "moe_deepseek_v3_bf16")])
+                                               ("llmc_deepseek_v3_fp8_block", "moe_deepseek_v3_bf16"),
+                                               ("llmc_mixtral_fp8_dynamic", "moe_mixtral_bf16"),
+                                               ("llmc_mixtral_fp8_block", "moe_mixtral_bf16")])
 def test_verify_original_on_the_tool_made_moe_checkpoints(fixture, original, capsys):
     """Every expert's codes and scales re-derived from its original weight, byte for byte (Mixtral's
-    originals sit under other names: verify's name mapping, not yet here)."""
+    originals are w1/w3/w2, renamed gate/up/down_proj by llm-compressor: verify's name mapping)."""
     from tests.support.cli import run_cli
 
     assert run_cli("verify", CKPTS / fixture, "--original", CKPTS / original) == 0
