@@ -151,8 +151,9 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
         results = run_all(lambda m, n: _teacher_forced(layers[n], m, *baseline(n)),
                           ((m, n) for m, n in jobs), progress=progress, desc="teacher-forced", total=len(jobs))
     else:
-        items = ((str(checkpoint_path), n, m, layers[n].accumulate, layers[n].backends, layers[n].original_weight,
-                  layers[n].original_bias, *baseline(n)) for m, n in jobs)
+        items = ((str(checkpoint_path), n, m, layers[n].accumulate, layers[n].backends,
+                  *(layers[n].original_tensors() if m == "original" else (None, None)), *baseline(n))
+                 for m, n in jobs)
         results = run_all(_teacher_forced_task, items, executor=executor, progress=progress, desc="teacher-forced",
                           total=len(jobs))
     cache.clear()
