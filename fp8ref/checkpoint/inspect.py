@@ -40,12 +40,13 @@ def describe(ckpt: Checkpoint, *, values: bool = True) -> dict:
             "warnings": list(ckpt.warnings), "tensor_bytes_read": ckpt.store.bytes_read}
 
 
-def quantization_error(ckpt: Checkpoint, original: str | os.PathLike) -> list[dict]:
+def quantization_error(ckpt: Checkpoint, original: str | os.PathLike, *, executor: str = "local",
+                       progress: bool = False) -> list[dict]:
     """Per layer, the exact dequantized weight against the original: max |err|, relative RMS
-    error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first."""
+    error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first. executor ``ray``: one task
+    per layer, each reading its layer from the two folders (``fp8ref.nn.executor``; same rows)."""
     store = open_store(original)
-    rows = []
-    for name, layer in ckpt.items():
+    for name, layer in ckpt.items():  # every layer checked before any work
         wname = f"{name}.weight"
         if wname not in store:
             raise CheckpointError(f"{store.root}: the original has no tensor {wname!r} for layer {name!r}")
@@ -55,10 +56,28 @@ def quantization_error(ckpt: Checkpoint, original: str | os.PathLike) -> list[di
         if store.info(wname).shape != tuple(layer.shape):
             raise CheckpointError(f"{store.where(wname)}: shape {list(store.info(wname).shape)}, the checkpoint "
                                   f"layer is {list(layer.shape)}")
-        w = np.asarray(store.get(wname)).astype(np.float64)
-        err = layer.dequantize("float64") - w
-        signal, noise = float(np.sum(w * w)), float(np.sum(err * err))
-        rows.append({"layer": name, "max_abs": float(np.max(np.abs(err))) if err.size else 0.0,
-                     "rel_rms": math.sqrt(noise / signal) if signal else (0.0 if noise == 0 else math.inf),
-                     "snr_db": 10 * math.log10(signal / noise) if noise else math.inf})
+    if executor == "local":
+        rows = [_error_row(name, layer, store.get(f"{name}.weight")) for name, layer in ckpt.items()]
+    else:
+        from ..nn.executor import run_all
+
+        rows = run_all(_error_task, ((str(ckpt.path), str(original), name) for name in ckpt), executor=executor,
+                       progress=progress, desc="inspect", total=len(ckpt))
     return sorted(rows, key=lambda r: (r["snr_db"], r["layer"]))
+
+
+def _error_row(name: str, layer, original_weight: np.ndarray) -> dict:
+    w = np.asarray(original_weight).astype(np.float64)
+    err = layer.dequantize("float64") - w
+    signal, noise = float(np.sum(w * w)), float(np.sum(err * err))
+    return {"layer": name, "max_abs": float(np.max(np.abs(err))) if err.size else 0.0,
+            "rel_rms": math.sqrt(noise / signal) if signal else (0.0 if noise == 0 else math.inf),
+            "snr_db": 10 * math.log10(signal / noise) if noise else math.inf}
+
+
+def _error_task(ckpt_path: str, original_path: str, name: str) -> dict:
+    """``_error_row`` of one layer from the two folders (a task: it may run on another machine)."""
+    from .loader import load_checkpoint
+
+    return _error_row(name, load_checkpoint(ckpt_path, check_values=False)[name],
+                      open_store(original_path).get(f"{name}.weight"))

@@ -16,6 +16,9 @@ def register(sub) -> None:
     p.add_argument("--original", metavar="SRC", help="original (unquantized) weights, for mode 'original'")
     add_input_args(p, random=False)
     p.add_argument("--batch", type=int, default=8, help="sequences per forward pass (default 8)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="batches here (default) or as Ray tasks, each worker building the model once "
+                        "(RAY_ADDRESS, else a local cluster)")
     add_keep_decoded(p)
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
     add_progress_flags(p)
@@ -31,10 +34,13 @@ def cmd_eval(args) -> int:
         raise ModelError("eval: give --text FILE or --tokens FILE")
     mode = parse_mode(args.mode)
     model = build_model(args.checkpoint, mode=mode, original=args.original, backend=backends_for([mode]),
-                        keep_decoded=args.keep_decoded)
+                        keep_decoded=args.keep_decoded)  # local batches; vocabulary size for the ids
     ids, source = token_ids(args, int(model.config.vocab_size))
+    build = {"checkpoint": str(args.checkpoint), "mode": str(mode), "original": args.original,
+             "backend": backends_for([mode]), "keep_decoded": args.keep_decoded}
     res = {"checkpoint": str(args.checkpoint), "input": source,
-           **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
+           **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args), executor=args.executor,
+                      build=build)}
     if args.json:
         write_json(res, args.json)
     if args.json != "-":

@@ -169,16 +169,51 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
             "end_to_end": end, "first_divergent": first, "layers": [per_layer[n] for n in order]}
 
 
-def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool = False) -> dict:
-    """Perplexity of ``ids`` [B, T] under ``mode`` (batches of ``batch`` sequences)."""
-    set_mode(model, mode)
+def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool = False, executor: str = "local",
+             build: dict | None = None) -> dict:
+    """Perplexity of ``ids`` [B, T] under ``mode`` (batches of ``batch`` sequences). executor ``ray``
+    runs each batch as a task that builds the model itself with ``build_model(**build)`` (``build``:
+    picklable arguments: the checkpoint folder, original folder, ...); the batches' results are
+    added here in order, as locally, so the report is byte-identical."""
+    from .executor import run_all
+
+    mode = parse_mode(mode)
+    chunks = [ids[i:i + batch] for i in range(0, ids.shape[0], batch)]
+    if executor == "local":
+        set_mode(model, mode)
+        parts = run_all(lambda chunk: _batch_nll(model, chunk), ((c,) for c in chunks), progress=progress,
+                        desc="eval", total=len(chunks))
+    else:
+        if build is None:
+            raise ModelError(f"evaluate: executor {executor!r} needs build (what the workers build the model from)")
+        parts = run_all(_eval_task, ((build, str(mode), c) for c in chunks), executor=executor, progress=progress,
+                        desc="eval", total=len(chunks))
     nll, count = 0.0, 0
-    with torch.no_grad():
-        for i in tqdm(range(0, ids.shape[0], batch), desc="eval", unit="batch", disable=not progress):
-            chunk = ids[i:i + batch]
-            logits = _logits(model(chunk))
-            n = chunk.shape[0] * (chunk.shape[1] - 1)
-            nll += float(np.log(perplexity(logits, chunk))) * n
-            count += n
-    return {"mode": str(parse_mode(mode)), "sequences": int(ids.shape[0]), "tokens": count,
+    for log_ppl, n in parts:
+        nll += log_ppl * n
+        count += n
+    return {"mode": str(mode), "sequences": int(ids.shape[0]), "tokens": count,
             "perplexity": float(np.exp(nll / count)) if count else float("nan")}
+
+
+def _batch_nll(model, chunk: torch.Tensor) -> tuple[float, int]:
+    """(log perplexity, predicted tokens) of one batch."""
+    with torch.no_grad():
+        logits = _logits(model(chunk))
+    return float(np.log(perplexity(logits, chunk))), chunk.shape[0] * (chunk.shape[1] - 1)
+
+
+_BUILT: dict = {}  # a worker's model, built once for its tasks
+
+
+def _eval_task(build: dict, mode: str, chunk: torch.Tensor) -> tuple[float, int]:
+    """``_batch_nll`` on a worker (a task of ``fp8ref.nn.executor``), the model built there once."""
+    from .model import build_model
+
+    key = repr(sorted((k, v) for k, v in build.items() if k != "backend"))
+    if key not in _BUILT:
+        _BUILT.clear()
+        _BUILT[key] = build_model(**build)
+    model = _BUILT[key]
+    set_mode(model, mode)
+    return _batch_nll(model, chunk)
