@@ -146,6 +146,7 @@ typedef struct { /* t[m, n] = sum_k a[m, k] * lut[w[n, k]] (_kernels_exact.c): t
     double *t;            /* M x N, row-major */
     uint8_t *flags;       /* per n: 1 when row n of w holds a NaN value */
     int64_t M, K, N, w_rs;
+    int64_t sym;          /* 1: lut[c | 0x80] is lut[c] with its sign flipped (c < 128): 128 entries looked up */
 } dot_job;
 #define DOT_MAX_M 8 /* rows of a per call (the accumulators stay in registers) */
 

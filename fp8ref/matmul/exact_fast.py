@@ -168,7 +168,7 @@ def _b_values(cb: np.ndarray, fb: FloatFormat, record, bk: int = 1, sb=None):
     when sb is given): (values, norms) from the record's cache, or decoded into the workspace.
     Codes stored transposed (a (N, K) weight's .T) are decoded in their own order and used as a
     transposed view: the GEMM takes it as it is."""
-    if record is not None:
+    if record is not None and record.keep:
         yield record.cached(("b", bk, None if sb is None else sb.tobytes()), lambda: _decode_b(cb, fb, bk, sb, None))
         return
     with _WORKSPACE.take(cb.size) as buf:
@@ -207,13 +207,21 @@ def _lut_product(A: np.ndarray, cb: np.ndarray, fb: FloatFormat) -> np.ndarray |
     flags = np.empty(w.shape[0], np.uint8)
     table = _lut(fb)
     job = dot_job(A.ctypes.data, w.ctypes.data, table.ctypes.data, T.ctypes.data, flags.ctypes.data, M, K,
-                  w.shape[0], w.strides[0])
+                  w.shape[0], w.strides[0], int(_sign_symmetric(table)))
     parallel("fp8ref_lut_dot", job, w.shape[0], work=w.size * M, split=_SPLIT * threads(),
              keep=(A, w, table, T, flags))
     if flags.any():
         _check_codes(cb, fb, "b")  # codes past 2**bits: FormatError, as on the general path
         raise _NonFinite
     return T
+
+
+def _sign_symmetric(table: np.ndarray) -> bool:
+    """table[c | 0x80] is table[c] with the sign bit flipped for every c < 128 (both NaN counts:
+    the lookup still gives a NaN, which is flagged)."""
+    lo, hi = table[:128], table[128:]
+    return bool(np.all((hi.view(np.uint32) == lo.view(np.uint32) ^ np.uint32(0x80000000))
+                       | (np.isnan(lo) & np.isnan(hi))))
 
 
 def _gemm(A: np.ndarray, B: np.ndarray) -> np.ndarray:

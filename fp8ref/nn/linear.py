@@ -24,14 +24,14 @@ class Fp8RefLinear(torch.nn.Module):
     from the original checkpoint when needed, not held). The module holds no parameters: its
     tensors are the checkpoint's, read on each use.
 
-    keep_decoded: the exact reference (accumulate "exact") decodes the weight to float64 on its
-    first forward (times the weight's block scales, with their block norms, for block-scaled
-    weights) and reuses that form on every later call (``fp8ref.matmul.DecodedCodes``). Memory:
-    8 bytes per weight element, plus 1 byte for a private copy of the codes, per layer, for the
-    module's lifetime (a 4096 x 4096 layer: 144 MiB). The default (False) keeps nothing: a call
-    with a few rows (M <= 8: a decode step) looks each code up as it reads it, a larger one decodes
-    the weight into a reused workspace, which costs little beside its GEMM; ``release_decoded()``
-    drops what is kept.
+    The exact reference (accumulate "exact") reads the weight's codes on its first forward and
+    holds them (1 byte per element: the checkpoint's bytes, read and checked once).
+    keep_decoded: it also keeps the weight's float64 form (times the block scales, with their
+    block norms, for block-scaled weights: ``fp8ref.matmul.DecodedCodes``) between calls: 8 bytes
+    more per weight element for the module's lifetime (a 4096 x 4096 layer: 128 MiB). The default
+    (False) keeps no float64: a call with a few rows (M <= 8: a decode step) looks each code up as
+    it reads it, a larger one decodes the weight into a reused workspace, which costs little
+    beside its GEMM; ``release_decoded()`` drops what is held.
     """
 
     def __init__(self, layer, mode="reference", *, accumulate: str = "exact", backend=None,
@@ -56,13 +56,13 @@ class Fp8RefLinear(torch.nn.Module):
         self.mode = mode
 
     def decoded_weight(self):
-        """The weight's ``DecodedCodes`` record (made on first use), or None with keep_decoded=False."""
-        if not self.keep_decoded:
-            return None
+        """The weight's ``DecodedCodes`` record, made on first use: the codes read (and checked)
+        once and held (1 byte per element: the checkpoint's own bytes), with their float64 form
+        too when keep_decoded."""
         if self._decoded is None:
             from ..matmul import DecodedCodes
 
-            self._decoded = DecodedCodes(self.layer.weight_codes, self.layer.quant.weight_fmt)
+            self._decoded = DecodedCodes(self.layer.weight_codes, self.layer.quant.weight_fmt, keep=self.keep_decoded)
         return self._decoded
 
     def original_tensors(self):
@@ -72,7 +72,7 @@ class Fp8RefLinear(torch.nn.Module):
         return self.original_weight, self.original_bias
 
     def release_decoded(self) -> None:
-        """Drop the kept decoded weight (it is made again on the next exact forward)."""
+        """Drop the held codes and decoded weight (read again on the next exact forward)."""
         self._decoded = None
 
     @property
