@@ -167,7 +167,8 @@ def run(argv: list[str], min_free: float, what: str) -> dict:
         raise SystemExit(f"{what}: stopped: available memory {stopped[0] / 2**30:.1f} GiB < {min_free} GiB")
     if p.returncode not in (0, 1) or not out.strip():
         raise SystemExit(f"{what}: exit {p.returncode}\n{out}")
-    return {"wall": wall, "rss": usage.ru_maxrss * 1024, "out": out, "rc": p.returncode}
+    return {"wall": wall, "rss": usage.ru_maxrss * 1024, "out": out, "rc": p.returncode,
+            "cores": (usage.ru_utime + usage.ru_stime) / wall}
 
 
 PEER = r"""
@@ -277,7 +278,7 @@ def main() -> None:
             r = run([py, "-m", "fp8ref", "eval", str(paths["quant"]), "--mode", "reference", "--tokens",
                      str(paths["tokens"]), "--batch", "64", "--no-progress"], a.min_free, "eval")
             print(f"  fp8ref eval (whole process, reference mode, {a.tokens}): {r['wall']:.2f} s, peak RSS "
-                  f"{r['rss'] / GB:.2f} GB ({load()})")
+                  f"{r['rss'] / GB:.2f} GB, {r['cores']:.2f} cores busy on average ({load()})")
             if peer is not None:
                 lines.append(ratio_line("eval time / transformers float64 forward", r["wall"] / peer["forward"], 1.5))
             lines.append(ratio_line("eval peak RSS / (checkpoint + 1.5 GB)", r["rss"] / (ck_bytes + 1.5 * GB), 1.0,
