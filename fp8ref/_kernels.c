@@ -157,6 +157,7 @@ SIZEOF(hw_job)
 SIZEOF(dec_job)
 SIZEOF(epi_job)
 SIZEOF(bsum_job)
+SIZEOF(dot_job)
 
 static PyMethodDef kernels_methods[] = {
     {"hw_call", (PyCFunction)(void (*)(void))hw_call, METH_FASTCALL,

@@ -137,6 +137,19 @@ typedef struct { /* exact K-block sums of chosen elements (_kernels_exact.c); ta
     int64_t M, K, E, bk, b_rs, b_cs;
 } bsum_job;
 
+typedef struct { /* t[m, n] = sum_k a[m, k] * lut[w[n, k]] (_kernels_exact.c): the exact fast path's product
+                  * for a few rows of a, each weight code looked up as it is read (no float64 copy of w);
+                  * tasks are ranges of n */
+    const double *a;      /* M x K values, row-major */
+    const uint8_t *w;     /* N x K codes, row stride w_rs, columns contiguous */
+    const float *lut;     /* 256 values (exact in float32); NaN for the codes the caller must not use */
+    double *t;            /* M x N, row-major */
+    uint8_t *flags;       /* per n: 1 when row n of w holds a NaN value */
+    int64_t M, K, N, w_rs;
+    int64_t sym;          /* 1: lut[c | 0x80] is lut[c] with its sign flipped (c < 128): 128 entries looked up */
+} dot_job;
+#define DOT_MAX_M 8 /* rows of a per call (the accumulators stay in registers) */
+
 /* ---- shared helpers ----------------------------------------------------------------------------- */
 enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
 enum { BF16 = 0, F16 = 1, F32 = 2 };

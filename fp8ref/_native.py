@@ -56,12 +56,15 @@ epi_job = _struct("epi_job", [(n, _vp) for n in ("t", "out", "unsure", "sa", "sb
                                          "part_stride")])
 bsum_job = _struct("bsum_job", [(n, _vp) for n in ("a", "aT", "b", "va", "vb", "mi", "ni", "sums")]
                    + [(n, _i64) for n in ("M", "K", "E", "bk", "b_rs", "b_cs")])
-_STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job, dec_job, epi_job, bsum_job)
+dot_job = _struct("dot_job", [(n, _vp) for n in ("a", "w", "lut", "t", "flags")]
+                  + [(n, _i64) for n in ("M", "K", "N", "w_rs", "sym")])
+_STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job, dec_job, epi_job, bsum_job,
+            dot_job)
 
 _TASKS = ("fp8ref_encode_f32", "fp8ref_encode_f32_rne", "fp8ref_gather_u16", "fp8ref_gather_f32_rto16",
           "fp8ref_decode_f32", "fp8ref_quant", "fp8ref_quant_fused", "fp8ref_amax_u16", "fp8ref_amax_u32",
           "fp8ref_mm_seq_f32", "fp8ref_hw_fused", "fp8ref_hw_pairwise", "fp8ref_hw_grouped", "fp8ref_decode_f64",
-          "fp8ref_exact_epilogue", "fp8ref_block_sums")
+          "fp8ref_exact_epilogue", "fp8ref_block_sums", "fp8ref_lut_dot")
 _SIGNATURES = {**{name: [_vp, _sz, _sz] for name in _TASKS},
                "fp8ref_parallel": [_vp, _vp, _sz, _sz, _sz], "fp8ref_bind_openmp": [_vp, _vp, _vp]}
 _SIGNATURES.update({f"fp8ref_sizeof_{s.__name__}": [] for s in _STRUCTS})

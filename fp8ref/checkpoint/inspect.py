@@ -44,28 +44,56 @@ def describe(ckpt: Checkpoint, *, values: bool = True) -> dict:
             "warnings": list(ckpt.warnings), "tensor_bytes_read": ckpt.store.bytes_read}
 
 
-def quantization_error(ckpt: Checkpoint, original: str | os.PathLike) -> list[dict]:
+def quantization_error(ckpt: Checkpoint, original: str | os.PathLike, *, executor: str = "local",
+                       progress: bool = False) -> list[dict]:
     """Per layer, the exact dequantized weight against the original: max |err|, relative RMS
-    error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first."""
-    from .base import get, original_name, original_weight
+    error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first. Original tensors are found by
+    name through the producer's renaming table. executor ``ray``: one task per layer, each reading
+    its layer from the two folders (``fp8ref.nn.executor``; same rows)."""
+    from .base import get, original_name
 
     store = open_store(original)
-    rows = []
-    for name, layer in ckpt.items():
+    for name, layer in ckpt.items():  # every layer checked by its headers before any work
         wname = original_name(get(layer.producer), f"{name}.weight", store) or name  # gpt-oss experts: no .weight
         if wname not in store:
             raise CheckpointError(f"{store.root}: the original has no tensor {name + '.weight'!r} for layer {name!r}")
         if store.info(wname).fmt is not None:
             raise CheckpointError(f"{store.where(wname)}: {store.info(wname).dtype}: the original must hold the "
                                   f"unquantized weights, this is a quantized checkpoint")
-        w = np.asarray(original_weight(layer, store))
-        if w.shape != tuple(layer.shape):
-            raise CheckpointError(f"{store.where(wname)}: shape {list(store.info(wname).shape)}, the checkpoint "
-                                  f"layer is {list(layer.shape)}")
-        w = w.astype(np.float64)
-        err = layer.dequantize("float64") - w
-        signal, noise = float(np.sum(w * w)), float(np.sum(err * err))
-        rows.append({"layer": name, "max_abs": float(np.max(np.abs(err))) if err.size else 0.0,
-                     "rel_rms": math.sqrt(noise / signal) if signal else (0.0 if noise == 0 else math.inf),
-                     "snr_db": 10 * math.log10(signal / noise) if noise else math.inf})
+    if executor == "local":
+        rows = [_error_row(name, layer, _original(layer, store)) for name, layer in ckpt.items()]
+    else:
+        from ..nn.executor import run_all
+
+        rows = run_all(_error_task, ((str(ckpt.path), str(original), name) for name in ckpt), executor=executor,
+                       progress=progress, desc="inspect", total=len(ckpt))
     return sorted(rows, key=lambda r: (r["snr_db"], r["layer"]))
+
+
+def _original(layer, store) -> np.ndarray:
+    """``layer``'s original weight in its checkpoint layout ([out, in]; gpt-oss experts stacked)."""
+    from .base import get, original_name, original_weight
+
+    w = np.asarray(original_weight(layer, store))
+    if w.shape != tuple(layer.shape):
+        wname = original_name(get(layer.producer), f"{layer.name}.weight", store) or layer.name
+        raise CheckpointError(f"{store.where(wname)}: shape {list(store.info(wname).shape)}, the checkpoint "
+                              f"layer is {list(layer.shape)}")
+    return w
+
+
+def _error_row(name: str, layer, original_weight: np.ndarray) -> dict:
+    w = np.asarray(original_weight).astype(np.float64)
+    err = layer.dequantize("float64") - w
+    signal, noise = float(np.sum(w * w)), float(np.sum(err * err))
+    return {"layer": name, "max_abs": float(np.max(np.abs(err))) if err.size else 0.0,
+            "rel_rms": math.sqrt(noise / signal) if signal else (0.0 if noise == 0 else math.inf),
+            "snr_db": 10 * math.log10(signal / noise) if noise else math.inf}
+
+
+def _error_task(ckpt_path: str, original_path: str, name: str) -> dict:
+    """``_error_row`` of one layer from the two folders (a task: it may run on another machine)."""
+    from .loader import load_checkpoint
+
+    layer = load_checkpoint(ckpt_path, check_values=False)[name]
+    return _error_row(name, layer, _original(layer, open_store(original_path)))

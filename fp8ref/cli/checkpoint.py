@@ -49,6 +49,8 @@ def register(sub) -> None:
     i.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder or .safetensors file")
     i.add_argument("--original", metavar="SRC", help="original weights: add per-layer quantization error")
     i.add_argument("--headers-only", action="store_true", help="read headers and config only (no scales)")
+    i.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="--original's layers here (default) or as Ray tasks (RAY_ADDRESS, else a local cluster)")
     i.add_argument("--symlinks-out", action="store_true",
                    help="accept shard files that are symlinks out of CKPT (a Hugging Face cache snapshot)")
     add_json(i, "the description")
@@ -161,7 +163,7 @@ def cmd_inspect(args) -> int:
     ckpt = load_checkpoint(args.checkpoint, check_values=not args.headers_only, symlinks_out=args.symlinks_out)
     info = describe(ckpt, values=not args.headers_only)
     if args.original:
-        info["error"] = quantization_error(ckpt, args.original)
+        info["error"] = quantization_error(ckpt, args.original, executor=args.executor)
     if emit_json(args.json, _jsonable(info)):
         return 0
     print(f"{info['path']}: {info['format']}, model dtype {info['dtype']}, {len(info['layers'])} quantized layers, "

@@ -48,7 +48,8 @@ def register(sub) -> None:
 def add_keep_decoded(p) -> None:
     p.add_argument("--keep-decoded", action="store_true",
                    help="each quantized layer keeps its float64 weight between exact forwards (faster on many "
-                        "batches; 9 bytes of memory per weight element more); default: decoded on each call")
+                        "batches; 8 bytes of memory per weight element more); default: only its codes are held "
+                        "(1 byte each), decoded on each call of more than 8 rows")
 
 
 def early_token_ids(args, ckpt):

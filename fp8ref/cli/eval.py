@@ -28,6 +28,9 @@ def register(sub) -> None:
     add_input_args(p, random=False)
     p.add_argument("--batch", type=int_range(1, MAX_BATCH), default=8,
                    help=f"sequences per forward pass, 1..{MAX_BATCH} (default 8)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="batches here (default) or as Ray tasks, each worker building the model once "
+                        "(RAY_ADDRESS, else a local cluster)")
     add_keep_decoded(p)
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
     add_progress_flags(p)
@@ -47,10 +50,13 @@ def cmd_eval(args) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     early = early_token_ids(args, ckpt)
     model = build_model(ckpt, mode=mode, original=args.original, backend=backends_for([mode]),
-                        keep_decoded=args.keep_decoded)
+                        keep_decoded=args.keep_decoded)  # local batches; vocabulary size for the ids
     ids, source = early or token_ids(args, int(model.config.vocab_size))
+    build = {"checkpoint": str(args.checkpoint), "mode": str(mode), "original": args.original,
+             "backend": backends_for([mode]), "keep_decoded": args.keep_decoded}
     res = {"checkpoint": str(args.checkpoint), "input": source,
-           **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
+           **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args), executor=args.executor,
+                      build=build)}
     if not (args.json and write_json(res, args.json)):
         print(f"{res['checkpoint']}: mode {res['mode']}, {res['sequences']} sequences, {res['tokens']} predicted "
               f"tokens: perplexity {res['perplexity']:.6g}")

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import _arrays
 from .._arrays import aligned_empty, torch
-from .._native import bsum_job, dec_job, epi_job, kernels, parallel, threads
+from .._native import bsum_job, dec_job, dot_job, epi_job, kernels, parallel, threads
 from ..codec import decode
 from ..errors import ShapeError
 from ..exact import extract, two_product
@@ -46,6 +46,7 @@ from .operands import DecodedCodes, _check_codes, _code_values
 _WORKSPACE_BYTES = 1 << 28  # b's float64 values up to this size go to one reused (already touched) buffer
 _GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it, shorter GEMMs run slower
 _REPAIR_BYTES = 1 << 25  # bytes of repair products (numpy) or terms per repair step
+_DOT_MAX_M = 8  # rows of a the on-the-fly product takes (DOT_MAX_M of _kernels.h)
 _SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop
 
 
@@ -167,7 +168,7 @@ def _b_values(cb: np.ndarray, fb: FloatFormat, record, bk: int = 1, sb=None):
     when sb is given): (values, norms) from the record's cache, or decoded into the workspace.
     Codes stored transposed (a (N, K) weight's .T) are decoded in their own order and used as a
     transposed view: the GEMM takes it as it is."""
-    if record is not None:
+    if record is not None and record.keep:
         yield record.cached(("b", bk, None if sb is None else sb.tobytes()), lambda: _decode_b(cb, fb, bk, sb, None))
         return
     with _WORKSPACE.take(cb.size) as buf:
@@ -193,6 +194,36 @@ def _decode_b(cb, fb, bk, sb, buf):
     return (dst.T if flip else dst), norms
 
 
+def _lut_product(A: np.ndarray, cb: np.ndarray, fb: FloatFormat) -> np.ndarray | None:
+    """A @ B for a few rows of A (M <= DOT_MAX_M: a decode step) with b a weight's transposed view
+    (its (N, K) codes row-major): the C loop looks each code up as it reads it, so no float64 copy
+    of b is made (decoding it would cost more than the product). The same exact sums as the GEMM on
+    the decoded b. None where it does not apply (more rows, another layout, no C loops)."""
+    M, K = A.shape
+    w = cb.T
+    if kernels() is None or not 0 < M <= _DOT_MAX_M or not w.flags.c_contiguous or not cb.size:
+        return None
+    T = np.empty((M, w.shape[0]))
+    flags = np.empty(w.shape[0], np.uint8)
+    table = _lut(fb)
+    job = dot_job(A.ctypes.data, w.ctypes.data, table.ctypes.data, T.ctypes.data, flags.ctypes.data, M, K,
+                  w.shape[0], w.strides[0], int(_sign_symmetric(table)))
+    parallel("fp8ref_lut_dot", job, w.shape[0], work=w.size * M, split=_SPLIT * threads(),
+             keep=(A, w, table, T, flags))
+    if flags.any():
+        _check_codes(cb, fb, "b")  # codes past 2**bits: FormatError, as on the general path
+        raise _NonFinite
+    return T
+
+
+def _sign_symmetric(table: np.ndarray) -> bool:
+    """table[c | 0x80] is table[c] with the sign bit flipped for every c < 128 (both NaN counts:
+    the lookup still gives a NaN, which is flagged)."""
+    lo, hi = table[:128], table[128:]
+    return bool(np.all((hi.view(np.uint32) == lo.view(np.uint32) ^ np.uint32(0x80000000))
+                       | (np.isnan(lo) & np.isnan(hi))))
+
+
 def _gemm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """A @ B in float64 (torch's BLAS, the faster one here, else numpy's), a new (M, N) array."""
     T = np.empty((A.shape[0], B.shape[1]))
@@ -215,8 +246,10 @@ def _torch():
 # --- scales constant along K -----------------------------------------------------------------------------
 def _scaled(ca, fa, cb, fb, record, sa, sb, finite_bias, out) -> np.ndarray:
     A = _values(np.ascontiguousarray(ca), fa, "a")
-    with _b_values(cb, fb, record) as (B, _):
-        T = _gemm(A, B)
+    T = _lut_product(A, cb, fb)
+    if T is None:
+        with _b_values(cb, fb, record) as (B, _):
+            T = _gemm(A, B)
     if kernels() is not None and not isinstance(out, CodeOut):
         c, unsure = _epilogue(T, 0, out, finite_bias, sa=sa[:, 0], sb=sb[0])
         if unsure.any():  # outside the C loop's proof (never met by FP8 data): c holds the exact T there

@@ -31,20 +31,23 @@ class DecodedCodes:
 
     Memory: 8 bytes per code (float64) per kept form, held as long as the record lives; only the
     latest form of each kind is kept. The codes are copied (read-only): changing the caller's
-    array later cannot make the kept values stale."""
+    array later cannot make the kept values stale. ``keep=False``: the record holds the codes only
+    (1 byte each) and every call derives what it needs again, in a reused workspace."""
 
-    def __init__(self, codes, fmt=None, *, _cache=None, _transposed=False):
+    def __init__(self, codes, fmt=None, *, keep: bool = True, _cache=None, _transposed=False):
         if _cache is None:
             codes, fmt = _operand(codes, fmt, "codes")
             codes = codes.copy()
             codes.setflags(write=False)
         self.codes, self.fmt = codes, fmt
+        self.keep = keep
         self._cache = {} if _cache is None else _cache
         self._transposed = _transposed
 
     @property
     def T(self) -> DecodedCodes:
-        return DecodedCodes(self.codes.T, self.fmt, _cache=self._cache, _transposed=not self._transposed)
+        return DecodedCodes(self.codes.T, self.fmt, keep=self.keep, _cache=self._cache,
+                            _transposed=not self._transposed)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -192,8 +192,9 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
         results = run_all(lambda m, n: _teacher_forced(layers[n], m, *baseline(n)),
                           ((m, n) for m, n in jobs), progress=progress, desc="teacher-forced", total=len(jobs))
     else:
-        items = ((str(checkpoint_path), n, m, layers[n].accumulate, layers[n].backends, layers[n].original_weight,
-                  layers[n].original_bias, *baseline(n)) for m, n in jobs)
+        items = ((str(checkpoint_path), n, m, layers[n].accumulate, layers[n].backends,
+                  *(layers[n].original_tensors() if m == "original" else (None, None)), *baseline(n))
+                 for m, n in jobs)
         results = run_all(_teacher_forced_task, items, executor=executor, progress=progress, desc="teacher-forced",
                           total=len(jobs))
     cache.clear()
@@ -248,19 +249,55 @@ def refuse_nonfinite(logits: torch.Tensor, what: str) -> None:
                          f"nothing to compare or evaluate (check the model's config.json and weights)")
 
 
-def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool = False) -> dict:
-    """Perplexity of ``ids`` [B, T] under ``mode`` (batches of ``batch`` sequences)."""
+def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool = False, executor: str = "local",
+             build: dict | None = None) -> dict:
+    """Perplexity of ``ids`` [B, T] under ``mode`` (batches of ``batch`` sequences). executor ``ray``
+    runs each batch as a task that builds the model itself with ``build_model(**build)`` (``build``:
+    picklable arguments: the checkpoint folder, original folder, ...); the batches' results are
+    added here in order, as locally, so the report is byte-identical. Non-finite logits are refused,
+    naming the mode and the batch's sequences."""
+    from .executor import run_all
+
     if type(batch) is not int or batch < 1:
         raise ModelError(f"eval: batch: expected a positive integer, got {batch!r}")
-    set_mode(model, mode)
+    mode = parse_mode(mode)
+    chunks = [(i, as_model_ids(ids[i:i + batch])) for i in range(0, ids.shape[0], batch)]
+    if executor == "local":
+        set_mode(model, mode)
+        parts = run_all(lambda i, chunk: _batch_nll(model, chunk, mode, i), chunks, progress=progress,
+                        desc="eval", total=len(chunks))
+    else:
+        if build is None:
+            raise ModelError(f"evaluate: executor {executor!r} needs build (what the workers build the model from)")
+        parts = run_all(_eval_task, ((build, str(mode), c, i) for i, c in chunks), executor=executor,
+                        progress=progress, desc="eval", total=len(chunks))
     nll, count = 0.0, 0
-    with torch.no_grad():
-        for i in tqdm(range(0, ids.shape[0], batch), desc="eval", unit="batch", disable=not progress):
-            chunk = as_model_ids(ids[i:i + batch])
-            logits = _logits(model(chunk))
-            refuse_nonfinite(logits, f"eval: mode {parse_mode(mode)}, sequences {i}..{i + chunk.shape[0] - 1}")
-            n = chunk.shape[0] * (chunk.shape[1] - 1)
-            nll += float(np.log(perplexity(logits, chunk))) * n
-            count += n
-    return {"mode": str(parse_mode(mode)), "sequences": int(ids.shape[0]), "tokens": count,
+    for log_ppl, n in parts:
+        nll += log_ppl * n
+        count += n
+    return {"mode": str(mode), "sequences": int(ids.shape[0]), "tokens": count,
             "perplexity": float(np.exp(nll / count)) if count else float("nan")}
+
+
+def _batch_nll(model, chunk: torch.Tensor, mode, first: int) -> tuple[float, int]:
+    """(log perplexity, predicted tokens) of one batch, its first sequence ``first``."""
+    with torch.no_grad():
+        logits = _logits(model(chunk))
+    refuse_nonfinite(logits, f"eval: mode {mode}, sequences {first}..{first + chunk.shape[0] - 1}")
+    return float(np.log(perplexity(logits, chunk))), chunk.shape[0] * (chunk.shape[1] - 1)
+
+
+_BUILT: dict = {}  # a worker's model, built once for its tasks
+
+
+def _eval_task(build: dict, mode: str, chunk: torch.Tensor, first: int) -> tuple[float, int]:
+    """``_batch_nll`` on a worker (a task of ``fp8ref.nn.executor``), the model built there once."""
+    from .model import build_model
+
+    key = repr(sorted((k, v) for k, v in build.items() if k != "backend"))
+    if key not in _BUILT:
+        _BUILT.clear()
+        _BUILT[key] = build_model(**build)
+    model = _BUILT[key]
+    set_mode(model, mode)
+    return _batch_nll(model, chunk, mode, first)

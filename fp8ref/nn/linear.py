@@ -4,6 +4,7 @@ one in place of every quantized ``nn.Linear`` of a model by name."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -18,19 +19,23 @@ class Fp8RefLinear(torch.nn.Module):
 
     accumulate: the accumulation of plain ``mode="reference"``. backend: the backend object of a
     ``backend:NAME`` mode, or a mapping name -> backend for several. original_weight /
-    original_bias: the unquantized tensors (torch) that ``mode="original"`` multiplies by.
-    The module holds no parameters: its tensors are the checkpoint's, read on first use.
+    original_bias: the unquantized tensors (torch) that ``mode="original"`` multiplies by, or
+    original_source: a function returning (weight, bias), called on each use (the tensors are read
+    from the original checkpoint when needed, not held). The module holds no parameters: its
+    tensors are the checkpoint's, read on each use.
 
-    keep_decoded: the exact reference (accumulate "exact") decodes the weight to float64 on its
-    first forward (times the weight's block scales, with their block norms, for block-scaled
-    weights) and reuses that form on every later call (``fp8ref.matmul.DecodedCodes``). Memory:
-    8 bytes per weight element, plus 1 byte for a private copy of the codes, per layer, for the
-    module's lifetime (a 4096 x 4096 layer: 144 MiB). ``keep_decoded=False`` decodes on every call
-    instead (big models); ``release_decoded()`` drops what is kept.
+    The exact reference (accumulate "exact") reads the weight's codes on its first forward and
+    holds them (1 byte per element: the checkpoint's bytes, read and checked once).
+    keep_decoded: it also keeps the weight's float64 form (times the block scales, with their
+    block norms, for block-scaled weights: ``fp8ref.matmul.DecodedCodes``) between calls: 8 bytes
+    more per weight element for the module's lifetime (a 4096 x 4096 layer: 128 MiB). The default
+    (False) keeps no float64: a call with a few rows (M <= 8: a decode step) looks each code up as
+    it reads it, a larger one decodes the weight into a reused workspace, which costs little
+    beside its GEMM; ``release_decoded()`` drops what is held.
     """
 
     def __init__(self, layer, mode="reference", *, accumulate: str = "exact", backend=None,
-                 original_weight=None, original_bias=None, keep_decoded: bool = True):
+                 original_weight=None, original_bias=None, keep_decoded: bool = False, original_source=None):
         from ..checkpoint.loader import QuantizedLayer
 
         if not isinstance(layer, QuantizedLayer):
@@ -52,23 +57,30 @@ class Fp8RefLinear(torch.nn.Module):
             self.backends = {backend.name: backend}
         self.original_weight = original_weight
         self.original_bias = original_bias
+        self.original_source = original_source
         self.last_backend_params: dict | None = None
         self.keep_decoded = keep_decoded
         self._decoded = None
         self.mode = mode
 
     def decoded_weight(self):
-        """The weight's ``DecodedCodes`` record (made on first use), or None with keep_decoded=False."""
-        if not self.keep_decoded:
-            return None
+        """The weight's ``DecodedCodes`` record, made on first use: the codes read (and checked)
+        once and held (1 byte per element: the checkpoint's own bytes), with their float64 form
+        too when keep_decoded."""
         if self._decoded is None:
             from ..matmul import DecodedCodes
 
-            self._decoded = DecodedCodes(self.layer.weight_codes, self.layer.quant.weight_fmt)
+            self._decoded = DecodedCodes(self.layer.weight_codes, self.layer.quant.weight_fmt, keep=self.keep_decoded)
         return self._decoded
 
+    def original_tensors(self):
+        """(weight, bias) of mode 'original': as given, or read now from ``original_source``."""
+        if self.original_source is not None:
+            return self.original_source()
+        return self.original_weight, self.original_bias
+
     def release_decoded(self) -> None:
-        """Drop the kept decoded weight (it is made again on the next exact forward)."""
+        """Drop the held codes and decoded weight (read again on the next exact forward)."""
         self._decoded = None
 
     @property
@@ -82,7 +94,7 @@ class Fp8RefLinear(torch.nn.Module):
     def check_mode(self, value) -> Mode:
         """``value`` parsed, with what it needs present (original weight, backend object)."""
         mode = parse_mode(value, accumulate=self.accumulate)
-        if mode.kind == "original" and self.original_weight is None:
+        if mode.kind == "original" and self.original_weight is None and self.original_source is None:
             raise ModelError(f"{self.name}: mode 'original' needs the original weights (--original SRC)")
         if mode.kind == "backend" and mode.arg not in self.backends:
             raise ModelError(f"{self.name}: mode {mode} needs its backend object (backend=load_backend("
@@ -107,9 +119,8 @@ class Fp8RefLinear(torch.nn.Module):
             raise ModelError(f"{self.name}: input of shape {list(x.shape)}, expected (..., {self.in_features})")
         x = x.detach()
         if mode.kind == "original":
-            w = self.original_weight.to(x.dtype)
-            b = None if self.original_bias is None else self.original_bias.to(x.dtype)
-            return torch.nn.functional.linear(x, w, b)
+            w, b = self.original_tensors()
+            return torch.nn.functional.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
         if mode.kind == "reference":
             if mode.arg == "exact" and self.layer.quant.weight_strategy not in ("nvfp4", "mx"):
                 return self.layer.forward(x.contiguous(), mode="reference", accumulate="exact",
@@ -148,13 +159,14 @@ class SwapReport:
 
 
 def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumulate: str = "exact",
-                 backend=None, original=None, keep_decoded: bool = True) -> SwapReport:
+                 backend=None, original=None, keep_decoded: bool = False) -> SwapReport:
     """Replace every ``nn.Linear`` named like a quantized layer of ``checkpoint`` with an
     ``Fp8RefLinear``. original: an unquantized Checkpoint (``load_checkpoint(SRC)``) or a mapping
-    tensor name -> tensor, for ``mode="original"``. Layers without a matching ``nn.Linear`` (absent,
+    tensor name -> tensor, for ``mode="original"`` (a Checkpoint's tensors are read when a layer
+    runs in that mode, not held). Layers without a matching ``nn.Linear`` (absent,
     another module type, another shape) are reported, not raised: see ``SwapReport.raise_unplaced``.
     keep_decoded: each layer keeps its decoded weight between exact forwards (``Fp8RefLinear``:
-    8 bytes per weight element); False for models whose float64 weights would not fit in memory."""
+    8 bytes per weight element; default False)."""
     from .experts import expert_name, place_experts
 
     report = SwapReport()
@@ -179,9 +191,9 @@ def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumu
         if (module.bias is not None) != (layer.tensors.get("bias") is not None):
             report.unplaced.append((name, "bias in one of the model and the checkpoint only"))
             continue
-        w, b = _original(original, name, tuple(layer.shape))
+        w, b, source = _original(original, name, tuple(layer.shape))
         new = Fp8RefLinear(layer, "reference", accumulate=accumulate, backend=backend, original_weight=w,
-                           original_bias=b, keep_decoded=keep_decoded)
+                           original_bias=b, keep_decoded=keep_decoded, original_source=source)
         new.mode = mode
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, new)
@@ -212,23 +224,37 @@ def _expert(layer, name, mode, accumulate, backend, original, keep_decoded):
 
 
 def _original(original, name: str, shape: tuple[int, int]):
+    """(weight, bias, None) from a mapping, or (None, None, reader) for a Checkpoint (its tensors
+    checked now by their headers, read on each use); all None without ``original``."""
     if original is None:
-        return None, None
+        return None, None, None
+    where = getattr(original, "path", "original")
+    if hasattr(original, "store"):  # a Checkpoint
+        key = f"{name}.weight"
+        if key not in original.store:
+            raise ModelError(f"{where}: no tensor {key} for the quantized layer {name!r}")
+        _check_shape(where, key, tuple(original.store.info(key).shape), shape)
+        bias = f"{name}.bias" if f"{name}.bias" in original.store else None
+        return None, None, partial(_read_original, original, key, bias)
 
     def get(key):
-        if hasattr(original, "store"):  # a Checkpoint
-            return torch_of(original.tensor(key)) if key in original.store else None
         v = original.get(key)
         return None if v is None else (v if isinstance(v, torch.Tensor) else torch_of(np.asarray(v)))
 
     w = get(f"{name}.weight")
     if w is None:
-        raise ModelError(f"{getattr(original, 'path', 'original')}: no tensor {name}.weight for the "
-                         f"quantized layer {name!r}")
-    if tuple(w.shape) != shape:
-        raise ModelError(f"{getattr(original, 'path', 'original')}: {name}.weight is {list(w.shape)}, the "
-                         f"checkpoint's weight {list(shape)}")
-    return w, get(f"{name}.bias")
+        raise ModelError(f"{where}: no tensor {name}.weight for the quantized layer {name!r}")
+    _check_shape(where, f"{name}.weight", tuple(w.shape), shape)
+    return w, get(f"{name}.bias"), None
+
+
+def _check_shape(where, key: str, got: tuple, shape: tuple) -> None:
+    if got != shape:
+        raise ModelError(f"{where}: {key} is {list(got)}, the checkpoint's weight {list(shape)}")
+
+
+def _read_original(ckpt, key: str, bias: str | None):
+    return torch_of(ckpt.tensor(key)), None if bias is None else torch_of(ckpt.tensor(bias))
 
 
 def fp8ref_layers(model: torch.nn.Module) -> dict[str, Fp8RefLinear]:

@@ -53,13 +53,22 @@ def logit_metrics(logits: torch.Tensor, ref: torch.Tensor) -> dict:
             "max_abs_diff": float(np.max(np.abs(a - b))) if a.size else 0.0}
 
 
+_ROWS = 16  # positions per float64 log-softmax: its temporaries stay small beside the logits (128k vocab: 16 MB)
+
+
 def perplexity(logits: torch.Tensor, ids: torch.Tensor) -> float:
-    """exp(mean next-token negative log-likelihood): logits[:, t] predicts ids[:, t + 1]."""
-    a = _f64(logits)[:, :-1]
+    """exp(mean next-token negative log-likelihood): logits[:, t] predicts ids[:, t + 1]. The
+    log-softmax runs on _ROWS positions at a time (each position's is its own: the same values as
+    on the whole array), so its float64 temporaries do not grow with the tokens."""
     target = ids[:, 1:].numpy()
-    la = a - a.max(-1, keepdims=True)
-    la = la - np.log(np.exp(la).sum(-1, keepdims=True))
-    nll = -np.take_along_axis(la, target[..., None], axis=-1)
+    B, T = target.shape
+    nll = np.empty((B, T, 1))
+    for b in range(B):
+        for t0 in range(0, T, _ROWS):
+            a = _f64(logits[b, t0:min(t0 + _ROWS, T)])
+            la = a - a.max(-1, keepdims=True)
+            la = la - np.log(np.exp(la).sum(-1, keepdims=True))
+            nll[b, t0:t0 + a.shape[0]] = -np.take_along_axis(la, target[b, t0:t0 + a.shape[0], None], axis=-1)
     return float(np.exp(nll.mean())) if nll.size else math.nan
 
 

@@ -105,9 +105,10 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
 
 @lru_cache(maxsize=4)
 def _load(path: str):
+    """A worker's checkpoint, headers only: the driver checked the values, each layer read checks its own."""
     from ..checkpoint import load_checkpoint
 
-    return load_checkpoint(path)
+    return load_checkpoint(path, check_values=False)
 
 
 def original_weight(layer, original) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""``--executor ray`` on a local two-worker Ray cluster (tox -e ray): ``verify`` and ``compare``
-write byte-identical JSON to the local run."""
+"""``--executor ray`` on a local two-worker Ray cluster (tox -e ray): ``verify``, ``compare``, ``eval``
+and ``inspect --original`` write byte-identical JSON to the local run."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ def cluster():
     ray.shutdown()
 
 
-def _json(tmp_path, name, argv) -> bytes:
+def _json(tmp_path, name, argv, progress_flag=True) -> bytes:
     from fp8ref.cli import main
 
     out = tmp_path / name
-    assert main([*argv, "--json", str(out), "--no-progress"]) in (0, 1)
+    assert main([*argv, "--json", str(out), *(["--no-progress"] if progress_flag else [])]) in (0, 1)
     return out.read_bytes()
 
 
@@ -40,3 +40,21 @@ def test_compare_ray_equals_local(tmp_path):
             "--modes", "reference,producer,original,backend:torch,reference:fp32", "--random", "2x8"]
     local = _json(tmp_path, "local.json", argv)
     assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"]) == local
+
+
+def test_eval_ray_equals_local(tmp_path):
+    """Each batch a task whose worker builds the model once: the perplexity's bytes as local."""
+    pytest.importorskip("transformers")
+    tokens = tmp_path / "ids.txt"
+    tokens.write_text("\n".join(" ".join(str((7 * i + 3 * j) % 128) for j in range(10)) for i in range(5)) + "\n")
+    argv = ["eval", str(CKPTS / "llmc_fp8"), "--tokens", str(tokens), "--batch", "2"]
+    local = _json(tmp_path, "local.json", argv)
+    assert b'"sequences": 5' in local
+    assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"]) == local
+
+
+def test_inspect_original_ray_equals_local(tmp_path):
+    argv = ["inspect", str(CKPTS / "llmc_fp8"), "--original", str(CKPTS / "original_bf16")]
+    local = _json(tmp_path, "local.json", argv, progress_flag=False)
+    assert b'"snr_db"' in local
+    assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"], progress_flag=False) == local

@@ -109,13 +109,13 @@ def test_fp8reflinear_keeps_its_decoded_weight_and_gives_the_same_bytes(fixture,
 
     ckpt = fp8ref.load_checkpoint(CKPTS / fixture)
     name = next(iter(ckpt))
-    kept, plain = Fp8RefLinear(ckpt[name]), Fp8RefLinear(ckpt[name], keep_decoded=False)
-    x = torch.randn(3, kept.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    kept, plain = Fp8RefLinear(ckpt[name], keep_decoded=True), Fp8RefLinear(ckpt[name])
+    x = torch.randn(12, kept.in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)  # M > 8
     for _ in range(3):
         assert torch.equal(kept(x).view(torch.int16), plain(x).view(torch.int16))
-    assert len(decodes) == 1 + 3  # kept: the first call only; plain: every call
+    assert len(decodes) == 1 + 3  # kept: the first call only; plain (the default): every call
     assert kept.decoded_weight().nbytes_kept == 8 * int(np.prod(ckpt[name].shape))
-    assert plain.decoded_weight() is None
+    assert plain.decoded_weight().nbytes_kept == 0  # the codes only (1 byte each)
     kept.release_decoded()
     kept(x)
     assert len(decodes) == 5

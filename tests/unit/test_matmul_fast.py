@@ -615,3 +615,68 @@ def test_block_scaled_staging_flags_non_finite_codes_and_declines(name):
         assert _fast_exact(a, b, fmt, fmt, SA, SB, bk, None, OUT_FORMATS["float32"]) is None
         got = scaled_mm(a, b, sa, sb, fmt_a=name, fmt_b=name)
         assert np.isnan(got[:, col]).all() and (np.delete(got, col, axis=1) == 256 * 0.125).all()
+
+
+# --- a few rows times a weight's codes, looked up as they are read (no float64 copy of the weight) ----------
+def decoded_product(monkeypatch, *args):
+    """_fast_exact with the on-the-fly product switched off: b decoded to float64, then the GEMM."""
+    with monkeypatch.context() as m:
+        m.setattr(exact_fast, "_lut_product", lambda *a: None)
+        return _fast_exact(*args)
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9])
+@pytest.mark.parametrize("K", [1, 15, 16, 130, 2048])
+@pytest.mark.parametrize("fb", ["float8_e4m3fn", "float6_e3m2fn", "float6_e2m3fn", "float4_e2m1fn"])
+def test_few_rows_on_the_fly_equal_the_decoded_weights_product(monkeypatch, M, K, fb):
+    """b as linear passes it (the transposed view of a (N, K) weight): the on-the-fly product of
+    M <= 8 rows gives the bytes of the decoded-weight GEMM and of the general path (exact.py), for
+    every output, with and without a bias; K ragged against the 16-code vector step."""
+    rng = np.random.default_rng(M * 7919 + K)
+    N = 37
+    a, b = ragged_problem(rng, M, K, N, fb=fb)
+    b = np.ascontiguousarray(b.T).T
+    sa = rng.uniform(0.5, 2, (M, 1)).astype(np.float32).astype(np.float64)
+    sb = rng.uniform(2.0 ** -10, 1, (1, N)).astype(np.float32).astype(np.float64)
+    bias = rng.standard_normal(N).astype(np.float32).astype(np.float64)
+    fa_, fb_ = FORMATS["float8_e4m3fn"], FORMATS[fb]
+    calls = []
+    product = exact_fast._lut_product
+    monkeypatch.setattr(exact_fast, "_lut_product", lambda *x: calls.append(1) or product(*x))
+    for out in [OUT_FORMATS[n] for n in OUT] + [CodeOut(FORMATS["float8_e4m3fn"], scale=0.5)]:
+        for bv in (None, bias):
+            args = (a, b, fa_, fb_, sa, sb, K, bv, out)
+            got = _fast_exact(*args)
+            assert_same(got, decoded_product(monkeypatch, *args), out)
+            assert_same(got, _exact(*args), out)
+    if exact_fast.kernels() is not None:
+        assert calls  # the on-the-fly product ran (it declines M = 9 itself)
+
+
+def test_few_rows_on_the_fly_at_the_exactness_limit_against_the_fraction_oracle():
+    """K = 2**17 with the weight's layout: every partial sum at the float64 limit, any order exact."""
+    e4 = FORMATS["float8_e4m3fn"]
+    K = 2 ** 17
+    a = np.where(np.arange(K) % 3 == 0, 0x7E, 0x01).astype(np.uint8).reshape(1, K)
+    w = np.stack([np.where(np.arange(K) % 2 == 0, 0x7E, 0x81), np.full(K, 0x01)]).astype(np.uint8)  # (N, K)
+    one = np.ones((1, 1))
+    got = _fast_exact(a, w.T, e4, e4, one, one, K, None, OUT_FORMATS["float32"])
+    va = np.where(a[0] == 0x7E, Fraction(448), Fraction(1, 512))
+    for n in range(2):
+        vb = [Fraction(448) if c == 0x7E else Fraction(1, 512) if c == 0x01 else Fraction(-1, 512) for c in w[n]]
+        assert bits(got[0, n]) == bits(round_fraction(sum((p * q for p, q in zip(va, vb)), Fraction(0)), "float32"))
+
+
+@pytest.mark.parametrize("where", [0, 17, 40])
+def test_few_rows_on_the_fly_flags_a_nan_code_in_the_vector_body_or_the_tail(where):
+    """A NaN weight code in the vector steps or the scalar tail: the fast path declines (the general
+    path propagates it); a code past 2**bits of a narrow format is a FormatError, as on the general path."""
+    e4 = FORMATS["float8_e4m3fn"]
+    a = np.full((1, 41), 0x38, np.uint8)
+    w = np.full((3, 41), 0x38, np.uint8)
+    w[1, where] = 0x7F
+    one = np.ones((1, 1))
+    assert _fast_exact(a, w.T, e4, e4, one, one, 41, None, OUT_FORMATS["float32"]) is None
+    w[1, where] = 0x40
+    with pytest.raises(FormatError, match="6-bit codes"):
+        _fast_exact(a, w.T, e4, FORMATS["float6_e2m3fn"], one, one, 41, None, OUT_FORMATS["float32"])

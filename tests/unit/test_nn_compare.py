@@ -301,3 +301,17 @@ def test_backend_mode_runs_the_backends_linear(fixture, dynamic, scheme):
     tf = r["layers"][0]["teacher_forced"]["backend:mylinear"]
     assert "scaled_mm" not in tf and tf["linear"]["accumulate"] == "exact"
     assert tf["linear"]["scheme"] == scheme
+
+
+@pytest.mark.parametrize("T", [2, 16, 17, 40])
+def test_perplexity_in_pieces_equals_the_whole_array_log_softmax(T):
+    """perplexity() takes its float64 log-softmax 16 positions at a time (bounded memory at a 128k
+    vocabulary); the bytes equal the log-softmax of the whole (B, T-1, V) array at once."""
+    g = torch.Generator().manual_seed(T)
+    logits = (torch.randn(3, T, 300, generator=g) * 6).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (3, T), generator=g)
+    a = logits.to(torch.float64).numpy()[:, :-1]
+    la = a - a.max(-1, keepdims=True)
+    la = la - np.log(np.exp(la).sum(-1, keepdims=True))
+    whole = float(np.exp((-np.take_along_axis(la, ids[:, 1:].numpy()[..., None], axis=-1)).mean()))
+    assert struct.pack("<d", perplexity(logits, ids)) == struct.pack("<d", whole)

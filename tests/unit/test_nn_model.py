@@ -151,3 +151,107 @@ def test_build_model_without_transformers_says_what_to_install(monkeypatch):
     with pytest.raises(ModelError, match=r"build_model needs transformers, which is not installed: "
                                          r"pip install 'fp8ref\[hf\]'"):
         build_model(CKPTS / "llmc_fp8")
+
+
+def _float64_arrays(obj, seen=None) -> list:
+    """Every float64 numpy array or torch tensor reachable from ``obj``'s attributes (dicts, lists,
+    tuples and objects with a __dict__ followed; modules through their own attributes)."""
+    import numpy as np
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return [obj] if obj.dtype == np.float64 else []
+    if isinstance(obj, torch.Tensor):
+        return [obj] if obj.dtype == torch.float64 else []
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = list(vars(obj).values())
+    else:
+        return []
+    return [a for x in items for a in _float64_arrays(x, seen)]
+
+
+def test_meta_build_gives_the_logits_of_a_model_built_with_its_weights():
+    """Parameters made on the meta device (never initialised) and given the checkpoint's tensors by
+    load_unquantized: the same logits, bit for bit, as a model whose parameters were allocated,
+    initialised and then overwritten (the previous build); nothing is left on the meta device."""
+    from fp8ref.nn.model import parameters_on_meta
+
+    ckpt = fp8ref.load_checkpoint(CKPTS / "llmc_fp8_dynamic")
+    with parameters_on_meta():
+        lazy = TinyLlama(torch.bfloat16)
+    assert all(p.device.type == "meta" for p in lazy.parameters())
+    built = TinyLlama(torch.bfloat16)
+    for m in (lazy, built):
+        swap_linears(m, ckpt)
+        load_unquantized(m, ckpt)
+    assert not [n for n, p in lazy.named_parameters() if p.device.type == "meta"]
+    with torch.no_grad():
+        a, b = lazy(IDS), built(IDS)
+    assert a.dtype == torch.bfloat16 and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_no_float64_weight_is_kept_by_default_and_keeping_one_changes_no_byte():
+    """After exact forwards (a decode step of one token, and 18 tokens) no layer holds a float64
+    array; keep_decoded=True gives the same bytes (and holds its weight's float64 form)."""
+    ckpt = fp8ref.load_checkpoint(CKPTS / "llmc_fp8_dynamic")
+    outs = {}
+    for keep in (False, True):
+        m = TinyLlama(torch.bfloat16)
+        swap_linears(m, ckpt, keep_decoded=keep)
+        load_unquantized(m, ckpt)
+        with torch.no_grad():
+            outs[keep] = [m(IDS[:1, :1]), m(IDS)]
+        held = [a for lin in fp8ref_layers(m).values() for a in _float64_arrays(lin)]
+        if keep:
+            assert len(held) >= len(ckpt)
+        else:
+            assert held == []
+    for a, b in zip(outs[False], outs[True]):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_original_weights_from_a_checkpoint_are_read_when_used_not_held():
+    ckpt = fp8ref.load_checkpoint(CKPTS / "llmc_fp8")
+    orig = fp8ref.load_checkpoint(CKPTS / "original_bf16")
+    m = TinyLlama(torch.bfloat16)
+    swap_linears(m, ckpt, mode="original", original=orig)
+    lin = fp8ref_layers(m)["model.layers.1.mlp.down_proj"]
+    assert lin.original_weight is None and lin.original_bias is None
+    before = orig.store.bytes_read
+    w, b = lin.original_tensors()
+    assert b is None and orig.store.bytes_read - before == w.numel() * 2
+    stored = torch_of(orig.tensor("model.layers.1.mlp.down_proj.weight"))
+    assert torch.equal(w.view(torch.int16), stored.view(torch.int16))
+    with pytest.raises(ModelError, match=r"^original: no tensor model\.layers\.\d\.\S+\.weight for the quantized"):
+        swap_linears(TinyLlama(), ckpt, original={})
+
+
+def test_meta_build_ties_what_the_model_ties_from_the_one_name_the_checkpoint_has(tmp_path):
+    import numpy as np
+
+    from fp8ref.io.safetensors import save
+    from fp8ref.nn.model import parameters_on_meta
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(5, 3)
+            self.head = torch.nn.Linear(3, 5, bias=False)
+            self.head.weight = self.embed.weight
+            self.register_buffer("table", torch.arange(3.0), persistent=False)
+
+    w = np.arange(15, dtype=np.float32).reshape(5, 3)
+    save(tmp_path / "model.safetensors", {"embed.weight": w})
+    ckpt = fp8ref.load_checkpoint(tmp_path)
+    with parameters_on_meta():
+        m = Tied()
+    assert m.table.device.type == "cpu" and m.embed.weight.device.type == "meta"  # buffers are made for real
+    load_unquantized(m, ckpt)
+    assert m.head.weight is m.embed.weight and torch.equal(m.head.weight, torch.from_numpy(w))
