@@ -90,7 +90,8 @@ class GptOssExperts(torch.nn.Module):
         if mode.kind in ("producer", "original"):
             model = self._model
             for name, value in self._tensors(mode.kind, hidden_states.dtype).items():
-                getattr(model, name).data = value
+                # the parameters may be on the meta device (build_model makes them there): replaced, not filled
+                model._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
             return model.forward(hidden_states, router_indices, routing_weights)
         return self._reference(hidden_states, router_indices, routing_weights)
 
