@@ -1,6 +1,6 @@
 """``fp8ref explain CKPT --engine vllm``: the declared load-time steps and their exact effect,
 checked against independent element-wise oracles (numpy float16 / ml_dtypes casts) on the
-committed fixtures (the numbers FINDINGS-2026.md §8 reports: k/v 98.6 % / 98.8 %, up 99.7 %)."""
+committed fixtures (the numbers FINDINGS-FP4-MX.md §8 reports: k/v 98.6 % / 98.8 %, up 99.7 %)."""
 
 from __future__ import annotations
 

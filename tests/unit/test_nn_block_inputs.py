@@ -1,7 +1,7 @@
 """NVFP4 / MX layers in whole-model runs: the run-time input quantization (``quantize_block_input``,
 and ``nn.modes.quantize_input``, which compare's code counts use) and the W4A4 / W8A8 reference forward,
 against an exact Fraction oracle written from compressed-tensors 0.19.0's and Quark 0.13's source
-(FINDINGS-2026 §1, §2, §4), on the committed tool-made fixtures' layers and stored scales.
+(FINDINGS-FP4-MX §1, §2, §4), on the committed tool-made fixtures' layers and stored scales.
 
 compressed-tensors NVFP4 (``dynamic: local``, its CPU ``calculate_qparams`` + ``_quantize_dequantize``):
   s_b = e4m3(clamp(fp32(g * D(amax_b / 6)))), a stored 0 -> 0.125; q = e2m1(fp32(x / fp32(s_b / g)) + 0)
