@@ -4,7 +4,7 @@ fp8, ModelOpt, Quark and FBGEMM use. Modules: detect, one module per format, loa
 export, inspect."""
 
 # the built-in formats register themselves (fp8ref.checkpoint.base.register), before anything asks
-from . import autoround, compressed_tensors, fbgemm_fp8, hf_fp8, modelopt, quark  # noqa: F401  isort: skip
+from . import auto_round, compressed_tensors, fbgemm_fp8, hf_fp8, modelopt, quark  # noqa: F401  isort: skip
 from . import gptoss  # noqa: F401  isort: skip
 from .export import export_checkpoint, load_calibration, write_calibration, write_checkpoint
 from .loader import Checkpoint, QuantizedLayer, load_checkpoint
