@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from fp8ref.checkpoint import load_checkpoint
-from fp8ref.checkpoint.export import write_checkpoint
+from fp8ref.checkpoint.convert import write_checkpoint
 from fp8ref.codec import decode
 from fp8ref.errors import CheckpointError
 
