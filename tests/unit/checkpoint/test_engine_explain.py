@@ -18,7 +18,7 @@ from fp8ref.errors import Fp8RefError
 from fp8ref.io.safetensors import open_store, write_safetensors
 from tests.support.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 L = "model.layers.0."
 FN, FNUZ = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz
 

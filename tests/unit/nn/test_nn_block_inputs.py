@@ -31,7 +31,7 @@ from tests.support.quant_oracle import exact_code
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 E2M1, E4M3 = FORMATS["float4_e2m1fn"], FORMATS["float8_e4m3fn"]
 EMAX = {"float4_e2m1fn": 2, "float8_e4m3fn": 8}  # floor(log2(max_elem)): 6 -> 2, 448 -> 8
 # fixture -> (zero-block exponent, -0 code kept for negatives that round to zero)
