@@ -4,7 +4,7 @@
 subnormals, overflow to +-Inf, signed zero and NaN kept), one ``rint`` on a power-of-two scaled
 copy, so every step is exact. ``round_to(v, dtype)`` is the same rounding with the fast paths
 the hot loops use (the float32 -> bfloat16 bit trick, numpy's correctly rounded float16 cast);
-tests/unit/test_rounding.py checks both against an exact Fraction oracle.
+tests/unit/codec/test_rounding.py checks both against an exact Fraction oracle.
 
 ``OutFormat`` describes such a format; ``OUT_FORMATS`` are the result dtypes of scaled_mm.
 Bit patterns <-> values: ``to_bits`` / ``from_bits`` (bfloat16 through fp8ref._arrays).

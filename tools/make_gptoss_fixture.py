@@ -2,7 +2,7 @@
 4 experts, top-2) with seeded random weights, saved by transformers (original_bf16/), and its experts
 quantized to MXFP4 by fp8ref's export with recipe gpt-oss-mxfp4 (transformers' Mxfp4Quantize rule,
 triton_kernels' ROUND_UP) in gpt-oss's layout (mxfp4/). transformers' own quantizer needs triton's
-GPU kernels, so on CPU fp8ref writes the file; transformers reads it back (tests/unit/test_nn_gptoss.py).
+GPU kernels, so on CPU fp8ref writes the file; transformers reads it back (tests/unit/nn/test_nn_gptoss.py).
 
     python tools/make_gptoss_fixture.py [--out tests/fixtures/gptoss]
 

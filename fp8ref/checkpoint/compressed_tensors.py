@@ -21,7 +21,7 @@ from .layout import BLOCK_SCALED, D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
 NAME = ct.NAME
 FP8_FORMATS = ("float-quantized", "naive-quantized", "mixed-precision")
-# CT 0.19.0 CompressionFormat names of its packed NVFP4 and MX layouts (FINDINGS-2026 §1, §2)
+# CT 0.19.0 CompressionFormat names of its packed NVFP4 and MX layouts (FINDINGS-FP4-MX §1, §2)
 BLOCK_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
 FORMATS = FP8_FORMATS + BLOCK_FORMATS
 _ARGS_KEYS = set(ct.CT_ARGS_KEYS)

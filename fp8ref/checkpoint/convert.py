@@ -21,26 +21,19 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from math import prod
+from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError, Fp8RefError
+from ..errors import CheckpointError, Fp8RefError, InputTypeError
 from ..io.atomic import atomic_folder
+from ..io.paths import path_arg
 from ..io.safetensors import INDEX_NAME, TensorSpec, pack_nibbles
 from . import base
-from .export import (
-    _STORE,
-    FUSED_SIBLINGS,
-    _as_stored,
-    _config_files,
-    _copy_others,
-    _progress,
-    _refuse_collisions,
-    _write_metadata,
-    _write_shard,
-    linear_layers,
-)
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant
+from .plan import FUSED_SIBLINGS, linear_layers
+from .scales import STORE_DTYPES, amax_scale, as_stored, input_scale
+from .writer import config_files, copy_others, progress_bar, refuse_collisions, write_metadata, write_shard
 
 _NAMES = {v: k for k, v in D_DTYPES.items()} | {"F8_E8M0": "float8_e8m0fnu"}
 _SCALE_ROLES = ("weight_scale", "input_scale", "weight_global")
@@ -291,9 +284,7 @@ def plan_conversion(ckpt, fmt: str) -> list[_Layer]:
 
 def _requantize(ckpt, p: _Layer, global_amax: float | None) -> tuple[dict, LayerCost]:
     """Output tensors (name -> array) of a lossy layer, and its cost."""
-    from ..formats import FORMATS as FLOAT_FORMATS
-    from ..quant import QuantArgs, nvfp4_producer_global, quantize
-    from ..recipes import compute_scale
+    from ..quant import QuantArgs, quantize
     from ..registry import get_recipe
 
     layer, t, dtype = p.layer, p.target, ckpt.dtype
@@ -317,10 +308,10 @@ def _requantize(ckpt, p: _Layer, global_amax: float | None) -> tuple[dict, Layer
     if block:
         tensors[name] = np.asarray(res.scale_codes, np.uint8).reshape(shape)
     else:
-        if sdtype != "F32" and _STORE[res.scale_dtype] != sdtype:
+        if sdtype != "F32" and STORE_DTYPES[res.scale_dtype] != sdtype:
             raise CheckpointError(f"{layer.name}: recipe {rec.name!r} stores {res.scale_dtype} scales, the target "
                                   f"{sdtype}")
-        tensors[name] = _as_stored(scale, sdtype).reshape(shape)
+        tensors[name] = as_stored(scale, sdtype).reshape(shape)
     g = None
     if "weight_global" in roles:
         g = np.float32(np.asarray(res.global_scale, np.float32).reshape(-1)[0])
@@ -332,13 +323,12 @@ def _requantize(ckpt, p: _Layer, global_amax: float | None) -> tuple[dict, Layer
         name, sdtype, shape = roles["input_scale"]
         if t.weight_strategy == "nvfp4":  # the input amax the source global encodes
             amax = 2688.0 / src_in if layer.quant.global_scale == "divisor" else src_in * 2688.0
-            new = np.asarray(nvfp4_producer_global(amax, rec, dtype), np.float32)
-            in_changed = float(new) != (src_in if t.global_scale == layer.quant.global_scale else 1 / src_in)
+            new = input_scale(amax, rec, t, dtype)
+            in_changed = float(new[0]) != (src_in if t.global_scale == layer.quant.global_scale else 1 / src_in)
         else:
-            stored, _ = compute_scale(np.array([src_in * 448.0]), rec, FLOAT_FORMATS[t.weight_fmt], dtype)
-            new = np.asarray(stored, np.float32)
-            in_changed = float(new.reshape(-1)[0]) != src_in
-        tensors[name] = _as_stored(new, sdtype).reshape(shape)
+            new = input_scale(src_in * 448.0, rec, t, dtype)
+            in_changed = float(new[0]) != src_in
+        tensors[name] = as_stored(new, sdtype).reshape(shape)
     q = layer.quant
     src = _numerator(layer.weight_codes, np.asarray(layer.weight_scale).astype(np.float32), q, layer.shape,
                      None if layer.weight_global is None else float(np.asarray(layer.weight_global).reshape(-1)[0]))
@@ -374,8 +364,6 @@ def _global_amax(ckpt, plans: list[_Layer]) -> dict[str, float]:
 
 def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]]:
     """Source KV tensor -> (target name, dtype, shape, values, report row)."""
-    from ..formats import FORMATS as FLOAT_FORMATS
-    from ..recipes import compute_scale
     from ..registry import get_recipe
 
     if not ckpt.kv_scales:
@@ -403,12 +391,11 @@ def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]
             exact = bool(r is not None and want == value)
             if r is None:  # requantize: the KV rule of the target on amax = 448 * s
                 rec = get_recipe(module.kv_recipe or "compressed-tensors")
-                stored, _ = compute_scale(np.array([float(want) * 448.0]), rec, FLOAT_FORMATS["float8_e4m3fn"],
-                                          ckpt.dtype, scale_dtype="model" if module.kv_store is None else _NAMES[dtype])
-                r = np.asarray(stored, np.float32)
+                r = amax_scale(float(want) * 448.0, rec, "float8_e4m3fn", ckpt.dtype,
+                               "model" if module.kv_store is None else _NAMES[dtype])
             row = {"name": n, "target": tname, "exact": exact, "source_value": float(value),
                    "target_value": float(r.reshape(-1)[0])}
-            out[n] = (tname, dtype, tuple(shape), _as_stored(r.astype(np.float32), dtype).reshape(shape), row)
+            out[n] = (tname, dtype, tuple(shape), as_stored(r.astype(np.float32), dtype).reshape(shape), row)
     return out
 
 
@@ -440,12 +427,12 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
     layers = {p.name: p.target for p in plans}
     qc = module.quantization_config(layers, [m for m in linear_layers(ckpt.store) if m not in layers], kv=bool(kv))
     store = ckpt.store
-    _refuse_collisions(store, qc, module)
+    refuse_collisions(store, qc, module)
     by_weight = {p.layer.tensors["weight"]: p for p in plans}
     owned = {t for p in plans for r, t in p.layer.tensors.items() if r != "bias"}
     amax = _global_amax(ckpt, plans)
     costs: dict[str, LayerCost] = {}
-    bar = _progress(len(plans), progress, desc="convert", unit="layer")
+    bar = progress_bar(len(plans), progress, desc="convert", unit="layer")
 
     def layer_items(p: _Layer):
         if p.exact:
@@ -453,7 +440,7 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
             for role, name, dtype, shape in p.plan:
                 value = p.values.get(role)
                 raw = store.file_of(src[role]).read_bytes(src[role]) if value is None else None
-                yield name, raw if value is None else _as_stored(value, dtype).reshape(shape)
+                yield name, raw if value is None else as_stored(value, dtype).reshape(shape)
             costs[p.name] = LayerCost(p.name, True, p.layer.quant.describe(), p.target.describe(), None, "",
                                       prod(p.layer.shape), scales=sum(prod(s) for r, _, _, s in p.plan
                                                                       if r in ("weight_scale", "weight_global")))
@@ -489,11 +476,11 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
                     else:
                         yield what, f.read_bytes(what)
 
-            total_size += _write_shard(tmp, fname, specs, f.metadata, items(), weight_map)
+            total_size += write_shard(tmp, fname, specs, f.metadata, items(), weight_map)
         config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
-        _write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
+        write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if ckpt.path.is_dir():
-            _copy_others(ckpt.path, tmp, set(store.files) | {INDEX_NAME, "config.json"} | _config_files(),
+            copy_others(ckpt.path, tmp, set(store.files) | {INDEX_NAME, "config.json"} | config_files(),
                          symlinks_out=symlinks_out)
     bar.close()
     return ConvertReport(str(ckpt.path), str(output), ckpt.format, format, [costs[p.name] for p in plans],
@@ -501,3 +488,65 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
 
 
 __all__ = ["ConvertReport", "LayerCost", "convert_checkpoint", "reexpress", "target_quant"]
+
+
+def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,
+                     force: bool = False, symlinks_out: bool = False) -> Path:
+    """Write a loaded ``Checkpoint`` again, in its own format or another one that can express
+    every layer: codes and scale values are copied bit for bit (scales keep their dtype and
+    are only reshaped/renamed to the target layout); other tensors and files are copied
+    (``symlinks_out``: also files that are symlinks out of the checkpoint folder)."""
+    from .loader import Checkpoint
+
+    if not isinstance(checkpoint, Checkpoint):
+        raise InputTypeError(f"checkpoint: expected a Checkpoint (fp8ref.load_checkpoint(path)), got "
+                             f"{type(checkpoint).__name__}")
+    output = path_arg(output, "output")
+    fmt = format or checkpoint.format
+    module = base.get(fmt)
+    store = checkpoint.store
+    renames: dict[str, tuple[str, tuple]] = {}  # source tensor -> (target name, target shape)
+    for name, layer in checkpoint.items():
+        base.refuse_fused(checkpoint, layer, module)
+        reason = module.cannot_express(layer.quant)
+        if reason:
+            raise CheckpointError(f"{checkpoint.path}: layer {name!r}: the {fmt} format cannot express it: {reason}")
+        out, inp = layer.shape
+        if fmt != checkpoint.format and store.info(layer.tensors["weight_scale"]).dtype == "F8_E8M0":
+            raise CheckpointError(f"{store.where(layer.tensors['weight_scale'])}: F8_E8M0 (ue8m0) scales are kept "
+                                  f"only by {checkpoint.format}; the {fmt} format stores float scales")
+        plan = (module.layer_plan(layer, checkpoint.dtype) if hasattr(module, "layer_plan")  # gpt-oss experts
+                else module.tensor_plan(name, layer.quant, out, inp, checkpoint.dtype))
+        for role, tname, _, shape in plan:
+            if role in layer.tensors:
+                renames[layer.tensors[role]] = (tname, shape)
+    for kname in sorted(checkpoint.kv_scales.values()):
+        if module.kv_refusal or kname.endswith(".q_scale"):
+            why = module.kv_refusal or "compressed-tensors' kv_cache_scheme has no query scale"
+            raise CheckpointError(f"{store.where(kname)}: a KV-cache scale, but the {fmt} format cannot express "
+                                  f"it: {why}")
+        renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
+    layers = {n: layer.quant for n, layer in checkpoint.items()}
+    unquantized = [m for m in linear_layers(store) if m not in layers]
+    qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
+    if fmt == checkpoint.format:
+        qc = module.carry_config(checkpoint.quantization_config, qc)
+    folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
+    refuse_collisions(store, qc, module)
+    with atomic_folder(output, force=force, protect=[checkpoint.path]) as tmp:
+        weight_map, total_size = {}, 0
+        for fname, f in store.files.items():
+            specs = []
+            for n, info in f.tensors.items():
+                target, shape = renames.get(n, (n, info.shape))
+                if prod(shape) != info.numel:
+                    raise CheckpointError(f"{store.where(n)}: shape {list(info.shape)} cannot become {list(shape)}")
+                specs.append(TensorSpec(target, info.dtype, tuple(shape)))
+            items = ((renames.get(n, (n,))[0], f.read_bytes(n)) for n in f.tensors)
+            total_size += write_shard(tmp, fname, specs, f.metadata, items, weight_map)
+        config = {k: v for k, v in checkpoint.config.items() if k != "quantization_config"}
+        write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
+        if checkpoint.path.is_dir():
+            copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"} | config_files(),
+                         symlinks_out=symlinks_out)
+    return Path(output)

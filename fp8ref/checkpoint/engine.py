@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..registry import engine_document
-from .export import FUSED_SIBLINGS
+from .plan import FUSED_SIBLINGS
 
 TARGETS = ("cuda", "rocm-mi300")
 _STEP_KEYS = ("name", "op", "targets", "summary", "source")

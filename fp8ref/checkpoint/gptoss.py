@@ -200,8 +200,9 @@ def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe
     from ..io.files import read_json
     from ..io.safetensors import INDEX_NAME, TensorSpec, open_store
     from . import base
-    from .export import _copy_others, _layer_config, _write_metadata, _write_shard
     from .layout import from_scheme
+    from .plan import layer_config
+    from .writer import copy_others, write_metadata, write_shard
 
     src = Path(source)
     store = open_store(src, symlinks_out=symlinks_out)
@@ -211,7 +212,7 @@ def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe
         raise CheckpointError(f"{folder / 'config.json'}: expected the original model's config (a JSON object "
                               f"without quantization_config)")
     experts = sorted(n for n in store if n.rpartition(".")[2] in gx.PROJECTIONS and len(store.info(n).shape) == 3)
-    cfg = _layer_config(spec)
+    cfg = layer_config(spec)
     plans: dict[str, str] = {}
     for name, scheme in cfg.resolve_all(experts).items():
         if scheme is None:
@@ -261,10 +262,10 @@ def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe
                         yield tname, f.read_bytes(tname)
 
             meta = base.with_recipes(f.metadata, {n: r for n, r in mine.items()})
-            total += _write_shard(tmp, fname, specs, meta, items(), weight_map)
-        _write_metadata(tmp, store.index is not None, weight_map, total, dict(config), qc, module)
+            total += write_shard(tmp, fname, specs, meta, items(), weight_map)
+        write_metadata(tmp, store.index is not None, weight_map, total, dict(config), qc, module)
         if src.is_dir():
-            _copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"}, symlinks_out=symlinks_out)
+            copy_others(folder, tmp, set(store.files) | {INDEX_NAME, "config.json"}, symlinks_out=symlinks_out)
     return Path(output)
 
 

@@ -1,4 +1,4 @@
-"""NVIDIA ModelOpt unified HF export checkpoints (nvidia-modelopt 0.47.0, FINDINGS-2026 §3); the
+"""NVIDIA ModelOpt unified HF export checkpoints (nvidia-modelopt 0.47.0, FINDINGS-FP4-MX §3); the
 config vocabulary is ``fp8ref.producers.modelopt``.
 
 Per ``quant_algo`` (every scale a dequantization multiplier):

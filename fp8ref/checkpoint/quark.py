@@ -1,4 +1,4 @@
-"""AMD Quark checkpoints (amd-quark 0.13 ``export_safetensors``, FINDINGS-2026 §4); the config
+"""AMD Quark checkpoints (amd-quark 0.13 ``export_safetensors``, FINDINGS-FP4-MX §4); the config
 vocabulary is ``fp8ref.producers.quark``.
 
 * FP8 per tensor: ``weight`` F8_E4M3; ``weight_scale`` and ``input_scale`` **BF16 0-dim** (the

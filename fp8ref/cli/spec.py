@@ -105,7 +105,7 @@ def _read_names(path: str) -> list[str]:
 def checkpoint_layer_names(directory: str) -> list[str]:
     """The layers ``fp8ref quantize`` would resolve the spec over: export's own list (2-D float
     ``.weight`` modules, embeddings excluded), read from the checkpoint's headers."""
-    from ..checkpoint.export import linear_layers
+    from ..checkpoint.plan import linear_layers
     from ..io.safetensors import open_store
 
     return linear_layers(open_store(directory))

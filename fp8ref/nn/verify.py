@@ -190,7 +190,7 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     calibration: layer name -> activation amax (``fp8ref.checkpoint.load_calibration``), to re-derive
     static input scales too. executor: ``local`` or ``ray`` (one task per layer, same report)."""
     from ..checkpoint import base
-    from ..checkpoint.export import amax_values
+    from ..checkpoint.calibration_file import amax_values
     from .executor import run_all
 
     if calibration is not None:  # numbers (AmaxState values too); scales refused

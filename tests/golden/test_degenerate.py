@@ -137,7 +137,7 @@ def test_nan_scale_pattern_and_what_each_nvfp4_recipe_stores_for_its_zero_blocks
     """The tensor amax A is 0.5: substituting a zero block's amax (1.0) gives the block scale
     1 / (6 A / 2688) = 448 / A = 896 >= 480, which a non-saturating E4M3 cast makes NaN (0x7F; 0xFF
     for its negative); a saturating one 448 (0x7E). No registered recipe does that: their zero-block
-    scales are the values the tools were measured to write (tests/fixtures/interop/FINDINGS-2026.md:
+    scales are the values the tools were measured to write (tests/fixtures/interop/FINDINGS-FP4-MX.md:
     0.125 and 1.0; FINDINGS writes 0.125 as 0x30, which is 0.5: the E4M3 byte of 0.125 is 0x20)."""
     e4m3 = get_format("float8_e4m3fn")
     A = degenerate.NAN_SCALE_AMAX

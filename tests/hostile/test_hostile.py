@@ -1,31 +1,18 @@
-"""The quick hostile corpus of issue #10 (tools/hostile.py --quick): every case must end in a typed
-one-line error or a legitimate success; no traceback, hang, crash, silent acceptance or partial output.
+"""The quick hostile corpus of issue #10 (``python -m tests.hostile.corpus --quick``): every case
+must end in a typed one-line error or a legitimate success; no traceback, hang, crash, silent
+acceptance or partial output.
 
-Marked ``hostile`` and left out of the default run until the fixes of #10 land (``tox -e hostile``,
-or ``python -m pytest -m hostile tests/hostile``). tests/hostile/README.md lists the command that
+Marked ``hostile`` and left out of the default run: it takes about a minute (``tox -e hostile``, or
+``python -m pytest -m hostile tests/hostile``). tests/hostile/README.md lists the command that
 reproduces each failure.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "hostile.py"
+from tests.hostile import corpus as hostile
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("fp8ref_hostile_tool", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-hostile = _load()
 pytestmark = pytest.mark.hostile
 
 
@@ -40,7 +27,7 @@ def test_family_is_refused_cleanly(results, family):
     mine = [r for r in results if r["family"] == family]
     assert mine, f"the quick corpus has no {family} case"
     bad = [r for r in mine if r["class"] in hostile.BAD or r["class"] == "wrong-refusal"]
-    lines = [f"{r['class']}: {r['id']}: {r['why'][:200]}\n    repro: python tools/hostile.py --case '{r['id']}' "
+    lines = [f"{r['class']}: {r['id']}: {r['why'][:200]}\n    repro: python -m tests.hostile.corpus --case '{r['id']}' "
              f"--keep /tmp/hostile -v" for r in bad]
     assert not bad, f"{len(bad)} of {len(mine)} {family} cases:\n" + "\n".join(lines)
 

@@ -1,11 +1,11 @@
-"""The 2026 producer recipes (specs/recipes: compressed-tensors-nvfp4, compressed-tensors-mx,
+"""The NVFP4, MX, ModelOpt and Quark producer recipes (specs/recipes: compressed-tensors-nvfp4, compressed-tensors-mx,
 modelopt-nvfp4, modelopt-mxfp8, modelopt-fp8, modelopt-fp8-pc) reproduce every element code and
-every scale byte the real tools wrote (tests/fixtures/interop/checkpoints, FINDINGS-2026.md) from
+every scale byte the real tools wrote (tests/fixtures/interop/checkpoints, FINDINGS-FP4-MX.md) from
 the fixtures' original bf16 weights, with fp8ref's own codec and scale steps.
 
 The stored tensors are read as bytes (uint8 codes, packed FP4 split low nibble = even element
 here, independently of fp8ref's unpacking); fused q/k/v and gate/up share the global amax (both
-tools fuse NVFP4 global scales, FINDINGS-2026 §1.1, §3.3.1).
+tools fuse NVFP4 global scales, FINDINGS-FP4-MX §1.1, §3.3.1).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from fp8ref.checkpoint import load_checkpoint
-from fp8ref.checkpoint.export import write_checkpoint
+from fp8ref.checkpoint.convert import write_checkpoint
 from fp8ref.codec import decode
 from fp8ref.errors import CheckpointError
 
@@ -33,9 +33,9 @@ EXPECTED = {  # fixture -> (format, layout of every layer)
     "autoround_fp8_static_llmc": ("compressed-tensors", "W float8_e4m3fn channel, input static"),
 }
 FIXTURES = sorted(EXPECTED)
-# written by tools/make_fixtures_2026.py: the NVFP4 / MX / ModelOpt ones are read by
-# test_checkpoint_fixtures_2026.py, the Quark ones by test_checkpoint_fixtures_quark.py
-FIXTURES_2026 = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "modelopt_fp8", "modelopt_fp8_pc_pt",
+# written by tools/make_fp4_mx_fixtures.py: the NVFP4 / MX / ModelOpt ones are read by
+# test_checkpoint_fixtures_fp4_mx.py, the Quark ones by test_checkpoint_fixtures_quark.py
+FIXTURES_FP4_MX = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "modelopt_fp8", "modelopt_fp8_pc_pt",
                  "modelopt_mxfp8", "modelopt_nvfp4"]
 FIXTURES_QUARK = ["quark_fp8", "quark_mxfp4"]
 UE8M0 = "hf_fp8_ue8m0"  # tools/make_fixture_ue8m0.py; read by test_checkpoint_fixture_ue8m0.py
@@ -60,14 +60,14 @@ def _layer_cases():
 
 def test_all_fixtures_present():
     assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(
-        FIXTURES + FIXTURES_2026 + FIXTURES_QUARK + FIXTURES_MOE + [UE8M0, ORIGINAL])
+        FIXTURES + FIXTURES_FP4_MX + FIXTURES_QUARK + FIXTURES_MOE + [UE8M0, ORIGINAL])
     assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 
-def test_2026_fixtures_are_read_by_their_test():
-    from test_checkpoint_fixtures_2026 import EXPECTED as EXPECTED_2026
+def test_fp4_mx_fixtures_are_read_by_their_test():
+    from test_checkpoint_fixtures_fp4_mx import EXPECTED as EXPECTED_FP4_MX
 
-    assert sorted(EXPECTED_2026) == FIXTURES_2026
+    assert sorted(EXPECTED_FP4_MX) == FIXTURES_FP4_MX
 
 
 @pytest.mark.parametrize("name", FIXTURES)

@@ -1,5 +1,5 @@
 """AMD Quark 0.13 checkpoints (issue #13) on the committed real-tool fixtures quark_fp8 and
-quark_mxfp4 (tools/make_fixtures_2026.py, FINDINGS-2026.md §4).
+quark_mxfp4 (tools/make_fp4_mx_fixtures.py, FINDINGS-FP4-MX.md §4).
 
 Load and validate; dequantization against a Fraction oracle; the producer forward against
 Quark's own reloaded layers (transformers 5.24's quark integration, ``QParamsLinear`` on CPU);

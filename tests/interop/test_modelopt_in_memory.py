@@ -2,7 +2,7 @@
 ModelOpt producer forward (``mode="producer"``: its in-memory QuantLinear holding the dequantized export).
 
 Two kinds of evidence:
-* the committed fixtures modelopt_fp8 / modelopt_fp8_pc_pt (tools/make_fixtures_2026.py): ModelOpt's own
+* the committed fixtures modelopt_fp8 / modelopt_fp8_pc_pt (tools/make_fp4_mx_fixtures.py): ModelOpt's own
   in-memory weight QDQ (``qdq_in_memory``), layer outputs (``y_in_memory``) and calibrated amax. Their
   probe inputs are not stored there; they are the llmc fixtures' ``<probe>.x`` (the same
   ``make_interop_fixtures.probe_inputs(PROBES)`` tensors, seed 99);

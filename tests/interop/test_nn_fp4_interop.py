@@ -1,6 +1,6 @@
 """NVFP4 / NVFP4A16 / MXFP4 / MXFP8 whole models against the tools (interop env: transformers 5.17,
 compressed-tensors 0.19.0; Quark's reload needs amd-quark 0.13, ``tox -e quark``), on the committed
-tool-made fixtures (tools/make_fixtures_2026.py):
+tool-made fixtures (tools/make_fp4_mx_fixtures.py):
 
 - ``producer``: the logits transformers computes when it reloads the checkpoint, bit for bit;
 - ``reference`` (the exact W4A4 / W8A8 / W4A16 products, rounded once per layer): close, with the

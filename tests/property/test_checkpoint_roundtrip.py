@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fp8ref.checkpoint import load_checkpoint
-from fp8ref.checkpoint.export import export_checkpoint, write_checkpoint
+from fp8ref.checkpoint.convert import write_checkpoint
+from fp8ref.checkpoint.export import export_checkpoint
 from fp8ref.checkpoint.hf_fp8 import transformers_block_quirk
 from fp8ref.checkpoint.layout import LayerQuant, to_scheme
 from fp8ref.errors import CheckpointError

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fp8ref.checkpoint import load_checkpoint
-from fp8ref.checkpoint.export import export_checkpoint, write_checkpoint
+from fp8ref.checkpoint.convert import write_checkpoint
+from fp8ref.checkpoint.export import export_checkpoint
 from fp8ref.checkpoint.layout import LayerQuant, to_scheme
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import write_safetensors

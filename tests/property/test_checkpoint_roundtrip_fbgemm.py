@@ -1,6 +1,6 @@
 """fbgemm_fp8 checkpoints (transformers' FbgemmFp8Linear layout, built here in code: no download):
 export -> load is bit-identical to ``quantize`` with the ``fbgemm-fp8`` recipe (FBGEMM's CUDA
-per-row quantizer, checked against a Fraction oracle in tests/unit/test_recipes_2026_producers.py),
+per-row quantizer, checked against a Fraction oracle in tests/unit/schemes/test_recipes_te_deepgemm_fbgemm.py),
 ``forward`` quantizes inputs per token with the amax capped at ``activation_scale_ub``, and
 load -> write -> load keeps the bytes and the config. Bad files are one-line CheckpointErrors."""
 
@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fp8ref.checkpoint import load_checkpoint
-from fp8ref.checkpoint.export import export_checkpoint, write_checkpoint
+from fp8ref.checkpoint.convert import write_checkpoint
+from fp8ref.checkpoint.export import export_checkpoint
 from fp8ref.checkpoint.layout import LayerQuant, to_scheme
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import write_safetensors

@@ -52,7 +52,7 @@ def oracle_codes(x: np.ndarray, s: np.ndarray, fmt, **kw) -> np.ndarray:
     return out
 
 
-# --- producers' scale rules, from their source (tests/unit/test_recipes_2026_producers.py) -------
+# --- producers' scale rules, from their source (tests/unit/schemes/test_recipes_te_deepgemm_fbgemm.py) -------
 F32_MAX = float(np.finfo(np.float32).max)
 
 

@@ -13,7 +13,7 @@ from fp8ref.io.safetensors import write_safetensors
 from fp8ref.producers.compressed_tensors import to_ct_config
 from fp8ref.spec import load_spec_dict
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 CASES = [("llmc_fp8", "FP8"), ("llmc_fp8_dynamic", "FP8_DYNAMIC"), ("llmc_fp8_block", "FP8_BLOCK")]
 
 

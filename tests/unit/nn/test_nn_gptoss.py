@@ -17,7 +17,7 @@ import fp8ref  # noqa: E402
 from fp8ref.errors import ModelError  # noqa: E402
 from fp8ref.nn.model import build_model  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gptoss"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "gptoss"
 MXFP4, ORIGINAL = FIXTURE / "mxfp4", FIXTURE / "original_bf16"
 
 

@@ -16,7 +16,7 @@ import fp8ref
 from fp8ref import QuantArgs
 from fp8ref.errors import CheckpointError, Fp8RefError, InputTypeError
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 E4M3 = "float8_e4m3fn"
 
 

@@ -23,7 +23,7 @@ from fp8ref.nn.metrics import layer_metrics, logit_metrics, perplexity, ulp
 from fp8ref.nn.tokens import random_tokens, read_tokens, text_tokens
 from tests.support.tiny_llama import TinyLlama
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 IDS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(3))
 
 

@@ -15,7 +15,7 @@ from fp8ref.errors import ModelError
 from fp8ref.nn import Fp8RefLinear, fp8ref_layers, load_unquantized, parse_mode, parse_modes, set_mode, swap_linears
 from tests.support.tiny_llama import LAYERS, LINEARS, HandLinear, TinyLlama
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 IDS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(3))
 
 

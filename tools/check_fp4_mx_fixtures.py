@@ -1,12 +1,12 @@
-"""Re-derive the bytes of the 2026 fixtures from their original weights (numpy/ml_dtypes reference).
+"""Re-derive the bytes of the NVFP4, MX, ModelOpt and Quark fixtures from their original weights.
 
-Not fp8ref code: a reading aid for tests/fixtures/interop/FINDINGS-2026.md. Each recipe below is the
-arithmetic read from the tool's installed source (cited in FINDINGS-2026.md), written independently:
+Not fp8ref code: a reading aid for tests/fixtures/interop/FINDINGS-FP4-MX.md. Each recipe below is the
+arithmetic read from the tool's installed source (cited in FINDINGS-FP4-MX.md), written independently:
 E4M3 rounding is ml_dtypes' cast from float32 after an explicit clamp, E2M1 is an explicit RNE grid,
 E8M0 exponents come from math.frexp. It prints, per fixture and layer, how many stored scale bytes
 and element codes the recipe misses (0 = reproduced), and the rates of the alternative recipes.
 
-Usage: /work/main/.venv/bin/python tools/check_fixtures_2026.py [--dir tests/fixtures/interop/checkpoints]
+Usage: /work/main/.venv/bin/python tools/check_fp4_mx_fixtures.py [--dir tests/fixtures/interop/checkpoints]
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def blocks(w: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def ct_nvfp4(w: torch.Tensor, fused_amax: torch.Tensor, gs_dtype=BF16):
-    """compressed-tensors 0.19.0 / llmcompressor 0.14.0.1 NVFP4 weight (see FINDINGS-2026 section 1)."""
+    """compressed-tensors 0.19.0 / llmcompressor 0.14.0.1 NVFP4 weight (see FINDINGS-FP4-MX section 1)."""
     amax = fused_amax.to(gs_dtype).clamp(min=torch.finfo(gs_dtype).tiny).reshape(1)
     gs = (2688.0 / amax).to(F32)  # python float / D tensor: a D division
     loc = blocks(w, 16).abs().amax(-1) / 6  # D op

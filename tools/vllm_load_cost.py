@@ -1,10 +1,10 @@
-"""Codes that vLLM's load-time steps change on the 2026 fixtures (numpy reference of vLLM's arithmetic).
+"""Codes that vLLM's load-time steps change on the NVFP4, MX, ModelOpt and Quark fixtures.
 
-Not fp8ref code; evidence for tests/fixtures/interop/FINDINGS-2026.md section 8. Models two steps read in
+Not fp8ref code; evidence for tests/fixtures/interop/FINDINGS-FP4-MX.md section 8. Models two steps read in
 vllm-project/vllm vllm/model_executor/layers/quantization/utils/w8a8_utils.py:
   requantize_with_max_scale: q' = e4m3_sat(fp32(fp16(fp16(q) * s_i)) * fp32(1/s_max)) for each fused shard
   normalize_e4m3fn_to_e4m3fnuz: code 0x80 -> 0x00, same bits read as e4m3fnuz, scales x 2.
-Usage: /work/main/.venv/bin/python tools/vllm_load_cost_2026.py
+Usage: /work/main/.venv/bin/python tools/vllm_load_cost.py
 """
 
 from pathlib import Path

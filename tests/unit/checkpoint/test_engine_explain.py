@@ -1,6 +1,6 @@
 """``fp8ref explain CKPT --engine vllm``: the declared load-time steps and their exact effect,
 checked against independent element-wise oracles (numpy float16 / ml_dtypes casts) on the
-committed fixtures (the numbers FINDINGS-2026.md §8 reports: k/v 98.6 % / 98.8 %, up 99.7 %)."""
+committed fixtures (the numbers FINDINGS-FP4-MX.md §8 reports: k/v 98.6 % / 98.8 %, up 99.7 %)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fp8ref.errors import Fp8RefError
 from fp8ref.io.safetensors import open_store, write_safetensors
 from tests.support.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 L = "model.layers.0."
 FN, FNUZ = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz
 

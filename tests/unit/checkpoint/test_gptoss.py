@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fp8ref
-from fp8ref.checkpoint.export import write_checkpoint
+from fp8ref.checkpoint.convert import write_checkpoint
 from fp8ref.errors import CheckpointError
 from fp8ref.formats import FORMATS
 from fp8ref.nn.verify import verify

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fp8ref.checkpoint import export_checkpoint, load_checkpoint, write_calibration
-from fp8ref.checkpoint.export import write_checkpoint
+from fp8ref.checkpoint.convert import write_checkpoint
 from fp8ref.errors import CheckpointError
 from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
 from tests.support.checkpoint_builders import snapshot, write

@@ -1,4 +1,4 @@
-"""Write the 2026 checkpoint fixtures (NVFP4, MX, ModelOpt, Quark) with the REAL tools, on CPU.
+"""Write the FP4, MX and vendor FP8 checkpoint fixtures (NVFP4, MX, ModelOpt, Quark) with the REAL tools, on CPU.
 
 Each tool lives in its own venv (see tools/README.md), so this script runs once per tool:
 
@@ -13,7 +13,7 @@ versions, loader findings) and reference_outputs.safetensors (`original.<linear>
 `<probe>.x` inputs, `<probe>.y` the tool's reloaded layer outputs, `<probe>.y_in_memory` and
 `<probe>.qdq_in_memory` the tool's in-memory fake-quant results before export).
 
-Usage: <venv>/bin/python tools/make_fixtures_2026.py --tool llmc|modelopt|quark [--only NAME ...] [--out DIR]
+Usage: <venv>/bin/python tools/make_fp4_mx_fixtures.py --tool llmc|modelopt|quark [--only NAME ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def write_fixture(dest: Path, export: Path, meta: dict, refs: dict[str, torch.Te
     meta["reference_tensors"] = mif.describe(refs)
     meta["versions"] = vers
     meta["model"] = {"class": "LlamaForCausalLM", "config": MODEL, "dtype": "bfloat16",
-                     "weights": "tools/make_fixtures_2026.py:original_weights (seed 4321)", "planted": PLANTED}
+                     "weights": "tools/make_fp4_mx_fixtures.py:original_weights (seed 4321)", "planted": PLANTED}
     meta["probe_inputs"] = "bf16 [1,4,in_features], make_interop_fixtures.probe_inputs(PROBES) (seed 99)"
     (dest / "fixture.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
     size = sum(p.stat().st_size for p in dest.iterdir())

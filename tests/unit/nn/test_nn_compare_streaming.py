@@ -16,7 +16,7 @@ from fp8ref.nn import Fp8RefLinear
 from fp8ref.nn.compare import compare
 from fp8ref.nn.metrics import layer_metrics
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 IDS = torch.randint(0, 128, (8, 64), generator=torch.Generator().manual_seed(4))
 
 

@@ -14,7 +14,7 @@ from fp8ref import encode
 from fp8ref.errors import FormatError
 from fp8ref.matmul import DecodedCodes, exact_fast, linear, scaled_mm
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 
 
 def same(x, y) -> None:

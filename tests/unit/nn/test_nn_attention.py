@@ -13,7 +13,7 @@ import torch
 import fp8ref
 from fp8ref.nn.attention import kv_scales, quantize_kv
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 IDS = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(5))
 
 

@@ -1,6 +1,6 @@
 """The 2026 checkpoint formats (issue #13) on the committed real-tool fixtures: compressed-tensors
 NVFP4 / NVFP4A16 / MXFP4 / MXFP8 (llm-compressor 0.14.0.1) and NVIDIA ModelOpt 0.47.0 FP8 /
-FP8_PER_CHANNEL_PER_TOKEN / NVFP4 / MXFP8 exports (tools/make_fixtures_2026.py, FINDINGS-2026.md).
+FP8_PER_CHANNEL_PER_TOKEN / NVFP4 / MXFP8 exports (tools/make_fp4_mx_fixtures.py, FINDINGS-FP4-MX.md).
 
 Load and validate; exact dequantization against a Fraction oracle; the producer forward against
 compressed-tensors' reloaded layers (ModelOpt has no CPU loader: transformers 5.14.1 skips

@@ -15,7 +15,7 @@ from fp8ref.scheme import PRESETS
 from fp8ref.spec import SpecWarning, load_spec, load_spec_dict, load_spec_string
 from tests.support.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "specs" / "examples").glob("*.yaml"))
 LLAMA = [f"model.layers.{i}.{m}" for i in range(2) for m in
          ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

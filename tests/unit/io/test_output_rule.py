@@ -23,8 +23,8 @@ from fp8ref.io import outputs
 from fp8ref.io.outputs import MARKER
 from tests.support.cli import run_cli
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
-TINY = Path(__file__).resolve().parents[1] / "golden" / "data" / "tiny.yaml"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
+TINY = Path(__file__).resolve().parents[2] / "golden" / "data" / "tiny.yaml"
 MICRO = "suite: micro\nseed: 7\nlevel: 1\noperations:\n  - op: decode\n    formats: [float8_e4m3fn]\n"
 NULL_DEV, FULL_DEV = os.makedev(1, 3), os.makedev(1, 7)  # the null and full drivers' numbers (Linux)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="os.mknod of a character device needs root")

@@ -18,7 +18,7 @@ from tests.support.broken_backends import BlockMM, SwapsBlockScales
 from tests.support.checkpoint_builders import build_hf, write
 from tests.support.tiny_llama import TinyLlama
 
-CKPTS = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 IDS = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(3))
 # K and N over several 128-blocks, ragged at the edges
 WIDE = {"model.layers.0.mlp.up_proj": (320, 200), "model.layers.0.mlp.down_proj": (200, 320)}

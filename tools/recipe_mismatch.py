@@ -1,7 +1,7 @@
 """Mismatch rates between neighbouring producer recipes on the same random inputs (docs/checkpoints.md,
 "TransformerEngine, DeepGEMM, vLLM UE8M0, FBGEMM"): % of element codes and of scales that differ.
 
-    python tools/recipe_mismatch_2026.py
+    python tools/recipe_mismatch.py
 
 Deterministic (numpy seed 2026), main venv only. Weights: 64 bf16 matrices 256x512 of N(0, s^2),
 s = 0.02 * 2^U(-3, 3) (LLM-like; 64 tensor amax values for the per-tensor rules); activations: 512

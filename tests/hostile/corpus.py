@@ -1,6 +1,6 @@
 """The hostile-input corpus of issue #10 and the harness that measures how fp8ref handles it.
 
-    python tools/hostile.py [--quick] [--json OUT] [--family F] [--case GLOB] [--keep DIR] [-v]
+    python -m tests.hostile.corpus [--quick] [--json OUT] [--family F] [--case GLOB] [--keep DIR] [-v]
 
 Every case is built here, deterministically from ``--seed``, in its own temporary folder: tiny
 checkpoints written by the independent safetensors writer below (never fp8ref's: the corpus
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # judge the fp8ref of this checkout, not whichever one is installed
 FIXTURES = ROOT / "tests" / "fixtures" / "interop" / "checkpoints"
 CLASSES = ("typed-error", "vague-error", "traceback", "hang", "crash", "silent", "partial-output",
@@ -355,7 +355,7 @@ class Case:
 
     def command(self) -> str:
         if not self.argv:
-            return "(scripted: see tools/hostile.py)"
+            return "(scripted: see tests/hostile/corpus.py)"
         return "fp8ref " + " ".join(shlex.quote(a) for a in self.argv)
 
 

@@ -1,7 +1,7 @@
 """NVFP4 / MX layers in whole-model runs: the run-time input quantization (``quantize_block_input``,
 and ``nn.modes.quantize_input``, which compare's code counts use) and the W4A4 / W8A8 reference forward,
 against an exact Fraction oracle written from compressed-tensors 0.19.0's and Quark 0.13's source
-(FINDINGS-2026 §1, §2, §4), on the committed tool-made fixtures' layers and stored scales.
+(FINDINGS-FP4-MX §1, §2, §4), on the committed tool-made fixtures' layers and stored scales.
 
 compressed-tensors NVFP4 (``dynamic: local``, its CPU ``calculate_qparams`` + ``_quantize_dequantize``):
   s_b = e4m3(clamp(fp32(g * D(amax_b / 6)))), a stored 0 -> 0.125; q = e2m1(fp32(x / fp32(s_b / g)) + 0)
@@ -31,7 +31,7 @@ from tests.support.quant_oracle import exact_code
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "checkpoints"
+ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 E2M1, E4M3 = FORMATS["float4_e2m1fn"], FORMATS["float8_e4m3fn"]
 EMAX = {"float4_e2m1fn": 2, "float8_e4m3fn": 8}  # floor(log2(max_elem)): 6 -> 2, 448 -> 8
 # fixture -> (zero-block exponent, -0 code kept for negatives that round to zero)

@@ -7,7 +7,7 @@ import numpy as np
 
 from fp8ref import encode
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_readme_example_runs(monkeypatch):
