@@ -163,7 +163,7 @@ def scaled_mm(a, b, scale_a, scale_b, *, bias=None, out_dtype="float32", accumul
 #: RNE, saturating. Dynamic scales need finite x; static ones let NaN/Inf through to the product.
 ACTIVATION_RECIPE = Recipe(
     name="fp8ref-linear", summary="s = fp32(amax) / fp32(max) (1 where amax == 0); q = encode(fp32(x / s))",
-    source="fp8ref.matmul.linear", verified="tests/unit/test_matmul.py (Fraction oracle)",
+    source="fp8ref.matmul.linear", verified="tests/unit/matmul/test_matmul.py (Fraction oracle)",
     granularities=("tensor", "token", "group"), formats=tuple(FORMATS), require_divisible=False,
     nonfinite="propagate", amax_min=None, amax_max=None, token_2d="token", scale_form="amax/max",
     scale_dtype="float32", scale_min=None, zero_amax_scale=1.0, scale_store_dtype="float32", zero_stored_scale=None,

@@ -19,7 +19,7 @@ dot product stays below 2**53) and no NaN/Inf code occurs. Then:
   scales and the exact rounding.
 
 Anything else (NaN/Inf, e5m2-wide spans, K past the bound) returns None: exact.py's general path,
-which is also the oracle of this one (tests/unit/test_matmul_fast.py).
+which is also the oracle of this one (tests/unit/matmul/test_matmul_fast.py).
 """
 
 from __future__ import annotations
