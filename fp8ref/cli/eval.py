@@ -19,8 +19,9 @@ from .output import add_progress_flags, declare_paths, progress_enabled
 def register(sub) -> None:
     p = sub.add_parser("eval", help="perplexity of a checkpoint's model under a mode",
                        description="Needs transformers (fp8ref[hf]). token ids: --tokens FILE (integer ids, one "
-                                   "sequence per line) or --text FILE (bytes -> ids modulo the vocabulary; not the "
-                                   "model's tokenizer).")
+                                   "sequence per line) or --text FILE (tokenized by the checkpoint's tokenizer.json "
+                                   "or --tokenizer DIR into lm-eval's rolling windows; --byte-tokens: bytes -> ids "
+                                   "modulo the vocabulary).")
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder (config.json + safetensors)")
     p.add_argument("--mode", default="reference",
                    help="reference[:ACCUMULATION] (default), producer, original, backend:NAME")
@@ -31,15 +32,19 @@ def register(sub) -> None:
     add_keep_decoded(p)
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT ('-': stdout)")
     add_progress_flags(p)
-    declare_paths(p, inputs=("tokens", "text"), checkpoints=("checkpoint", "original"), files=("json",))
+    declare_paths(p, inputs=("tokens", "text", "tokenizer"), checkpoints=("checkpoint", "original"),
+                  files=("json",))
     p.set_defaults(handler=cmd_eval)
 
 
 def cmd_eval(args) -> int:
+    import torch
+
     from ..checkpoint import load_checkpoint
     from ..errors import ModelError
     from ..nn import build_model, parse_mode
     from ..nn.compare import evaluate
+    from ..nn.perplexity import evaluate_windows
 
     if not (args.text or args.tokens):
         raise ModelError("eval: give --text FILE or --tokens FILE")
@@ -48,9 +53,10 @@ def cmd_eval(args) -> int:
     early = early_token_ids(args, ckpt)
     model = build_model(ckpt, mode=mode, original=args.original, backend=backends_for([mode]),
                         keep_decoded=args.keep_decoded)
-    ids, source = early or token_ids(args, int(model.config.vocab_size))
-    res = {"checkpoint": str(args.checkpoint), "input": source,
-           **evaluate(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
+    ids, source, tokenizer = early or token_ids(args, int(model.config.vocab_size))
+    run = evaluate if isinstance(ids, torch.Tensor) else evaluate_windows
+    res = {"checkpoint": str(args.checkpoint), "input": source, "tokenizer": tokenizer,
+           **run(model, ids, mode, batch=args.batch, progress=progress_enabled(args))}
     if not (args.json and write_json(res, args.json)):
         print(f"{res['checkpoint']}: mode {res['mode']}, {res['sequences']} sequences, {res['tokens']} predicted "
               f"tokens: perplexity {res['perplexity']:.6g}")
