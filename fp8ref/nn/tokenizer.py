@@ -58,8 +58,11 @@ def _token_text(value, where: str) -> str | None:
     return value
 
 
-def _special_tokens(folder: Path) -> dict:
-    """bos/eos token strings from tokenizer_config.json, then special_tokens_map.json."""
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def special_tokens(folder: Path) -> dict:
+    """bos/eos/unk/pad token strings from tokenizer_config.json, then special_tokens_map.json."""
     found: dict = {}
     for name in CONFIG_FILES:
         path = folder / name
@@ -71,7 +74,7 @@ def _special_tokens(folder: Path) -> dict:
         if "auto_map" in config:
             raise ModelError(f"{path}: 'auto_map' names Python code to import; fp8ref runs no code from a "
                              f"checkpoint (give --tokenizer DIR with a plain tokenizer.json)")
-        for key in ("bos_token", "eos_token"):
+        for key in SPECIAL_KEYS:
             if key not in found:
                 token = _token_text(config.get(key), f"{path}: {key}")
                 if token is not None:
@@ -96,7 +99,7 @@ def load_tokenizer(folder) -> CheckpointTokenizer:
     except Exception as exc:  # the Rust parser's own message: unknown model type, missing field, ...
         raise ModelError(f"{path}: not a tokenizer the tokenizers library reads: "
                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    special = _special_tokens(folder)
+    special = special_tokens(folder)
     for key in ("bos_token", "eos_token"):  # lm-eval's prefix_token_id: BOS, else EOS
         token = special.get(key)
         if token is not None:
