@@ -133,3 +133,27 @@ def test_fp8ref_model_refuses_trust_remote_code():
 
     with pytest.raises(ModelError, match="trust_remote_code is refused"):
         fp8ref.eval.Fp8RefLM(checkpoint=str(CKPTS / "llmc_fp8"), trust_remote_code=True)
+
+
+@pytest.mark.parametrize("seq_len", [16, 64])
+def test_eval_text_equals_lm_evals_rolling_loglikelihood_on_transformers_reload(world, tmp_path, capsys, seq_len):
+    """fp8ref eval --text in producer mode: its total NLL is -loglikelihood_rolling of lm-eval's hf
+    model (softmax_dtype float64, max_length = --seq-len, same batch) on transformers' reload, bit for bit."""
+    pytest.importorskip("compressed_tensors")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from fp8ref.cli import main
+
+    ck, _ = world
+    text = " ".join(CORPUS * 3)
+    (tmp_path / "t.txt").write_text(text)
+    out = tmp_path / "r.json"
+    assert main(["eval", str(ck), "--text", str(tmp_path / "t.txt"), "--mode", "producer", "--seq-len", str(seq_len),
+                 "--batch", "4", "--json", str(out), "--quiet"]) == 0
+    ours = json.loads(out.read_text())
+    hf = HFLM(pretrained=str(ck), tokenizer=str(ck), device="cpu", dtype="bfloat16", batch_size=4,
+              max_length=seq_len, softmax_dtype="float64")
+    [theirs] = hf.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert ours["tokens"] == len(hf.tok_encode(text)) and ours["sequences"] > 1
+    assert ours["nll"] == -theirs
