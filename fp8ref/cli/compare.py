@@ -74,8 +74,12 @@ def early_token_ids(args, ckpt):
 def token_ids(args, vocab: int):
     """(ids, source, tokenizer): ids a tensor [B, T], or for tokenized text ``nn.tokenizer.Windows``;
     tokenizer what the JSON result names under "tokenizer" (None for --tokens and --random)."""
+    from ..errors import ModelError
     from ..nn.tokens import random_tokens, read_tokens, text_tokens
 
+    if not args.text and (args.tokenizer or args.byte_tokens):
+        raise ModelError(f"{'--tokenizer' if args.tokenizer else '--byte-tokens'} applies to --text FILE; "
+                         f"give --text, or leave it out")
     if args.tokens:
         return read_tokens(args.tokens, vocab), f"tokens {args.tokens}", None
     if args.text and args.byte_tokens:

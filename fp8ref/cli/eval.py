@@ -52,8 +52,9 @@ def cmd_tasks(args) -> int:
     from ..errors import ModelError
     from .compare import write_json
 
-    if args.text or args.tokens:
-        raise ModelError("eval: --tasks runs lm-eval's tasks; give it without --text or --tokens")
+    if args.text or args.tokens or args.byte_tokens:
+        raise ModelError("eval: --tasks runs lm-eval's tasks through the tokenizer; give it without --text, "
+                         "--tokens or --byte-tokens")
     import os
 
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):  # read when the hub

@@ -96,7 +96,9 @@ def load_tokenizer(folder) -> CheckpointTokenizer:
     parse_json(text, str(path), "tokenizer", error=ModelError)  # duplicate keys, deep nesting: one line
     try:
         backend = Tokenizer.from_str(text.decode("utf-8"))
-    except Exception as exc:  # the Rust parser's own message: unknown model type, missing field, ...
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the Rust parser's message (a pyo3 panic is a BaseException)
         raise ModelError(f"{path}: not a tokenizer the tokenizers library reads: "
                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     special = special_tokens(folder)

@@ -109,6 +109,14 @@ def test_no_tokenizer_and_no_flag_says_what_to_pass(tmp_path, capsys):
                  "no tokenizer.json for --text; pass --tokenizer DIR", "--byte-tokens")
 
 
+def test_tokenizer_flags_without_text_are_refused(tmp_path, capsys):
+    (tmp_path / "ids.txt").write_text("1 2 3\n")
+    _refused(capsys, ["compare", CKPTS / "llmc_fp8", "--random", "1x4", "--byte-tokens", "--quiet"],
+             "--byte-tokens applies to --text FILE")
+    _refused(capsys, ["eval", CKPTS / "llmc_fp8", "--tokens", tmp_path / "ids.txt", "--tokenizer", tmp_path,
+                      "--quiet"], "--tokenizer applies to --text FILE")
+
+
 def test_bad_tokenizers_are_refused_in_one_line(tmp_path, capsys):
     pytest.importorskip("transformers")
     (tmp_path / "t.txt").write_text("hello world")
