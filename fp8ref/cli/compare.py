@@ -9,20 +9,28 @@ from ..limits import MAX_RANDOM_IDS, MAX_SEQUENCE
 from .argtypes import int_range, random_shape
 from .output import add_progress_flags, declare_paths, progress_enabled, write_out
 
-INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (bytes -> ids "
-              "modulo the vocabulary; not the model's tokenizer) or --random BxT (default 2x16, seed 0)")
+INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (the checkpoint's "
+              "tokenizer.json, or --tokenizer DIR; --byte-tokens: bytes -> ids modulo the vocabulary) or "
+              "--random BxT (default 2x16, seed 0)")
 
 
 def add_input_args(p, *, random: bool = True) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tokens", metavar="FILE", help="whitespace-separated token ids, one sequence per line")
-    g.add_argument("--text", metavar="FILE", help="text file: each byte b -> id b %% vocab (no tokenizer)")
+    g.add_argument("--text", metavar="FILE", help="UTF-8 text, tokenized by the checkpoint's tokenizer.json "
+                                                  "into lm-eval's rolling windows of --seq-len")
     if random:
         g.add_argument("--random", metavar="BxT", type=random_shape,
                        help=f"B random sequences of T ids (seed 0; T <= {MAX_SEQUENCE}, B x T <= {MAX_RANDOM_IDS}); "
                             "the default, 2x16")
     p.add_argument("--seq-len", type=int_range(2, MAX_SEQUENCE), default=128, metavar="T",
-                   help=f"--text: ids per sequence, 2..{MAX_SEQUENCE} (default 128)")
+                   help=f"--text: ids per window, 2..{MAX_SEQUENCE} (default 128)")
+    t = p.add_mutually_exclusive_group()
+    t.add_argument("--tokenizer", metavar="DIR", help="--text: the folder whose tokenizer.json to use (default: "
+                                                      "the checkpoint's)")
+    t.add_argument("--byte-tokens", action="store_true",
+                   help="--text: each byte b -> id b %% vocab instead of a tokenizer (compares modes of one "
+                        "checkpoint; not comparable to published numbers)")
 
 
 def register(sub) -> None:
@@ -41,7 +49,8 @@ def register(sub) -> None:
     p.add_argument("--html", metavar="OUT", help="write a self-contained HTML report (needs matplotlib: "
                                                  "fp8ref[report])")
     add_progress_flags(p)
-    declare_paths(p, inputs=("tokens", "text"), checkpoints=("checkpoint", "original"), files=("json", "html"))
+    declare_paths(p, inputs=("tokens", "text", "tokenizer"), checkpoints=("checkpoint", "original"),
+                  files=("json", "html"))
     p.set_defaults(handler=cmd_compare)
 
 
@@ -64,14 +73,37 @@ def early_token_ids(args, ckpt):
 
 
 def token_ids(args, vocab: int):
+    """(ids, source, tokenizer): ids a tensor [B, T], or for tokenized text ``nn.tokenizer.Windows``;
+    tokenizer what the JSON result names under "tokenizer" (None for --tokens and --random)."""
+    from ..errors import ModelError
     from ..nn.tokens import random_tokens, read_tokens, text_tokens
 
+    if not args.text and (args.tokenizer or args.byte_tokens):
+        raise ModelError(f"{'--tokenizer' if args.tokenizer else '--byte-tokens'} applies to --text FILE; "
+                         f"give --text, or leave it out")
     if args.tokens:
-        return read_tokens(args.tokens, vocab), f"tokens {args.tokens}"
+        return read_tokens(args.tokens, vocab), f"tokens {args.tokens}", None
+    if args.text and args.byte_tokens:
+        return text_tokens(args.text, vocab, args.seq_len), f"text {args.text} (bytes mod {vocab})", \
+            f"bytes mod {vocab}"
     if args.text:
-        return text_tokens(args.text, vocab, args.seq_len), f"text {args.text} (bytes mod {vocab})"
+        return tokenized_text(args, vocab)
     spec = getattr(args, "random", None) or "2x16"
-    return random_tokens(spec, vocab), f"random {spec} (seed 0)"
+    return random_tokens(spec, vocab), f"random {spec} (seed 0)", None
+
+
+def tokenized_text(args, vocab: int):
+    from ..errors import ModelError
+    from ..nn.tokenizer import has_tokenizer, load_tokenizer, read_text_utf8, text_windows
+
+    text = read_text_utf8(args.text)  # a bad --text file (FIFO, device, not UTF-8) is named first
+    folder = args.tokenizer or args.checkpoint
+    if not args.tokenizer and not has_tokenizer(folder):
+        raise ModelError(f"{folder}: no tokenizer.json for --text; pass --tokenizer DIR (a folder with "
+                         f"tokenizer.json) or --byte-tokens (bytes mod the vocabulary)")
+    tok = load_tokenizer(folder)
+    windows = text_windows(text, tok, vocab, args.seq_len)
+    return windows, f"text {args.text} ({tok.describe()}, windows of {args.seq_len})", tok.describe()
 
 
 def backends_for(modes) -> dict:
@@ -101,11 +133,13 @@ def cmd_compare(args) -> int:
     early = early_token_ids(args, ckpt)
     model = build_model(ckpt, mode=modes[0], original=args.original, backend=backends_for(modes),
                         keep_decoded=args.keep_decoded)
-    ids, source = early or token_ids(args, int(model.config.vocab_size))
+    ids, source, tokenizer = early or token_ids(args, int(model.config.vocab_size))
+    ids = getattr(ids, "inputs", ids)  # tokenized text: compare runs the windows' inputs
     progress = progress_enabled(args)
     report = compare(model, ids, modes, with_perplexity=bool(args.tokens or args.text), progress=progress,
                      executor=args.executor, checkpoint_path=ckpt.path)
-    report = {"checkpoint": str(ckpt.path), "format": ckpt.format, "input": source, **report}
+    report = {"checkpoint": str(ckpt.path), "format": ckpt.format, "input": source, "tokenizer": tokenizer,
+              **report}
     json_on_stdout = bool(args.json) and write_json(report, args.json)
     if args.html:
         from ..nn.html import render

@@ -261,7 +261,8 @@ def test_non_finite_baseline_logits_are_refused_naming_the_mode(tmp_path, capsys
     (tmp_path / "t.txt").write_bytes(bytes(range(40)))
     code, err = run_in_process(capsys, "compare", ck, "--random", "1x4", "--quiet")
     assert_refused(code, err, "compare: baseline mode reference: 512 of 512 logits are not finite")
-    code, err = run_in_process(capsys, "eval", ck, "--text", tmp_path / "t.txt", "--mode", "producer", "--quiet")
+    code, err = run_in_process(capsys, "eval", ck, "--text", tmp_path / "t.txt", "--byte-tokens", "--mode", "producer",
+                               "--quiet")
     assert_refused(code, err, "eval: mode producer, sequences 0..0: ", "logits are not finite")
 
 

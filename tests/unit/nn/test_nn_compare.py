@@ -203,7 +203,8 @@ def test_compare_and_eval_cli(tmp_path, capsys):
     assert r["modes"] == ["reference", "producer", "original", "backend:torch"] and len(r["layers"]) == 14
     assert "first divergent" in capsys.readouterr().out
     (tmp_path / "t.txt").write_text("hello fp8 " * 30)
-    assert main(["eval", str(CKPTS / "llmc_fp8"), "--text", str(tmp_path / "t.txt"), "--json", "-"]) == 0
+    assert main(["eval", str(CKPTS / "llmc_fp8"), "--text", str(tmp_path / "t.txt"), "--byte-tokens",
+                 "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == 2 * 127  # 300 bytes: two sequences of 128
 
 

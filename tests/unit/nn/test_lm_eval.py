@@ -1,0 +1,159 @@
+"""lm-eval-harness on fp8ref's model (tox -e eval): ``import fp8ref.eval`` registers the lm-eval
+model "fp8ref"; on a tiny local task its producer-mode results equal lm-eval's own ``hf`` model on
+transformers' reload of the same checkpoint (compressed-tensors), number for number."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.support.tokenizers_fixture import CKPTS, CORPUS, checkpoint_with_tokenizer
+
+lm_eval = pytest.importorskip("lm_eval")
+pytest.importorskip("transformers")
+
+QUESTIONS = [("the quick brown", ["fox", "dog", "scale"], 0), ("hello", ["world", "tensor", "even"], 0),
+             ("round to nearest", ["even", "fox", "lazy"], 0), ("a scale per", ["tensor", "hello", "brown"], 0),
+             ("jumps over the", ["lazy dog", "fp8", "channel"], 0), ("fp8 numbers", ["round", "jumps", "a"], 0)]
+
+
+TASKS = ["tiny_mc", "tiny_ppl"]
+
+
+def write_tasks(folder: Path) -> Path:
+    """Two tasks over local JSONL: tiny_mc (multiple choice, acc) and tiny_ppl (rolling perplexity)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "mc.jsonl", "w") as f:
+        for q, choices, answer in QUESTIONS:
+            f.write(json.dumps({"question": q, "choices": choices, "answer": answer}) + "\n")
+    with open(folder / "ppl.jsonl", "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"text": " ".join(CORPUS[i:] + CORPUS[:i]) * (i + 1)}) + "\n")
+    (folder / "tiny_mc.yaml").write_text(f"""task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder / "mc.jsonl"}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: answer
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+""")
+    (folder / "tiny_ppl.yaml").write_text(f"""task: tiny_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {folder / "ppl.jsonl"}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+""")
+    return folder
+
+
+def _numbers(results: dict) -> dict:
+    return {task: {k: v for k, v in r.items() if isinstance(v, float)} for task, r in results.items()}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lm_eval")
+    return checkpoint_with_tokenizer(tmp), write_tasks(tmp / "tasks")
+
+
+@pytest.mark.parametrize("softmax_dtype", [None, "float32"])
+def test_producer_results_equal_lm_evals_hf_model_on_transformers_reload(world, softmax_dtype):
+    """None: lm-eval's default, log-softmax in the model's bf16 (sums rounded to bf16); float32
+    resolves the modes: reference mode's numbers then differ from producer's."""
+    pytest.importorskip("compressed_tensors")
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    import fp8ref.eval  # noqa: F401  (registers "fp8ref")
+
+    ck, tasks = world
+    manager = TaskManager(include_path=str(tasks))
+    extra = f",softmax_dtype={softmax_dtype}" if softmax_dtype else ""
+
+    def ours(mode):
+        return _numbers(lm_eval.simple_evaluate(model="fp8ref", model_args=f"checkpoint={ck},mode={mode}{extra}",
+                                                tasks=TASKS, task_manager=manager, batch_size=4)["results"])
+
+    hf = HFLM(pretrained=str(ck), tokenizer=str(ck), device="cpu", dtype="bfloat16", batch_size=4,
+              softmax_dtype=softmax_dtype)
+    theirs = _numbers(lm_eval.simple_evaluate(model=hf, tasks=TASKS, task_manager=manager)["results"])
+    producer = ours("producer")
+    assert producer == theirs and math.isfinite(producer["tiny_ppl"]["word_perplexity,none"])
+    assert len(producer["tiny_ppl"]) == 3 and 0 <= producer["tiny_mc"]["acc,none"] <= 1
+    if softmax_dtype:
+        assert ours("reference")["tiny_ppl"] != producer["tiny_ppl"]
+
+
+def test_cli_tasks_in_reference_mode_answer(world, tmp_path, capsys):
+    from fp8ref.cli import main
+
+    ck, tasks = world
+    out = tmp_path / "r.json"
+    assert main(["eval", str(ck), "--tasks", "tiny_mc,tiny_ppl", "--include-path", str(tasks), "--mode",
+                 "reference", "--limit", "4", "--json", str(out), "--quiet"]) == 0
+    r = json.loads(out.read_text())
+    assert r["mode"] == "reference" and r["tokenizer"] == str(ck / "tokenizer.json")
+    assert 0 <= r["results"]["tiny_mc"]["acc,none"] <= 1
+    assert math.isfinite(r["results"]["tiny_ppl"]["word_perplexity,none"])
+
+
+def test_remote_dataset_task_is_refused_offline(world, tmp_path, capsys):
+    from fp8ref.cli import main
+
+    ck, _ = world
+    (tmp_path / "remote.yaml").write_text("task: remote_mc\ndataset_path: someone/some_dataset\ntest_split: test\n"
+                                          "output_type: multiple_choice\ndoc_to_text: q\ndoc_to_choice: [a, b]\n"
+                                          "doc_to_target: 0\n")
+    code = main(["eval", str(ck), "--tasks", "remote_mc", "--include-path", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "dataset_path 'someone/some_dataset' is not a local dataset" in err
+
+
+def test_fp8ref_model_refuses_trust_remote_code():
+    import fp8ref.eval
+    from fp8ref.errors import ModelError
+
+    with pytest.raises(ModelError, match="trust_remote_code is refused"):
+        fp8ref.eval.Fp8RefLM(checkpoint=str(CKPTS / "llmc_fp8"), trust_remote_code=True)
+
+
+@pytest.mark.parametrize("seq_len", [16, 64])
+def test_eval_text_equals_lm_evals_rolling_loglikelihood_on_transformers_reload(world, tmp_path, capsys, seq_len):
+    """fp8ref eval --text in producer mode: its total NLL is -loglikelihood_rolling of lm-eval's hf
+    model (softmax_dtype float64, max_length = --seq-len, same batch) on transformers' reload, bit for bit."""
+    pytest.importorskip("compressed_tensors")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from fp8ref.cli import main
+
+    ck, _ = world
+    text = " ".join(CORPUS * 3)
+    (tmp_path / "t.txt").write_text(text)
+    out = tmp_path / "r.json"
+    assert main(["eval", str(ck), "--text", str(tmp_path / "t.txt"), "--mode", "producer", "--seq-len", str(seq_len),
+                 "--batch", "4", "--json", str(out), "--quiet"]) == 0
+    ours = json.loads(out.read_text())
+    hf = HFLM(pretrained=str(ck), tokenizer=str(ck), device="cpu", dtype="bfloat16", batch_size=4,
+              max_length=seq_len, softmax_dtype="float64")
+    [theirs] = hf.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert ours["tokens"] == len(hf.tok_encode(text)) and ours["sequences"] > 1
+    assert ours["nll"] == -theirs
