@@ -448,7 +448,8 @@ _BLOCK_CHOICES = {
     "global_dtype": (None, "model", "float32"),
     "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)",
                    "amax*fp32(global*fp32(1/max_elem))"),
-    "global_rule": ("clamp-amax", "reciprocal", "fp32-max"), "tile_rows": (1, 16), "apply_op": ("divide", "multiply_reciprocal"),
+    "global_rule": ("clamp-amax", "reciprocal", "fp32-max"), "tile_rows": (1, 16),
+    "apply_op": ("divide", "multiply_reciprocal"),
     "apply_dtype": ("float32", "model"), "negative_zero": ("keep", "positive"),
     "dequantize_dtype": ("exact", "model"),
 }

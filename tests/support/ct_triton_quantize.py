@@ -29,7 +29,6 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-
 FIXED_CAST = os.environ.get("CT_TRITON_INTERPRETER_CAST") != "1"
 
 
