@@ -447,8 +447,6 @@ class CompressedTensors(Defaults):
     scales_follow_recipe = True
     kv_refusal = None
     nvfp4_global = "divisor"
-    # the eager path (recipe_of) on CPU or with CT_ENFORCE_EAGER=1, else the Triton kernel of CUDA/XPU
-    known_recipes = ("compressed-tensors", "compressed-tensors-gpu")
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return True
