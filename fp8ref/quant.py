@@ -644,7 +644,10 @@ def _block_encode(y32: np.ndarray, rec: BlockRecipe, fmt) -> np.ndarray:
 def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float32:
     """The NVFP4 global scale ``rec`` stores for tensor amax A (a D value) of a ``dtype`` model:
     divisor fp32(R(2688 / max(A, tiny(D)))) with R = D or fp32 (NaN/Inf/0 -> 1, compressed-tensors'
-    nan_to_num), or multiplier fp32(A) / 2688 in float32 (ModelOpt)."""
+    nan_to_num); with ``global.rule: reciprocal`` fp32(R(fp32(R(1 / max(A, tiny))) * 2688)), as torch
+    computes ``2688.0 / t`` (``t.reciprocal() * 2688``, compressed-tensors' generate_gparam; an
+    infinite A stores 0, as the tool does); or
+    multiplier fp32(A) / 2688 in float32 (ModelOpt)."""
     top = np.float32(FORMATS["float4_e2m1fn"].max * FORMATS[_NVFP4_SCALE_FORMAT].max)  # 2688
     a32 = np.float32(amax)  # exact: a D value
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -656,7 +659,13 @@ def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float
             return np.float32(1.0) if a32 == 0 or g == 0 else np.float32(g)
         tiny = np.float32({"float32": np.finfo(np.float32).tiny, "bfloat16": 2.0 ** -126,
                            "float16": 2.0 ** -14}.get(dtype, np.finfo(np.float32).tiny))
-        g = np.float32(round_to(np.float32(top / max(a32, tiny)), dtype if rec.global_dtype == "model" else "float32"))
+        r_dtype = dtype if rec.global_dtype == "model" else "float32"
+        if rec.global_rule == "reciprocal":  # each D op computes in float32 and rounds to D
+            inv = np.float32(round_to(np.float32(np.float32(1.0) / max(a32, tiny)), r_dtype))
+            g = np.float32(round_to(np.float32(inv * top), r_dtype))
+            return g if np.isfinite(g) else np.float32(1.0)  # nan_to_num only: A = inf stores 2688/inf = 0
+        else:
+            g = np.float32(round_to(np.float32(top / max(a32, tiny)), r_dtype))
     return g if np.isfinite(g) and g != 0 else np.float32(1.0)
 
 

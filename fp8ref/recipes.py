@@ -386,7 +386,9 @@ class BlockRecipe:
     1. ``global`` (NVFP4): from the tensor amax A (a fused group's max where the producer fuses):
        ``divisor`` g = D-or-fp32(max_elem*max_scale / max(A, tiny)) (compressed-tensors), or
        ``multiplier`` = fp32(A) / (max_elem*max_scale) in float32 (ModelOpt); ``rule: fp32-max``
-       (TE): g = fp32(2688 / A) with no tiny clamp, inf and NaN -> FLT_MAX, A == 0 -> 1.
+       (TE): g = fp32(2688 / A) with no tiny clamp, inf and NaN -> FLT_MAX, A == 0 -> 1;
+       ``rule: reciprocal`` (compressed-tensors: torch's python-float / tensor is
+       ``t.reciprocal() * 2688``): g = R(fp32(R(1 / max(A, tiny))) * 2688), two roundings.
     2. ``block_scale``: NVFP4 ``global*D(amax/max_elem)`` (fp32 product of the divisor and the
        D-rounded amax/6), ``amax/fp32(max_elem*global)`` (fp32 quotient by the fp32 product) or
        ``amax*fp32(global*fp32(1/max_elem))`` (TE: the 1/6 folded into the multiplier, capped at
@@ -422,7 +424,9 @@ class BlockRecipe:
     negative_zero: str              # keep | positive
     dequantize_dtype: str           # exact | model
     # keys added later (optional in the YAML; the defaults are the older recipes' behaviour)
-    global_rule: str = "clamp-amax"  # clamp-amax: 2688/max(A, tiny) (CT) | fp32-max: 2688/A, inf/NaN -> FLT_MAX (TE)
+    # clamp-amax: R(2688/max(A, tiny)) | reciprocal: R(R(1/max(A, tiny))*2688) (CT) | fp32-max: 2688/A,
+    # inf/NaN -> FLT_MAX (TE)
+    global_rule: str = "clamp-amax"
     tile_rows: int = 1               # 1: 1x16 blocks | 16: 16x16 tiles share one scale (TE's 2-D weights)
     # divide: x / fp32(s_b/g) | multiply_reciprocal: x * min(fp32(1/fp32(s_b*fp32(1/g))), FLT_MAX) (TE)
     apply_op: str = "divide"
@@ -444,7 +448,8 @@ _BLOCK_CHOICES = {
     "global_dtype": (None, "model", "float32"),
     "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)",
                    "amax*fp32(global*fp32(1/max_elem))"),
-    "global_rule": ("clamp-amax", "fp32-max"), "tile_rows": (1, 16), "apply_op": ("divide", "multiply_reciprocal"),
+    "global_rule": ("clamp-amax", "reciprocal", "fp32-max"), "tile_rows": (1, 16),
+    "apply_op": ("divide", "multiply_reciprocal"),
     "apply_dtype": ("float32", "model"), "negative_zero": ("keep", "positive"),
     "dequantize_dtype": ("exact", "model"),
 }

@@ -433,7 +433,7 @@ class CompressedTensors(Defaults):
         ScaleDecl("tensor/channel/block, static input", "input_scale", "multiplier", "D", "[1]"),
         ScaleDecl("nvfp4", "weight_scale", "multiplier", "F8_E4M3", "[out, in/16]",
                   "weights.group_size 16 (strategy tensor_group)", "x ~ q * weight_scale / weight_global_scale"),
-        ScaleDecl("nvfp4", "weight_global_scale", "divisor", "F32", "[1]", "-", "fp32(D(2688 / amax))"),
+        ScaleDecl("nvfp4", "weight_global_scale", "divisor", "F32", "[1]", "-", "fp32(D(D(1 / amax) * 2688))"),
         ScaleDecl("nvfp4, nvfp4 input", "input_global_scale", "divisor", "F32", "[1]",
                   "input_activations.group_size 16", "dynamic local: block scales at run time"),
         ScaleDecl("mx", "weight_scale", "E8M0 exponent", "U8", "[out, in/32]", "weights.group_size 32 "

@@ -129,18 +129,16 @@ def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) ->
 
 def candidate_recipes(layer) -> list[str]:
     """The recipes verify tries on ``layer`` when none is given or recorded: its format's own
-    (``recipe_of``) first, then the format's ``known_recipes``, else every recipe of the layer's
-    granularity and weight format (by name)."""
+    (``recipe_of``) first, then those of the format's ``known_recipes`` that cover the layer's
+    granularity and weight format, else every recipe that does (by name)."""
     from ..checkpoint import base
     from ..registry import load_recipes
 
     fmt = base.get(layer.producer)
     own = fmt.recipe_of(layer.quant)
-    names = fmt.known_recipes
-    if names is None:
-        q = layer.quant
-        names = [r.name for r in load_recipes().values()
-                 if q.weight_strategy in r.granularities and q.weight_fmt in r.formats]
+    q, recipes = layer.quant, load_recipes()
+    names = [n for n in (recipes if fmt.known_recipes is None else fmt.known_recipes)
+             if q.weight_strategy in recipes[n].granularities and q.weight_fmt in recipes[n].formats]
     return [own] + [n for n in names if n != own]
 
 

@@ -104,3 +104,19 @@ def test_recipe_record_round_trip_and_refusal(tmp_path):
                       {base.RECIPE_METADATA: "[1, 2]"})
     with pytest.raises(CheckpointError, match=r"bad.safetensors: __metadata__.fp8ref_recipes: expected a JSON object"):
         base.recorded_recipes(open_store(tmp_path / "bad.safetensors"))
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8_BLOCK"])
+def test_verify_discovers_a_compressed_tensors_checkpoint_made_on_gpu(tmp_path, capsys, scheme):
+    """Codes of the Triton path (compressed-tensors on CUDA/XPU) without a recipe record: the eager recipe
+    does not reproduce them, verify finds compressed-tensors-gpu among the format's known recipes."""
+    orig = write(tmp_path / "orig", *build_mixtral_original(inter=128, hidden=128))
+    fp8ref.export_checkpoint(orig, tmp_path / "gpu", {"scheme": scheme, "ignore": ["re:.*gate$"]},
+                             recipe="compressed-tensors-gpu")
+    bare = _renamed(tmp_path / "gpu", tmp_path / "bare", lambda n: n, metadata={"format": "pt"})
+    r = verify(fp8ref.load_checkpoint(bare), fp8ref.load_checkpoint(orig))
+    assert r["ok"] and (r["recipe"], r["recipe_source"]) == ("compressed-tensors-gpu", "discovered")
+    eager = verify(fp8ref.load_checkpoint(bare), fp8ref.load_checkpoint(orig), recipe="compressed-tensors")
+    assert not eager["ok"]
+    assert run_cli("verify", bare, "--original", orig) == 0
+    assert "with recipe 'compressed-tensors-gpu' (found among the format's known recipes)" in capsys.readouterr().out
