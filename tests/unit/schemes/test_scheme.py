@@ -167,7 +167,7 @@ def test_autoround_aliases():
     (dict(act_bits=8, act_data_type="mx_fp"), "act_data_type: must be of the same family as data_type 'fp'"),
     (dict(data_type="mx_fp", act_bits=8, act_dynamic=False), "act_dynamic: act_data_type 'mx_fp' computes its block scales at run time"),
     (dict(rounding="nearest"), "rounding: expected one of rne, rna, rtz, rup, rdown, rto, stochastic, got 'nearest'"),
-    (dict(recipe="llmcompressor"), "recipe: expected one of auto-round, compressed-tensors, compressed-tensors-mx"),
+    (dict(recipe="llmcompressor"), "recipe: expected one of auto-round, compressed-tensors, compressed-tensors-gpu, compressed-tensors-mx"),
     (dict(bits=True), "bits: expected an integer, got True"),
     (dict(saturate="yes"), "saturate: expected true or false, got 'yes'"),
     (dict(weight_format="float8_e4m3"), "weight_format: expected one of float8_e4m3fn"),
