@@ -92,16 +92,45 @@ def test_kernel_switch_is_read_at_call_time(monkeypatch):
     assert fast.tobytes() == slow.tobytes()
 
 
+def _reload_with(monkeypatch, struct) -> None:
+    """_native as if its mirror of struct's C type were ``struct``, loaded afresh."""
+    monkeypatch.setattr(_native, "_STRUCTS", tuple(struct if s.__name__ == struct.__name__ else s
+                                                   for s in _native._STRUCTS))
+    monkeypatch.setattr(_native, "_LIB", [])
+    monkeypatch.setattr(_native, "_STATE", {})
+
+
 @needs_c
 def test_struct_size_mismatch_refuses_the_kernels(monkeypatch):
-    """A ctypes mirror that disagrees with _kernels.h must not be called: a warning, numpy paths."""
-    wrong = _native._struct("quant_job", _native.quant_job._fields_ + [("extra", ctypes.c_int64)])
-    monkeypatch.setattr(_native, "_STRUCTS", tuple(wrong if s is _native.quant_job else s for s in _native._STRUCTS))
-    monkeypatch.setattr(_native, "_LIB", [])
-    with pytest.warns(RuntimeWarning, match=r"layout of quant_job \(C \d+ bytes, ctypes \d+\)"):
+    """A ctypes mirror that disagrees with kernels.h must not be called: a warning, numpy paths."""
+    _reload_with(monkeypatch, _native._struct("quant_job", _native.quant_job._fields_ + [("extra", ctypes.c_int64)]))
+    with pytest.warns(RuntimeWarning, match=r"layout of quant_job \(sizeof: C \d+ bytes, ctypes \d+ bytes\)"):
         assert _native.kernels() is None
+    assert _native.build_info() == {"loops": "numpy", "why": _native._STATE["why"]}
     x = np.linspace(-500, 500, 1001, dtype=np.float32)
     assert encode(x, "float8_e4m3fn").tobytes() == encode(x.astype(np.float64), "float8_e4m3fn").tobytes()
+
+
+@needs_c
+def test_reordered_field_of_the_same_size_refuses_the_kernels(monkeypatch):
+    """Two int32 fields swapped keep the struct's size: only the field-by-field check (offsetof in
+    C) sees it."""
+    fields = list(_native.quant_job._fields_)
+    i, k = [n for n, _ in fields].index("op"), [n for n, _ in fields].index("model")
+    fields[i], fields[k] = fields[k], fields[i]
+    swapped = _native._struct("quant_job", fields)
+    assert ctypes.sizeof(swapped) == ctypes.sizeof(_native.quant_job)
+    _reload_with(monkeypatch, swapped)
+    with pytest.warns(RuntimeWarning, match=r"layout of quant_job \(field \d+: C op at (\d+) \(4 bytes\), ctypes model at \1 \(4 bytes\)\)"):
+        assert _native.kernels() is None
+
+
+@needs_c
+def test_a_renamed_field_refuses_the_kernels(monkeypatch):
+    fields = [("stride" if n == "K" else n, t) for n, t in _native.amax_job._fields_]
+    _reload_with(monkeypatch, _native._struct("amax_job", fields))
+    with pytest.warns(RuntimeWarning, match=r"layout of amax_job \(field 2: C K at 16 \(8 bytes\), ctypes stride at 16 \(8 bytes\)\)"):
+        assert _native.kernels() is None
 
 
 @needs_c
@@ -130,9 +159,7 @@ def test_hardware_loop_splits_by_batch_and_by_panel(monkeypatch):
 
 @needs_c
 def test_every_mirror_matches_the_header():
-    lib = _native.kernels()
-    for s in _native._STRUCTS:
-        assert getattr(lib, f"fp8ref_sizeof_{s.__name__}")() == ctypes.sizeof(s), s.__name__
+    assert _native._layout_errors(_native.kernels()) == []
 
 
 def test_ci_shares_torchs_openmp_runtime():

@@ -22,7 +22,7 @@
  */
 #include <math.h>
 
-#include "_kernels.h"
+#include "kernels.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
