@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import sysconfig
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,10 +27,14 @@ CSRC = os.path.join("fp8ref", "_csrc")
 HEADERS = ["kernels.h"]
 PER_ISA = ["quant.c", "hw.c", "codec.c"]  # longest first: the parallel compiles finish together
 ONCE = ["exact.c", "matmul.c", "hw_avx512.c", "module.c"]
-# -O2: -O3 made quant.c 7x slower to compile (its loop unswitching and versioning copy the 60 inlined
-# arms of fp8ref_quant again and again: a 5.4x larger object) for no speed (docs/build.md has the figures);
-# the vectorizer keeps -O3's cost model; -g0: no debug info. -ffp-contract=off: no fused multiply-add the model did not ask for.
+# -O2 -g0: -O3 made quant.c 7x slower to compile (its loop versioning and unswitching copy each loop of
+# the 60 inlined arms of fp8ref_quant again: a 5.4x larger object) for no speed; docs/build.md has the
+# figures. The files whose loops are written for GCC's vectorizer (not with intrinsics or vector types)
+# get its `cheap` cost model: -O2's `very-cheap` one leaves loops of unknown trip count scalar (the exact
+# quotient 3x slower), `dynamic` (-O3's) versions them for alias and alignment at 10x the compile.
+# -ffp-contract=off: no fused multiply-add the model did not ask for.
 CFLAGS = ["-O2", "-g0", "-std=gnu11", "-ffp-contract=off", "-Wno-psabi"]
+VECTORIZED = {"quant.c": ["-fvect-cost-model=cheap"], "codec.c": ["-fvect-cost-model=cheap"]}
 X86_LEVELS = [("x86_64_v4", ["-march=x86-64-v4"]), ("x86_64_v3", ["-march=x86-64-v3"]), ("x86_64", [])]
 GENERIC = [("generic", [])]
 
@@ -60,18 +65,25 @@ class ParallelBuildExt(build_ext):
         units += [(src, None, []) for src in ONCE]
         jobs = int(os.environ.get("FP8REF_BUILD_JOBS") or os.cpu_count() or 1)
         print(f"fp8ref: compiling the C loops: {len(units)} objects, {jobs} at a time", flush=True)
-        done = [0]
+        done, lock = [0], threading.Lock()
+
+        def say(line: str) -> None:
+            with lock:  # one whole line at a time from the compiling threads
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
 
         def compile_unit(unit):
             src, level, flags = unit
             try:
                 obj, cached, seconds = self._compile_one(ext, src, level, flags)
             except Exception as exc:  # noqa: BLE001 - a compiler failure of any kind drops the unit
-                print(f"fp8ref: {src} ({level or 'any CPU'}) failed: {exc}", flush=True)
+                say(f"fp8ref: {src} ({level or 'any CPU'}) failed: {exc}")
                 return unit, None
-            done[0] += 1
+            with lock:
+                done[0] += 1
+                count = done[0]
             how = "cached" if cached else f"{seconds:.1f} s"
-            print(f"fp8ref: [{done[0]}/{len(units)}] {src} ({level or 'any CPU'}) {how}", flush=True)
+            say(f"fp8ref: [{count}/{len(units)}] {src} ({level or 'any CPU'}) {how}")
             return unit, obj
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -93,10 +105,10 @@ class ParallelBuildExt(build_ext):
         """(object path, reused from the cache, seconds): the object of src for level, cached under
         build/fp8ref-objects/ by a hash of the compiler command, flags and every input byte."""
         macros = [("FP8REF_ISA", level)] if level else []
-        args = CFLAGS + flags
+        args = CFLAGS + VECTORIZED.get(src, []) + flags
         path = os.path.join(CSRC, src)
-        key = hashlib.sha256(repr((getattr(self.compiler, "compiler_so", None), args, macros, sysconfig.get_paths()["include"],
-                                   sys.version)).encode())
+        command = getattr(self.compiler, "compiler_so", None)
+        key = hashlib.sha256(repr((command, args, macros, sysconfig.get_paths()["include"], sys.version)).encode())
         for name in [src] + HEADERS:
             with open(os.path.join(CSRC, name), "rb") as f:
                 key.update(f.read())

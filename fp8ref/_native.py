@@ -29,9 +29,9 @@ _vp, _sz, _i32, _i64, _u32, _f32 = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_i
                                     ctypes.c_uint32, ctypes.c_float)
 
 
-# --- the ABI: one ctypes mirror per struct of fp8ref/_kernels.h (sizes checked in _load) ---------------
+# --- the ABI: one ctypes mirror per struct of fp8ref/_csrc/kernels.h (sizes checked in _load) ---------------
 def _struct(name: str, fields: list[tuple[str, type]]) -> type:
-    return type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"The layout of {name} in _kernels.h."})
+    return type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"The layout of {name} in _csrc/kernels.h."})
 
 
 enc_params = _struct("enc_params", [(n, _i32) for n in ("M", "emin", "bias", "mode")] + [
@@ -205,11 +205,11 @@ def describe() -> str:
 
 
 def hw_call():
-    """_kernels.hw_call (a Python function: see _kernels.c), or None without the C loops."""
+    """_csrc/kernels.hw_call (a Python function: see _csrc/module.c), or None without the C loops."""
     if kernels() is None:
         return None
     from . import _kernels
-    return _kernels.hw_call
+    return _csrc/kernels.hw_call
 
 
 def kernels_available() -> bool:
@@ -301,11 +301,11 @@ def run_c(task: str, src, dst, arg) -> None:
     parallel(task, ew_job(src.ctypes.data, dst.ctypes.data, arg_ptr), src.size, keep=(src, dst, arg))
 
 
-_MM_KC, _MM_NR = 256, 32  # k chunk and widest register panel of _kernels_matmul.c
+_MM_KC, _MM_NR = 256, 32  # k chunk and widest register panel of _csrc/matmul.c
 
 
 def seq_acc_f32(A, B, tab_a, tab_b, sa, sb, block: int, bk: int, fused: bool = False):
-    """The declared-order fp32 model of fp8ref.matmul (see _kernels_matmul.c): A (M, K) and B (K, N)
+    """The declared-order fp32 model of fp8ref.matmul (see _csrc/matmul.c): A (M, K) and B (K, N)
     are float32 values, or uint8 codes when their value table ``tab_*`` (256 float32) is given;
     sa (M, KB) / sb (KB, N) float32 epilogue scales, or both None (blocks added unscaled); ``block``
     is the accumulation block length, ``bk`` the scale block length. ``fused``: the caller has

@@ -7,7 +7,7 @@ dot product stays below 2**53) and no NaN/Inf code occurs. Then:
 - scales constant along K: T = A @ B (one float64 GEMM of the decoded values, b decoded whole into
   a reused workspace or taken from a ``DecodedCodes`` record) is the exact dot product in any
   BLAS order, with or without FMA; x = s * T + bias with s = sa * sb exact (two float32 values).
-  The C epilogue (fp8ref/_kernels_exact.c) rounds x once, correctly, for every element: s * T as
+  The C epilogue (fp8ref/_csrc/exact.c) rounds x once, correctly, for every element: s * T as
   an exact TwoProduct, the bias by TwoSums, a round-to-odd float64 then the output's rounding.
   Without the C loops (or for code outputs) y = fl(fl(s * T) + bias) decides almost every
   element from its float64 bits (epilogue._decide_sum) and the rest take the exact rounding.
