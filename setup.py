@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import sys
 import sysconfig
 import threading
@@ -27,14 +28,13 @@ CSRC = os.path.join("fp8ref", "_csrc")
 HEADERS = ["kernels.h"]
 PER_ISA = ["quant.c", "hw.c", "codec.c"]  # longest first: the parallel compiles finish together
 ONCE = ["exact.c", "matmul.c", "hw_avx512.c", "module.c"]
-# -O2 -g0: -O3 made quant.c 7x slower to compile (its loop versioning and unswitching copy each loop of
-# the 60 inlined arms of fp8ref_quant again: a 5.4x larger object) for no speed; docs/build.md has the
-# figures. The files whose loops are written for GCC's vectorizer (not with intrinsics or vector types)
-# get its `cheap` cost model: -O2's `very-cheap` one leaves loops of unknown trip count scalar (the exact
-# quotient 3x slower), `dynamic` (-O3's) versions them for alias and alignment at 10x the compile.
-# -ffp-contract=off: no fused multiply-add the model did not ask for.
-CFLAGS = ["-O2", "-g0", "-std=gnu11", "-ffp-contract=off", "-Wno-psabi"]
-VECTORIZED = {"quant.c": ["-fvect-cost-model=cheap"], "codec.c": ["-fvect-cost-model=cheap"]}
+# -O2 with the vectorizer's `cheap` cost model, -g0: -O3 made quant.c 7x slower to compile (its loop
+# versioning and unswitching copy each loop of the 60 inlined arms of fp8ref_quant again: a 5.4x larger
+# object) for no speed. -O2's own `very-cheap` model leaves loops of unknown trip count scalar (the exact
+# quotient and hw.c's wide fused loop 3-4x slower); `dynamic` (-O3's) versions them for alias and
+# alignment at 10x the compile; docs/build.md has the figures. -ffp-contract=off: no fused multiply-add
+# the model did not ask for.
+CFLAGS = ["-O2", "-fvect-cost-model=cheap", "-g0", "-std=gnu11", "-ffp-contract=off", "-Wno-psabi"]
 X86_LEVELS = [("x86_64_v4", ["-march=x86-64-v4"]), ("x86_64_v3", ["-march=x86-64-v3"]), ("x86_64", [])]
 GENERIC = [("generic", [])]
 
@@ -77,7 +77,8 @@ class ParallelBuildExt(build_ext):
             try:
                 obj, cached, seconds = self._compile_one(ext, src, level, flags)
             except Exception as exc:  # noqa: BLE001 - a compiler failure of any kind drops the unit
-                say(f"fp8ref: {src} ({level or 'any CPU'}) failed: {exc}")
+                status = re.search(r"exit (?:status|code) -?\d+", str(exc))  # the command itself is printed above
+                say(f"fp8ref: {src} ({level or 'any CPU'}) failed: {status.group(0) if status else exc}")
                 return unit, None
             with lock:
                 done[0] += 1
@@ -105,7 +106,7 @@ class ParallelBuildExt(build_ext):
         """(object path, reused from the cache, seconds): the object of src for level, cached under
         build/fp8ref-objects/ by a hash of the compiler command, flags and every input byte."""
         macros = [("FP8REF_ISA", level)] if level else []
-        args = CFLAGS + VECTORIZED.get(src, []) + flags
+        args = CFLAGS + flags
         path = os.path.join(CSRC, src)
         command = getattr(self.compiler, "compiler_so", None)
         key = hashlib.sha256(repr((command, args, macros, sysconfig.get_paths()["include"], sys.version)).encode())

@@ -11,7 +11,6 @@ command -v "$CC" >/dev/null || { echo "cross_compile_aarch64: $CC not found (apt
 INC=$($PY -c "import sysconfig; print(sysconfig.get_paths()['include'])") # LP64 on both: the same pyconfig.h sizes
 FLAGS=$($PY -c "import ast, sys; t = ast.parse(open('setup.py').read()); print(' '.join(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'CFLAGS')))")
 PER_ISA=$($PY -c "import ast; t = ast.parse(open('setup.py').read()); print(' '.join(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'PER_ISA')))")
-VECTORIZED=$($PY -c "import ast; t = ast.parse(open('setup.py').read()); print(' '.join(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'VECTORIZED')))")
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "$($CC --version | head -1); flags: $FLAGS"
@@ -19,7 +18,6 @@ for c in fp8ref/_csrc/*.c; do
   name=$(basename "$c" .c)
   isa=""
   [[ " $PER_ISA " == *" $name.c "* ]] && isa="-DFP8REF_ISA=generic"
-  [[ " $VECTORIZED " == *" $name.c "* ]] && isa="$isa -fvect-cost-model=cheap"
   start=$(date +%s.%N)
   $CC -fPIC -Wall -DNDEBUG -fwrapv $FLAGS $isa -I"$INC" -c "$c" -o "$out/$name.o"
   printf '%-14s %6.1f s %s\n' "$name.c" "$(echo "$(date +%s.%N) - $start" | bc)" "$isa"
