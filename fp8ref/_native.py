@@ -205,11 +205,11 @@ def describe() -> str:
 
 
 def hw_call():
-    """_csrc/kernels.hw_call (a Python function: see _csrc/module.c), or None without the C loops."""
+    """_kernels.hw_call (a Python function: see fp8ref/_csrc/module.c), or None without the C loops."""
     if kernels() is None:
         return None
     from . import _kernels
-    return _csrc/kernels.hw_call
+    return _kernels.hw_call
 
 
 def kernels_available() -> bool:
