@@ -177,6 +177,7 @@ def test_transformers_loads_fp8ref_hf_fp8_export(tmp_path, monkeypatch):
     """transformers' fine-grained FP8 loader (on CPU it dequantizes to bf16: fp32 product, then
     bf16) reads fp8ref's hf-fp8 export to the same weights."""
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers' FP8 loader requires it
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from fp8ref.checkpoint.export import export_checkpoint
 
