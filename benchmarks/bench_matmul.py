@@ -14,7 +14,7 @@ record (Fp8RefLinear's weight), whose float64 forms are made on the warm-up call
 --threads also sets numpy's BLAS threads (OPENBLAS_NUM_THREADS, read when numpy loads). --clock cpu
 times process CPU time instead of wall time: with one thread it measures the work alone, which
 other jobs on a shared machine barely move (with two, a thread that spins at a barrier counts).
-The fp32 mode runs the C loop of fp8ref/_kernels_matmul.c (declared sequential order over K, register
+The fp32 mode runs the C loop of fp8ref/_csrc/matmul.c (declared sequential order over K, register
 tiles over M and N); without the C loops it is a numpy loop over K, far slower: use --fp32-k to time a
 shorter K. Other processes on the machine move both timings: repeat runs and report the range
 (the per-round range is printed too). On a machine shared with other jobs, --threads 1 gives the

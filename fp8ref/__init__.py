@@ -11,6 +11,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "_native": ("build_info",),
     "calibrate": ("AmaxState", "CalibratedScales", "DequantScale", "amax_state", "calibrate_input_scales",
                   "finalize", "merge", "observe", "observe_linear_inputs"),
     "checkpoint": ("Checkpoint", "export_checkpoint", "load_checkpoint", "write_calibration", "write_checkpoint"),

@@ -1,19 +1,24 @@
-"""The optional C loops (fp8ref/_kernels*.c): their ABI (ctypes mirrors of fp8ref/_kernels.h, size-
-checked at load), the kernel switch, and the threads they run on.
+"""The optional C loops (fp8ref/_csrc/*.c): their ABI (ctypes mirrors of fp8ref/_csrc/kernels.h,
+checked field by field at load), the instruction-set level they run at, the kernel switch, and the
+threads they run on.
 
 ``FP8REF_NO_KERNELS=1`` (read at every call) switches them off: the numpy paths then run.
+``FP8REF_ISA=x86-64-v3`` (read at load) forces the per-ISA loops of one level the CPU runs
+(docs/build.md). :func:`build_info` says which loops run and why.
 
 Threads: every parallel loop is a C task ``f(args, lo, hi)``. Once torch is imported, the tasks run
-on the OpenMP runtime torch loaded (its ``GOMP_parallel``, found in the process's own mappings and
-handed to the C side): one team of workers serves torch's ops and fp8ref's loops, so neither spins
-against the other. Without torch (or with a torch whose runtime is not found) a thread pool runs
-the tasks (ctypes releases the GIL). The number of threads follows ``torch.get_num_threads()``,
-else ``OMP_NUM_THREADS``, else the cores. Units are independent: the bytes never depend on it.
+on the OpenMP runtime torch loaded (its ``GOMP_parallel``: threadpoolctl finds the runtime among the
+process's loaded libraries, on Linux, macOS and Windows alike, and it is handed to the C side): one team
+of workers serves torch's ops and fp8ref's loops, so neither spins against the other. Without torch
+(or threadpoolctl, or with a runtime that has no GOMP entry points) a thread pool runs the tasks
+(ctypes releases the GIL). The number of threads follows ``torch.get_num_threads()``, else
+``OMP_NUM_THREADS``, else the cores. Units are independent: the bytes never depend on it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import sys
 import warnings
@@ -24,9 +29,9 @@ _vp, _sz, _i32, _i64, _u32, _f32 = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_i
                                     ctypes.c_uint32, ctypes.c_float)
 
 
-# --- the ABI: one ctypes mirror per struct of fp8ref/_kernels.h (sizes checked in _load) ---------------
+# --- the ABI: one ctypes mirror per struct of fp8ref/_csrc/kernels.h (sizes checked in _load) ---------------
 def _struct(name: str, fields: list[tuple[str, type]]) -> type:
-    return type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"The layout of {name} in _kernels.h."})
+    return type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"The layout of {name} in _csrc/kernels.h."})
 
 
 enc_params = _struct("enc_params", [(n, _i32) for n in ("M", "emin", "bias", "mode")] + [
@@ -61,59 +66,150 @@ dot_job = _struct("dot_job", [(n, _vp) for n in ("a", "w", "lut", "t", "flags")]
 _STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job, dec_job, epi_job, bsum_job,
             dot_job)
 
-_TASKS = ("fp8ref_encode_f32", "fp8ref_encode_f32_rne", "fp8ref_gather_u16", "fp8ref_gather_f32_rto16",
-          "fp8ref_decode_f32", "fp8ref_quant", "fp8ref_quant_fused", "fp8ref_amax_u16", "fp8ref_amax_u32",
-          "fp8ref_mm_seq_f32", "fp8ref_hw_fused", "fp8ref_hw_pairwise", "fp8ref_hw_grouped", "fp8ref_decode_f64",
-          "fp8ref_exact_epilogue", "fp8ref_block_sums", "fp8ref_lut_dot")
-_SIGNATURES = {**{name: [_vp, _sz, _sz] for name in _TASKS},
+_ISA_TASKS = ("fp8ref_encode_f32", "fp8ref_encode_f32_rne", "fp8ref_gather_u16", "fp8ref_gather_f32_rto16",
+              "fp8ref_decode_f32", "fp8ref_quant", "fp8ref_quant_fused", "fp8ref_amax_u16", "fp8ref_amax_u32",
+              "fp8ref_hw_fused", "fp8ref_hw_pairwise", "fp8ref_hw_grouped")  # one per level (kernels.h)
+_TASKS = _ISA_TASKS + ("fp8ref_mm_seq_f32", "fp8ref_decode_f64", "fp8ref_exact_epilogue", "fp8ref_block_sums",
+                       "fp8ref_lut_dot")
+_SIGNATURES = {**{name: [_vp, _sz, _sz] for name in _TASKS if name not in _ISA_TASKS},
                "fp8ref_parallel": [_vp, _vp, _sz, _sz, _sz], "fp8ref_bind_openmp": [_vp, _vp, _vp]}
-_SIGNATURES.update({f"fp8ref_sizeof_{s.__name__}": [] for s in _STRUCTS})
+# the per-ISA levels setup.py builds, best first: (name, symbol suffix, x86-64 level the CPU must run)
+_LEVELS = (("x86-64-v4", "x86_64_v4", 4), ("x86-64-v3", "x86_64_v3", 3), ("x86-64", "x86_64", 1),
+           ("generic", "generic", 0))
+
+
+class _Field(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_char_p), ("field", ctypes.c_char_p), ("offset", _sz), ("size", _sz)]
+
+
+def _layout_errors(lib) -> list[str]:
+    """Where the ctypes mirrors disagree with the C structs: fp8ref_layout() (offsetof, sizeof) compared
+    field by field, by name, offset and size, and each struct's sizeof."""
+    lib.fp8ref_layout.argtypes, lib.fp8ref_layout.restype = [ctypes.POINTER(_sz)], ctypes.POINTER(_Field)
+    n = _sz()
+    table = lib.fp8ref_layout(ctypes.byref(n))
+    c_side: dict[str, list[tuple[str, int, int]]] = {}
+    for i in range(n.value):
+        f = table[i]
+        c_side.setdefault(f.type.decode(), []).append((f.field.decode(), f.offset, f.size))
+    def say(f):
+        return "none" if f is None else f"{f[2]} bytes" if not f[0] else f"{f[0]} at {f[1]} ({f[2]} bytes)"
+
+    wrong = []
+    for s in _STRUCTS:
+        mine = [("", 0, ctypes.sizeof(s))] + [(name, getattr(s, name).offset, getattr(s, name).size)
+                                              for name, _ in s._fields_]
+        theirs = c_side.get(s.__name__, [])
+        first = next((i for i, (m, t) in enumerate(itertools.zip_longest(mine, theirs)) if m != t), None)
+        if first is not None:
+            m, t = (x[first] if first < len(x) else None for x in (mine, theirs))
+            what = "sizeof" if first == 0 else f"field {first - 1}"
+            wrong.append(f"{s.__name__} ({what}: C {say(t)}, ctypes {say(m)})")
+    return wrong
 
 
 def _refuse(path: str, why: str) -> None:
+    _STATE["why"] = f"{path} {why}"
     warnings.warn(f"fp8ref: {path} {why}; rebuild it with `pip install -e .`. Using the numpy paths.",
                   RuntimeWarning, stacklevel=4)
+
+
+def _bind_level(lib, path: str) -> str | None:
+    """Binds each per-ISA task name to the best level built that the CPU runs (FP8REF_ISA: that one).
+    Returns the level's name, or None after a warning (no level fits)."""
+    cpu = lib.fp8ref_cpu_level()
+    built = [lv for lv in _LEVELS if all(hasattr(lib, f"{t}_{lv[1]}") for t in _ISA_TASKS)]
+    runnable = [lv for lv in built if (lv[2] == 0) == (cpu == 0) and lv[2] <= cpu]
+    forced = os.environ.get("FP8REF_ISA", "").strip()
+    if forced:
+        pick = [lv for lv in runnable if lv[0] == forced]
+        if not pick:
+            warnings.warn(f"fp8ref: FP8REF_ISA={forced} is not one of the levels built that this CPU runs "
+                          f"({', '.join(lv[0] for lv in runnable) or 'none'}); using the best of them",
+                          RuntimeWarning, stacklevel=5)
+        runnable = pick or runnable
+    if not runnable:
+        _refuse(path, f"holds loops for {', '.join(lv[0] for lv in built) or 'no level'}, none of which this CPU "
+                      f"runs (x86-64 level {cpu})")
+        return None
+    name, suffix, _ = runnable[0]
+    for task in _ISA_TASKS:
+        fn = getattr(lib, f"{task}_{suffix}")
+        fn.argtypes, fn.restype = [_vp, _sz, _sz], None
+        setattr(lib, task, fn)  # getattr(lib, task) now returns this level's loop
+    _STATE.update(level=name, levels=[lv[0] for lv in built], cpu_level=cpu, forced=bool(forced and pick))
+    return name
 
 
 def _load():
     try:
         from . import _kernels
-    except ImportError:
+    except ImportError as exc:
+        _STATE["why"] = (f"fp8ref._kernels is not built ({exc}): the install did not compile the C loops "
+                         "(reinstall with `pip install -v` to see why), or this is a source tree that was never built")
+        warnings.warn(f"fp8ref: the C loops are not built, so fp8ref runs its numpy paths (17-33x slower to encode "
+                      f"and quantize); fp8ref --version says why ({_STATE['why']})", RuntimeWarning, stacklevel=4)
         return None
     lib = ctypes.CDLL(_kernels.__file__)
-    missing = [name for name in _SIGNATURES if not hasattr(lib, name)] + \
+    missing = [name for name in (*_SIGNATURES, "fp8ref_layout", "fp8ref_cpu_level") if not hasattr(lib, name)] + \
         [name for name in ("hw_call",) if not hasattr(_kernels, name)]
     if missing:  # a build older than this source tree: run the numpy paths rather than crash
         return _refuse(_kernels.__file__, f"lacks {', '.join(missing)}")
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = _sz if name.startswith("fp8ref_sizeof_") else None
-    wrong = [f"{s.__name__} (C {c} bytes, ctypes {ctypes.sizeof(s)})" for s in _STRUCTS
-             if (c := getattr(lib, f"fp8ref_sizeof_{s.__name__}")()) != ctypes.sizeof(s)]
+        getattr(lib, name).restype = None
+    lib.fp8ref_cpu_level.argtypes, lib.fp8ref_cpu_level.restype = [], ctypes.c_int
+    wrong = _layout_errors(lib)
     if wrong:  # the header and its mirror above disagree: calling would corrupt memory
         return _refuse(_kernels.__file__, f"disagrees with fp8ref/_native.py on the layout of {', '.join(wrong)}")
+    if _bind_level(lib, _kernels.__file__) is None:
+        return None
+    _STATE["path"] = _kernels.__file__
     return lib
 
 
 _LIB: list = []  # [library or None], loaded on first use
-# os.environ's own store (CPython: a dict of encoded keys, which os.environ's setters and deleters keep
-# current): a dict lookup per call instead of os.environ.get's KeyError (1-2 us, the cost of one small
-# tensor-core instruction's Python side); os.environ itself where it has no such store
-_ENV_STORE = getattr(os.environ, "_data", None)
-_OFF_KEY = os.environ.encodekey("FP8REF_NO_KERNELS") if isinstance(_ENV_STORE, dict) else None
+_STATE: dict = {}  # what _load found: the library's path and level, or why there is none
 
 
 def kernels():
     """The compiled C loops, or None: not built, refused at load, or ``FP8REF_NO_KERNELS`` set now."""
-    if (_ENV_STORE.get(_OFF_KEY) if _OFF_KEY is not None else os.environ.get("FP8REF_NO_KERNELS")):
+    if os.environ.get("FP8REF_NO_KERNELS"):
         return None
     if not _LIB:
         _LIB.append(_load())
     return _LIB[0]
 
 
+def build_info() -> dict:
+    """Which loops run and why: ``loops`` is ``"C"`` or ``"numpy"``; with C, ``isa`` the level of the
+    per-ISA loops (``levels``: the levels built, ``cpu_level``: the x86-64 level of this CPU, 0 off
+    x86-64; ``forced``: chosen by ``FP8REF_ISA``), ``library`` its path and ``openmp`` the runtime it
+    shares with torch (None: its own thread pool); with numpy, ``why``."""
+    if os.environ.get("FP8REF_NO_KERNELS"):
+        return {"loops": "numpy", "why": "FP8REF_NO_KERNELS is set"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the answer says it; no warning on top
+        lib = kernels()
+    if lib is None:
+        return {"loops": "numpy", "why": _STATE.get("why", "unknown")}
+    return {"loops": "C", "isa": _STATE["level"], "levels": _STATE["levels"], "cpu_level": _STATE["cpu_level"],
+            "forced": _STATE["forced"], "library": _STATE["path"], "openmp": openmp_runtime()}
+
+
+def describe() -> str:
+    """build_info() in one line (fp8ref --version)."""
+    info = build_info()
+    if info["loops"] == "numpy":
+        return f"loops: numpy ({info['why']})"
+    forced = ", forced by FP8REF_ISA" if info["forced"] else ""
+    threads = f"torch's OpenMP ({os.path.basename(info['openmp'])})" if info["openmp"] else "fp8ref's thread pool"
+    return (f"loops: C, {info['isa']}{forced} (built: {', '.join(info['levels'])}; "
+            f"{'no torch imported: ' if 'torch' not in sys.modules else ''}threads: {threads})")
+
+
 def hw_call():
-    """_kernels.hw_call (a Python function: see _kernels.c), or None without the C loops."""
+    """_kernels.hw_call (a Python function: see fp8ref/_csrc/module.c), or None without the C loops."""
     if kernels() is None:
         return None
     from . import _kernels
@@ -137,20 +233,21 @@ def threads() -> int:
 
 
 _OPENMP: dict = {}  # "path": the runtime bound to the C loops (None: none usable), once torch is imported
-_OPENMP_NAMES = ("libgomp", "libiomp5", "libomp")
 
 
 def _find_openmp(torch) -> str | None:
-    """The OpenMP runtime torch's ATen runs on, as a path mapped into this process (Linux)."""
+    """The path of the OpenMP runtime torch's ATen runs on, among the libraries loaded into this process
+    (threadpoolctl: Linux, macOS, Windows), or None: no OpenMP backend, no threadpoolctl, or not one
+    runtime (two OpenMP runtimes loaded: the one in torch's own folder, if any, is torch's)."""
     try:
         if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
             return None
-        with open("/proc/self/maps") as f:
-            paths = {line.split(maxsplit=5)[5].strip() for line in f if line.count(" ") >= 5 and ".so" in line}
-    except (OSError, AttributeError, IndexError, RuntimeError):
+        from threadpoolctl import threadpool_info
+    except (ImportError, AttributeError, RuntimeError):
         return None
-    found = sorted(p for p in paths if os.path.basename(p).startswith(_OPENMP_NAMES))
-    own = [p for p in found if p.startswith(os.path.dirname(torch.__file__) + os.sep)]
+    found = sorted({i["filepath"] for i in threadpool_info() if i.get("user_api") == "openmp"})
+    home = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+    own = [p for p in found if os.path.realpath(p).startswith(home)]
     return (own or found)[0] if len(own) == 1 or len(found) == 1 else None
 
 
@@ -164,9 +261,12 @@ def openmp_runtime() -> str | None:
         path = _find_openmp(torch)
         if path is not None:
             omp = ctypes.CDLL(path)  # already loaded by torch: the same instance, not a second runtime
-            _OPENMP["handle"] = omp
-            lib.fp8ref_bind_openmp(*(ctypes.cast(getattr(omp, name), _vp)
-                                     for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")))
+            names = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+            if all(hasattr(omp, name) for name in names):  # LLVM's libomp exports them too; vcomp does not
+                _OPENMP["handle"] = omp
+                lib.fp8ref_bind_openmp(*(ctypes.cast(getattr(omp, name), _vp) for name in names))
+            else:
+                path = None
         _OPENMP["path"] = path
     return _OPENMP["path"]
 
@@ -205,11 +305,11 @@ def run_c(task: str, src, dst, arg) -> None:
     parallel(task, ew_job(src.ctypes.data, dst.ctypes.data, arg_ptr), src.size, keep=(src, dst, arg))
 
 
-_MM_KC, _MM_NR = 256, 32  # k chunk and widest register panel of _kernels_matmul.c
+_MM_KC, _MM_NR = 256, 32  # k chunk and widest register panel of _csrc/matmul.c
 
 
 def seq_acc_f32(A, B, tab_a, tab_b, sa, sb, block: int, bk: int, fused: bool = False):
-    """The declared-order fp32 model of fp8ref.matmul (see _kernels_matmul.c): A (M, K) and B (K, N)
+    """The declared-order fp32 model of fp8ref.matmul (see _csrc/matmul.c): A (M, K) and B (K, N)
     are float32 values, or uint8 codes when their value table ``tab_*`` (256 float32) is given;
     sa (M, KB) / sb (KB, N) float32 epilogue scales, or both None (blocks added unscaled); ``block``
     is the accumulation block length, ``bk`` the scale block length. ``fused``: the caller has

@@ -9,7 +9,7 @@ Three paths give the same codes (tests compare them exhaustively):
   decision. Every other path is derived from it or checked against it. A float64 input is
   rounded once.
 * 16-bit inputs: a 65,536-entry table built by ``_encode_exact`` over every bit pattern.
-* float32: the C loop in ``_kernels.c`` (integer arithmetic on the bit pattern), or, without a
+* float32: the C loop in ``_csrc/codec.c`` (integer arithmetic on the bit pattern), or, without a
   compiler, the 16-bit table indexed by bfloat16 round-to-odd of x, which is exact for formats with
   at most 5 mantissa bits (rounding to odd with two spare bits, then once more, equals rounding
   once; Boldo & Melquiond 2008).

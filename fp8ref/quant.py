@@ -337,7 +337,7 @@ def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
     return np.concatenate([parts[sp] for sp in spans]).reshape(arr.shape[:-1] + (1,))
 
 
-# --- fused C loops (fp8ref/_kernels_quant.c); the numpy code above and below is the fallback ----
+# --- fused C loops (fp8ref/_csrc/quant.c); the numpy code above and below is the fallback ----
 _C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
 _C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
 

@@ -1,18 +1,13 @@
 #!/bin/bash
-# The C loops built for plain x86-64 alone (-DFP8REF_BASELINE: no target clones, so the "default"
-# clone, the one a CPU without AVX2 runs, is what every call runs; the loops that pick AVX-512 at run
-# time still do), in a scratch copy of the checkout, and the default test suite on that build; then
-# the hardware loops' tests again with FP8REF_NO_AVX512=1 (their portable passes). Not part of CI:
-# about 4 minutes here (the build 30 s, the suite 3 min). Run from the checkout root: bash tools/check_baseline.sh [pytest args]
+# The default test suite with the per-ISA loops forced to one level (FP8REF_ISA, docs/build.md): plain
+# x86-64 by default (what a CPU without AVX2 runs), LEVEL=x86-64-v3 for an AVX2 CPU; the loops that pick
+# AVX-512 at run time (hw_avx512.c, exact.c, matmul.c, the VBMI table loop) still do here. Then the
+# hardware loops' tests again with FP8REF_NO_AVX512=1 (their portable passes). Nothing is rebuilt: every
+# level is in the library `pip install -e .` built. Not part of CI (the suite's time again).
+# Run from the checkout root: [LEVEL=x86-64-v3] bash tools/check_baseline.sh [pytest args]
 set -e
 PY=${PY:-python}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$tmp" # the working tree, not build outputs
-rm -f "$tmp"/fp8ref/_kernels*.so
-cd "$tmp"
-EXTRA_CFLAGS=-DFP8REF_BASELINE PY=$PY bash tools/build_kernels.sh
-export PYTHONPATH=$tmp FP8REF_REQUIRE_KERNELS=1
-$PY -c "import fp8ref; assert fp8ref.__file__.startswith('$tmp'), fp8ref.__file__"
+export FP8REF_ISA=${LEVEL:-x86-64} FP8REF_REQUIRE_KERNELS=1
+$PY -c "import fp8ref, sys; i = fp8ref.build_info(); print(i); sys.exit(i.get('isa') != '$FP8REF_ISA')"
 $PY -m pytest -q -p no:cacheprovider "$@"
 FP8REF_NO_AVX512=1 $PY -m pytest -q -p no:cacheprovider tests/hardware/test_fused_c.py tests/hardware/test_fdpa_oracle.py "$@"

@@ -1,6 +1,6 @@
 """Thorough mode: every one of the 2**32 float32 inputs, two independent encoders, zero differences.
 
-Encoder A is the general C loop (integer arithmetic on the float32 bit pattern, fp8ref/_kernels.c).
+Encoder A is the general C loop (integer arithmetic on the float32 bit pattern, fp8ref/_csrc/codec.c).
 Encoder B is the numpy path: bfloat16 round-to-odd of x, then a 65,536-entry table computed by
 the float64 frexp/ldexp reference (_encode_exact). They share no rounding code. For rne, the C
 fast path (bit-pattern carry + the FPU's own rounding for subnormals), which encode() uses, is

@@ -40,10 +40,25 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
                 _add_debug(child)
 
 
+class _Version(argparse.Action):
+    """--version: fp8ref's version, then which loops run (C at which ISA level, or numpy and why)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import torch  # noqa: F401 - the loops' threads are torch's OpenMP team once torch is loaded
+
+        from .._native import describe
+        print(f"fp8ref {__version__}\n{describe()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fp8ref", description="Bit-exact FP8 reference. With no command: run the default job.")
-    parser.add_argument("--version", action="version", version=f"fp8ref {__version__}")
+    parser.add_argument("--version", action=_Version,
+                        help="print the version and which loops run (C at which ISA level, or numpy, and why)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)

@@ -1,5 +1,5 @@
-"""The ``fused``, ``grouped`` and ``pairwise`` datapaths chained over K in C (fp8ref/_kernels_hw.c, and
-_kernels_hw_avx512.c for the FP8 units it serves), on whole batches of tiles, a kernel's FP32
+"""The ``fused``, ``grouped`` and ``pairwise`` datapaths chained over K in C (fp8ref/_csrc/hw.c, and
+_csrc/hw_avx512.c for the FP8 units it serves), on whole batches of tiles, a kernel's FP32
 promotion, and one instruction's call by a cached plan.
 
 Same integers as ``fdpa.fused_step`` / ``fdpa.pairwise_step`` (the C file says why every step is
@@ -24,8 +24,8 @@ from .fdpa import code_fields, value_fields
 from .isa import Instruction
 
 _OUT_BITS = {"rz-e8m13": 13, "rz-f32": 23}
-_NB = 128  # columns per C unit (HW_NB in _kernels.h)
-_ZERO = -4096  # int16 alignment exponent of a zero operand (HW_ZERO in _kernels.h)
+_NB = 128  # columns per C unit (HW_NB in _csrc/kernels.h)
+_ZERO = -4096  # int16 alignment exponent of a zero operand (HW_ZERO in _csrc/kernels.h)
 _LMAX = 64  # longest step the C loops hold (HW_LMAX)
 NON_FINITE, NOT_A_CODE = 1, 2  # the flags the loops return (hw_job.bad)
 _U8 = np.dtype(np.uint8)
@@ -73,7 +73,7 @@ def applies(ins: Instruction) -> bool:
         return False
     if dp.family == "pairwise":
         return ins.acc == "float32" and dp.output == "rne-f32"
-    if dp.family == "grouped":  # e2m1 products: exact int16 group sums (_kernels_hw.c)
+    if dp.family == "grouped":  # e2m1 products: exact int16 group sums (_csrc/hw.c)
         return ins.acc == "float32" and dp.output == "rz-f32" and dp.G == 16 and ins.block % dp.G == 0 \
             and ins.a_fmt.bits == ins.b_fmt.bits == 4 and dp.L % dp.G == 0 and _group_sums_fit(ins)
     if dp.F > 25:  # the fused loops' int32 partial sums hold 16 terms below 2**(F + 2)

@@ -7,7 +7,7 @@ dot product stays below 2**53) and no NaN/Inf code occurs. Then:
 - scales constant along K: T = A @ B (one float64 GEMM of the decoded values, b decoded whole into
   a reused workspace or taken from a ``DecodedCodes`` record) is the exact dot product in any
   BLAS order, with or without FMA; x = s * T + bias with s = sa * sb exact (two float32 values).
-  The C epilogue (fp8ref/_kernels_exact.c) rounds x once, correctly, for every element: s * T as
+  The C epilogue (fp8ref/_csrc/exact.c) rounds x once, correctly, for every element: s * T as
   an exact TwoProduct, the bias by TwoSums, a round-to-odd float64 then the output's rounding.
   Without the C loops (or for code outputs) y = fl(fl(s * T) + bias) decides almost every
   element from its float64 bits (epilogue._decide_sum) and the rest take the exact rounding.
@@ -46,7 +46,7 @@ from .operands import DecodedCodes, _check_codes, _code_values
 _WORKSPACE_BYTES = 1 << 28  # b's float64 values up to this size go to one reused (already touched) buffer
 _GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it, shorter GEMMs run slower
 _REPAIR_BYTES = 1 << 25  # bytes of repair products (numpy) or terms per repair step
-_DOT_MAX_M = 8  # rows of a the on-the-fly product takes (DOT_MAX_M of _kernels.h)
+_DOT_MAX_M = 8  # rows of a the on-the-fly product takes (DOT_MAX_M of _csrc/kernels.h)
 _SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop
 
 

@@ -46,7 +46,7 @@ def _products_exact_in_fp32(fa: FloatFormat, fb: FloatFormat) -> bool:
 def _fp32(ca, cb, fa, fb, sa, sb, bk, acc_block, scale_order) -> np.ndarray:
     """total = +0; per K-block b: part = +0, part = fp32(part + fp32(a_k * b_k)) for k in order;
     total = fp32(total + fp32(fp32(sa * sb) * part)). 'operands' scales the operands first.
-    The C loop (_kernels_matmul.c) and the numpy loop below compute the same bits."""
+    The C loop (_csrc/matmul.c) and the numpy loop below compute the same bits."""
     M, K = ca.shape
     N = cb.shape[1]
     f32 = np.float32

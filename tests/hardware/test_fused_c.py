@@ -1,4 +1,4 @@
-"""The C datapaths (fp8ref/_kernels_hw.c: fused, pairwise, a kernel's promotion) give the numpy
+"""The C datapaths (fp8ref/_csrc/hw.c: fused, pairwise, a kernel's promotion) give the numpy
 model's bytes on every instruction they serve: random codes with zeros, C across the whole fp32
 range (subnormals, -0), every UE8M0 scale short of NaN (overflow to Inf included), K chained over
 many steps, column counts that leave partial vector blocks, batches, and every kernel preset.
@@ -204,7 +204,7 @@ def test_grouped_vector_and_portable_passes_equal_numpy(name, seed, zeros, c_kin
 
 
 def _avx512_loop_serves(ins, K: int = 4096) -> bool:
-    """fp8ref_hw_fast_prepare (_kernels_hw_avx512.c): whether the AVX-512 fused loop takes this
+    """fp8ref_hw_fast_prepare (_csrc/hw_avx512.c): whether the AVX-512 fused loop takes this
     instruction's whole 128-column units on this CPU."""
     job = hw_job.from_buffer_copy(native._template(ins)[0])
     job.K, job.L = K, min(K, ins.datapath.L)

@@ -24,7 +24,20 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as exc:
         run_cli("--version")
     assert exc.value.code == 0
-    assert capsys.readouterr().out.strip() == f"fp8ref {fp8ref.__version__}"
+    first, loops = capsys.readouterr().out.strip().splitlines()
+    assert first == f"fp8ref {fp8ref.__version__}"
+    info = fp8ref.build_info()
+    if info["loops"] == "C":
+        assert loops.startswith(f"loops: C, {info['isa']}") and ", ".join(info["levels"]) in loops
+    else:
+        assert loops == f"loops: numpy ({info['why']})"
+
+
+def test_version_names_the_numpy_paths_and_why(monkeypatch, capsys):
+    monkeypatch.setenv("FP8REF_NO_KERNELS", "1")
+    with pytest.raises(SystemExit):
+        run_cli("--version")
+    assert capsys.readouterr().out.splitlines()[1] == "loops: numpy (FP8REF_NO_KERNELS is set)"
 
 
 def test_unexpected_exception_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):

@@ -1,6 +1,6 @@
 """The fast paths of fp8ref.matmul against independent ones.
 
-fp32: the C loop of fp8ref/_kernels_matmul.c against the numpy loop (sequential over k, written
+fp32: the C loop of fp8ref/_csrc/matmul.c against the numpy loop (sequential over k, written
 separately in matmul.fp32._seq_sum) on shapes that cut every tile, panel, k-chunk and K-block, with
 NaN/Inf/-0 operands. exact: the one-matmul path for K-blocked scales (matmul.exact._blocked) and its exact
 repair against the per-block path and a Fraction oracle.

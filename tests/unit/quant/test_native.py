@@ -8,7 +8,10 @@ bytes again (the fast-path tests compare them in depth; here the switch itself i
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import os
+import subprocess
 import sys
 import warnings
 
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import fp8ref
 from fp8ref import _native, decode, encode
 from fp8ref.hardware import instruction, kernel_mm
 from fp8ref.hardware.native import chained_matmul
@@ -92,16 +96,47 @@ def test_kernel_switch_is_read_at_call_time(monkeypatch):
     assert fast.tobytes() == slow.tobytes()
 
 
+def _reload_with(monkeypatch, struct) -> None:
+    """_native as if its mirror of struct's C type were ``struct``, loaded afresh."""
+    monkeypatch.setattr(_native, "_STRUCTS", tuple(struct if s.__name__ == struct.__name__ else s
+                                                   for s in _native._STRUCTS))
+    monkeypatch.setattr(_native, "_LIB", [])
+    monkeypatch.setattr(_native, "_STATE", {})
+
+
 @needs_c
 def test_struct_size_mismatch_refuses_the_kernels(monkeypatch):
-    """A ctypes mirror that disagrees with _kernels.h must not be called: a warning, numpy paths."""
-    wrong = _native._struct("quant_job", _native.quant_job._fields_ + [("extra", ctypes.c_int64)])
-    monkeypatch.setattr(_native, "_STRUCTS", tuple(wrong if s is _native.quant_job else s for s in _native._STRUCTS))
-    monkeypatch.setattr(_native, "_LIB", [])
-    with pytest.warns(RuntimeWarning, match=r"layout of quant_job \(C \d+ bytes, ctypes \d+\)"):
+    """A ctypes mirror that disagrees with kernels.h must not be called: a warning, numpy paths."""
+    _reload_with(monkeypatch, _native._struct("quant_job", _native.quant_job._fields_ + [("extra", ctypes.c_int64)]))
+    with pytest.warns(RuntimeWarning, match=r"layout of quant_job \(sizeof: C \d+ bytes, ctypes \d+ bytes\)"):
         assert _native.kernels() is None
+    assert _native.build_info() == {"loops": "numpy", "why": _native._STATE["why"]}
     x = np.linspace(-500, 500, 1001, dtype=np.float32)
     assert encode(x, "float8_e4m3fn").tobytes() == encode(x.astype(np.float64), "float8_e4m3fn").tobytes()
+
+
+@needs_c
+def test_reordered_field_of_the_same_size_refuses_the_kernels(monkeypatch):
+    """Two int32 fields swapped keep the struct's size: only the field-by-field check (offsetof in
+    C) sees it."""
+    fields = list(_native.quant_job._fields_)
+    i, k = [n for n, _ in fields].index("op"), [n for n, _ in fields].index("model")
+    fields[i], fields[k] = fields[k], fields[i]
+    swapped = _native._struct("quant_job", fields)
+    assert ctypes.sizeof(swapped) == ctypes.sizeof(_native.quant_job)
+    _reload_with(monkeypatch, swapped)
+    want = r"layout of quant_job \(field \d+: C op at (\d+) \(4 bytes\), ctypes model at \1 \(4 bytes\)\)"
+    with pytest.warns(RuntimeWarning, match=want):
+        assert _native.kernels() is None
+
+
+@needs_c
+def test_a_renamed_field_refuses_the_kernels(monkeypatch):
+    fields = [("stride" if n == "K" else n, t) for n, t in _native.amax_job._fields_]
+    _reload_with(monkeypatch, _native._struct("amax_job", fields))
+    want = r"layout of amax_job \(field 2: C K at 16 \(8 bytes\), ctypes stride at 16 \(8 bytes\)\)"
+    with pytest.warns(RuntimeWarning, match=want):
+        assert _native.kernels() is None
 
 
 @needs_c
@@ -130,9 +165,7 @@ def test_hardware_loop_splits_by_batch_and_by_panel(monkeypatch):
 
 @needs_c
 def test_every_mirror_matches_the_header():
-    lib = _native.kernels()
-    for s in _native._STRUCTS:
-        assert getattr(lib, f"fp8ref_sizeof_{s.__name__}")() == ctypes.sizeof(s), s.__name__
+    assert _native._layout_errors(_native.kernels()) == []
 
 
 def test_ci_shares_torchs_openmp_runtime():
@@ -177,3 +210,54 @@ def test_loops_start_no_threads_beside_torchs_team():
     finally:
         torch.set_num_threads(saved)
     assert after <= before, f"{len(after - before)} new threads"
+
+
+def _digest_of_everything() -> str:
+    return hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in run_everything())).hexdigest()
+
+
+@needs_c
+def test_every_isa_level_gives_the_same_bytes():
+    """Each level of the per-ISA loops (codec.c, quant.c, hw.c compiled with its -march), forced by
+    FP8REF_ISA in a fresh process, writes the bytes of the level chosen here."""
+    info = _native.build_info()
+    others = [lv for lv in info["levels"] if lv != info["isa"] and (lv == "generic") == (info["cpu_level"] == 0)
+              and {"x86-64-v4": 4, "x86-64-v3": 3}.get(lv, 1) <= info["cpu_level"]]
+    if not others:
+        pytest.skip(f"one level runs here ({info['isa']})")
+    want = _digest_of_everything()
+    code = ("import json, sys; sys.path.insert(0, 'tests/unit'); import fp8ref, test_native; "
+            "print(json.dumps([fp8ref.build_info()['isa'], test_native._digest_of_everything()]))")
+    for level in others:
+        env = {**os.environ, "FP8REF_ISA": level}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        isa, digest = json.loads(out.stdout.splitlines()[-1])
+        assert isa == level, out.stderr
+        assert digest == want, f"{level} differs from {info['isa']}"
+
+
+@needs_c
+def test_an_unknown_isa_level_warns_and_runs_the_best(monkeypatch):
+    best = _native.build_info()["isa"]
+    monkeypatch.setenv("FP8REF_ISA", "x86-64-v9")
+    monkeypatch.setattr(_native, "_LIB", [])
+    monkeypatch.setattr(_native, "_STATE", {})
+    with pytest.warns(RuntimeWarning, match=r"FP8REF_ISA=x86-64-v9 is not one of the levels built that this CPU runs"):
+        assert _native.kernels() is not None
+    assert _native.build_info()["isa"] == best and not _native.build_info()["forced"]
+
+
+def test_without_the_library_the_numpy_paths_run_and_say_why(monkeypatch):
+    """An install whose C build failed: a warning at first use, build_info() names the numpy paths."""
+    monkeypatch.setitem(sys.modules, "fp8ref._kernels", None)  # import fp8ref._kernels raises ImportError
+    monkeypatch.delattr(fp8ref, "_kernels", raising=False)
+    monkeypatch.setattr(_native, "_LIB", [])
+    monkeypatch.setattr(_native, "_STATE", {})
+    monkeypatch.delenv("FP8REF_NO_KERNELS", raising=False)
+    with pytest.warns(RuntimeWarning, match=r"the C loops are not built, so fp8ref runs its numpy paths"):
+        assert _native.kernels() is None
+    info = _native.build_info()
+    assert info["loops"] == "numpy" and "fp8ref._kernels is not built" in info["why"]
+    x = np.linspace(-500, 500, 1001, dtype=np.float32)
+    assert encode(x, "float8_e4m3fn").tobytes() == encode(x.astype(np.float64), "float8_e4m3fn").tobytes()

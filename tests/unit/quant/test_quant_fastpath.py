@@ -1,4 +1,4 @@
-"""The fused C quantize loops (fp8ref/_kernels_quant.c) against the numpy paths and the Fraction oracle.
+"""The fused C quantize loops (fp8ref/_csrc/quant.c) against the numpy paths and the Fraction oracle.
 
 The numpy paths (exact_quotient_codes, apply_scaled + the codec) are the reference: every test here
 runs ``quantize`` twice, with the C loops and with ``FP8REF_NO_KERNELS`` set, and requires
@@ -261,7 +261,7 @@ def test_one_pass_loop_is_the_path_taken(monkeypatch):
     assert np.array_equal(quantize(x, QuantArgs(granularity="channel")).codes, want.codes)
 
 
-# --- bfloat16 by thresholds (segment_tab in _kernels_quant.c) -------------------------------------
+# --- bfloat16 by thresholds (segment_tab in _csrc/quant.c) -------------------------------------
 # Runs of >= 512 bfloat16 inputs sharing one operand, rounded to nearest even, take the table loop
 # (VBMI where the CPU has it; FP8REF_NO_VBMI forces the portable one): both against the numpy path.
 TABLE_RECIPES = ["fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "vllm-static", "fbgemm", "modelopt-fp8"]

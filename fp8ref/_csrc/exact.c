@@ -22,7 +22,7 @@
  */
 #include <math.h>
 
-#include "_kernels.h"
+#include "kernels.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -415,10 +415,9 @@ void fp8ref_exact_epilogue(const epi_job *j, size_t lo, size_t hi) {
     g.down = 1.0 / g.up;
     g.max = j->max;
     const double widen = 1 + 0x1p-45; /* the rounding of the bound's own two operations */
-    int vec = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    vec = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+    const int vec = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #endif
     for (size_t m = lo; m < hi; m++) {

@@ -21,7 +21,7 @@
  * fills it with recipes.compute_scale of every 15-bit magnitude, so the scale rule has one home) and
  * encodes the tile while it is still in L1: the input is read from memory once.
  */
-#include "_kernels.h"
+#include "kernels.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -527,7 +527,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
 
 /* Rows [lo, hi) with the operands in s. exact: inputs finite (the 'fp8ref' recipe rejects NaN/Inf
  * first), s positive finite float32. */
-FP8REF_CLONES void fp8ref_quant(const quant_job *j, size_t lo_, size_t hi_) {
+void FP8REF_TASK(fp8ref_quant)(const quant_job *j, size_t lo_, size_t hi_) {
     int64_t lo = (int64_t)lo_, hi = (int64_t)hi_;
     if (j->kind == BF16) { ARMS(rows_given, BF16) }
     else if (j->kind == F16) { ARMS(rows_given, F16) }
@@ -538,7 +538,7 @@ FP8REF_CLONES void fp8ref_quant(const quant_job *j, size_t lo_, size_t hi_) {
 /* Bands [lo, hi) of 16-bit input with dynamic scales (amax -> table operand). Codes computed from
  * an operand the exact loop cannot take (not positive finite: amax 0 or NaN/Inf) are not used:
  * quant.py sees the amax and quantizes again by the general path. */
-FP8REF_CLONES void fp8ref_quant_fused(const quant_job *j, size_t lo_, size_t hi_) {
+void FP8REF_TASK(fp8ref_quant_fused)(const quant_job *j, size_t lo_, size_t hi_) {
     int64_t lo = (int64_t)lo_, hi = (int64_t)hi_;
     if (j->kind == BF16) { ARMS(bands_fused, BF16) }
     else { ARMS(bands_fused, F16) }
@@ -548,7 +548,7 @@ FP8REF_CLONES void fp8ref_quant_fused(const quant_job *j, size_t lo_, size_t hi_
 /* ---- amax ----------------------------------------------------------------------------------- */
 /* out[r, jg] = max magnitude bits over row r's elements [jg*g, (jg+1)*g), rows [r0, r1). */
 #define AMAX_KERNEL(NAME, T, RUN)                                                                  \
-    FP8REF_CLONES void NAME(const amax_job *j, size_t r0, size_t r1) {                             \
+    void FP8REF_TASK(NAME)(const amax_job *j, size_t r0, size_t r1) {                             \
         size_t K = (size_t)j->K, g = (size_t)j->g, ng = (K + g - 1) / g;                           \
         const T *src = j->src;                                                                     \
         T *out = j->out;                                                                           \

@@ -31,13 +31,13 @@
  *
  * Loop order per unit: steps, then rows, so a step's decoded B slab (L x NB values and exponents,
  * 24 KiB) stays in L1 while every row of A passes over it; the inner loops run over NB columns.
- * Where the CPU has AVX-512 VNNI and VBMI, _kernels_hw_avx512.c takes the whole units of the FP8
+ * Where the CPU has AVX-512 VNNI and VBMI, hw_avx512.c takes the whole units of the FP8
  * instructions with F <= 13 and f32 results (Hopper, Ada): same integers, fewer instructions a product.
  */
 #include <math.h>
 #include <stdlib.h>
 
-#include "_kernels.h"
+#include "kernels.h"
 
 #define NB HW_NB
 #define HW_ZERO_SUM (-2048) /* below it: a product with a zero operand */
@@ -307,10 +307,10 @@ FP8REF_INLINE void fused_unit(const hw_job *j, size_t u, int zero_in, int wide, 
 }
 
 /* Tasks over units [lo, hi): unit u is batch u / chunks, columns [(u % chunks) * NB, + NB). */
-FP8REF_CLONES void fp8ref_hw_fused(const hw_job *j, size_t lo, size_t hi) {
+void FP8REF_TASK(fp8ref_hw_fused)(const hw_job *j, size_t lo, size_t hi) {
     const int wide = j->F > 23 || j->L > 32 || j->SA != NULL; /* else int32 sums, normalise_rz32 */
     hw_fast fast;
-    int fast_ok = -1; /* _kernels_hw_avx512.c takes the whole 128-column units it serves; FP8REF_NO_AVX512: none */
+    int fast_ok = -1; /* hw_avx512.c takes the whole 128-column units it serves; FP8REF_NO_AVX512: none */
     for (size_t u = lo; u < hi; u++) { /* each combination its own inlined copy (f16 apart: it slows the f32 ones) */
         if (j->N - (u % j->chunks) * NB >= NB) {
             if (fast_ok < 0) fast_ok = !getenv("FP8REF_NO_AVX512") && fp8ref_hw_fast_prepare(j, &fast);
@@ -550,7 +550,7 @@ HW_AVX512 static void grouped_align_avx512(const hw_job *j, const grouped_slab *
 #define grouped_align_avx512(j, sl, ro, P, ng, w16, dl) ((void)0)
 #endif
 
-FP8REF_CLONES void fp8ref_hw_grouped(const hw_job *j, size_t lo, size_t hi) {
+void FP8REF_TASK(fp8ref_hw_grouped)(const hw_job *j, size_t lo, size_t hi) {
     const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L, ng = L / HW_G;
     const size_t nbk = K / j->block; /* scales per row of A */
     grouped_slab sl;
@@ -707,7 +707,7 @@ FP8REF_INLINE void pairwise_row(const float *restrict av, const int16_t *restric
     }
 }
 
-FP8REF_CLONES void fp8ref_hw_pairwise(const hw_job *j, size_t lo, size_t hi) {
+void FP8REF_TASK(fp8ref_hw_pairwise)(const hw_job *j, size_t lo, size_t hi) {
     const size_t M = j->M, N = j->N, K = j->K, L = j->L, S = K / L;
     float bv[HW_LMAX * NB], av[HW_LMAX];
     int16_t bx[HW_LMAX * NB], ax[HW_LMAX];

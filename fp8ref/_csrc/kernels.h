@@ -1,6 +1,7 @@
-/* The C ABI of fp8ref's loops (fp8ref/_kernels*.c), declared once. fp8ref/_native.py mirrors every
- * struct below with a ctypes.Structure and compares the sizes with fp8ref_sizeof_<struct>() when it
- * loads the library: a mismatch refuses the kernels (the numpy paths run) with a warning.
+/* The C ABI of fp8ref's loops (the .c files of fp8ref/_csrc), declared once. fp8ref/_native.py mirrors every
+ * struct below with a ctypes.Structure and compares it field by field (name, offset, size: the table
+ * fp8ref_layout() of module.c, from offsetof) and by sizeof when it loads the library: a mismatch
+ * refuses the kernels (the numpy paths run) with a warning.
  *
  * Every parallel loop is a task `void f(const void *args, size_t lo, size_t hi)` over [lo, hi) of
  * its own unit (elements, rows, bands, column cuts); fp8ref_parallel (or _native's thread-pool
@@ -62,7 +63,7 @@ typedef struct { /* quant._QuantJob */
     int32_t stream;       /* codes too large for the cache: written around it (whole aligned lines) */
 } quant_job;
 
-typedef struct { /* the declared-order fp32 GEMM, see _kernels_matmul.c; tasks are column cuts */
+typedef struct { /* the declared-order fp32 GEMM, see matmul.c; tasks are column cuts */
     const void *A, *B;
     const float *tab_a, *tab_b, *sa, *sb;
     float *total, *part, *scratch;
@@ -72,7 +73,7 @@ typedef struct { /* the declared-order fp32 GEMM, see _kernels_matmul.c; tasks a
     size_t fused;
 } mm_job;
 
-typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kernels_hw.c); tasks are
+typedef struct { /* fp8ref.hardware.native: an instruction chained over K (hw.c); tasks are
                   * (batch, column chunk) units */
     const uint8_t *A, *B;    /* codes (batch, M, K), (batch, K, N) */
     const uint8_t *SA, *SB;  /* block-scale codes (batch, M, K / block), (batch, K / block, N), or NULL */
@@ -96,7 +97,7 @@ typedef struct { /* fp8ref.hardware.native: an instruction chained over K (_kern
 #define HW_NB 128          /* columns per unit of the hardware loops (native.py's _NB) */
 #define HW_ZERO (-4096)    /* int16 alignment exponent of a zero operand (native.py builds the tables) */
 
-typedef struct { /* _kernels_hw_avx512.c: the fused loop's tables, built once a call (fp8ref_hw_fast_prepare) */
+typedef struct { /* hw_avx512.c: the fused loop's tables, built once a call (fp8ref_hw_fast_prepare) */
     float ma[128], mb[128];     /* |value| per code & 0x7f */
     int8_t xa8[128], xb8[128];  /* alignment exponent per code & 0x7f, int8 (zero: -64) */
     int32_t lo_real;            /* the smallest exponent sum of two nonzero operands */
@@ -104,7 +105,7 @@ typedef struct { /* _kernels_hw_avx512.c: the fused loop's tables, built once a 
 int fp8ref_hw_fast_prepare(const hw_job *j, hw_fast *t);         /* 1: the CPU and the job fit the loop */
 int fp8ref_hw_fused_fast(const hw_job *j, const hw_fast *t, size_t u); /* the flags; -1: a large C, not run */
 
-typedef struct { /* the operand staging of the exact fast path (_kernels_exact.c): row r, column c < cols
+typedef struct { /* the operand staging of the exact fast path (exact.c): row r, column c < cols
                   * of the codes -> v = lut[code] (* scale), rows [unit * lo, unit * hi) */
     const uint8_t *src;
     double *dst;
@@ -117,7 +118,7 @@ typedef struct { /* the operand staging of the exact fast path (_kernels_exact.c
     int64_t stream;       /* 1: rows starting on a cache line are written around the cache (dst too large to stay there) */
 } dec_job;
 
-typedef struct { /* the exact epilogue (_kernels_exact.c): out[m, n] from t[m, n], rows [lo, hi) */
+typedef struct { /* the exact epilogue (exact.c): out[m, n] from t[m, n], rows [lo, hi) */
     const double *t;      /* M x N, row stride ldt: exact sums (mode 0) or the float64 GEMM y (mode 1) */
     double *out;          /* M x N contiguous (may be t itself when ldt == N) */
     uint8_t *unsure;      /* M x N: 1 where the caller must decide exactly */
@@ -129,7 +130,7 @@ typedef struct { /* the exact epilogue (_kernels_exact.c): out[m, n] from t[m, n
     int64_t parts, part_stride; /* mode 1: y = sum of `parts` arrays t + g * part_stride (in g order), + bias */
 } epi_job;
 
-typedef struct { /* exact K-block sums of chosen elements (_kernels_exact.c); tasks are ranges of e */
+typedef struct { /* exact K-block sums of chosen elements (exact.c); tasks are ranges of e */
     const uint8_t *a, *aT, *b; /* a (M x K) row-major, its transpose (K x M) (b_cs == 1 only), b codes */
     const double *va, *vb;     /* value per code (256 each) */
     const int64_t *mi, *ni;    /* element e is (mi[e], ni[e]) */
@@ -137,7 +138,7 @@ typedef struct { /* exact K-block sums of chosen elements (_kernels_exact.c); ta
     int64_t M, K, E, bk, b_rs, b_cs;
 } bsum_job;
 
-typedef struct { /* t[m, n] = sum_k a[m, k] * lut[w[n, k]] (_kernels_exact.c): the exact fast path's product
+typedef struct { /* t[m, n] = sum_k a[m, k] * lut[w[n, k]] (exact.c): the exact fast path's product
                   * for a few rows of a, each weight code looked up as it is read (no float64 copy of w);
                   * tasks are ranges of n */
     const double *a;      /* M x K values, row-major */
@@ -154,10 +155,17 @@ typedef struct { /* t[m, n] = sum_k a[m, k] * lut[w[n, k]] (_kernels_exact.c): t
 enum { RNE = 0, RNA = 1, RTZ = 2, RUP = 3, RDOWN = 4, RTO = 5 };
 enum { BF16 = 0, F16 = 1, F32 = 2 };
 
-#ifdef FP8REF_BASELINE /* tools/check_baseline.sh: one build for plain x86-64, the clone every other CPU runs */
-#define FP8REF_CLONES
+/* The per-ISA files (codec.c, quant.c, hw.c: the hot loops) are compiled once per instruction-set
+ * level, with that level's -march and -DFP8REF_ISA=<suffix> (setup.py: x86_64_v4, x86_64_v3, x86_64 on
+ * x86-64; generic elsewhere). FP8REF_TASK(f) names a loop f_<suffix> there, so the objects link side
+ * by side; _native.py binds f to the best level this CPU runs (FP8REF_ISA forces one, docs/build.md).
+ * Every other file is compiled once and picks its AVX-512 paths at run time. */
+#define FP8REF_CAT_(a, b) a##_##b
+#define FP8REF_CAT(a, b) FP8REF_CAT_(a, b)
+#ifdef FP8REF_ISA
+#define FP8REF_TASK(f) FP8REF_CAT(f, FP8REF_ISA)
 #else
-#define FP8REF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define FP8REF_TASK(f) f
 #endif
 #define FP8REF_INLINE static inline __attribute__((always_inline))
 

@@ -1,4 +1,4 @@
-/* The fused datapath of fp8ref.hardware (see _kernels_hw.c) for FP8 operands, F <= 13, no block
+/* The fused datapath of fp8ref.hardware (see hw.c) for FP8 operands, F <= 13, no block
  * scales and a float32 result (Hopper / Ada FP8 wgmma and mma, and their kernels), on CPUs with
  * AVX-512 F, DQ, BW, VL, CD, VNNI and VBMI: the same integers as fused_row, with fewer instructions
  * per product. fp8ref_hw_fused calls it for each whole 128-column unit it serves.
@@ -21,7 +21,7 @@
  * step has no nonzero product (e_zero below lo_real is checked), and then the sum is 0 whatever E.
  * Codes decode through the tables by VBMI byte permutes and fp32 permutes, 64 and 16 codes a time.
  */
-#include "_kernels.h"
+#include "kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -75,6 +75,15 @@ typedef struct {
 } fast_slab;
 
 /* 16 codes (int32 lanes) to the fp32 values of a 128-entry table (the code's low 7 bits) in 8 registers */
+/* c's four 16-byte quarters (the extract's lane number must be a constant: a loop variable does not
+ * compile where the loop is not unrolled first, as at -O2 or with clang) */
+FAST_INLINE void quarters(__m512i c, __m128i q[4]) {
+    q[0] = _mm512_castsi512_si128(c);
+    q[1] = _mm512_extracti32x4_epi32(c, 1);
+    q[2] = _mm512_extracti32x4_epi32(c, 2);
+    q[3] = _mm512_extracti32x4_epi32(c, 3);
+}
+
 FAST_INLINE __m512 lookup128(const __m512 *T, __m512i c) {
     const __m512 r0 = _mm512_permutex2var_ps(T[0], c, T[1]), r1 = _mm512_permutex2var_ps(T[2], c, T[3]);
     const __m512 r2 = _mm512_permutex2var_ps(T[4], c, T[5]), r3 = _mm512_permutex2var_ps(T[6], c, T[7]);
@@ -109,8 +118,10 @@ FAST_INLINE __m512i decode_slab(const hw_job *j, const hw_fast *t, const uint8_t
             bad = _mm512_or_si512(bad, flags256(Fl, c));
             _mm512_store_si512(sl->bx + k * NB + 64 * h, _mm512_permutex2var_epi8(X[0], _mm512_and_si512(c, low7), X[1]));
             const uint64_t neg = _mm512_movepi8_mask(c);
+            __m128i cq[4];
+            quarters(c, cq);
             for (int q = 0; q < 4; q++) {
-                const __m512i c32 = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(c, q));
+                const __m512i c32 = _mm512_cvtepu8_epi32(cq[q]);
                 const size_t at = k * NB + 64 * h + 16 * q;
                 _mm512_store_ps(sl->bm + at, lookup128(M, c32));
                 _mm512_store_si512(sl->bs + at, _mm512_mask_mov_epi32(plus, (__mmask16)(neg >> (16 * q)), minus));
@@ -139,8 +150,10 @@ FAST_INLINE __m512i decode_row(const __m512 *M, const __m512i *X, const __m512i 
     _mm512_storeu_si512(r->ax, _mm512_permutexvar_epi8(by4, x8));
     _mm512_storeu_si512(r->ax + 16, _mm512_permutexvar_epi8(_mm512_add_epi8(by4, _mm512_set1_epi8(16)), x8));
     const uint32_t neg = (uint32_t)(_mm512_movepi8_mask(c) & in), pos = (uint32_t)(~_mm512_movepi8_mask(c) & in);
+    __m128i cq[4];
+    quarters(c, cq);
     for (int q = 0; q < 2; q++) {
-        const __m512i c32 = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(c, q));
+        const __m512i c32 = _mm512_cvtepu8_epi32(cq[q]);
         _mm512_storeu_ps(r->am + 16 * q, lookup128(M, c32));
     }
     const __m512i k0 = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
@@ -235,8 +248,11 @@ FAST int fp8ref_hw_fused_fast(const hw_job *j, const hw_fast *t, size_t u) {
             m1 = _mm512_mask_mov_epi8(m1, _mm512_cmplt_epi8_mask(m1, lo_real), _mm512_set1_epi8(-128));
             __m512 Mc[8];
             __m512i Eb[8], Sv[8];
+            __m128i mq[8];
+            quarters(m0, mq);
+            quarters(m1, mq + 4);
             for (int v = 0; v < 8; v++) {
-                const __m512i ep = _mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v < 4 ? m0 : m1, v & 3));
+                const __m512i ep = _mm512_cvtepi8_epi32(mq[v]);
                 const __m512i db = _mm512_loadu_si512(d + 16 * v); /* C's exponent field, subnormal or zero: 1 */
                 const __m512i field = _mm512_max_epi32(_mm512_srli_epi32(_mm512_slli_epi32(db, 1), 24), one);
                 Eb[v] = _mm512_max_epi32(field, _mm512_add_epi32(ep, bias));

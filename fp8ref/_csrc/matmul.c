@@ -16,7 +16,7 @@
  * whole chunk, broadcasting one A value per row and step. Between chunks the tile lives in `part`.
  * The B panels of a chunk are packed together, row by row, so that B is read contiguously.
  */
-#include "_kernels.h"
+#include "kernels.h"
 
 #define KC 256    /* k per chunk: a 256 x 32 B panel (32 KiB) stays in L1 */
 #define MC 256    /* rows per packed A block (<= 256 KiB, L2) */
