@@ -182,6 +182,7 @@ def _bf16(v) -> float:
 ZERO_BLOCK = {
     "auto-round": ("FP8_STATIC", "weight", _bf16(np.float32(1 / 229376)), "bf16 of the fp32 floor 1/229376"),
     "compressed-tensors": ("FP8_STATIC", "weight", 2.0 ** -7, "stored 0 -> eps(bf16)"),
+    "compressed-tensors-gpu": ("FP8_STATIC", "weight", 2.0 ** -7, "the eager path's scales: stored 0 -> eps(bf16)"),
     "compressed-tensors-mx": ("MXFP8", "weight", 2.0 ** -127, "byte 0 (FINDINGS 2.3)"),
     "compressed-tensors-nvfp4": ("NVFP4", "weight", 0.125, "0x20 (FINDINGS 1.4 writes 0x30, which is 0.5)"),
     "fbgemm": ("FP8_DYNAMIC", "weight", float(np.float32(1 / np.float32(448 / np.float32(1e-12)))),

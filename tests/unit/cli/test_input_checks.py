@@ -90,6 +90,7 @@ def _refused(cfg: dict, message: str, held=HELD) -> None:
 
 
 def test_a_real_config_passes():
+    pytest.importorskip("transformers")  # the activation names are transformers' ACT2FN
     check_values(GOOD, "c/config.json", HELD)
     check_values({**GOOD, "intermediate_size": [128, 256], "text_config": dict(GOOD)}, "c/config.json", HELD)
 
@@ -103,6 +104,7 @@ def test_every_bounded_key_refuses_what_is_not_a_positive_integer_in_range(key, 
 
 
 def test_nested_text_config_and_lists_are_checked_with_their_key_path():
+    pytest.importorskip("transformers")  # the activation names are transformers' ACT2FN
     _refused({**GOOD, "text_config": {**GOOD, "vocab_size": -7}}, r"^c/config.json: text_config.vocab_size: ")
     _refused({**GOOD, "intermediate_size": [128, 0]}, r"^c/config.json: intermediate_size: expected an integer")
 
@@ -135,6 +137,7 @@ def test_names_and_numbers_transformers_would_trust(edit, message):
 
 
 def test_torch_dtype_names_with_prefix_pass():
+    pytest.importorskip("transformers")  # the activation names are transformers' ACT2FN
     check_values({**GOOD, "dtype": "torch.float16", "torch_dtype": "float32"}, "c/config.json", HELD)
 
 

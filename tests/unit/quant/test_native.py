@@ -226,12 +226,12 @@ def test_every_isa_level_gives_the_same_bytes():
     if not others:
         pytest.skip(f"one level runs here ({info['isa']})")
     want = _digest_of_everything()
-    code = ("import json, sys; sys.path.insert(0, 'tests/unit'); import fp8ref, test_native; "
+    code = ("import json, sys; sys.path.insert(0, 'tests/unit/quant'); import fp8ref, test_native; "
             "print(json.dumps([fp8ref.build_info()['isa'], test_native._digest_of_everything()]))")
     for level in others:
         env = {**os.environ, "FP8REF_ISA": level}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
         isa, digest = json.loads(out.stdout.splitlines()[-1])
         assert isa == level, out.stderr
         assert digest == want, f"{level} differs from {info['isa']}"
