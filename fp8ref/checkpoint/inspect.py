@@ -49,7 +49,7 @@ def quantization_error(ckpt: Checkpoint, original: str | os.PathLike, *, executo
     """Per layer, the exact dequantized weight against the original: max |err|, relative RMS
     error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first. Original tensors are found by
     name through the producer's renaming table. executor ``ray``: one task per layer, each reading
-    its layer from the two folders (``fp8ref.nn.executor``; same rows)."""
+    its layer from the two folders (``fp8ref.executor``; same rows)."""
     from .base import get, original_name
 
     store = open_store(original)
@@ -63,7 +63,7 @@ def quantization_error(ckpt: Checkpoint, original: str | os.PathLike, *, executo
     if executor == "local":
         rows = [_error_row(name, layer, _original(layer, store)) for name, layer in ckpt.items()]
     else:
-        from ..nn.executor import run_all
+        from ..executor import run_all
 
         rows = run_all(_error_task, ((str(ckpt.path), str(original), name) for name in ckpt), executor=executor,
                        progress=progress, desc="inspect", total=len(ckpt))

@@ -117,7 +117,7 @@ def _teacher_forced(lin, mode, xs: list, ys: list) -> dict:
 
 def _teacher_forced_task(ckpt_path: str, name: str, mode: str, accumulate: str, backends: dict, original_weight,
                          original_bias, xs: list, ys: list) -> dict:
-    """``_teacher_forced`` from the checkpoint folder (a task of ``fp8ref.nn.executor``)."""
+    """``_teacher_forced`` from the checkpoint folder (a task of ``fp8ref.executor``)."""
     from .linear import Fp8RefLinear
     from .verify import _load
 
@@ -148,7 +148,7 @@ def compare(model, ids: torch.Tensor, modes: list, *, with_perplexity: bool = Fa
 
 
 def _compare(model, ids, modes, layers, store, with_perplexity, progress, executor, checkpoint_path) -> dict:
-    from .executor import run_all
+    from ..executor import run_all
 
     base = modes[0]
     logits0, order = capture(model, ids, base, _spiller(store, "base"))
@@ -256,7 +256,7 @@ def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool =
     picklable arguments: the checkpoint folder, original folder, ...); the batches' results are
     added here in order, as locally, so the report is byte-identical. Non-finite logits are refused,
     naming the mode and the batch's sequences."""
-    from .executor import run_all
+    from ..executor import run_all
 
     if type(batch) is not int or batch < 1:
         raise ModelError(f"eval: batch: expected a positive integer, got {batch!r}")
@@ -291,7 +291,7 @@ _BUILT: dict = {}  # a worker's model, built once for its tasks
 
 
 def _eval_task(build: dict, mode: str, chunk: torch.Tensor, first: int) -> tuple[float, int]:
-    """``_batch_nll`` on a worker (a task of ``fp8ref.nn.executor``), the model built there once."""
+    """``_batch_nll`` on a worker (a task of ``fp8ref.executor``), the model built there once."""
     from .model import build_model
 
     key = repr(sorted((k, v) for k, v in build.items() if k != "backend"))

@@ -19,7 +19,7 @@ import torch
 from .._arrays import torch_of
 from ..errors import ModelError
 from .config_check import check_config
-from .linear import swap_linears
+from .swap import swap_linears
 
 INSTALL_HINT = "pip install 'fp8ref[hf]' (or: pip install transformers)"
 

@@ -122,7 +122,7 @@ def original_weight(layer, original) -> np.ndarray:
 
 
 def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) -> dict:
-    """One layer, from the two folders (a task of ``fp8ref.nn.executor``: it may run on another machine)."""
+    """One layer, from the two folders (a task of ``fp8ref.executor``: it may run on another machine)."""
     ckpt, original = _load(ckpt_path), _load(original_path)
     return verify_layer(ckpt[name], original_weight(ckpt[name], original), recipe, amax, ckpt.dtype)
 
@@ -189,7 +189,7 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     static input scales too. executor: ``local`` or ``ray`` (one task per layer, same report)."""
     from ..checkpoint import base
     from ..checkpoint.calibration_file import amax_values
-    from .executor import run_all
+    from ..executor import run_all
 
     if calibration is not None:  # numbers (AmaxState values too); scales refused
         calibration = amax_values(calibration, "calibration")

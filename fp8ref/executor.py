@@ -1,8 +1,9 @@
-"""Where independent per-layer work runs (teacher-forced ``compare``, ``verify``): in this process
-(``local``, the default) or as tasks on a Ray cluster (``ray``, the optional extra ``fp8ref[ray]``).
-Results come back in submission order and are computed by the same functions, so the reports are
-byte-identical. ``ray``: the cluster at ``RAY_ADDRESS`` (e.g. ``ray://head:10001`` or ``auto``), else
-a local one started for the run; workers need fp8ref (and torch, for compare) installed."""
+"""Where independent per-layer or per-batch work runs (teacher-forced ``compare``, ``verify``,
+``eval``'s batches, ``inspect --original``): in this process (``local``, the default) or as tasks on a
+Ray cluster (``ray``, the optional extra ``fp8ref[ray]``). Results come back in submission order and
+are computed by the same functions, so the reports are byte-identical. ``ray``: the cluster at
+``RAY_ADDRESS`` (e.g. ``ray://head:10001`` or ``auto``), else a local one started for the run;
+workers need fp8ref (and torch, for compare and eval) installed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 
 from tqdm import tqdm
 
-from ..errors import ModelError
+from .errors import ModelError
 
 EXECUTORS = ("local", "ray")
 
