@@ -179,3 +179,22 @@ def _can_alarm() -> bool:
     """Only the main thread receives signals, and a caller's own alarm is left alone."""
     return (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
             and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
+
+
+def wildcard_prefix(pattern: str, name: str) -> bool:
+    """Whether ``name`` starts with a string that ``pattern`` matches, ``*`` standing for any run of
+    characters and every other character for itself (what ``re.match`` does with the pattern's ``*``
+    as ``.*``). No regex: each literal piece is found leftmost after the previous one, which is
+    optimal because the rest of ``name`` is free, so the time is O(len(pattern) * len(name)) whatever
+    the pattern (``*a*a*...*`` compiled to a regex backtracks polynomially without bound)."""
+    first, *rest = pattern.split("*")
+    if not name.startswith(first):
+        return False
+    at = len(first)
+    for piece in rest:
+        found = name.find(piece, at)
+        if found < 0:
+            return False
+        at = found + len(piece)
+    return True
+

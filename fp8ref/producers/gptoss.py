@@ -11,10 +11,9 @@ gate_up_proj's out columns interleave gate and up (gate = even, up = odd).
 
 from __future__ import annotations
 
-import re
-
 from ..errors import CheckpointError
-from ..limits import shown
+from ..limits import MAX_PATTERN, shown
+from ..patterns import wildcard_prefix
 
 NAME = "gpt-oss"
 METHOD = "mxfp4"  # its quant_method (transformers QuantizationMethod.MXFP4)
@@ -23,14 +22,6 @@ PROJECTIONS = ("gate_up_proj", "down_proj")
 BLOCKS, SCALES, BIAS = "_blocks", "_scales", "_bias"
 # what gpt-oss-20b/120b's config.json lists; fp8ref writes it for the modules it leaves in D
 DEFAULT_NOT_CONVERT = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
-MAX_PATTERN = 512
-
-
-def pattern_regex(pattern: str) -> re.Pattern:
-    """A ``modules_to_not_convert`` entry as transformers matches it (``re.match(key)``, ``key\\.`` or
-    ``name.endswith(key)``), with ``*`` the only wildcard: the entry is data, never compiled as a
-    regex of the checkpoint's choosing (its other characters are taken literally)."""
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
 
 
 class Config:
@@ -48,12 +39,11 @@ class Config:
         if qc.get("dequantize") not in (None, False, True):
             raise CheckpointError(f"{where}.dequantize: expected true or false, got {shown(qc.get('dequantize'))}")
         self.not_convert = list(skip)
-        self._regex = [(s, pattern_regex(s)) for s in skip]
 
     def skipped(self, module: str) -> str | None:
         """The ``modules_to_not_convert`` entry that keeps ``module`` unconverted (None: it is converted)."""
-        for text, rx in self._regex:
-            if rx.match(module) or module.endswith(text):
+        for text in self.not_convert:  # transformers: re.match(key), key + ".", or name.endswith(key)
+            if wildcard_prefix(text, module) or module.endswith(text):
                 return text
         return None
 

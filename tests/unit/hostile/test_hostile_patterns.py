@@ -155,3 +155,26 @@ def test_quantize_refuses_a_catastrophic_spec_before_reading_weights(tmp_path, c
     spec.write_text(f'scheme: FP8_DYNAMIC\nignore: ["re:{EVIL}"]\n'.replace("\\", "\\\\"))
     assert _fast(main, ["quantize", str(src), str(tmp_path / "out"), "--spec", str(spec)]) == 1
     assert f"{spec}:2: ignore[0]" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_wildcard_prefix_is_re_match_of_the_pattern_with_stars_as_dot_star():
+    """Every pattern of up to 4 characters over {a, b, *} against every name of up to 5 over {a, b}:
+    the linear matcher answers as re.match of the escaped pattern with ``*`` -> ``.*`` does."""
+    import itertools
+    import re
+
+    words = lambda alphabet, n: ("".join(w) for k in range(n + 1) for w in itertools.product(alphabet, repeat=k))
+    names = list(words("ab", 5))
+    for pattern in words("ab*", 4):
+        rx = re.compile(".*".join(re.escape(p) for p in pattern.split("*")))
+        for name in names:
+            assert patterns.wildcard_prefix(pattern, name) == bool(rx.match(name)), (pattern, name)
+
+
+def test_gpt_oss_not_convert_entries_cannot_backtrack():
+    """``*a*a*...*`` as a regex took over 100 s on a 229-character name; the matcher answers at once."""
+    from fp8ref.producers.gptoss import Config
+
+    cfg = Config({"quant_method": "mxfp4", "modules_to_not_convert": ["*a" * 30 + "*"]}, "c", [])
+    assert cfg.skipped("a" * 29 + "b" * 200) is None
+    assert cfg.skipped("a" * 30) == "*a" * 30 + "*"
