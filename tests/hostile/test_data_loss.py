@@ -57,7 +57,15 @@ def _fp8ref(tmp_path: Path, argv: list, *, slow: str | None = None, pause: float
         """)
     script = patch + f"import sys\nfrom fp8ref.cli import main\nsys.exit(main({[str(a) for a in argv]!r}))\n"
     return subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=_env(tmp_path),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
+
+
+def _default_signals() -> None:
+    """In the child: SIGTERM/SIGHUP at their defaults, whatever the test run inherited (under
+    ``nohup`` SIGHUP is ignored, and fp8ref rightly leaves an ignored signal alone)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 120) -> None:
