@@ -59,14 +59,23 @@ def test_the_cli_prints_the_partial_report_and_exits_1_not_the_backends_code(tmp
     assert [c["status"] for c in report["runs"][0]["cases"]] == ["compared", "error"]
 
 
-def test_the_users_ctrl_c_still_stops_the_run():
+@pytest.fixture
+def interactive_sigint():
+    """SIGINT as in an interactive Python: a background job (``cmd &`` in a script) starts with
+    SIGINT ignored, and then Ctrl-C cannot reach the process at all."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_the_users_ctrl_c_still_stops_the_run(interactive_sigint):
     """SIGINT reached the process while the backend ran: that KeyboardInterrupt is the user's."""
     with pytest.raises(KeyboardInterrupt):
         run(CtrlCInEncode(), SUITE)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the recorder is removed
 
 
-def test_the_users_ctrl_c_ends_the_cli_with_130(tmp_path, capsys):
+def test_the_users_ctrl_c_ends_the_cli_with_130(tmp_path, capsys, interactive_sigint):
     (tmp_path / "exits.yaml").write_text(SUITE_TEXT)
     assert run_cli("conform", "--backend", f"{BACKENDS}:CtrlCInEncode", "--suite", tmp_path / "exits.yaml",
                    "--quiet") == 130
