@@ -39,6 +39,8 @@ from ..errors import BackendError
 ENTRY_POINT_GROUP = "fp8ref.backends"
 BUILTIN = {
     "torch": "fp8ref.conformance.adapters.torch_backend:TorchBackend",
+    "torch_cuda": "fp8ref.conformance.adapters.torch_backend:TorchCudaBackend",
+    "torch_cuda_fast_accum": "fp8ref.conformance.adapters.torch_backend:TorchCudaFastAccumBackend",
     "ml_dtypes": "fp8ref.conformance.adapters.ml_dtypes_backend:MlDtypesBackend",
     "gfloat": "fp8ref.conformance.adapters.gfloat_backend:GfloatBackend",
     "compressed_tensors": "fp8ref.conformance.adapters.compressed_tensors_backend:CompressedTensorsBackend",
