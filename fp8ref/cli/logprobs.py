@@ -100,7 +100,9 @@ def _print(r: dict) -> None:
               f"|dNLL| {n['dnll_mean']:.3e}  ({n['mode']} vs {r['against']}); engine KL / floor: {shown}")
     left = sum(s["top_entries_left_out"] for s in r["sequences"])
     if left:
-        print(f"  {left} top entries left out: their strings are several ids alike (ask the engine for ids)")
+        unsure = sum(s["top1_uncertain"] for s in r["sequences"])
+        print(f"  {left} top entries left out: their strings are several ids alike; {unsure} positions' top-1 "
+              f"counts any of those ids (ask the engine for ids: token_id:N)")
     if len(r["sequences"]) > 1:
         for s in r["sequences"]:
             print(f"  {s['sequence']}: KL {s['kl_mean']:.3e}  top-1 {s['top1_agreement']:.4f}  "

@@ -8,8 +8,10 @@ ids of the engine's top entries there (its top K, and with vLLM the position's o
   ``sum_{i in S} p_i (log p_i - log q_i)``, ``log p_i = r_i - logsumexp_S(r)``,
   ``log q_i = e_i - logsumexp_S(e)``. Zero when the engine's logprobs over S equal the reference's
   up to one common shift (the mass outside S is not seen in the file, so not judged).
-- ``top1``: the engine's top-1 (the ids of S with its largest logprob) meets the reference's
-  (the ids with its largest logit over the whole vocabulary); ties count as agreement.
+- ``top1``: the engine's top-1 meets the reference's (the ids with its largest logit over the
+  whole vocabulary); ties count as agreement. The engine's top-1 is the ids of its largest entry,
+  and where a string several ids decode to is among the entries, each of those ids too (the
+  object keeps one value per string: it may hide a larger one).
 - ``dnll``: |engine logprob of ``ids[t]`` - reference log-softmax of ``ids[t]``| (not renormalised).
 
 ``kl_mean``, ``top1_agreement`` and ``dnll_mean`` average over positions (per sequence, and over
@@ -100,14 +102,14 @@ def judge_engine(seqs, ref: ModeView, names, *, worst: int = 10) -> dict:
             ref_s, ref_own, ref_top1 = rows[t]
             if not ids_s.size:  # every entry left out (ambiguous strings)
                 continue
-            eng_top1 = ids_s[eng_s == eng_s.max()]
+            eng_top1 = seq.top1[t]
             k, a, d = _position(ref_s, eng_s, ref_top1, eng_top1, ref_own, float(seq.logprobs[t]))
             kl.append(k)
             agree.append(a)
             dnll.append(d)
             points.append((k, s, t, eng_top1, ref_top1, ref_own))
         per_seq.append({"sequence": seq.where, "tokens": len(seq.ids), **_summary(kl, agree, dnll),
-                        "top_entries_left_out": seq.dropped})
+                        "top_entries_left_out": seq.dropped, "top1_uncertain": seq.uncertain})
         all_kl += kl
         all_agree += agree
         all_dnll += dnll

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,8 +50,9 @@ class EngineSequence:
     tokens: list[str]
     logprobs: np.ndarray
     top: list
+    top1: list  # per position, the ids the engine's top-1 may be (None at 0)
     dropped: int = 0  # top entries whose string several ids decode to (left out)
-    top_tokens: list = field(default_factory=list)  # per position, the strings of ``top``
+    uncertain: int = 0  # positions where such an entry may hide the engine's top-1
 
 
 class TokenMap:
@@ -70,12 +71,16 @@ class TokenMap:
         backend = tok.backend
         forms: dict[str, set[int]] = {}
         decoded: dict[str, list[int]] = {}
-        for i in range(backend.get_vocab_size(with_added_tokens=True)):
+        size = backend.get_vocab_size(with_added_tokens=True)
+        for i in range(size):
             text = backend.decode([i], skip_special_tokens=False)
             piece = backend.id_to_token(i)
             decoded.setdefault(text, []).append(i)
             for form in {text, piece, _restored_space(piece, text)} - {None}:
                 forms.setdefault(form, set()).add(i)
+        for i in range(size, self.vocab):  # the model's padding ids: the engines print "" for them
+            decoded.setdefault("", []).append(i)
+            forms.setdefault("", set()).add(i)
         self._forms = {k: sorted(v) for k, v in forms.items()}
         self._decoded = decoded
 
@@ -187,32 +192,38 @@ def _sequence(where: str, choice: dict, tokens: TokenMap) -> EngineSequence:
                          f"prompt (request echo=true)")
     ids = _ids(where, choice, strs, tokens)
     logprobs = np.full(n, np.nan)
-    top, top_tokens, dropped = [None], [None], 0
+    top, top1, dropped, uncertain = [None], [None], 0, 0
     for t in range(1, n):
         logprobs[t] = _logprob(values[t], f"{where}: token_logprobs[{t}]")
         entries = tops[t]
         if not isinstance(entries, dict) or not entries:
             raise ModelError(f"{where}: top_logprobs[{t}]: expected an object token -> logprob with at least one "
                              f"entry (request logprobs=K, K >= 1), got {shown(entries, 40)}")
-        keep_ids, keep_lp, keep_tok = [], [], []
+        keep_ids, keep_lp, best, best_ids, hidden = [], [], -math.inf, [], []
         for key, value in entries.items():
             v = _logprob(value, f"{where}: top_logprobs[{t}][{shown(key, 40)}]")
             own = key == strs[t] and int(ids[t]) in tokens.candidates(key)
             cand = [int(ids[t])] if own else tokens.resolve(key)  # the position's own token: its id is known
             if not cand:
                 raise ModelError(f"{where}: top_logprobs[{t}]: {shown(key, 40)} is not a token of the tokenizer")
+            if v >= best:
+                best_ids = (best_ids if v == best else []) + cand
+                best = v
             if len(cand) > 1:
                 dropped += 1
+                hidden += cand
                 continue
             _check_id(where, f"top_logprobs[{t}][{shown(key, 40)}]", cand[0], tokens.vocab)
             keep_ids.append(cand[0])
             keep_lp.append(v)
-            keep_tok.append(key)
         if len(set(keep_ids)) != len(keep_ids):
             raise ModelError(f"{where}: top_logprobs[{t}]: two entries name the same token id")
         top.append((np.asarray(keep_ids, np.int64), np.asarray(keep_lp, np.float64)))
-        top_tokens.append(keep_tok)
-    return EngineSequence(where, ids, list(strs), logprobs, top, dropped, top_tokens)
+        # an object keeps one value per string: for a string several ids decode to, vLLM keeps its
+        # last (lowest) one, so any of those ids may be the engine's real top-1
+        top1.append(np.unique(np.asarray(best_ids + hidden, np.int64)))
+        uncertain += bool(hidden)
+    return EngineSequence(where, ids, list(strs), logprobs, top, top1, dropped, uncertain)
 
 
 def _check_id(where: str, what: str, i: int, vocab: int) -> None:

@@ -91,6 +91,23 @@ def test_token_strings_map_through_the_tokenizer(tmp_path):
         read_engine_logprobs(path, vocab=128, tokenizer_loader=lambda: tok)
 
 
+def test_a_string_several_ids_give_is_left_out_and_may_be_the_top1(tmp_path):
+    """The model's ids past the tokenizer's (padding) all decode to "" (vLLM prints "" for them):
+    a JSON object keeps one value for them, so that entry is left out of the KL and any of those
+    ids may be the engine's top-1."""
+    pytest.importorskip("tokenizers")
+    from fp8ref.nn.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(save_tokenizer(tmp_path / "tok"))
+    size = tok.backend.get_vocab_size(with_added_tokens=True)
+    assert size < 128
+    path = write_response(tmp_path / "r.json", [_choice(["<s>", "the"], [None, -2.0], [None, {"": -0.5, "the": -2.0}])])
+    seq = read_engine_logprobs(path, vocab=128, tokenizer_loader=lambda: tok)[0][0]
+    the = tok.backend.token_to_id("the")
+    assert seq.top[1][0].tolist() == [the] and seq.dropped == 1 and seq.uncertain == 1
+    assert seq.top1[1].tolist() == list(range(size, 128))
+
+
 def test_metrics_at_one_position_by_hand():
     """KL over the engine's set, each side renormalised over it: a common shift is no difference."""
     ref = np.array([-1.0, -1.0 - math.log(2)])
