@@ -151,6 +151,9 @@ def _documents(path):
 
 
 def _choices(where: str, doc):
+    if isinstance(doc, dict) and "choices" not in doc and ("top_logprobs" in doc or doc.get("skipped") is True):
+        yield from _modelopt_record(where, doc)
+        return
     if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
         raise ModelError(f"{where} expected a completions response, an object with a 'choices' list; got "
                          f"{type(doc).__name__}{' without choices' if isinstance(doc, dict) else ''}")
@@ -159,6 +162,28 @@ def _choices(where: str, doc):
         if not isinstance(choice, dict):
             raise ModelError(f"{cwhere}: expected an object, got {type(choice).__name__}")
         yield cwhere, choice
+
+
+def _modelopt_record(where: str, doc: dict):
+    """A record of ModelOpt's ``fidelity_check.py`` (``collect-base`` / ``collect-quant`` JSONL:
+    ``prompt_idx``, ``tokens``, ``top_logprobs`` of one echo call, no ``token_logprobs``) as a
+    choice; each token's own logprob is its entry in ``top_logprobs`` (vLLM always includes it).
+    A record the tool marked ``skipped`` holds no logprobs and is passed over."""
+    if doc.get("skipped") is True:
+        return
+    where = f"{where} prompt_idx {shown(doc.get('prompt_idx'), 20)}"
+    strs, tops = doc.get("tokens"), doc.get("top_logprobs")
+    if not isinstance(strs, list) or not isinstance(tops, list) or len(strs) != len(tops):
+        raise ModelError(f"{where}: expected 'tokens' and 'top_logprobs' lists of equal length (ModelOpt "
+                         f"fidelity_check.py record)")
+    own = [None]
+    for t in range(1, len(strs)):
+        entry = tops[t]
+        if not isinstance(entry, dict) or not isinstance(strs[t], str) or strs[t] not in entry:
+            raise ModelError(f"{where}: position {t}: the token's own logprob is not among its top_logprobs (the "
+                             f"record has no token_logprobs; made by vLLM, it always is)")
+        own.append(entry[strs[t]])
+    yield where, {"logprobs": {"tokens": strs, "token_logprobs": own, "top_logprobs": tops}}
 
 
 def _logprob(value, where: str) -> float:

@@ -64,6 +64,27 @@ def test_jsonl_and_a_json_list_read_alike(tmp_path):
     assert [s.ids.tolist() for s in a] == [s.ids.tolist() for s in b] == [[1, 5, 7]] * 2
 
 
+def test_modelopt_fidelity_check_records(tmp_path):
+    """ModelOpt's fidelity_check.py collect-base / collect-quant JSONL (branch fridah/fidelity-check,
+    examples/llm_eval): per record tokens and top_logprobs of one echo call, no token_logprobs;
+    the token's own logprob is its top_logprobs entry; skipped records are passed over."""
+    lp = GOOD["logprobs"]
+    base = {"prompt_idx": 0, "prompt": "p", "gen_text": "g", "prompt_token_count": 2, "tokens": lp["tokens"],
+            "top_logprobs": lp["top_logprobs"]}
+    quant = {"prompt_idx": 2, "prompt_token_count": 2, "tokens": lp["tokens"], "top_logprobs": lp["top_logprobs"]}
+    path = tmp_path / "quant.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (base, {"prompt_idx": 1, "skipped": True, "reason": "x"},
+                                                      quant)) + "\n")
+    seqs, _ = read_engine_logprobs(path, vocab=128, tokenizer_loader=_no_tokenizer)
+    assert [s.where for s in seqs] == [f"{path}:1: prompt_idx 0", f"{path}:3: prompt_idx 2"]
+    assert seqs[1].ids.tolist() == [1, 5, 7] and seqs[1].logprobs[1:].tolist() == [-0.5, -2.0]
+    missing = {**quant, "top_logprobs": [None, {"token_id:9": -1.0}, lp["top_logprobs"][2]]}
+    path.write_text(json.dumps(missing) + "\n")
+    with pytest.raises(ModelError, match="prompt_idx 2: position 1: the token's own logprob is not among its "
+                                         "top_logprobs"):
+        read_engine_logprobs(path, vocab=128, tokenizer_loader=_no_tokenizer)
+
+
 def test_token_strings_map_through_the_tokenizer(tmp_path):
     """Strings as vLLM and SGLang print them (each id's decode), checked against the ids the
     tokenizer itself gives for the text; and vLLM's return_token_ids ids checked against them."""
