@@ -95,7 +95,7 @@ def _print(r: dict) -> None:
     n = r["noise_floor"]
     if n:
         ratio = r["kl_over_noise_floor"]
-        shown = "n/a (both 0)" if ratio is None else f"{ratio:.3g}x"
+        shown = "n/a (both 0)" if ratio is None else "inf (the floor is 0)" if math.isinf(ratio) else f"{ratio:.3g}x"
         print(f"  noise floor   KL {n['kl_mean']:.3e} (max {n['kl_max']:.3e})  top-1 {n['top1_agreement']:.4f}  "
               f"|dNLL| {n['dnll_mean']:.3e}  ({n['mode']} vs {r['against']}); engine KL / floor: {shown}")
     left = sum(s["top_entries_left_out"] for s in r["sequences"])

@@ -117,6 +117,8 @@ def judge_engine(seqs, ref: ModeView, names, *, worst: int = 10) -> dict:
     shown = []
     for k, s, t, eng_top1, ref_top1, ref_own in points[:worst]:
         seq = seqs[s]
+        both = np.intersect1d(eng_top1, ref_top1)  # agreeing (a tie or an uncertain top-1): show the shared id
+        eng_top1, ref_top1 = (both, both) if both.size else (eng_top1, ref_top1)
         shown.append({"sequence": seq.where, "position": t, "token": seq.tokens[t], "kl": k,
                       "engine_logprob": float(seq.logprobs[t]), "reference_logprob": ref_own,
                       "engine_top1": names(int(eng_top1[0])), "reference_top1": names(int(ref_top1[0])),
