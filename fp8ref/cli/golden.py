@@ -78,7 +78,7 @@ def register(sub) -> None:
 def cmd_generate(args) -> int:
     if args.model is not None:
         return cmd_golden_logprobs(args)
-    if args.suite is None or args.tokens:
+    if args.suite is None or args.tokens or args.logits:
         from ..errors import GoldenError
 
         raise GoldenError("golden generate: give a SUITE (or --model CKPT --tokens FILE for a checkpoint's logprobs)")

@@ -124,7 +124,7 @@ class ModelOutput(argparse.Action):
         setattr(namespace, self.dest, values)
         namespace.paths_read = ("tokens",)
         namespace.checkpoints_read = ("model", "original")
-        namespace.files_written = ("output",)
+        namespace.files_written = ("output", "logits")
         namespace.folders_written = ()
 
 
@@ -138,6 +138,8 @@ def add_golden_model_args(p) -> None:
                    help="--model: top entries per position, 1..1024 (default 20; the position's own token is added "
                         "when outside them, as vLLM does)")
     p.add_argument("--original", metavar="SRC", help="--model: original weights, for --mode original")
+    p.add_argument("--logits", metavar="OUT", help="--model: also the full logits, bit for bit in the model dtype, "
+                                                   "to a safetensors file (tensors 'logits' [B, T, V], 'input_ids')")
 
 
 def cmd_golden_logprobs(args) -> int:
@@ -157,10 +159,16 @@ def cmd_golden_logprobs(args) -> int:
     ckpt = load_checkpoint(args.model)
     model = build_model(ckpt, mode=mode, original=args.original)
     ids = read_tokens(args.tokens, int(model.config.vocab_size))
-    rows = reference_logprobs(model, mode, ids, args.top_k)
+    rows, logits = reference_logprobs(model, mode, ids, args.top_k)
     choices = [choice(i, ids[i].numpy(), own, tops) for i, (own, tops) in enumerate(rows)]
     doc = response(choices, f"fp8ref {mode} {ckpt.path}")
     write_out(str(args.output), json.dumps(doc, indent=None) + "\n")
+    if args.logits:
+        from .._arrays import numpy_of
+        from ..io.safetensors import save
+
+        save(args.logits, {"logits": numpy_of(logits), "input_ids": ids.numpy()},
+             {"fp8ref_mode": str(mode), "checkpoint": str(ckpt.path)})
     print(f"golden: {len(choices)} sequences of {ids.shape[1]} tokens, top {args.top_k} logprobs of mode {mode} "
           f"-> {args.output}")
     return 0

@@ -150,9 +150,10 @@ def default_noise_floor(against: str) -> str:
 
 
 def reference_logprobs(model, mode, ids: torch.Tensor, k: int):
-    """Per sequence of ``ids`` [B, T]: (log-softmax of each token given the ones before it, NaN
-    first; per position t >= 1 the ``k`` top entries (ids, logprobs), the token ``ids[t]`` added
-    when outside them) from ``mode``'s float64 log-softmax."""
+    """(rows, logits): the logits [B, T, V] of ``mode`` on ``ids`` [B, T], and per sequence (the
+    log-softmax of each token given the ones before it, NaN first; per position t >= 1 the ``k``
+    top entries (ids, logprobs), the token ``ids[t]`` added when outside them) from their float64
+    log-softmax."""
     from .engine_logprobs import top_entries
 
     set_mode(model, mode)
@@ -172,4 +173,4 @@ def reference_logprobs(model, mode, ids: torch.Tensor, k: int):
                 top = np.append(top, row_ids[t])
             tops.append((top, lp[top]))
         out.append((own, tops))
-    return out
+    return out, logits_all

@@ -61,6 +61,18 @@ def test_transformers_reload_judges_as_producer(setup, form):
     assert r["tokenizer"] == (str(ck / "tokenizer.json") if form == "strings" else None)
 
 
+def test_golden_logits_are_the_tools_bit_for_bit(setup):
+    """golden generate --model --mode producer --logits: transformers' own logits, bit for bit."""
+    from safetensors.torch import load_file
+
+    d, ck, tok, ids = setup
+    (d / "ids.txt").write_text("\n".join(" ".join(map(str, row)) for row in ids.tolist()) + "\n")
+    assert main(["golden", "generate", "--model", str(ck), "--tokens", str(d / "ids.txt"), "--mode", "producer",
+                 "-o", str(d / "golden.json"), "--logits", str(d / "logits.safetensors")]) == 0
+    got = load_file(str(d / "logits.safetensors"))["logits"]
+    assert torch.equal(got.view(torch.int16), _tool_logits(ck, ids).view(torch.int16))
+
+
 def test_a_doubled_weight_scale_is_reported_above_the_noise_floor(setup):
     from safetensors import safe_open
     from safetensors.torch import save_file

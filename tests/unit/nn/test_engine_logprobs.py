@@ -154,8 +154,21 @@ def golden_file(tmp_path_factory):
     ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(11))
     (d / "ids.txt").write_text("\n".join(" ".join(map(str, row)) for row in ids.tolist()) + "\n")
     assert main(["golden", "generate", "--model", str(CK), "--tokens", str(d / "ids.txt"), "--mode", "producer",
-                 "--top-k", "5", "-o", str(d / "golden.json")]) == 0
+                 "--top-k", "5", "-o", str(d / "golden.json"), "--logits", str(d / "logits.safetensors")]) == 0
     return d, ids
+
+
+def test_golden_full_logits_are_the_models_bit_for_bit(golden_file):
+    from safetensors.torch import load_file
+
+    from fp8ref.nn import build_model
+
+    d, ids = golden_file
+    with torch.no_grad():
+        logits = build_model(CK, mode="producer")(ids).logits
+    got = load_file(str(d / "logits.safetensors"))
+    assert got["logits"].dtype == logits.dtype == torch.bfloat16 and torch.equal(got["input_ids"], ids)
+    assert torch.equal(got["logits"].view(torch.int16), logits.view(torch.int16))
 
 
 def test_golden_file_is_what_compare_reads_and_agrees_exactly(golden_file, capsys):
@@ -283,3 +296,10 @@ def test_options_that_do_not_apply_are_refused(tmp_path, capsys):
     assert code == 1 and "--against applies to --engine-logprobs FILE" in err
     code, _, err = run(capsys, "golden", "generate", "-o", tmp_path / "x.json", "--tokens", path)
     assert code == 1 and "golden generate: give a SUITE" in err and not (tmp_path / "x.json").exists()
+    code, _, err = run(capsys, "golden", "generate", "--model", CK, "--tokens", path, "-o", tmp_path / "x.json",
+                       "--logits", tmp_path / "x.json")
+    assert code == 1 and "OUT and --logits name the same file" in err and not (tmp_path / "x.json").exists(), err
+    code, _, err = run(capsys, "golden", "generate", "--model", CK, "--tokens", CK / "config.json", "-o",
+                       tmp_path / "x.json")
+    assert code == 1 and "config.json:1: expected whitespace-separated integer token ids" in err
+    assert not (tmp_path / "x.json").exists()
