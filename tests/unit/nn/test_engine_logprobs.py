@@ -276,6 +276,11 @@ def test_token_strings_other_than_the_tokenizer_gives(tmp_path, capsys):
                                                                  "token of the tokenizer", ck=ck)
     _refused(capsys, tmp_path, _write(tmp_path, "n.json", text), "no tokenizer.json to map the engine's token strings",
              ck=CK)
+    good = _bad(tokens=["<s>", "the", "fox"], top_logprobs=[None, {"the": -0.5}, {"fox": -2.0}])
+    code, out, err = run(capsys, "compare", CK, "--engine-logprobs", _write(tmp_path, "g.json", good), "--tokenizer",
+                         ck, "--json", "-", "--quiet")
+    r = json.loads(out)
+    assert code == 0 and r["tokenizer"] == str(ck / "tokenizer.json") and r["overall"]["positions"] == 2, err
 
 
 def test_a_file_too_large_is_refused(tmp_path, capsys, monkeypatch):
