@@ -186,6 +186,31 @@ def _modelopt_record(where: str, doc: dict):
     yield where, {"logprobs": {"tokens": strs, "token_logprobs": own, "top_logprobs": tops}}
 
 
+def _vllm_prompt_logprobs(where: str, choice: dict) -> dict:
+    """vLLM's ``prompt_logprobs`` (request field ``prompt_logprobs: K``; per prompt position ``null``
+    or an object id -> {"logprob", "rank", "decoded_token"} holding the prompt token and the top K)
+    as an echo choice with ``token_id:N`` tokens; the ids are ``prompt_token_ids``
+    (``return_token_ids: true``), which say which entry is the prompt token's."""
+    entries, ids = choice["prompt_logprobs"], choice.get("prompt_token_ids")
+    if not isinstance(ids, list) or not isinstance(entries, list) or len(ids) != len(entries):
+        raise ModelError(f"{where}: prompt_logprobs without prompt_token_ids of the same length; request "
+                         f"return_token_ids=true (or echo=true with logprobs=K)")
+    tokens, own, tops = [], [], []
+    for t, (i, entry) in enumerate(zip(ids, entries)):
+        tokens.append(f"token_id:{i}")
+        if entry is None:
+            own.append(None)
+            tops.append(None)
+            continue
+        if not isinstance(entry, dict) or not all(isinstance(v, dict) and "logprob" in v for v in entry.values()):
+            raise ModelError(f"{where}: prompt_logprobs[{t}]: expected an object id -> {{\"logprob\": ...}}")
+        if str(i) not in entry:
+            raise ModelError(f"{where}: prompt_logprobs[{t}]: no entry for the prompt token {i}")
+        own.append(entry[str(i)]["logprob"])
+        tops.append({f"token_id:{k}": v["logprob"] for k, v in entry.items()})
+    return {"prompt_token_ids": ids, "logprobs": {"tokens": tokens, "token_logprobs": own, "top_logprobs": tops}}
+
+
 def _logprob(value, where: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or value > 0:
         raise ModelError(f"{where}: {shown(value, 40)} is not a log-probability (a finite number <= 0)")
@@ -193,6 +218,8 @@ def _logprob(value, where: str) -> float:
 
 
 def _sequence(where: str, choice: dict, tokens: TokenMap) -> EngineSequence:
+    if choice.get("logprobs") is None and choice.get("prompt_logprobs") is not None:
+        choice = _vllm_prompt_logprobs(where, choice)
     lp = choice.get("logprobs")
     if not isinstance(lp, dict):
         raise ModelError(f"{where}: no 'logprobs' object; request echo=true and logprobs=K (K >= 1)")

@@ -64,6 +64,24 @@ def test_jsonl_and_a_json_list_read_alike(tmp_path):
     assert [s.ids.tolist() for s in a] == [s.ids.tolist() for s in b] == [[1, 5, 7]] * 2
 
 
+def test_vllm_prompt_logprobs_with_prompt_token_ids(tmp_path):
+    """vLLM's prompt_logprobs (id -> Logprob objects) read as the same sequence as its echo form."""
+    def entry(pairs):
+        return {str(i): {"logprob": v, "rank": r, "decoded_token": "x"} for r, (i, v) in enumerate(pairs, 1)}
+
+    pl = [None, entry([(5, -0.5), (9, -1.25)]), entry([(3, -0.25), (7, -2.0)])]
+    path = write_response(tmp_path / "p.json", [{"index": 0, "text": "", "logprobs": None, "prompt_logprobs": pl,
+                                                 "prompt_token_ids": [1, 5, 7]}])
+    got = read_engine_logprobs(path, vocab=128, tokenizer_loader=_no_tokenizer)[0][0]
+    want = read_engine_logprobs(write_response(tmp_path / "e.json", [GOOD]), vocab=128,
+                                tokenizer_loader=_no_tokenizer)[0][0]
+    assert got.ids.tolist() == want.ids.tolist() and got.logprobs[1:].tolist() == want.logprobs[1:].tolist()
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(got.top[1:], want.top[1:]))
+    path = write_response(tmp_path / "q.json", [{"index": 0, "prompt_logprobs": pl}])
+    with pytest.raises(ModelError, match="prompt_logprobs without prompt_token_ids"):
+        read_engine_logprobs(path, vocab=128, tokenizer_loader=_no_tokenizer)
+
+
 def test_modelopt_fidelity_check_records(tmp_path):
     """ModelOpt's fidelity_check.py collect-base / collect-quant JSONL (branch fridah/fidelity-check,
     examples/llm_eval): per record tokens and top_logprobs of one echo call, no token_logprobs;
