@@ -12,6 +12,8 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fp8ref.cli import main
 from fp8ref.errors import ModelError
@@ -284,6 +286,35 @@ def test_bad_files_are_refused_in_one_line_and_nothing_is_written(tmp_path, caps
     os.mkfifo(fifo)
     _refused(capsys, tmp_path, fifo, "a FIFO, expected a regular file")
     _refused(capsys, tmp_path, tmp_path / "absent.json", "absent.json: cannot read engine logprobs")
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=12),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=9), inner, max_size=4),
+                    max_leaves=12)
+FIELDS = [("choices",), ("choices", 0), ("choices", 0, "logprobs"), ("choices", 0, "prompt_token_ids"),
+          ("choices", 0, "prompt_logprobs"), ("choices", 0, "logprobs", "tokens"),
+          ("choices", 0, "logprobs", "tokens", 1), ("choices", 0, "logprobs", "token_logprobs"),
+          ("choices", 0, "logprobs", "token_logprobs", 2), ("choices", 0, "logprobs", "top_logprobs"),
+          ("choices", 0, "logprobs", "top_logprobs", 0), ("choices", 0, "logprobs", "top_logprobs", 1),
+          ("choices", 0, "logprobs", "top_logprobs", 1, "token_id:5"), ("tokens",), ("top_logprobs",)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=st.sampled_from(FIELDS), value=JSON)
+def test_any_value_anywhere_is_read_or_refused_in_one_error(tmp_path_factory, field, value):
+    """Whatever JSON value stands in any field, the reader returns sequences or raises ModelError
+    (the CLI's one line): never another exception."""
+    doc = json.loads(json.dumps({"choices": [GOOD]}))
+    node = doc
+    for key in field[:-1]:
+        node = node[key]
+    node[field[-1]] = value
+    path = tmp_path_factory.mktemp("h") / "r.json"
+    path.write_text(json.dumps(doc))
+    try:
+        read_engine_logprobs(path, vocab=128, tokenizer_loader=lambda: (_ for _ in ()).throw(ModelError("no tok")))
+    except ModelError:
+        pass
 
 
 def test_token_strings_other_than_the_tokenizer_gives(tmp_path, capsys):
