@@ -7,6 +7,7 @@ import json
 
 from ..limits import MAX_RANDOM_IDS, MAX_SEQUENCE
 from .argtypes import int_range, random_shape
+from .logprobs import add_engine_args, cmd_engine_logprobs
 from .output import add_progress_flags, declare_paths, progress_enabled, write_out
 
 INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (the checkpoint's "
@@ -38,9 +39,8 @@ def register(sub) -> None:
                        description=f"The first mode is the baseline. Needs transformers (fp8ref[hf]). {INPUT_HELP}.")
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint folder (config.json + safetensors)")
     p.add_argument("--original", metavar="SRC", help="original (unquantized) weights, for mode 'original'")
-    p.add_argument("--modes", default="reference,producer",
-                   help="comma-separated: reference[:ACCUMULATION], producer, original, backend:NAME "
-                        "(default reference,producer)")
+    p.add_argument("--modes", help="comma-separated: reference[:ACCUMULATION], producer, original, backend:NAME "
+                                   "(default reference,producer)")
     add_input_args(p)
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="teacher-forced layers here (default) or as Ray tasks (RAY_ADDRESS, else a local cluster)")
@@ -48,8 +48,9 @@ def register(sub) -> None:
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON to OUT ('-': stdout)")
     p.add_argument("--html", metavar="OUT", help="write a self-contained HTML report (needs matplotlib: "
                                                  "fp8ref[report])")
+    add_engine_args(p)
     add_progress_flags(p)
-    declare_paths(p, inputs=("tokens", "text", "tokenizer"), checkpoints=("checkpoint", "original"),
+    declare_paths(p, inputs=("tokens", "text", "tokenizer", "engine_logprobs"), checkpoints=("checkpoint", "original"),
                   files=("json", "html"))
     p.set_defaults(handler=cmd_compare)
 
@@ -124,7 +125,13 @@ def cmd_compare(args) -> int:
     from ..nn import build_model, parse_modes
     from ..nn.compare import compare
 
-    modes = parse_modes(args.modes)
+    if args.engine_logprobs:
+        return cmd_engine_logprobs(args)
+    if args.against or args.noise_floor:
+        from ..errors import ModelError
+
+        raise ModelError(f"{'--against' if args.against else '--noise-floor'} applies to --engine-logprobs FILE")
+    modes = parse_modes(args.modes or "reference,producer")
     if args.html:
         from ..nn.html import _pyplot
 

@@ -12,6 +12,7 @@ from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
 from ..registry import suite_names
 from .argtypes import int_range
+from .logprobs import add_golden_model_args, cmd_golden_logprobs
 from .output import (
     add_accumulation,
     add_json,
@@ -29,15 +30,18 @@ def register(sub) -> None:
     golden = sub.add_parser("golden", help="generate, verify and check golden files (safetensors + MANIFEST.json)")
     gsub = golden.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
 
-    p = gsub.add_parser("generate", help="write a suite's inputs and expected outputs to a new folder")
-    p.add_argument("suite", help=f"suite YAML file, or the name of a shipped suite ({', '.join(suite_names())})")
+    p = gsub.add_parser("generate", help="write a suite's inputs and expected outputs to a new folder, or (--model) "
+                                         "a checkpoint's top-K logprobs to a file")
+    p.add_argument("suite", nargs="?", help=f"suite YAML file, or the name of a shipped suite "
+                                            f"({', '.join(suite_names())})")
     p.add_argument("-o", "--output", required=True, type=Path,
-                   help="folder to create (must be new or empty, or --force)")
+                   help="folder to create (must be new or empty, or --force); with --model: the JSON file")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: the suite's level)")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it is a golden folder fp8ref wrote "
                    "(and holds nothing else)")
+    add_golden_model_args(p)
     add_progress_flags(p)
-    declare_paths(p, inputs=("suite",), folders=("output",))
+    declare_paths(p, inputs=("suite",), folders=("output",))  # --model switches these (logprobs.ModelOutput)
     p.set_defaults(handler=cmd_generate)
 
     p = gsub.add_parser("verify", help="check every sha256 and re-derive every expected output")
@@ -72,6 +76,12 @@ def register(sub) -> None:
 
 
 def cmd_generate(args) -> int:
+    if args.model is not None:
+        return cmd_golden_logprobs(args)
+    if args.suite is None or args.tokens or args.logits:
+        from ..errors import GoldenError
+
+        raise GoldenError("golden generate: give a SUITE (or --model CKPT --tokens FILE for a checkpoint's logprobs)")
     suite = load_suite(args.suite)
     start = time.perf_counter()
     manifest = generate(suite, args.output, level=args.level, progress=progress_bar(progress_enabled(args), "generate"),
