@@ -110,8 +110,9 @@ def refuse_remote_datasets(manager, tasks: list[str]) -> None:
 
 def run_tasks(checkpoint, tasks: list[str], *, mode: str = "reference", original=None, tokenizer=None,
               include_path=None, limit=None, batch_size: int = 8, keep_decoded: bool = True,
-              softmax_dtype: str | None = "float32") -> dict:
-    """lm-eval's ``simple_evaluate`` on the ``fp8ref`` model, offline; its results per task."""
+              softmax_dtype: str | None = "float32", log_samples: bool = False) -> dict:
+    """lm-eval's ``simple_evaluate`` on the ``fp8ref`` model, offline; its results per task (and with
+    ``log_samples`` lm-eval's per-document samples, under ``samples``: not JSON-able)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -126,6 +127,58 @@ def run_tasks(checkpoint, tasks: list[str], *, mode: str = "reference", original
         lm = Fp8RefLM(checkpoint=checkpoint, mode=mode, original=original, tokenizer=tokenizer,
                       keep_decoded=keep_decoded, batch_size=batch_size, softmax_dtype=softmax_dtype)
         out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager,
-                                      limit=limit, log_samples=False)
-    return {"mode": lm.fp8ref_mode, "tokenizer": lm.fp8ref_tokenizer.describe(), "lm_eval": lm_eval.__version__,
-            "softmax_dtype": softmax_dtype or "model", "limit": limit, "results": out["results"]}
+                                      limit=limit, log_samples=log_samples)
+    res = {"mode": lm.fp8ref_mode, "tokenizer": lm.fp8ref_tokenizer.describe(), "lm_eval": lm_eval.__version__,
+           "softmax_dtype": softmax_dtype or "model", "limit": limit, "results": out["results"],
+           "higher_is_better": out.get("higher_is_better") or {}}
+    if log_samples:
+        res["samples"] = out.get("samples") or {}
+    return res
+
+
+def metrics(results: dict) -> dict[str, dict[str, float]]:
+    """{task: {metric: value}}: lm-eval's numbers, its stderr entries left out."""
+    return {task: {k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and "_stderr" not in k and k != "sample_len"}
+            for task, r in results.items()}
+
+
+def recovery(quantized: dict, original: dict, higher_is_better: dict) -> dict[str, dict[str, float | None]]:
+    """{task: {metric: recovery}} in llm-compressor's form (tests/lmeval: ``compressed / base``, whose CI
+    requires >= 0.95 after rounding to two decimals), for metrics where higher is better; where lower is
+    better (perplexities, bits per byte) ``original / quantized``, so that 1.0 is again full recovery and
+    less is worse. None where the original's value is 0 (or the quantized one, lower-is-better)."""
+    out = {}
+    for task, ms in quantized.items():
+        hib = higher_is_better.get(task, {})
+        out[task] = {}
+        for name, q in ms.items():
+            base = original.get(task, {}).get(name)
+            if base is None:
+                continue
+            higher = hib.get(name.split(",")[0], True)
+            num, den = (q, base) if higher else (base, q)
+            out[task][name] = None if den == 0 else num / den
+    return out
+
+
+def worst_task(recoveries: dict) -> str | None:
+    """The task with the lowest recovery over its metrics (None when nothing was comparable)."""
+    worst = {t: min(v for v in r.values() if v is not None) for t, r in recoveries.items()
+             if any(v is not None for v in r.values())}
+    return min(worst, key=worst.get) if worst else None
+
+
+def sample_texts(samples: list, n: int) -> list[str]:
+    """The first ``n`` documents' full texts (context + continuation) as lm-eval scored them."""
+    texts = []
+    for s in samples[:n]:
+        args = s.get("arguments") or []
+        first = args[0] if args else ()
+        if isinstance(first, (list, tuple)):
+            texts.append("".join(str(a) for a in first[:2]))
+        elif isinstance(first, dict) and "arg_0" in first:  # lm-eval's JSON-friendly form
+            texts.append(str(first.get("arg_0", "")) + str(first.get("arg_1", "")))
+        else:
+            texts.append(str(first))
+    return [t for t in texts if t]

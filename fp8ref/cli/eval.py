@@ -69,17 +69,95 @@ def cmd_tasks(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ModelError("--tasks: expected comma-separated task names")
-    res = {"checkpoint": str(args.checkpoint),
-           **run_tasks(args.checkpoint, tasks, mode=args.mode, original=args.original, tokenizer=args.tokenizer,
-                       include_path=args.include_path, limit=args.limit, batch_size=args.batch,
-                       keep_decoded=args.keep_decoded,
-                       softmax_dtype=None if args.softmax_dtype == "model" else args.softmax_dtype)}
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    if not modes or len(set(modes)) != len(modes):
+        raise ModelError(f"--mode: expected distinct comma-separated modes, got {args.mode!r}")
+    runs = {}
+    for mode in modes:
+        runs[mode] = run_tasks(args.checkpoint, tasks, mode=mode, original=args.original, tokenizer=args.tokenizer,
+                               include_path=args.include_path, limit=args.limit, batch_size=args.batch,
+                               keep_decoded=args.keep_decoded, log_samples=mode == "original" and len(modes) > 1,
+                               softmax_dtype=None if args.softmax_dtype == "model" else args.softmax_dtype)
+    if len(modes) == 1:
+        res = {"checkpoint": str(args.checkpoint), **runs[modes[0]]}
+        res.pop("higher_is_better")
+        if not (args.json and write_json(res, args.json)):
+            print(f"{res['checkpoint']}: mode {res['mode']}, tokenizer {res['tokenizer']}, lm-eval {res['lm_eval']}")
+            for task, metrics in res["results"].items():
+                shown = ", ".join(f"{k} {v:.6g}" for k, v in metrics.items() if isinstance(v, float))
+                print(f"  {task}: {shown}")
+        return 0
+    res = tasks_table(args, runs)
     if not (args.json and write_json(res, args.json)):
-        print(f"{res['checkpoint']}: mode {res['mode']}, tokenizer {res['tokenizer']}, lm-eval {res['lm_eval']}")
-        for task, metrics in res["results"].items():
-            shown = ", ".join(f"{k} {v:.6g}" for k, v in metrics.items() if isinstance(v, float))
-            print(f"  {task}: {shown}")
+        print_tasks_table(res)
     return 0
+
+
+def tasks_table(args, runs: dict) -> dict:
+    """Several modes: each task's metrics per mode, the recovery of each quantized mode against
+    ``original`` (when it ran), and fp8ref's per-layer figures on the worst task's documents."""
+    from ..eval import metrics, recovery, worst_task
+
+    first = next(iter(runs.values()))
+    table = {mode: metrics(r["results"]) for mode, r in runs.items()}
+    res = {"checkpoint": str(args.checkpoint), "modes": list(runs), "tokenizer": first["tokenizer"],
+           "lm_eval": first["lm_eval"], "softmax_dtype": first["softmax_dtype"], "limit": first["limit"],
+           "metrics": table, "results": {mode: r["results"] for mode, r in runs.items()}}
+    if "original" in runs:
+        hib = runs["original"]["higher_is_better"]
+        res["recovery"] = {mode: recovery(table[mode], table["original"], hib) for mode in runs if mode != "original"}
+        quantized = [m for m in runs if m != "original"]
+        if quantized and (task := worst_task(res["recovery"][quantized[0]])) is not None:
+            res["worst_task"] = {"task": task, "mode": quantized[0],
+                                 **worst_task_layers(args, quantized[0], runs["original"]["samples"].get(task, []))}
+    return res
+
+
+def worst_task_layers(args, mode: str, samples: list) -> dict:
+    """``compare`` of ``mode`` against ``original`` on the first documents of the worst task."""
+    import torch
+
+    from ..eval import hf_tokenizer, sample_texts
+    from ..nn import build_model
+    from ..nn.compare import compare
+
+    texts = sample_texts(samples, 16)
+    _, tok = hf_tokenizer(args.tokenizer or args.checkpoint)
+    seq = tok.encode(" ".join(texts))[:256]  # the documents as one sequence: one batched pass
+    if len(seq) < 2:
+        return {"layers": [], "note": "the task's documents give fewer than two tokens"}
+    ids = torch.tensor([seq], dtype=torch.long)
+    model = build_model(str(args.checkpoint), mode=mode, original=args.original, keep_decoded=args.keep_decoded)
+    r = compare(model, ids, ["original", mode])
+    worst = sorted(r["layers"], key=lambda x: -x["teacher_forced"][mode]["rel_rms"])
+    return {"documents": len(texts), "tokens": len(seq), "end_to_end": r["end_to_end"][mode],
+            "layers": [{"name": x["name"], **x["teacher_forced"][mode]} for x in worst]}
+
+
+def print_tasks_table(res: dict) -> None:
+    modes = res["modes"]
+    print(f"{res['checkpoint']}: tokenizer {res['tokenizer']}, lm-eval {res['lm_eval']}, "
+          f"log-softmax {res['softmax_dtype']}")
+    rec = res.get("recovery", {})
+    head = ["task", "metric", *modes, *(f"recovery {m}" for m in rec)]
+    rows = []
+    for task, ms in res["metrics"][modes[0]].items():
+        for name in ms:
+            rows.append([task, name, *(f"{res['metrics'][m][task].get(name, float('nan')):.6g}" for m in modes),
+                         *("-" if rec[m][task].get(name) is None else f"{rec[m][task][name]:.2f}" for m in rec)])
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    if rec:
+        print("  recovery: quantized / original as llm-compressor's CI computes it (>= 0.95 passes); "
+              "original / quantized where lower is better")
+    if "worst_task" in res:
+        w = res["worst_task"]
+        shown = ", ".join(f"{x['name']} {x['rel_rms']:.3g}" for x in w["layers"][:3])
+        e = w.get("end_to_end", {})
+        print(f"  worst task {w['task']} ({w['mode']} vs original on its first {w.get('documents', 0)} documents, "
+              f"{w.get('tokens', 0)} tokens): KL {e.get('kl', float('nan')):.3e}, worst teacher-forced relative RMS: "
+              f"{shown or 'none'}")
 
 
 def cmd_eval(args) -> int:

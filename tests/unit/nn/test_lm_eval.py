@@ -10,59 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.eval_examples import TASKS, write_tasks
 from tests.support.tokenizers_fixture import CKPTS, CORPUS, checkpoint_with_tokenizer
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
-
-QUESTIONS = [("the quick brown", ["fox", "dog", "scale"], 0), ("hello", ["world", "tensor", "even"], 0),
-             ("round to nearest", ["even", "fox", "lazy"], 0), ("a scale per", ["tensor", "hello", "brown"], 0),
-             ("jumps over the", ["lazy dog", "fp8", "channel"], 0), ("fp8 numbers", ["round", "jumps", "a"], 0)]
-
-
-TASKS = ["tiny_mc", "tiny_ppl"]
-
-
-def write_tasks(folder: Path) -> Path:
-    """Two tasks over local JSONL: tiny_mc (multiple choice, acc) and tiny_ppl (rolling perplexity)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "mc.jsonl", "w") as f:
-        for q, choices, answer in QUESTIONS:
-            f.write(json.dumps({"question": q, "choices": choices, "answer": answer}) + "\n")
-    with open(folder / "ppl.jsonl", "w") as f:
-        for i in range(3):
-            f.write(json.dumps({"text": " ".join(CORPUS[i:] + CORPUS[:i]) * (i + 1)}) + "\n")
-    (folder / "tiny_mc.yaml").write_text(f"""task: tiny_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder / "mc.jsonl"}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: answer
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-""")
-    (folder / "tiny_ppl.yaml").write_text(f"""task: tiny_ppl
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {folder / "ppl.jsonl"}
-test_split: test
-output_type: loglikelihood_rolling
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: word_perplexity
-  - metric: byte_perplexity
-  - metric: bits_per_byte
-""")
-    return folder
-
 
 def _numbers(results: dict) -> dict:
     return {task: {k: v for k, v in r.items() if isinstance(v, float)} for task, r in results.items()}
@@ -113,6 +65,66 @@ def test_cli_tasks_in_reference_mode_answer(world, tmp_path, capsys):
     assert r["mode"] == "reference" and r["tokenizer"] == str(ck / "tokenizer.json")
     assert 0 <= r["results"]["tiny_mc"]["acc,none"] <= 1
     assert math.isfinite(r["results"]["tiny_ppl"]["word_perplexity,none"])
+
+
+def test_the_committed_examples_run_from_the_repository_root(world, tmp_path, monkeypatch):
+    """The README's recipe: specs/examples/eval's tasks and tokenizer with the committed checkpoint give
+    the numbers of the same data and tokenizer built in the test's folder."""
+    from fp8ref.cli import main
+
+    ck, tasks = world
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(root)
+    runs = {}
+    for name, argv in {"committed": [str(CKPTS / "llmc_fp8"), "--include-path", "specs/examples/eval",
+                                     "--tokenizer", "specs/examples/eval/tokenizer"],
+                       "built": [str(ck), "--include-path", str(tasks)]}.items():
+        out = tmp_path / f"{name}.json"
+        assert main(["eval", *argv, "--tasks", "tiny_mc,tiny_ppl", "--mode", "producer", "--json", str(out),
+                     "--quiet"]) == 0
+        runs[name] = _numbers(json.loads(out.read_text())["results"])
+    assert runs["committed"] == runs["built"] and len(runs["committed"]["tiny_ppl"]) == 3
+
+
+def test_several_modes_give_one_table_with_llm_compressors_recovery(world, tmp_path, capsys):
+    """--mode reference,original: each mode's numbers are those of its own run; recovery is
+    quantized / original (original / quantized for perplexities, where lower is better); the worst
+    task's per-layer figures come from compare, worst layer first."""
+    from fp8ref.cli import main
+
+    ck, tasks = world
+    common = ["--tasks", "tiny_mc,tiny_ppl", "--include-path", str(tasks), "--original",
+              str(CKPTS / "original_bf16"), "--quiet"]
+    single = {}
+    for mode in ("reference", "original"):
+        out = tmp_path / f"{mode}.json"
+        assert main(["eval", str(ck), *common, "--mode", mode, "--json", str(out)]) == 0
+        single[mode] = _numbers(json.loads(out.read_text())["results"])
+    out = tmp_path / "both.json"
+    assert main(["eval", str(ck), *common, "--mode", "reference,original", "--json", str(out)]) == 0
+    both = json.loads(out.read_text())
+    for mode in ("reference", "original"):
+        assert both["metrics"][mode] == {t: {k: v for k, v in m.items() if k != "sample_len" and "_stderr" not in k}
+                                         for t, m in single[mode].items()}
+    rec, ref, orig = both["recovery"]["reference"], single["reference"], single["original"]
+    assert rec["tiny_mc"]["acc,none"] == ref["tiny_mc"]["acc,none"] / orig["tiny_mc"]["acc,none"]
+    ppl = "word_perplexity,none"
+    assert rec["tiny_ppl"][ppl] == orig["tiny_ppl"][ppl] / ref["tiny_ppl"][ppl] != 1.0
+    lowest = {t: min(r.values()) for t, r in rec.items()}
+    w = both["worst_task"]
+    assert w["task"] == min(lowest, key=lowest.get) and w["mode"] == "reference" and w["tokens"] >= 2
+    rms = [x["rel_rms"] for x in w["layers"]]
+    assert rms == sorted(rms, reverse=True) and rms[0] > 0 and all(x["name"].startswith("model.") for x in w["layers"])
+
+
+def test_recovery_follows_each_metrics_direction():
+    from fp8ref.eval import recovery, worst_task
+
+    q = {"t": {"acc,none": 0.45, "word_perplexity,none": 12.0, "f1,none": 0.3}}
+    o = {"t": {"acc,none": 0.5, "word_perplexity,none": 10.0, "f1,none": 0.0}}
+    r = recovery(q, o, {"t": {"acc": True, "word_perplexity": False, "f1": True}})
+    assert r == {"t": {"acc,none": 0.45 / 0.5, "word_perplexity,none": 10.0 / 12.0, "f1,none": None}}
+    assert worst_task({"a": {"x": 0.99}, "b": {"x": 0.9, "y": None}, "c": {"y": None}}) == "b"
 
 
 def test_remote_dataset_task_is_refused_offline(world, tmp_path, capsys):
