@@ -1,6 +1,7 @@
 """lm-eval-harness on fp8ref's model (tox -e eval): ``import fp8ref.eval`` registers the lm-eval
 model "fp8ref"; on a tiny local task its producer-mode results equal lm-eval's own ``hf`` model on
-transformers' reload of the same checkpoint (compressed-tensors), number for number."""
+transformers' reload of the same checkpoint (llm-compressor's through compressed-tensors, auto-round's
+through auto-round), number for number."""
 
 from __future__ import annotations
 
@@ -22,12 +23,22 @@ def _numbers(results: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
+    """llm-compressor's FP8 checkpoint (transformers reloads it through compressed-tensors)."""
     tmp = tmp_path_factory.mktemp("lm_eval")
     return checkpoint_with_tokenizer(tmp), write_tasks(tmp / "tasks")
 
 
+@pytest.fixture(scope="module")
+def ar_world(tmp_path_factory):
+    """auto-round's FP8_STATIC checkpoint (transformers reloads it through auto-round)."""
+    pytest.importorskip("auto_round")
+    tmp = tmp_path_factory.mktemp("lm_eval_ar")
+    return checkpoint_with_tokenizer(tmp, "autoround_fp8_static"), write_tasks(tmp / "tasks")
+
+
+@pytest.mark.parametrize("which", ["world", "ar_world"])
 @pytest.mark.parametrize("softmax_dtype", [None, "float32"])
-def test_producer_results_equal_lm_evals_hf_model_on_transformers_reload(world, softmax_dtype):
+def test_producer_results_equal_lm_evals_hf_model_on_transformers_reload(request, which, softmax_dtype):
     """None: lm-eval's default, log-softmax in the model's bf16 (sums rounded to bf16); float32
     resolves the modes: reference mode's numbers then differ from producer's."""
     pytest.importorskip("compressed_tensors")
@@ -36,7 +47,7 @@ def test_producer_results_equal_lm_evals_hf_model_on_transformers_reload(world, 
 
     import fp8ref.eval  # noqa: F401  (registers "fp8ref")
 
-    ck, tasks = world
+    ck, tasks = request.getfixturevalue(which)
     manager = TaskManager(include_path=str(tasks))
     extra = f",softmax_dtype={softmax_dtype}" if softmax_dtype else ""
 
@@ -147,8 +158,10 @@ def test_fp8ref_model_refuses_trust_remote_code():
         fp8ref.eval.Fp8RefLM(checkpoint=str(CKPTS / "llmc_fp8"), trust_remote_code=True)
 
 
+@pytest.mark.parametrize("which", ["world", "ar_world"])
 @pytest.mark.parametrize("seq_len", [16, 64])
-def test_eval_text_equals_lm_evals_rolling_loglikelihood_on_transformers_reload(world, tmp_path, capsys, seq_len):
+def test_eval_text_equals_lm_evals_rolling_loglikelihood_on_transformers_reload(request, which, tmp_path, capsys,
+                                                                                  seq_len):
     """fp8ref eval --text in producer mode: its total NLL is -loglikelihood_rolling of lm-eval's hf
     model (softmax_dtype float64, max_length = --seq-len, same batch) on transformers' reload, bit for bit."""
     pytest.importorskip("compressed_tensors")
@@ -157,7 +170,7 @@ def test_eval_text_equals_lm_evals_rolling_loglikelihood_on_transformers_reload(
 
     from fp8ref.cli import main
 
-    ck, _ = world
+    ck, _ = request.getfixturevalue(which)
     text = " ".join(CORPUS * 3)
     (tmp_path / "t.txt").write_text(text)
     out = tmp_path / "r.json"
