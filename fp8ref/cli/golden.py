@@ -177,6 +177,7 @@ def cmd_import(args) -> int:
     """Read every node test (nothing is written when one is refused), write the suite's golden folder and
     ONNX's outputs beside it, then print fp8ref's verdict on each vector (golden check of ONNX's outputs)."""
     from ..conformance.report import print_results
+    from ..errors import GoldenError
     from ..golden import onnx_node, parse_suite
     from ..io import safetensors as st
 
@@ -184,8 +185,10 @@ def cmd_import(args) -> int:
     vectors = [v for t in tests for v in onnx_node.read_node_test(t, args.profile)]
     text = onnx_node.suite_text(args.name, vectors, args.profile, str(args.source))
     suite = parse_suite(text, source=f"{args.output}/suite.yaml")
-    manifest = generate(suite, args.output, force=args.force)
     peer = Path(f"{args.output}.onnx.safetensors")
+    if (peer.exists() or peer.is_symlink()) and not args.force:
+        raise GoldenError(f"{peer}: exists; pass --force to replace it (and {args.output} if fp8ref wrote it)")
+    manifest = generate(suite, args.output, force=args.force)
     st.save(peer, onnx_node.peer_outputs(vectors), {"producer": "fp8ref golden import onnx-node",
                                                     "source": str(args.source)})
     print(f"golden import: {len(tests)} node test(s), {len(manifest['cases'])} case(s) in {args.output} "

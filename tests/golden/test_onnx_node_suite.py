@@ -46,3 +46,16 @@ def test_the_default_suite_leaves_out_only_the_nan_to_fp4_inputs():
     shorter = {n: profile[n]["x"].size - default[n]["x"].size for n in default
                if "x" in default[n] and profile[n]["x"].size != default[n]["x"].size}
     assert set(shorter.values()) == {1} and len(shorter) == 4 and all("float4_e2m1fn" in n for n in shorter)
+
+
+def test_import_without_the_onnx_package_says_what_to_install(tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is not None:
+        pytest.skip("onnx is installed here (tests/interop/test_onnx_node_import.py runs the importer)")
+    from tests.support.cli import run_cli
+
+    fixture = OUTPUTS.parent / "onnx_node"
+    code = run_cli("golden", "import", "onnx-node", fixture, "-o", tmp_path / "out")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "needs the onnx package" in err[0] and not (tmp_path / "out").exists()

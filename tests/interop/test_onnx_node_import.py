@@ -121,3 +121,13 @@ def test_one_bad_test_among_good_ones_imports_nothing(tmp_path, capsys):
     bad = _copy_test(tmp_path)
     (bad / "test_data_set_0" / "output_0.pb").unlink()
     _refused(tmp_path, capsys, root, "expected exactly")
+
+
+def test_an_existing_outputs_file_is_not_replaced_without_force(tmp_path, capsys):
+    peer = tmp_path / "golden.onnx.safetensors"
+    peer.write_bytes(b"mine")
+    code, out = _import(tmp_path, source=FIXTURE / "test_cast_FLOAT_to_FLOAT8E4M3FN")
+    err = capsys.readouterr().err
+    assert code == 1 and "pass --force" in err and peer.read_bytes() == b"mine" and not out.exists()
+    code, out = _import(tmp_path, "--force", source=FIXTURE / "test_cast_FLOAT_to_FLOAT8E4M3FN")
+    assert code == 0 and peer.read_bytes() != b"mine" and verify(out)[0] == []
