@@ -59,3 +59,17 @@ def test_import_without_the_onnx_package_says_what_to_install(tmp_path, capsys):
     code = run_cli("golden", "import", "onnx-node", fixture, "-o", tmp_path / "out")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "needs the onnx package" in err[0] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("values, message", [
+    ('["0x-1"]', "expected a hex string"), ('["3f80"]', "expected a hex string"), ("[]", "a list of 1 to"),
+    ('["0x1_0"]', "expected a hex string"), ('["0x1ffff"]', "does not fit the 16-bit inputs"),
+])
+def test_literal_values_are_checked(tmp_path, values, message):
+    from fp8ref.errors import Fp8RefError
+    from fp8ref.golden import parse_suite
+
+    text = ("suite: s\nseed: 0\noperations:\n  - op: encode\n    formats: [float8_e4m3fn]\n    rounding: [rne]\n"
+            f"    saturate: [true]\n    input_dtypes: [float16]\n    values: {values}\n")
+    with pytest.raises(Fp8RefError, match=message):
+        generate(parse_suite(text, source="s.yaml"), tmp_path / "g")
