@@ -12,6 +12,7 @@ from ..errors import BackendError
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
+from ..profiles import PROFILES
 from .argtypes import int_range
 from .output import (
     add_accumulation,
@@ -36,6 +37,9 @@ def register(sub) -> None:
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
     p.add_argument("--nan-rule", choices=NAN_RULES, default="any", help="NaN equivalence (default: any)")
     p.add_argument("--case", help="only cases whose name matches this glob")
+    p.add_argument("--profile", choices=PROFILES, default="fp8ref",
+                   help="judge encode cases by fp8ref's rule (default) or by a specification's (onnx: ONNX Cast; "
+                   "docs/conformance.md); the default xfails file becomes NAME.PROFILE.txt")
     add_accumulation(p)
     p.add_argument("--max-errors", type=int_range(0, 2**31 - 1), default=20,
                    help="mismatch lines to print per operation (0: all; default 20)")
@@ -60,7 +64,8 @@ def cmd_conform(args) -> int:
     if bad_accumulation(args, "fp8ref conform"):
         return 2
     backend = load_backend(args.backend)
-    xfails = None if args.no_xfails else (load_xfails(args.xfails) if args.xfails else default_xfails(backend.name))
+    xfails = None if args.no_xfails else (load_xfails(args.xfails) if args.xfails
+                                          else default_xfails(backend.name, args.profile))
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
     if select is not None:
         select.glob = args.case  # named in the verdict when it selects nothing
@@ -69,7 +74,7 @@ def cmd_conform(args) -> int:
                        level=args.level, xfails=xfails, nan_rule=args.nan_rule, select=select,
                        max_errors=args.max_errors, json_out=args.json, progress=progress_enabled(args),
                        dump_failing=args.dump_failing, out=sys.stderr if json_on_stdout(args.json) else None,
-                       accumulation=args.accumulation)
+                       accumulation=args.accumulation, profile=args.profile)
     except BackendError as exc:  # the backend names itself; say what was typed too (module:object)
         if args.backend in str(exc):
             raise
@@ -77,7 +82,8 @@ def cmd_conform(args) -> int:
 
 
 def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_rule="any", select=None,
-            max_errors=20, json_out=None, progress=True, out=None, dump_failing=None, accumulation=None) -> int:
+            max_errors=20, json_out=None, progress=True, out=None, dump_failing=None, accumulation=None,
+            profile="fp8ref") -> int:
     """Run every suite, print the report, return the exit code (0: nothing unexpected). A backend
     that raises SystemExit/KeyboardInterrupt itself fails that case and stops the run: the report
     of what ran is printed and the exit code is 1 (never the backend's)."""
@@ -87,13 +93,14 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     for i, suite in enumerate(suites):
         r = run(backend, suite, level=level, nan_rule=nan_rule, xfails=xfails, select=select,
                 progress=progress_bar(progress, f"{backend.name} {suite.name}"), keep_failing=dump_failing is not None,
-                accumulation=accumulation)
+                accumulation=accumulation, profile=profile)
         runs.append(r)
         if dump_failing is not None:
             _dump(dump_failing, r, out)
         judge = r.accumulation
         header = (f"== fp8ref conform: backend {r.backend} ({r.backend_version or 'version unknown'}), suite "
-                  f"{r.suite} level {r.level}, NaN rule {nan_rule!r}, xfails "
+                  f"{r.suite} level {r.level}, " + (f"profile {profile}, " if profile != "fp8ref" else "")
+                  + f"NaN rule {nan_rule!r}, xfails "
                   f"{xfails.source if xfails else 'none'}" + (f", {judge.header()}" if judge is not None else ""))
         model = judge.judged_against if judge is not None else None
 
@@ -139,6 +146,7 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     print(f"result: {verdict}; {compared} case(s) compared", file=out)
     emit_json(json_out, {
         "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
+        "profile": profile,
         "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
         "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1)
     return code

@@ -10,6 +10,7 @@ from ..golden import check, generate, load_suite, verify
 from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
+from ..profiles import PROFILES
 from ..registry import suite_names
 from .argtypes import int_range
 from .logprobs import add_golden_model_args, cmd_golden_logprobs
@@ -68,6 +69,21 @@ def register(sub) -> None:
     add_json(p, "the report (the text report then goes to stderr when OUT is '-')")
     declare_paths(p, inputs=("folder", "outputs", "xfails"), files=("json",))
     p.set_defaults(handler=cmd_check)
+
+    p = gsub.add_parser("import", help="turn a peer's own test vectors into a golden folder (onnx-node)")
+    p.add_argument("kind", choices=("onnx-node",), help="onnx-node: ONNX backend node tests (model.onnx + "
+                   "test_data_set_*/{input,output}_*.pb) of Cast / CastLike to and from float8, E8M0, FP4")
+    p.add_argument("source", type=Path, help="a node-test folder, or a folder of them")
+    p.add_argument("-o", "--output", required=True, type=Path, help="golden folder to create (must be new or "
+                   "empty, or --force); ONNX's own outputs go to OUTPUT.onnx.safetensors beside it")
+    p.add_argument("--profile", choices=PROFILES, default="fp8ref", help="expected outputs by fp8ref's rule "
+                   "(default) or by the ONNX profile (docs/codec.md); fp8ref's rule leaves out FP4 NaN inputs")
+    p.add_argument("--name", default="onnx-node", help="the suite's name (default onnx-node)")
+    p.add_argument("--force", action="store_true", help="replace OUTPUT if it is a golden folder fp8ref wrote")
+    p.add_argument("--max-errors", type=int_range(0, 2**31 - 1), default=20,
+                   help="mismatch lines to print per operation (0: all; default 20)")
+    declare_paths(p, inputs=("source",), folders=("output",))
+    p.set_defaults(handler=cmd_import)
 
     p = gsub.add_parser("list", help="list the cases of a suite (names, operation, parameters)")
     p.add_argument("suite")
@@ -165,6 +181,49 @@ def _check(args, judge) -> tuple[int, dict]:
     print("result: " + ("PASS" if ok else f"FAIL ({unexpected} unexpected, {len(problems)} problem(s), "
                                           f"{compared} case(s) compared)"))
     return (0 if ok else 1), report
+
+
+def cmd_import(args) -> int:
+    """Read every node test (nothing is written when one is refused), write the suite's golden folder and
+    ONNX's outputs beside it, then print fp8ref's verdict on each vector (golden check of ONNX's outputs)."""
+    from ..conformance.report import print_results
+    from ..errors import GoldenError
+    from ..golden import onnx_node, parse_suite
+    from ..io import safetensors as st
+
+    tests = onnx_node.find_tests(args.source)
+    vectors = [v for t in tests for v in onnx_node.read_node_test(t, args.profile)]
+    text = onnx_node.suite_text(args.name, vectors, args.profile, str(args.source))
+    suite = parse_suite(text, source=f"{args.output}/suite.yaml")
+    peer = Path(f"{args.output}.onnx.safetensors")
+    if (peer.exists() or peer.is_symlink()) and not args.force:
+        raise GoldenError(f"{peer}: exists; pass --force to replace it (and {args.output} if fp8ref wrote it)")
+    manifest = generate(suite, args.output, force=args.force)
+    st.save(peer, onnx_node.peer_outputs(vectors), {"producer": "fp8ref golden import onnx-node",
+                                                    "source": str(args.source)})
+    print(f"golden import: {len(tests)} node test(s), {len(manifest['cases'])} case(s) in {args.output} "
+          f"(suite {suite.name}, {args.profile} rule); ONNX's outputs in {peer}")
+    for v in vectors:
+        for i, bits, why, agrees in v.dropped:
+            verdict = "" if agrees is None else ": agrees" if agrees else ": DIFFERS"
+            print(f"left out {onnx_node.case_name(v)} element {i} (input 0x{bits:x}): {why}{verdict}")
+    results, problems = check(args.output, peer)
+    by_case = {r.case: r for r in results}
+    for v in vectors:
+        r = by_case.get(onnx_node.case_name(v))
+        if r is not None:
+            verdict = "agrees" if not r.mismatches and r.status == "compared" else \
+                f"differs on {len(r.mismatches)} of {r.elements} element(s)" if r.status == "compared" else r.status
+            print(f"{v.test} {v.data_set}: fp8ref {verdict}")
+    differ = print_results(results, header=f"golden check {args.output} against {peer}",
+                           is_xfailed=lambda case, tags: False, max_errors=args.max_errors)
+    for problem in problems:
+        print(f"ERROR {problem}")
+    agree = sum(1 for r in results if r.status == "compared" and not r.mismatches)
+    differ += sum(1 for v in vectors for *_, ok in v.dropped if ok is False)
+    print(f"result: fp8ref ({args.profile} rule) agrees with {agree} of {len(results)} vector(s)"
+          + (f"; {differ} element(s) differ (listed above)" if differ else ""))
+    return 1 if problems else 0
 
 
 def cmd_list(args) -> int:

@@ -144,9 +144,13 @@ def repro_line(m: Mismatch, backend: str, suite: str, level: int, accumulation: 
         kw = (f"rounding={p['rounding']!r}, saturate={p['saturate']}, "
               f"random_bits={_array_literal(rb) if rb is not None else None}")
         imports = "import numpy as np; " + ("import ml_dtypes; " if p["dtype"] == "bfloat16" else "")
-        return (f'python -c "{imports}import fp8ref; from fp8ref.conformance import load_backend; '
+        profile = p.get("profile", "fp8ref")  # conform --profile: the expected codes are fp8ref.profiles'
+        ours, extra = ("fp8ref.encode", "") if profile == "fp8ref" else ("fp8ref.profiles.encode",
+                                                                          f", profile={profile!r}")
+        module = ours.rsplit(".", 1)[0]
+        return (f'python -c "{imports}import {module}; from fp8ref.conformance import load_backend; '
                 f"x = {_array_literal(m.inputs['x'])}; "
-                f"print(hex(fp8ref.encode(x, {p['format']!r}, {kw})[0]), "
+                f"print(hex({ours}(x, {p['format']!r}, {kw}{extra})[0]), "
                 f"hex(load_backend({backend!r}).encode(x, {p['format']!r}, {kw})[0]))\"")
     if m.op == "decode":
         return (f'python -c "import numpy as np, fp8ref; from fp8ref.conformance import load_backend; '

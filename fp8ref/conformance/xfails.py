@@ -10,7 +10,7 @@ then a ``#`` comment saying why (a link to the upstream decision)::
 Tags come from the mismatch:
 
 - ``overflow``: |x| > max; ``inf-input``; ``nan-input``;
-- ``zero``: x == 0 (quantize, MX: fp8ref's code is +-0; dequantize: the code is +-0);
+- ``zero``: x == 0 (quantize: fp8ref's code is +-0; dequantize: the code is +-0);
 - ``subnormal``: 0 < |x| < the format's min normal; ``tie``: x (quantize, MX: x / 2**k) halfway between neighbours;
 - ``double-rounding``: a float64 input whose float32 rounding (a float32 input whose float16 rounding)
   changes the result or lands on a tie;
@@ -91,7 +91,8 @@ def load_xfails(path: str | Path) -> Xfails:
     return parse_xfails(read_text(path, error=SpecError), str(path))
 
 
-def default_xfails(backend_name: str) -> Xfails | None:
-    """The xfails file shipped for a built-in backend, if any."""
-    path = XFAILS_DIR / f"{backend_name}.txt"
+def default_xfails(backend_name: str, profile: str = "fp8ref") -> Xfails | None:
+    """The xfails file shipped for a built-in backend, if any: ``NAME.txt``, or under a compatibility
+    profile (``conform --profile``) ``NAME.PROFILE.txt``."""
+    path = XFAILS_DIR / (f"{backend_name}.txt" if profile == "fp8ref" else f"{backend_name}.{profile}.txt")
     return load_xfails(path) if path.is_file() else None

@@ -88,3 +88,32 @@ def shapes(rank: int, limit: int = 4096) -> Checker:
 
 def at_level(table: Mapping[int, object], level: int):
     return table[max(k for k in table if k <= level)]
+
+
+def bit_patterns(limit: int = 1 << 16) -> Checker:
+    """Literal inputs: a non-empty list of at most ``limit`` hex strings (``"0x3f800000"``), bit patterns
+    of the case's input dtype or codes, as imported peer vectors carry them (fp8ref.golden.onnx_node)."""
+
+    def check(doc: YamlDocument, path: tuple, value):
+        if not isinstance(value, list) or not value or len(value) > limit:
+            raise doc.error(path, f"expected a list of 1 to {limit} hex strings like '0x3f800000', got {value!r:.80}")
+        out = []
+        for i, v in enumerate(value):
+            digits = v[2:] if isinstance(v, str) and v.startswith("0x") else ""
+            if not 1 <= len(digits) <= 16 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+                raise doc.error(path + (i,), f"expected a hex string like '0x3f800000', got {v!r}")
+            out.append(int(digits, 16))
+        return tuple(out)
+
+    return check
+
+
+def one_of(options: tuple) -> Checker:
+    """One string from ``options``."""
+
+    def check(doc: YamlDocument, path: tuple, value):
+        if not isinstance(value, str) or value not in options:
+            raise doc.error(path, f"expected one of {list(options)}, got {value!r}")
+        return value
+
+    return check

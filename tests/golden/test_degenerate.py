@@ -188,6 +188,7 @@ ZERO_BLOCK = {
     "fbgemm": ("FP8_DYNAMIC", "weight", float(np.float32(1 / np.float32(448 / np.float32(1e-12)))),
                "amax floor 1e-12"),
     "fp8ref": ("FP8_STATIC", "weight", 1.0, "zero amax -> 1"),
+    "onnx": ("FP8_STATIC", "weight", 1.0, "fp8ref's scale (an input to QuantizeLinear): zero amax -> 1"),
     "hf-fp8": ("FP8", "weight", 1.0, "m = 1 for amax 0"),
     "modelopt-fp8": ("FP8", "weight", 1.0, "maxbound substitution"),
     "modelopt-fp8-pc": ("FP8_STATIC", "weight", 1.0, "maxbound substitution (FINDINGS 3.2)"),

@@ -396,3 +396,17 @@ class KTailLinear(Backend):
             ws = ws.copy()
             ws[:, -1] = ws[:, -2]
         return matmul.linear(x, weight, ws, input_scale=input_scale, dynamic=dynamic, accumulate=accumulate)
+
+
+class FlipsLastCode(Backend):
+    """quantize (recipe fp8ref, FP8_STATIC weights) whose last code is one code off: the repro of a
+    quantize mismatch must rerun it (and print the codes, not the scale, at a 2-D index)."""
+
+    name = "flips_last_code"
+    capabilities = {"quantize": {"scheme": ("FP8_STATIC",), "recipe": ("fp8ref",), "role": ("weight",)}}
+
+    def quantize(self, x, *, scheme, recipe, role, amax=None):
+        q = quant.quantize(x, PRESETS[scheme], recipe=recipe, amax=amax, role=role)
+        codes = np.array(q.codes)
+        codes.reshape(-1)[-1] ^= 1
+        return {"codes": codes, "scale": q.scale}

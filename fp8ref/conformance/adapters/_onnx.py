@@ -8,6 +8,8 @@ Opset 25 (the highest onnxruntime 1.32's CPU provider implements; onnx 1.23.2 de
 
 from __future__ import annotations
 
+import math
+
 OPSET = 25
 IR_VERSION = 11  # the IR version of opset 25 (onnx 1.18+)
 
@@ -57,29 +59,77 @@ def decode_model(fmt: str):
 
 
 # DequantizeLinear: the schemes whose scale ONNX can take as is (float32, per tensor, per row of the
-# weight = axis 0, or per block of 32 along the last axis = blocked with block_size 32)
-DEQUANTIZE_SCHEMES = ("FP8", "FP8_STATIC", "FP8_DYNAMIC", "MXFP8", "MXFP4")
+# weight = axis 0, or blocked along the last axis: groups, MX blocks, 2-D blocks with the scale repeated)
+DEQUANTIZE_SCHEMES = ("FP8", "FP8_STATIC", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP8", "MXFP4")
+# QuantizeLinear with a float32 y_scale: the granularities ONNX expresses (per tensor, per axis, blocked
+# along one axis; fp8ref's 2-D blocks as blocks along axis 1 with the scale repeated over the rows)
+QUANTIZE_GRANULARITIES = ("tensor", "channel", "token", "group", "block")
 
 
-def dequantize_model(fmt: str, shape, scale_shape):
-    """An opset-25 model ``y = DequantizeLinear(x: fmt, scale: float32) -> float32`` (recipe fp8ref
-    dequantizes to float32 whatever the model dtype) for 2-D codes ``shape`` and the case's
-    ``scale_shape``: (1,) per tensor, (N, 1) per row (axis 0, scale fed 1-D), (N, ceil(K / B)) per
-    block of B along axis 1 (block_size B). Returns the model and the shape the scale is fed in."""
-    from onnx import helper
+def scale_input(scale, shape, qa):
+    """fp8ref's scale for 2-D ``shape`` as ONNX's ``y_scale`` / ``x_scale`` input, with the node's
+    attributes: per tensor a 1-element vector; per row (channel, token) a vector along axis 0; per
+    group, per MX block or per 2-D block a blocked scale along axis 1 (``block_size`` the group's
+    width; a 2-D block's scale repeated over its rows, which ONNX's blocked layout then holds as is)."""
+    import numpy as np
 
     n, k = shape
-    attrs = {}
-    if tuple(scale_shape) == (1,):
-        fed = [1]
-    elif tuple(scale_shape) == (n, 1):
-        fed, attrs["axis"] = [n], 0
-    else:
-        fed, attrs["axis"], attrs["block_size"] = list(scale_shape), 1, -(-k // scale_shape[1])
+    scale = np.asarray(scale, np.float32)
+    if qa.granularity == "tensor":
+        return scale.reshape(1), {}
+    if qa.granularity in ("channel", "token"):
+        return scale.reshape(n), {"axis": 0}
+    if qa.granularity == "block":
+        bh, bw = qa.block_shape
+        return np.repeat(scale.reshape(-(-n // bh), -(-k // bw)), bh, axis=0)[:n], {"axis": 1, "block_size": bw}
+    width = {"group": qa.group_size, "mx": 32, "nvfp4": 16}[qa.granularity]
+    return scale.reshape(n, -(-k // width)), {"axis": 1, "block_size": width}
+
+
+def _model(node, inputs, output, initializers=()):
+    from onnx import helper
+
+    graph = helper.make_graph([node], f"fp8ref_{node.op_type.lower()}", inputs, [output],
+                              initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def quantize_model(x_dtype: str, fmt: str, shape, scale_shape, attrs: dict, saturate: bool):
+    """``y = QuantizeLinear(x: x_dtype, y_scale: float32, y_zero_point: fmt 0)`` at opset 25, 2-D x of
+    ``shape``; the zero point (an initializer of ``scale_shape``, every code 0x00 = +0) gives the output
+    type, as in exported QDQ models; ``saturate`` for the float8 outputs (no effect on FP4)."""
+    from onnx import helper
+
+    size = math.prod(scale_shape)
+    nbytes = (size + 1) // 2 if fmt == "float4_e2m1fn" else size
+    zero = helper.make_tensor("zero", element_type(ELEMENT_TYPES[fmt]), list(scale_shape), vals=bytes(nbytes),
+                              raw=True)
+    if fmt in FP8_FORMATS:
+        attrs = {**attrs, "saturate": int(saturate)}
+    node = helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["y"], **attrs)
+    return _model(node, [helper.make_tensor_value_info("x", element_type(INPUT_TYPES[x_dtype]), list(shape)),
+                         helper.make_tensor_value_info("scale", element_type("FLOAT"), list(scale_shape))],
+                  helper.make_tensor_value_info("y", element_type(ELEMENT_TYPES[fmt]), list(shape)), [zero])
+
+
+def dequantize_model(fmt: str, shape, scale_shape, attrs: dict):
+    """``y = DequantizeLinear(x: fmt, x_scale: float32) -> float32`` at opset 25 (recipe fp8ref
+    and onnx dequantize to float32 whatever the model dtype) for 2-D codes ``shape``; ``scale_shape``
+    and ``attrs`` from ``scale_input``."""
+    from onnx import helper
+
     node = helper.make_node("DequantizeLinear", ["x", "scale"], ["y"], **attrs)
-    graph = helper.make_graph([node], "fp8ref_dequantize",
-                              [helper.make_tensor_value_info("x", element_type(ELEMENT_TYPES[fmt]), list(shape)),
-                               helper.make_tensor_value_info("scale", element_type("FLOAT"), fed)],
-                              [helper.make_tensor_value_info("y", element_type("FLOAT"), list(shape))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
-    return model, fed
+    return _model(node, [helper.make_tensor_value_info("x", element_type(ELEMENT_TYPES[fmt]), list(shape)),
+                         helper.make_tensor_value_info("scale", element_type("FLOAT"), list(scale_shape))],
+                  helper.make_tensor_value_info("y", element_type("FLOAT"), list(shape)))
+
+
+def layout_reason(op: str, qa, params) -> str | None:
+    """None when the adapters can express the case as one QuantizeLinear / DequantizeLinear node with
+    a float32 scale; else why not."""
+    node = {"quantize": "QuantizeLinear", "dequantize": "DequantizeLinear"}[op]
+    if len(params["shape"]) != 2:
+        return f"the ONNX adapters build 2-D {node} graphs only (shape {params['shape']})"
+    if qa.granularity not in QUANTIZE_GRANULARITIES + (("mx",) if op == "dequantize" else ()):
+        return f"ONNX {node} with a float32 scale has no {qa.granularity!r} layout here"
+    return None

@@ -8,18 +8,19 @@ from itertools import product
 
 import numpy as np
 
-from ... import codec
+from ... import codec, profiles
+from ...errors import SpecError
 from ...formats import FORMATS, get_format
 from .. import values
 from ..case import Case, OpEntry, Operation
-from ..fields import at_level, choices, count, per_level
+from ..fields import at_level, bit_patterns, check_str, choices, count, one_of, per_level
 
 _BITS_DTYPES = {"uint8": 8, "uint16": 16, "uint32": 32}
 
 
 class Encode(Operation):
     name = "encode"
-    params = ("format", "rounding", "saturate", "dtype", "random_bits")
+    params = ("format", "rounding", "saturate", "dtype", "random_bits", "profile")
     outputs = ("codes",)
     signature = "encode(x, fmt, *, rounding, saturate, random_bits=None) -> uint8 codes"
     fields = {
@@ -30,6 +31,11 @@ class Encode(Operation):
         "random": (per_level(count(1 << 20)), {1: 256, 2: 4096}),
         "exhaustive": (per_level(choices(("float16", "bfloat16"), allow_all=False, allow_empty=True)), {1: ()}),
         "random_bits": (choices(tuple(_BITS_DTYPES), allow_all=False), ("uint8",)),
+        # imported vectors (fp8ref.golden.onnx_node): literal inputs instead of the generated ones, a
+        # label that ends the case name, and the rule the expected codes follow (fp8ref.profiles)
+        "values": (bit_patterns(), ()),
+        "label": (check_str, ""),
+        "profile": (one_of(profiles.PROFILES), "fp8ref"),
     }
 
     def expand(self, entry: OpEntry, level: int) -> list[tuple[str, dict]]:
@@ -39,7 +45,9 @@ class Encode(Operation):
             params = {"format": fmt, "rounding": rounding, "saturate": sat, "dtype": dtype}
             if rounding == "stochastic":
                 params["random_bits"] = f["random_bits"][0]
-            out.append((self.case_name(params), params))
+            if f["profile"] != "fp8ref":
+                params["profile"] = f["profile"]
+            out.append((self.case_name(params) + (f".{f['label']}" if f["label"] else ""), params))
         return out
 
     @staticmethod
@@ -49,6 +57,11 @@ class Encode(Operation):
 
     def make_case(self, name, params, entry, suite, level) -> Case:
         fmt, dtype = get_format(params["format"]), params["dtype"]
+        if entry.fields["values"]:  # literal inputs, every one of them (nothing dropped or added)
+            if params["rounding"] == "stochastic":
+                raise SpecError(f"{suite.source}: case {name!r}: literal values take a deterministic rounding mode")
+            bits = _literal(entry.fields["values"], values.BITS_DTYPES[dtype], f"{suite.source}: case {name!r}")
+            return Case(name, self.name, params, {"x": values.from_bits(bits, dtype)}, len(bits))
         stream = values.Stream(suite.seed, name)
         special = values.special_values(fmt, dtype)
         parts = [special, values.random_values(stream, fmt, dtype, at_level(entry.fields["random"], level))]
@@ -73,6 +86,12 @@ class Encode(Operation):
         return bits[keep]
 
     def reference(self, params, inputs):
+        """fp8ref's codes, or under ``params["profile"]`` (set by ``run(..., profile=)``, never by a
+        suite) what that specification prescribes (``fp8ref.profiles``)."""
+        profile = params.get("profile", "fp8ref")
+        if profile != "fp8ref":
+            return {"codes": profiles.encode(inputs["x"], params["format"], saturate=params["saturate"],
+                                             rounding=params["rounding"], profile=profile)}
         codes = codec.encode(inputs["x"], params["format"], saturate=params["saturate"],
                              rounding=params["rounding"], random_bits=inputs.get("random_bits"))
         return {"codes": codes}
@@ -151,17 +170,34 @@ class Encode(Operation):
         return out
 
 
+def _literal(patterns: tuple, bits_dtype: str, where: str) -> np.ndarray:
+    """A suite's literal bit patterns as ``bits_dtype`` (SpecError for one that does not fit)."""
+    width = np.dtype(bits_dtype).itemsize * 8
+    wide = [p for p in patterns if p >= 1 << width]
+    if wide:
+        raise SpecError(f"{where}: value {hex(wide[0])} does not fit the {width}-bit inputs of the case")
+    return np.array(patterns, dtype=bits_dtype)
+
+
 class Decode(Operation):
     name = "decode"
     params = ("format",)
     outputs = ("values",)
     signature = "decode(codes, fmt) -> float32 values"
-    fields = {"formats": (choices(tuple(FORMATS)), tuple(FORMATS))}
+    fields = {"formats": (choices(tuple(FORMATS)), tuple(FORMATS)),
+              "values": (bit_patterns(256), ()),  # literal codes (imported vectors)
+              "label": (check_str, "")}
 
     def expand(self, entry, level):
-        return [(f"decode.{fmt}", {"format": fmt}) for fmt in entry.fields["formats"]]
+        label = f".{entry.fields['label']}" if entry.fields["label"] else ""
+        return [(f"decode.{fmt}{label}", {"format": fmt}) for fmt in entry.fields["formats"]]
 
     def make_case(self, name, params, entry, suite, level) -> Case:
+        if entry.fields["values"]:
+            codes = _literal(entry.fields["values"], "uint8", f"{suite.source}: case {name!r}")
+            if (codes >= get_format(params["format"]).n_codes).any():
+                raise SpecError(f"{suite.source}: case {name!r}: a code is out of range for {params['format']}")
+            return Case(name, self.name, params, {"codes": codes}, len(codes))
         n = get_format(params["format"]).n_codes  # exhaustive: every code, every level
         return Case(name, self.name, params, {"codes": np.arange(n, dtype=np.uint8)}, n)
 

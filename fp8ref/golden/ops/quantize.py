@@ -136,12 +136,16 @@ class Quantize(_QuantBase):
 
     def tags(self, params, inputs, mask, got) -> list[tuple[str, ...]]:
         """MX codes: ``tie`` where x / 2**k lies halfway between two element values, ``zero`` where
-        fp8ref's code is +-0 (a signed-zero choice). Scales and other granularities carry no tag."""
+        fp8ref's code is +-0 (a signed-zero choice); other granularities: ``zero`` where fp8ref's code is
+        +-0. Scales carry no tag."""
         x = inputs["x"]
         n = int(mask.sum())
-        if mask.shape != x.shape or _args(params).granularity != "mx":
+        if mask.shape != x.shape:
             return [()] * n
         expected = self.reference(params, inputs)
+        if _args(params).granularity != "mx":  # a signed-zero choice (ONNX's "+ y_zero_point": -0 -> +0)
+            zero = codec.decode(expected["codes"][mask], _args(params).format) == 0
+            return [("zero",) if z else () for z in zero]
         fmt = get_format(_args(params).format)
         scale = np.repeat(expected["scale"].astype(np.float64), MX_BLOCK, axis=-1)[..., :x.shape[-1]]
         with np.errstate(invalid="ignore", divide="ignore"):
