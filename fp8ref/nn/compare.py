@@ -217,10 +217,11 @@ def expert_groups(model, per_layer: dict, modes: list[str]) -> list[dict]:
     relative RMS over its projections, the worst free-running one, and the share of tokens routed
     otherwise than in the baseline (free-running, mean over the experts that ran)."""
     from .experts import Fp8RefExperts
+    from .gptoss import GptOssExperts
 
     groups = []
     for m in model.modules():
-        if not isinstance(m, Fp8RefExperts):
+        if not isinstance(m, (Fp8RefExperts, GptOssExperts)):
             continue
         names = [lin.name for p in m.projections for lin in p.values()]
         ran = [n for n in names if n in per_layer]
