@@ -17,7 +17,7 @@ from ..errors import CheckpointError
 from ..registry import engine_document
 from .plan import FUSED_SIBLINGS
 
-TARGETS = ("cuda", "rocm-mi300")
+TARGETS = ("cuda", "rocm-mi300", "cpu")
 _STEP_KEYS = ("name", "op", "targets", "summary", "source")
 
 
@@ -33,14 +33,15 @@ class Step:
 @dataclass(frozen=True)
 class Effect:
     """One step on one layer: codes whose byte changes, dequantized values that change (of
-    ``elements``), the largest |change| of a value, and what happened."""
+    ``elements``), the largest |change| of a value (None where the new values are not defined: random
+    initialisation, a load that raises), and what happened."""
 
     step: str
     layer: str
     codes_changed: int
     values_changed: int
     elements: int
-    max_abs_change: float
+    max_abs_change: float | None  # None: not a number (the values are random, or never loaded)
     note: str
 
 
@@ -65,14 +66,22 @@ def load_engine(name: str) -> tuple[dict, list[Step]]:
     return {k: data[k] for k in ("engine", "source", "verified")}, steps
 
 
-def explain(ckpt, engine: str = "vllm", *, target: str = "cuda") -> tuple[dict, list[Step], list[Effect]]:
-    """(engine metadata, the steps that run on ``target``, their effects on ``ckpt``'s layers)."""
+def explain(ckpt, engine: str = "vllm", *, target: str | None = None) -> tuple[dict, list[Step], list[Effect]]:
+    """(engine metadata, the steps that run on ``target``, their effects on ``ckpt``'s layers).
+    target None: the target most of its steps name (``default_target``)."""
+    meta, steps = load_engine(engine)
+    if target is None:
+        target = default_target(steps)
     if target not in TARGETS:
         raise CheckpointError(f"target: {target!r}; expected one of {', '.join(TARGETS)}")
-    meta, steps = load_engine(engine)
     steps = [s for s in steps if target in s.targets]
     effects = [e for s in steps for e in OPS[s.op](ckpt, s.name)]
-    return meta, steps, effects
+    return {**meta, "target": target}, steps, effects
+
+
+def default_target(steps: list[Step]) -> str:
+    """The target most of the engine's steps name (ties: the first of TARGETS): vllm cuda, transformers cpu."""
+    return max(TARGETS, key=lambda t: (sum(t in s.targets for s in steps), -TARGETS.index(t)))
 
 
 # --- the operations ---------------------------------------------------------------------------
@@ -179,5 +188,127 @@ def moe_input_merge(ckpt, step: str) -> list[Effect]:
     return out
 
 
+# --- transformers 5.17 on CPU (specs/engines/transformers.yaml) ------------------------------------
+
+def _expert_blocks(ckpt) -> dict[str, list]:
+    """MoE block -> its quantized expert projection layers (``BLOCK.experts.N.PROJ``)."""
+    groups: dict[str, list] = {}
+    for name, layer in ckpt.items():
+        m = _EXPERT.match(name)
+        if m:
+            groups.setdefault(m.group(1), []).append(layer)
+    return groups
+
+
+def unloaded_experts(ckpt, step: str) -> list[Effect]:
+    """Experts stored under names transformers does not read for the config's model_type
+    (``expert_names.EXPECTED``: llm-compressor writes Mixtral's w1/w3/w2 as gate/up/down_proj): their
+    tensors are UNEXPECTED keys of the load report, the model keeps its random initialisation, so
+    every value of those experts changes. ``codes_changed`` counts the unexpected tensors."""
+    from .expert_names import EXPECTED
+
+    expected = EXPECTED.get(ckpt.config.get("model_type"))
+    if expected is None:
+        return []
+    names = list(ckpt.store)
+    out = []
+    for block in sorted(_expert_blocks(ckpt) | _unquantized_blocks(ckpt)):
+        prefix = block + "."
+        wrong = [n for n in names if n.startswith(prefix) and n[len(prefix):].split(".")[1] not in expected]
+        if not wrong:
+            continue
+        elements = sum(int(np.prod(ckpt.store.info(n).shape)) for n in wrong if n.endswith(".weight"))
+        projs = "/".join(sorted({n[len(prefix):].split(".")[1] for n in wrong}))
+        out.append(Effect(step, block, len(wrong), elements, elements, None,
+                          f"{len(wrong)} tensors named {projs} are UNEXPECTED (transformers reads "
+                          f"{'/'.join(expected)}): the experts run on randomly initialised weights; the load "
+                          f"report says so on stderr only"))
+    return out
+
+
+def _unquantized_blocks(ckpt) -> dict[str, list]:
+    blocks: dict[str, list] = {}
+    for name in ckpt.unquantized:
+        m = _EXPERT.match(name)
+        if m:
+            blocks.setdefault(m.group(1), [])
+    return blocks
+
+
+def row_blocks(ckpt, step: str) -> list[Effect]:
+    """hf-fp8 block weights whose rows (or columns) are not a multiple of the declared block but
+    divide evenly by the scale grid: transformers' ``Fp8Dequantize`` takes the block as the weight
+    shape over the scale grid (a [160, 128] weight with 2 scale rows: 80-row blocks). Values: the
+    exact q * s under transformers' blocks against the format's (the last block cropped)."""
+    from .hf_fp8 import transformers_block_quirk
+
+    out = []
+    for name, layer in ckpt.items():
+        q = layer.quant
+        if layer.producer != "hf-fp8" or q.weight_strategy != "block":
+            continue
+        quirk = transformers_block_quirk(*layer.shape, q.block)
+        if quirk is None:
+            continue
+        s = np.asarray(layer.weight_scale).astype(np.float64)
+        rows, cols = layer.shape
+        mine = np.repeat(np.repeat(s, quirk[0], axis=0), quirk[1], axis=1)[:rows, :cols]
+        old, new = _values(layer, layer.expanded_scale()), _values(layer, mine)
+        out.append(Effect(step, name, 0, int(np.count_nonzero(old != new)), old.size,
+                          float(np.abs(new - old).max(initial=0.0)),
+                          f"{quirk[0]}x{quirk[1]} blocks where the format declares {q.block[0]}x{q.block[1]}"))
+    return out
+
+
+def experts_unquantized_inputs(ckpt, step: str) -> list[Effect]:
+    """MoE experts after transformers' load: each expert's weight dequantized to bfloat16 at load
+    (compressed-tensors ``DecompressExperts``: bf16(fp32(q) * fp32(s)); hf-fp8 ``Fp8Dequantize``) and
+    run by the fused experts forward, which no quantized linear wraps: W8A16, stored input scales
+    ignored. Values: the bf16 weight against the exact q * s."""
+    from ..rounding import round_to
+
+    out = []
+    for block, layers in sorted(_expert_blocks(ckpt).items()):
+        changed = elements = 0
+        worst = 0.0
+        for layer in layers:
+            if layer.producer not in ("compressed-tensors", "hf-fp8"):
+                continue
+            exact = _values(layer, layer.expanded_scale())
+            with np.errstate(over="ignore"):
+                bf16 = round_to(exact.astype(np.float32), "bfloat16").astype(np.float64)
+            changed += int(np.count_nonzero(bf16 != exact))
+            elements += exact.size
+            worst = max(worst, float(np.abs(bf16 - exact).max(initial=0.0)))
+        if not elements:
+            continue
+        inputs = sorted({la.quant.input or "none" for la in layers})
+        ignored = sum(la.input_scale is not None for la in layers)
+        out.append(Effect(step, block, 0, changed, elements, worst,
+                          f"{len(layers)} expert projections run W8A16 (declared inputs: {', '.join(inputs)}; "
+                          f"{ignored} stored input scales ignored)"))
+    return out
+
+
+def experts_broadcast(ckpt, step: str) -> list[Effect]:
+    """compressed-tensors FP8 experts: ``DecompressExperts`` multiplies q [out, in] by the stored
+    weight_scale as it stands (torch broadcasting): a block-scaled expert of more than one block per
+    row and column does not broadcast and the load raises. One row per such expert."""
+    out = []
+    for _, layers in sorted(_expert_blocks(ckpt).items()):
+        for layer in layers:
+            if layer.producer != "compressed-tensors" or layer.quant.weight_strategy != "block":
+                continue
+            s_shape = tuple(np.asarray(layer.weight_scale).shape)
+            try:
+                np.broadcast_shapes(tuple(layer.shape), s_shape)
+            except ValueError:
+                out.append(Effect(step, layer.name, 0, int(np.prod(layer.shape)), int(np.prod(layer.shape)),
+                                  None, f"weight {list(layer.shape)} x weight_scale {list(s_shape)} does not "
+                                                f"broadcast: transformers' load raises"))
+    return out
+
+
 OPS = {"fnuz": fnuz, "requantize_max": requantize_max, "nvfp4_global_max": nvfp4_global_max,
-       "moe_input_merge": moe_input_merge}
+       "moe_input_merge": moe_input_merge, "unloaded_experts": unloaded_experts, "row_blocks": row_blocks,
+       "experts_unquantized_inputs": experts_unquantized_inputs, "experts_broadcast": experts_broadcast}

@@ -33,9 +33,11 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
     if mode == "producer":
         return _producer_forward(layer, x)
     if layer.quant.weight_strategy in ("nvfp4", "mx"):
-        if mm_options or accumulate != "exact":
-            raise CheckpointError(f"{layer.name}: {layer.quant.weight_strategy} layers have the exact reference "
-                                  f"only (accumulate='exact', no scaled_mm options)")
+        if mm_options:
+            raise CheckpointError(f"{layer.name}: {layer.quant.weight_strategy} layers take no scaled_mm options, "
+                                  f"got {sorted(mm_options)}")
+        if accumulate != "exact":
+            return _block_scaled_accumulated(layer, x, out_dtype, accumulate)
         return _block_scaled_forward(layer, x, out_dtype)
     from ..matmul import linear
 
@@ -88,11 +90,11 @@ def quantize_block_input(layer, x):
 def _block_scaled_forward(layer, x, out_dtype):
     """nvfp4 / mx reference: the input quantized by ``quantize_block_input``, then the exact sum
     of the exact products, times the global multipliers or divided by the global divisors,
-    rounded once (``fp8ref.matmul.global_scaled``). Weight-only layers take x as it is."""
+    rounded once (``fp8ref.matmul.global_scaled``: ``block_scaled_linear`` from the element values
+    and block scales kept apart). Weight-only layers take x as it is (``global_scaled_linear``)."""
     from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
     from ..codec import decode
     from ..matmul.global_scaled import global_scaled_linear
-    from ..scaling import expand
 
     q = layer.quant
     arr, dtype, _ = float_input(x, "x")
@@ -100,19 +102,77 @@ def _block_scaled_forward(layer, x, out_dtype):
     lead, k = arr.shape[:-1], arr.shape[-1]
     if k != layer.shape[1]:
         raise CheckpointError(f"{layer.name}: x has {k} features, the weight {layer.shape[1]}")
-    wv = decode(layer.weight_codes, q.weight_fmt).astype(np.float64) * layer.expanded_scale()
     g = 1.0 if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
-    if q.input is None:
-        xv = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k)
-    else:
+    bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float64)
+    if q.input is not None:  # W4A4 / W8A8: block sums of element products, then the scales (same bits, faster)
+        from ..checkpoint.layout import BLOCK_SCALED
+        from ..formats import FORMATS
+        from ..matmul.global_scaled import block_scaled_linear
+
         qx = quantize_block_input(layer, x)
-        codes = to_numpy(qx.codes)
-        s = np.asarray(to_numpy(qx.scale), np.float64)
-        xv = (decode(codes, q.input_fmt).astype(np.float64) * expand(s, codes.shape, q.input)).reshape(-1, k)
+        codes = to_numpy(qx.codes).reshape(-1, k)
+        sx = np.asarray(to_numpy(qx.scale), np.float64).reshape(codes.shape[0], -1)
         if q.input == "nvfp4":
             g *= float(np.asarray(to_numpy(qx.global_scale), np.float32).reshape(-1)[0])  # exact: two float32
-    bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float64)
+        sw = np.asarray(layer.weight_scale, np.float64).reshape(layer.shape[0], -1)
+        y = block_scaled_linear(decode(codes, q.input_fmt), sx, decode(layer.weight_codes, q.weight_fmt), sw,
+                                BLOCK_SCALED[q.weight_strategy][0], FORMATS[q.input_fmt], FORMATS[q.weight_fmt], g,
+                                q.global_scale or "multiplier", bias=bias, out_dtype=out)
+        return deliver(y.reshape(*lead, layer.shape[0]), out, is_torch(x))
+    wv = decode(layer.weight_codes, q.weight_fmt).astype(np.float64) * layer.expanded_scale()
+    xv = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k)  # weight-only
     y = global_scaled_linear(xv, wv, g, q.global_scale or "multiplier", bias=bias, out_dtype=out)
+    return deliver(y.reshape(*lead, layer.shape[0]), out, is_torch(x))
+
+
+def block_accumulation_refusal(layer, accumulate: str) -> str | None:
+    """Why an NVFP4 / MX layer has no ``accumulate`` model (``fp8ref.matmul.block_scaled.refusal``)."""
+    from ..checkpoint.layout import BLOCK_SCALED
+    from ..matmul.block_scaled import refusal
+
+    q = layer.quant
+    block, _, scale_fmt = BLOCK_SCALED[q.weight_strategy]
+    return refusal(accumulate, fmt_a=q.input_fmt if q.input else None, fmt_b=q.weight_fmt, scale_fmt=scale_fmt,
+                   block=block)
+
+
+def _block_scaled_accumulated(layer, x, out_dtype, accumulate: str):
+    """nvfp4 / mx under an accumulation model other than exact (``fp8ref.matmul.block_scaled``): the
+    input quantized as ``quantize_block_input`` does, the stored codes and block-scale codes, the
+    globals folded into the kernel's float32 alpha (``alpha_of``); rounded by the kernel epilogue."""
+    from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
+    from ..codec import decode, encode
+    from ..matmul.block_scaled import alpha_of, block_scaled_mm, values_mm
+    from .layout import BLOCK_SCALED
+
+    why = block_accumulation_refusal(layer, accumulate)
+    if why is not None:
+        raise CheckpointError(f"{layer.name}: {why}")
+    q = layer.quant
+    arr, dtype, _ = float_input(x, "x")
+    out = out_dtype or (dtype if dtype in ("bfloat16", "float16", "float32") else "float32")
+    lead, k = arr.shape[:-1], arr.shape[-1]
+    if k != layer.shape[1]:
+        raise CheckpointError(f"{layer.name}: x has {k} features, the weight {layer.shape[1]}")
+    block, _, scale_fmt = BLOCK_SCALED[q.weight_strategy]
+    g_w = None if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
+    bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float32)
+    if q.input is None:  # weight-only: x as it is, times each weight element x its block scale (exact in fp32)
+        xv = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k)
+        w = decode(layer.weight_codes, q.weight_fmt) * np.asarray(layer.expanded_scale(), np.float32)
+        y = values_mm(xv.astype(np.float32), w, alpha=alpha_of(g_w, None, q.global_scale), bias=bias,
+                      out_dtype=out)
+    else:
+        qx = quantize_block_input(layer, x)
+        codes = to_numpy(qx.codes).reshape(-1, k)
+        sx = np.asarray(to_numpy(qx.scale), np.float32).reshape(codes.shape[0], -1)
+        g_x = None if q.input != "nvfp4" else float(np.asarray(to_numpy(qx.global_scale), np.float32).reshape(-1)[0])
+        sw = np.asarray(layer.weight_scale, np.float32).reshape(layer.shape[0], -1)  # checked: no NaN (0xFF)
+        y = block_scaled_mm(codes, np.ascontiguousarray(layer.weight_codes.T), encode(sx, scale_fmt),
+                            np.ascontiguousarray(encode(sw, scale_fmt).T),
+                            fmt_a=q.input_fmt, fmt_b=q.weight_fmt, scale_fmt=scale_fmt, block=block,
+                            accumulate=accumulate, alpha=alpha_of(g_w, g_x, q.global_scale), bias=bias,
+                            out_dtype=out)
     return deliver(y.reshape(*lead, layer.shape[0]), out, is_torch(x))
 
 

@@ -60,8 +60,9 @@ def register(sub) -> None:
     e = sub.add_parser("explain", help="the load-time steps a serving engine applies to each layer, and how many "
                                        "codes and values each changes")
     e.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
-    e.add_argument("--engine", default="vllm", help="an engine of specs/engines/ (default vllm)")
-    e.add_argument("--target", default="cuda", choices=("cuda", "rocm-mi300"), help="the device (default cuda)")
+    e.add_argument("--engine", default="vllm", help="an engine of specs/engines/: vllm (default), transformers")
+    e.add_argument("--target", default=None, choices=("cuda", "rocm-mi300", "cpu"),
+                   help="the device (default: the one most of the engine's steps name: vllm cuda, transformers cpu)")
     add_json(e, "the steps and their effects")
     declare_paths(e, checkpoints=("checkpoint",), files=("json",))
     e.set_defaults(handler=cmd_explain)
@@ -140,10 +141,10 @@ def cmd_explain(args) -> int:
 
     ckpt = load_checkpoint(args.checkpoint)
     meta, steps, effects = explain(ckpt, args.engine, target=args.target)
-    if emit_json(args.json, {**meta, "target": args.target, "format": ckpt.format,
+    if emit_json(args.json, {**meta, "format": ckpt.format,
                              "steps": [asdict(s) for s in steps], "effects": [asdict(e) for e in effects]}):
         return 0
-    print(f"{ckpt.path}: {ckpt.format}; {meta['engine']} on {args.target} (from source, verified: "
+    print(f"{ckpt.path}: {ckpt.format}; {meta['engine']} on {meta['target']} (from source, verified: "
           f"{str(meta['verified']).lower()})")
     for s in steps:
         rows = [e for e in effects if e.step == s.name]
@@ -152,7 +153,8 @@ def cmd_explain(args) -> int:
             print("  (applies to no layer)")
         for e in rows:
             print(f"  {e.layer}: codes changed {e.codes_changed}/{e.elements}, values changed "
-                  f"{e.values_changed}/{e.elements}, max |change| {e.max_abs_change:.3g}; {e.note}")
+                  f"{e.values_changed}/{e.elements}, max |change| "
+                  f"{'n/a' if e.max_abs_change is None else format(e.max_abs_change, '.3g')}; {e.note}")
     return 0
 
 

@@ -120,6 +120,8 @@ KERNELS: Mapping[str, Kernel] = {k.name: k for k in (
     _k("blackwell-nvfp4", ("tcgen05.mma", "Blackwell", "m128n128k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3"),
        scales="instruction", source="sm_100 tcgen05.mma kind::mxf4nvf4 block16 UE4M3 (NVFP4), global scale "
                                     "as alpha in the epilogue"),
+    _k("blackwell-mxfp4", ("tcgen05.mma", "Blackwell", "m128n128k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0"),
+       scales="instruction", source="sm_100 tcgen05.mma kind::mxf4 block32 UE8M0 (MXFP4)"),
     _k("cdna3", ("mfma", "CDNA3", "f32_32x32x16_fp8_fp8"),
        source="MI300 hipBLASLt-style: v_mfma_f32_32x32x16_fp8_fp8 chained over K in FP32 registers"),
 )}

@@ -191,12 +191,17 @@ def _compare(model, ids, modes, layers, store, with_perplexity, progress, execut
     if executor == "local":
         results = run_all(lambda m, n: _teacher_forced(layers[n], m, *baseline(n)),
                           ((m, n) for m, n in jobs), progress=progress, desc="teacher-forced", total=len(jobs))
-    else:
+    else:  # a worker builds the layer from the checkpoint by name; gpt-oss's per-expert rows have none: here
+        from .gptoss import ExpertSlice
+
+        here = [type(layers[n].layer) is ExpertSlice for _, n in jobs]
         items = ((str(checkpoint_path), n, m, layers[n].accumulate, layers[n].backends,
                   *(layers[n].original_tensors() if m == "original" else (None, None)), *baseline(n))
-                 for m, n in jobs)
-        results = run_all(_teacher_forced_task, items, executor=executor, progress=progress, desc="teacher-forced",
-                          total=len(jobs))
+                 for (m, n), local in zip(jobs, here) if not local)
+        remote = iter(run_all(_teacher_forced_task, items, executor=executor, progress=progress,
+                              desc="teacher-forced", total=len(jobs) - sum(here)))
+        results = [_teacher_forced(layers[n], m, *baseline(n)) if local else next(remote)
+                   for (m, n), local in zip(jobs, here)]
     cache.clear()
     for (key, name), tf in zip(jobs, results):
         per_layer[name]["teacher_forced"][key] = tf
@@ -217,10 +222,11 @@ def expert_groups(model, per_layer: dict, modes: list[str]) -> list[dict]:
     relative RMS over its projections, the worst free-running one, and the share of tokens routed
     otherwise than in the baseline (free-running, mean over the experts that ran)."""
     from .experts import Fp8RefExperts
+    from .gptoss import GptOssExperts
 
     groups = []
     for m in model.modules():
-        if not isinstance(m, Fp8RefExperts):
+        if not isinstance(m, (Fp8RefExperts, GptOssExperts)):
             continue
         names = [lin.name for p in m.projections for lin in p.values()]
         ran = [n for n in names if n in per_layer]

@@ -14,7 +14,8 @@ so ``compare`` reports per-expert rows. Per mode:
   dequantized weight as the producer's loader makes it (``CheckpointFormat.emulate_experts``), then
   the model's own experts forward (whichever ``experts_implementation`` the model was built with),
   with no activation quantization: the reload never wraps the fused experts in a quantized linear.
-- ``original``: the same forward on the original weights.
+- ``original``: the same forward on the original weights, read from the original checkpoint on
+  each forward of the block (held for that block's forward only, as dense layers' originals are).
 
 Only ``reference``/``backend`` run the projections one by one; in ``producer``/``original`` the
 per-expert projections run too (on the tokens routed to them) when something hooks them (``compare``'s
@@ -135,18 +136,22 @@ class Fp8RefExperts(torch.nn.Module):
     def _fused_weights(self, mode) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) in the model dtype for ``producer`` / ``original``."""
         key = str(mode)
-        if key not in self._fused:
-            def weight(lin):
-                if mode.kind == "original":
-                    return lin.original_weight.to(self.dtype)
-                return lin.producer_weight(self.dtype)
+        if key in self._fused:
+            return self._fused[key]
 
-            gate_up = torch.stack([torch.cat([weight(p["gate"]), weight(p["up"])]) for p in self.projections])
-            down = torch.stack([weight(p["down"]) for p in self.projections])
-            self._fused[key] = (gate_up, down)
-            for p in self.projections:  # one copy of the dequantized experts: the fused one
-                for lin in p.values():
-                    lin._producer = None
+        def weight(lin):
+            if mode.kind == "original":
+                return lin.original_tensors()[0].to(self.dtype)
+            return lin.producer_weight(self.dtype)
+
+        gate_up = torch.stack([torch.cat([weight(p["gate"]), weight(p["up"])]) for p in self.projections])
+        down = torch.stack([weight(p["down"]) for p in self.projections])
+        if mode.kind == "original":  # read per forward, as dense layers' originals: never held past this block
+            return gate_up, down
+        self._fused[key] = (gate_up, down)
+        for p in self.projections:  # one copy of the dequantized experts: the fused one
+            for lin in p.values():
+                lin._producer = None
         return self._fused[key]
 
     def release_fused(self) -> None:
@@ -234,22 +239,31 @@ def place_experts(model, checkpoint, names: list[str], report, make) -> None:
         report.swapped.extend(members.values())
 
 
-def original_expert_weight(original, name: str):
-    """The original tensor of expert projection ``name`` under any of transformers' names for it
-    (llm-compressor writes Mixtral's w1/w3/w2 as gate/up/down_proj), or None."""
+def original_expert_key(original, name: str) -> str | None:
+    """The name ``original`` (a Checkpoint or a mapping) holds expert projection ``name``'s weight
+    under, among transformers' names for it (llm-compressor writes Mixtral's w1/w3/w2 as
+    gate/up/down_proj), or None."""
     part = expert_name(name)
     if part is None:
         return None
+    held = original.store if hasattr(original, "store") else original
     for block in _block_paths(part.block):
         for proj in ALIASES[part.role]:
             key = f"{block}.experts.{part.index}.{proj}.weight"
-            if hasattr(original, "store"):
-                if key in original.store:
-                    return torch_of(original.tensor(key))
-            elif key in original:
-                v = original[key]
-                return v if isinstance(v, torch.Tensor) else torch_of(np.asarray(v))
+            if key in held:
+                return key
     return None
+
+
+def original_expert_weight(original, name: str):
+    """The original tensor of expert projection ``name`` (``original_expert_key``), read now, or None."""
+    key = original_expert_key(original, name)
+    if key is None:
+        return None
+    if hasattr(original, "store"):
+        return torch_of(original.tensor(key))
+    v = original[key]
+    return v if isinstance(v, torch.Tensor) else torch_of(np.asarray(v))
 
 
 def fuse_unquantized_experts(model, ckpt) -> tuple[dict[str, torch.Tensor], set[str]]:

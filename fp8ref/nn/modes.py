@@ -2,13 +2,18 @@
 
 - ``original``: the unquantized weight (from ``--original``) in the model dtype, torch's matmul.
 - ``reference`` / ``reference:ACC``: what a correct W8A8 backend computes from the stored bytes
-  (``QuantizedLayer.forward``), accumulation ``ACC`` (default ``exact``; any of
-  ``fp8ref.matmul.ACCUMULATIONS``).
+  (``QuantizedLayer.forward``), accumulation ``ACC`` (default ``exact``; any registered model of
+  ``fp8ref.matmul.ACCUMULATION_MODELS``: exact, fp32, fp32-limited and the hardware kernels).
+  NVFP4 / MX layers: exact, fp32 and the kernels whose instruction applies their block scales
+  (``fp8ref.matmul.block_scaled``); ``cannot_run`` names the reason for any other pair.
 - ``producer``: the producer's own reload arithmetic (``QuantizedLayer.forward(mode="producer")``:
   compressed-tensors, auto-round, hf-fp8, Quark; ModelOpt FP8: its in-memory quantized model).
 - ``backend:NAME``: a conformance backend's ``linear`` where it declares the layer's case, else its
   ``scaled_mm`` on the reference's quantized input, so a kernel author runs a whole model through
-  their kernel. The backend object is passed in (the CLI
+  their kernel. NVFP4 / MX layers: its ``scaled_mm`` where it declares ``scales: block16`` /
+  ``block32`` (a float32 scale per 1 x 16 / 1 x 32 block of K on both operands: a (M, KB), b (KB, N))
+  with ``out_dtype: float32`` and no bias; fp8ref applies the globals (alpha) and the bias in the
+  kernels' epilogue, as ``reference:ACC`` does. The backend object is passed in (the CLI
   loads it with ``fp8ref.conformance.backend.load_backend``).
 """
 
@@ -21,7 +26,7 @@ import numpy as np
 from ..errors import ModelError
 
 KINDS = ("original", "reference", "producer", "backend")
-BLOCK_INPUTS = ("nvfp4", "mx")  # inputs quantized per block at run time: exact reference, no backend case
+BLOCK_INPUTS = ("nvfp4", "mx")  # inputs quantized per block at run time (fp8ref.matmul.block_scaled)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class Mode:
 def parse_mode(text, *, accumulate: str = "exact") -> Mode:
     """``reference``, ``reference:fp32``, ``producer``, ``original`` or ``backend:NAME``; plain
     ``reference`` takes ``accumulate``."""
-    from ..matmul import ACCUMULATIONS
+    from ..matmul import ACCUMULATION_MODELS as ACCUMULATIONS
 
     if isinstance(text, Mode):
         return text
@@ -63,23 +68,48 @@ def parse_mode(text, *, accumulate: str = "exact") -> Mode:
 
 
 def cannot_run(layer, mode: Mode) -> str | None:
-    """Why ``layer`` cannot run in ``mode`` (None: it can), known before any forward: NVFP4 / MX
-    layers have the exact reference only, and no golden linear / scaled_mm case a backend declares;
-    ``producer`` where the format has no producer forward for the layer (ModelOpt NVFP4 / MXFP8)."""
+    """Why ``layer`` cannot run in ``mode`` (None: it can), known before any forward: an
+    accumulation model without a definition for the layer's operands (``reference:ACC``), a
+    weight-only NVFP4 / MX layer in a backend (no case takes 16-bit activations), ``producer`` where
+    the format has no producer forward for the layer (ModelOpt NVFP4 / MXFP8)."""
     if mode.kind == "producer":
         from ..checkpoint import base
 
         return base.get(layer.producer).producer_refusal(layer.quant)
-    strategy = layer.quant.weight_strategy
-    if strategy not in BLOCK_INPUTS:
-        return None
-    kind = "NVFP4" if strategy == "nvfp4" else "MX"
+    q = layer.quant
+    if q.weight_strategy not in BLOCK_INPUTS:
+        return _fp8_refusal(layer, mode.arg) if mode.kind == "reference" else None
     if mode.kind == "reference" and mode.arg != "exact":
-        return (f"mode {mode}: {kind} layers have the exact reference only (reference); no accumulation model "
-                f"of block-scaled FP4/MX products is defined")
-    if mode.kind == "backend":
-        return (f"backend {mode.arg!r} cannot run this layer ({layer.quant.describe()}): the golden linear and "
-                f"scaled_mm cases a backend declares are FP8; no {strategy} case declares block-scaled FP4/MX operands")
+        from ..checkpoint.forward import block_accumulation_refusal
+
+        why = block_accumulation_refusal(layer, mode.arg)
+        return None if why is None else f"mode {mode}: {why}"
+    if mode.kind == "backend" and q.input is None:
+        return (f"backend {mode.arg!r} cannot run this layer ({q.describe()}): weight-only, its inputs are 16-bit "
+                f"values, not codes; the scaled_mm a backend declares takes FP8/FP4 codes on both sides")
+    return None
+
+
+def _fp8_refusal(layer, acc: str) -> str | None:
+    """Why a per-tensor / per-channel / 128-block FP8 layer has no ``acc`` model: a hardware kernel
+    whose instruction takes other operands or applies its scales where the layer's cannot go."""
+    from ..hardware import KERNELS
+
+    k = KERNELS.get(acc)
+    if k is None:  # exact, fp32, fp32-limited
+        return None
+    q, ins = layer.quant, k.ins
+    where = f"mode reference:{acc}: {ins.name}"
+    if k.scales == "instruction":
+        return f"{where} applies {ins.scale_type} block-scale codes (NVFP4 / MX layers); this layer has float32 scales"
+    if q.input is not None and (ins.a_fmt.name, ins.b_fmt.name) != (q.input_fmt, q.weight_fmt):
+        return f"{where} takes {ins.a_fmt.name} x {ins.b_fmt.name}; this layer has {q.input_fmt} x {q.weight_fmt}"
+    blocked = q.weight_strategy == "block" or q.input == "dynamic-group"
+    k_block = q.block[1] if q.block else q.input_group
+    if k.scales == "epilogue" and blocked:
+        return f"{where} scales once in the epilogue; this layer's scales change every {k_block} elements of K"
+    if k.scales == "promotion" and blocked and k_block != k.promote_every:
+        return f"{where} promotes every {k.promote_every} elements; this layer's K-blocks are {k_block}"
     return None
 
 
@@ -188,13 +218,12 @@ def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.
     why = cannot_run(layer, Mode("backend", backend.name))
     if why is not None:
         raise ModelError(f"{layer.name}: {why}")
+    if layer.quant.weight_strategy in BLOCK_INPUTS:
+        return _block_backend_forward(layer, x2, backend, out_dtype)
     done = _linear_forward(layer, x2, backend)
     if done is not None:
         return done
     q = layer.quant
-    why = cannot_run(layer, Mode("backend", backend.name))
-    if why is not None:
-        raise ModelError(f"{layer.name}: {why}")
     codes, s_a = quantize_input(layer, x2)
     M, K, N = x2.shape[0], x2.shape[1], layer.shape[0]
     s_w = np.asarray(layer.weight_scale).astype(np.float32)
@@ -219,5 +248,47 @@ def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.
                 y = backend.scaled_mm(codes, np.ascontiguousarray(layer.weight_codes.T), s_a, s_b, bias=bias,
                                       fmt=q.weight_fmt, out_dtype=out_dtype, accumulate=acc, scale_order=order)
                 return np.asarray(y), p
+            reasons.append(why)
+    raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer ({reasons[0]})")
+
+
+def _block_backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.ndarray, dict]:
+    """An NVFP4 / MX layer through ``backend.scaled_mm``'s ``block16`` / ``block32`` case: the input
+    codes and float32 block scales the reference makes, the stored weight codes (K, N) and block
+    scales (KB, N), accumulated by the backend to float32; then the kernels' epilogue here (the
+    globals' alpha, the bias, one rounding to the model dtype: ``fp8ref.matmul.block_scaled``)."""
+    from .._arrays import deliver, to_numpy
+    from ..checkpoint.forward import quantize_block_input
+    from ..checkpoint.layout import BLOCK_SCALED
+    from ..matmul import ACCUMULATIONS, SCALE_ORDERS
+    from ..matmul.block_scaled import alpha_of, kernel_epilogue
+
+    q = layer.quant
+    if q.input_fmt != q.weight_fmt:
+        raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer: input {q.input_fmt} and "
+                         f"weight {q.weight_fmt}; a backend's scaled_mm takes one format")
+    block = BLOCK_SCALED[q.weight_strategy][0]
+    qx = quantize_block_input(layer, x2)
+    codes = np.ascontiguousarray(to_numpy(qx.codes))
+    s_a = np.ascontiguousarray(np.asarray(to_numpy(qx.scale), np.float32).reshape(codes.shape[0], -1))
+    s_b = np.ascontiguousarray(np.asarray(layer.weight_scale, np.float32).reshape(layer.shape[0], -1).T)
+    g_w = None if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
+    g_x = None if q.input != "nvfp4" else float(np.asarray(to_numpy(qx.global_scale), np.float32).reshape(-1)[0])
+    params = {"format": q.weight_fmt, "scales": f"block{block}", "out_dtype": "float32", "bias": False}
+    reasons = []
+    for acc in ACCUMULATIONS:
+        for order in SCALE_ORDERS:
+            p = {**params, "accumulate": acc, "scale_order": order}
+            why = backend.implements("scaled_mm", p)
+            if why is None:
+                acc32 = np.asarray(backend.scaled_mm(codes, np.ascontiguousarray(layer.weight_codes.T), s_a, s_b,
+                                                     bias=None, fmt=q.weight_fmt, out_dtype="float32",
+                                                     accumulate=acc, scale_order=order), np.float32)
+                if acc32.shape != (codes.shape[0], layer.shape[0]):
+                    raise ModelError(f"{layer.name}: backend {backend.name!r} scaled_mm returned shape "
+                                     f"{list(acc32.shape)}, expected {[codes.shape[0], layer.shape[0]]}")
+                bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float32)
+                y = kernel_epilogue(acc32, alpha_of(g_w, g_x, q.global_scale), bias, out_dtype)
+                return deliver(y, out_dtype, False), {**p, "epilogue": "fp8ref"}
             reasons.append(why)
     raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer ({reasons[0]})")

@@ -11,7 +11,7 @@ import torch
 
 from .._arrays import torch_of
 from ..errors import ModelError
-from .experts import Fp8ExpertLinear, expert_name, original_expert_weight, place_experts
+from .experts import Fp8ExpertLinear, expert_name, original_expert_key, original_expert_weight, place_experts
 from .linear import Fp8RefLinear
 
 
@@ -75,18 +75,23 @@ def swap_linears(model: torch.nn.Module, checkpoint, *, mode="reference", accumu
 
 
 def _expert(layer, name, mode, accumulate, backend, original, keep_decoded):
-    """One ``Fp8ExpertLinear`` in ``mode``, its original weight under any of its names."""
-    w = None
+    """One ``Fp8ExpertLinear`` in ``mode``, its original weight under any of its names: from a
+    Checkpoint checked by its header now and read on each use (``original_source``), not held."""
+    w = source = None
     if original is not None:
-        w = original_expert_weight(original, name)
-        if w is None:
-            raise ModelError(f"{getattr(original, 'path', 'original')}: no tensor {name}.weight (nor its other "
-                             f"names) for the quantized expert {name!r}")
-        if tuple(w.shape) != tuple(layer.shape):
-            raise ModelError(f"{getattr(original, 'path', 'original')}: {name}.weight is {list(w.shape)}, the "
-                             f"checkpoint's weight {list(layer.shape)}")
+        where = getattr(original, "path", "original")
+        key = original_expert_key(original, name)
+        if key is None:
+            raise ModelError(f"{where}: no tensor {name}.weight (nor its other names) for the quantized expert "
+                             f"{name!r}")
+        if hasattr(original, "store"):
+            _check_shape(where, key, tuple(original.store.info(key).shape), tuple(layer.shape))
+            source = partial(_read_original, original, key, None)
+        else:
+            w = original_expert_weight(original, name)
+            _check_shape(where, key, tuple(w.shape), tuple(layer.shape))
     new = Fp8ExpertLinear(layer, "reference", accumulate=accumulate, backend=backend, original_weight=w,
-                          keep_decoded=keep_decoded)
+                          keep_decoded=keep_decoded, original_source=source)
     new.mode = mode
     return new
 

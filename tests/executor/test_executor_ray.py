@@ -58,3 +58,14 @@ def test_inspect_original_ray_equals_local(tmp_path):
     local = _json(tmp_path, "local.json", argv, progress_flag=False)
     assert b'"snr_db"' in local
     assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"], progress_flag=False) == local
+
+
+def test_compare_gptoss_ray_equals_local(tmp_path):
+    """gpt-oss's per-expert rows (no checkpoint layer of their own) run here, the other rows on workers."""
+    pytest.importorskip("transformers")
+    gptoss = CKPTS.parent.parent / "gptoss"
+    argv = ["compare", str(gptoss / "mxfp4"), "--original", str(gptoss / "original_bf16"),
+            "--modes", "reference,reference:fp32,original", "--random", "2x8"]
+    local = _json(tmp_path, "local.json", argv)
+    assert b".mlp.experts.0.gate_up_proj" in local or b".mlp.experts.1.gate_up_proj" in local
+    assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"]) == local

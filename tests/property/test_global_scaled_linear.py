@@ -76,3 +76,47 @@ def test_ties_on_a_divisor_round_to_even():
 def test_refuses_inexact_products():
     with pytest.raises(ShapeError, match="not be exact"):
         global_scaled_linear(np.array([[1 + 2.0 ** -40]]), np.array([[1 + 2.0 ** -30]]), 1.0, "multiplier")
+
+
+@st.composite
+def block_operands(draw):
+    """Element values and block scales kept apart: NVFP4 (E2M1, E4M3 scales per 16), MXFP4 (E2M1, E8M0
+    per 32, the whole exponent range), MXFP8 (E4M3 elements, E8M0 per 32); K ragged at the end."""
+    from fp8ref.formats import FORMATS
+
+    kind = draw(st.sampled_from(["nvfp4", "mxfp4", "mxfp8"]))
+    block = 16 if kind == "nvfp4" else 32
+    fmt = FORMATS["float8_e4m3fn" if kind == "mxfp8" else "float4_e2m1fn"]
+    codes = st.integers(0, fmt.n_codes - 1).filter(lambda c: np.isfinite(_decode(c, fmt)))
+    m, n, k = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3 * block))
+    kb = -(-k // block)
+    xe = np.array([[_decode(draw(codes), fmt) for _ in range(k)] for _ in range(m)])
+    we = np.array([[_decode(draw(codes), fmt) for _ in range(k)] for _ in range(n)])
+    scale = st.sampled_from(E4M3_SCALES) if kind == "nvfp4" else st.integers(-127, 127).map(lambda e: 2.0 ** e)
+    sx = np.array([[draw(scale) for _ in range(kb)] for _ in range(m)])
+    sw = np.array([[draw(scale) for _ in range(kb)] for _ in range(n)])
+    g = float(np.float32(draw(st.floats(2.0 ** -20, 2.0 ** 20)))) if kind == "nvfp4" else 1.0
+    return xe, sx, we, sw, block, fmt, g
+
+
+def _decode(code: int, fmt) -> float:
+    from fp8ref.codec import decode
+
+    return float(decode(np.array([code], np.uint8), fmt)[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(block_operands(), st.sampled_from(["multiplier", "divisor"]), st.sampled_from(["bfloat16", "float32"]),
+       st.booleans())
+def test_block_sums_first_give_the_same_bits(ops, meaning, out, with_bias):
+    """block_scaled_linear (block sums by a float64 matmul, then the scales) == global_scaled_linear of
+    the products formed whole, which the Fraction oracle above checks."""
+    from fp8ref.matmul.global_scaled import block_scaled_linear
+
+    xe, sx, we, sw, block, fmt, g = ops
+    k = xe.shape[1]
+    bias = np.linspace(-1.5, 2.25, we.shape[0]) if with_bias else None
+    got = block_scaled_linear(xe, sx, we, sw, block, fmt, fmt, g, meaning, bias=bias, out_dtype=out)
+    want = global_scaled_linear(xe * np.repeat(sx, block, 1)[:, :k], we * np.repeat(sw, block, 1)[:, :k], g,
+                                meaning, bias=bias, out_dtype=out)
+    assert np.array_equal(np.signbit(got), np.signbit(want)) and np.array_equal(got, want)

@@ -184,20 +184,6 @@ def test_reference_forward_is_the_exact_product_rounded_once(name, layer_name):
         [[math.copysign(1, v) if v == 0 else v for v in r] for r in want]  # an exact 0 sum rounds to +0
 
 
-@pytest.mark.parametrize("mode,why", [("reference:fp32", "mode reference:fp32: .*exact reference only"),
-                                      ("backend:torch", "backend 'torch' cannot run this layer .*no (nvfp4|mx) case")])
-@pytest.mark.parametrize("name", ["llmc_nvfp4", "llmc_mxfp8"])
-def test_modes_without_a_block_scaled_definition_are_refused_naming_the_layer(name, mode, why):
-    from fp8ref.nn import Fp8RefLinear
-
-    layer = _layer(name, LAYERS[0])
-    lin = Fp8RefLinear(layer, "reference", backend=type("B", (), {"name": "torch"})())
-    with pytest.raises(Fp8RefError, match=f"^{layer.name}: {why}"):
-        lin.mode = mode
-    with pytest.raises(Fp8RefError, match=f"^{layer.name}: "):
-        lin.run(_x(layer.shape[1], 0), mode)
-
-
 @pytest.mark.parametrize("name", ["modelopt_nvfp4", "modelopt_mxfp8"])
 def test_modelopt_block_producer_is_refused_before_any_forward(name):
     from fp8ref.nn import Fp8RefLinear

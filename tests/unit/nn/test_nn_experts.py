@@ -175,3 +175,20 @@ def test_a_router_without_experts(tmp_path, capsys):
                    "--quiet") == 1
     err = capsys.readouterr().err
     assert err.startswith("fp8ref: error: ") and err.count("\n") == 1 and "checkpoint none" in err
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"model_type": "qwen9_moe", "architectures": ["Qwen9MoeForCausalLM"]},
+     "cannot build a 'qwen9_moe' model"),
+    ({"model_type": None}, "no 'model_type'"),
+])
+def test_a_config_naming_an_unknown_architecture(tmp_path, capsys, config, message):
+    """One line naming config.json and the architecture; nothing written (compare's --json stays absent)."""
+    bad = rewrite(QWEN, tmp_path / "bad", config=config)
+    with pytest.raises(ModelError, match=re.escape(message)):
+        _build(bad)
+    out = tmp_path / "r.json"
+    assert run_cli("compare", bad, "--modes", "reference,producer", "--json", out, "--no-progress") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fp8ref: error: ") and err.count("\n") == 1 and message in err and "config.json" in err
+    assert not out.exists()

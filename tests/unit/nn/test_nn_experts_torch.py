@@ -209,3 +209,36 @@ def test_verify_original_on_the_tool_made_moe_checkpoints(fixture, original, cap
 
     assert run_cli("verify", CKPTS / fixture, "--original", CKPTS / original) == 0
     assert capsys.readouterr().out.rstrip().endswith(": OK")
+
+
+def test_original_experts_are_read_per_block_not_held():
+    """compare --original's MoE experts as dense layers: building reads no original expert tensor (the
+    headers are checked), a forward in mode original reads each expert of the block it runs, and
+    nothing of them is held after the block (so a model's originals are never all in memory)."""
+    original = fp8ref.load_checkpoint(CKPTS / "moe_qwen3_moe_bf16")
+    reads: list[str] = []
+    tensor = original.tensor
+    original.tensor = lambda name: reads.append(name) or tensor(name)
+    m = _model()
+    swap_linears(m, fp8ref.load_checkpoint(QWEN), original=original)
+    assert [n for n in reads if ".experts." in n] == []
+    experts = [m.model.layers[i].mlp.experts for i in range(2)]
+    lin = experts[0].projections[1]["up"]
+    assert lin.original_weight is None and lin.original_source is not None
+    set_mode(m, "original")
+    x, idx, w = _inputs()
+    with torch.no_grad():
+        y = experts[0](x, idx, w)
+    expert_reads = [n for n in reads if ".experts." in n]
+    assert sorted(expert_reads) == sorted(f"model.layers.0.mlp.experts.{e}.{p}_proj.weight"
+                                          for e in range(E) for p in ("gate", "up", "down"))
+    assert experts[0]._fused == {} and experts[1]._fused == {}  # nothing kept past the forward
+    # the same forward as on the original weights fused by hand
+    ref = HandExperts()
+    with torch.no_grad():
+        for e in range(E):
+            g, u, d = (tensor(f"model.layers.0.mlp.experts.{e}.{p}_proj.weight") for p in ("gate", "up", "down"))
+            ref.gate_up_proj[e] = torch.cat([torch.from_numpy(np.asarray(g, np.float32)),
+                                             torch.from_numpy(np.asarray(u, np.float32))]).to(torch.bfloat16)
+            ref.down_proj[e] = torch.from_numpy(np.asarray(d, np.float32)).to(torch.bfloat16)
+        assert torch.equal(y, ref(x, idx, w))

@@ -120,3 +120,52 @@ def test_experts_that_disagree_with_the_config_stay_unplaced(tmp_path):
         build_model(bad)
     with pytest.raises(ModelError, match="mode 'original' needs the original weights"):
         build_model(MXFP4, mode="original")
+
+
+def test_compare_reports_per_expert_rows_grouped_per_block():
+    """Each routed expert's gate_up and down projection is a row of compare (as for dense MoE models),
+    grouped per experts module; the model's producer / original logits stay transformers' forward."""
+    from fp8ref.nn.compare import compare
+
+    model = build_model(MXFP4, mode="producer", original=ORIGINAL)
+    with torch.no_grad():
+        plain = model(_ids()).logits
+    modes = ["producer", "reference", "reference:fp32", "original"]
+    r = compare(model, _ids(), modes)
+    names = [layer["name"] for layer in r["layers"]]
+    experts = [n for n in names if ".mlp.experts." in n]
+    assert experts and all(n.rsplit(".", 2)[-1] in ("gate_up_proj", "down_proj") for n in experts)
+    assert {n.rsplit(".", 2)[0] for n in experts} <= {f"model.layers.{i}.mlp.experts" for i in range(2)}
+    groups = {g["experts"]: g for g in r["expert_groups"]}
+    assert sorted(groups) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    g = groups["model.layers.0.mlp.experts"]
+    assert g["count"] == 4 and g["projections"] == 8 and 0 < g["ran"] <= 8
+    for mode in modes[1:]:
+        tf = g["modes"][mode]["teacher_forced"]
+        assert tf["worst"] in experts and tf["worst_rel_rms"] < (0.05 if mode != "original" else 1.0)
+    for layer in r["layers"]:
+        if layer["name"] in experts:  # reference and producer per expert differ by bf16 rounding only
+            assert layer["teacher_forced"]["reference"]["rel_rms"] < 2 ** -6
+    with torch.no_grad():
+        fp8ref.nn.set_mode(model, "producer")
+        assert torch.equal(model(_ids()).logits, plain)  # hooks gone, the output transformers' own
+
+
+def test_original_experts_are_read_when_the_mode_runs_and_one_module_is_held():
+    from fp8ref.nn import gptoss
+
+    original = fp8ref.load_checkpoint(ORIGINAL)
+    reads: list[str] = []
+    tensor = original.tensor
+    original.tensor = lambda name: reads.append(name) or tensor(name)
+    model = build_model(MXFP4, mode="reference", original=original)
+    assert [n for n in reads if ".experts." in n] == []  # nothing read to build
+    fp8ref.nn.set_mode(model, "original")
+    with torch.no_grad():
+        model(_ids())
+    assert sorted({n for n in reads if ".experts." in n}) == sorted(
+        f"model.layers.{i}.mlp.experts.{k}" for i in range(2) for k in gptoss._KEYS)
+    assert len(gptoss._HELD) == 1  # one experts module's originals, not the model's
+    for i in range(2):  # the model's experts hold none of them past their forward
+        params = model.model.layers[i].mlp.experts._model._parameters
+        assert all(p is None or p.device.type == "meta" for p in params.values())
