@@ -17,8 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CheckpointError
+from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
+from ..codec import decode, encode
+from ..errors import CheckpointError, Fp8RefError
 from ..formats import FORMATS
+from ..matmul import linear
+from ..matmul.global_scaled import global_scaled_linear
+from ..quant import QuantArgs, quantize
+from ..rounding import eps_of, round_to
+from ..scaling import expand
+from . import base
 
 MODES = ("reference", "producer")
 
@@ -37,7 +45,6 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
             raise CheckpointError(f"{layer.name}: {layer.quant.weight_strategy} layers have the exact reference "
                                   f"only (accumulate='exact', no scaled_mm options)")
         return _block_scaled_forward(layer, x, out_dtype)
-    from ..matmul import linear
 
     q = layer.quant
     block_n, block_k = q.block if q.block else (128, q.input_group or 128)
@@ -48,8 +55,6 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
         raise CheckpointError(f"{layer.name}: weight-only layer; a W8A8 forward needs quantized inputs")
     static = q.input == "static"
     if not static:
-        from . import base
-
         recipe = base.get(layer.producer).input_recipe(layer.entry)
         if recipe is not None:
             mm_options = {"input_recipe": recipe, **mm_options}
@@ -70,9 +75,6 @@ def quantize_block_input(layer, x):
     the last axis, with the block-scale rule of the layer's producer recipe, the scales a backend
     computes at run time. One function for every caller (the reference forward, ``compare``'s code
     counts, an expert of a MoE layer), so they all quantize the same way; errors name the layer."""
-    from ..errors import Fp8RefError
-    from ..quant import QuantArgs, quantize
-
     q = layer.quant
     if q.input not in ("nvfp4", "mx"):
         raise CheckpointError(f"{layer.name}: input {q.input or 'not quantized'}; NVFP4 / MX layers only")
@@ -89,11 +91,6 @@ def _block_scaled_forward(layer, x, out_dtype):
     """nvfp4 / mx reference: the input quantized by ``quantize_block_input``, then the exact sum
     of the exact products, times the global multipliers or divided by the global divisors,
     rounded once (``fp8ref.matmul.global_scaled``). Weight-only layers take x as it is."""
-    from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
-    from ..codec import decode
-    from ..matmul.global_scaled import global_scaled_linear
-    from ..scaling import expand
-
     q = layer.quant
     arr, dtype, _ = float_input(x, "x")
     out = out_dtype or (dtype if dtype in ("bfloat16", "float16", "float32") else "float32")
@@ -120,16 +117,12 @@ def _block_scaled_forward(layer, x, out_dtype):
 
 def _round(v: np.ndarray, dtype: str) -> np.ndarray:
     """A torch CPU op in ``dtype`` on float32 data: computed in float32, rounded once to dtype."""
-    from ..rounding import round_to
-
     return round_to(np.asarray(v, np.float32), dtype).astype(np.float32)
 
 
 def qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, positive_zero: bool) -> np.ndarray:
     """Fake-quantize: q = e4m3(clamp(x / s)) with the division rounded to D (compressed-tensors,
     auto-round's loader) or kept in fp32; then D(decode(q) * s)."""
-    from ..codec import decode, encode
-
     fmt = FORMATS["float8_e4m3fn"]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         y = x32 / s32
@@ -144,8 +137,6 @@ def qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, posit
 
 def dynamic_scale(x32: np.ndarray, mode: str, group: int | None, dtype: str) -> np.ndarray:
     """compressed-tensors' dynamic input scale: D(amax / 448), eps(D) where that is 0."""
-    from ..rounding import eps_of
-
     a = np.abs(x32)
     if mode == "dynamic-tensor":
         amax = a.max(keepdims=True) if a.size else np.zeros((1,) * a.ndim, np.float32)
@@ -165,8 +156,6 @@ def producer_weight(layer, dtype: str) -> np.ndarray:
     """The producer-side dequantization step, named because it rounds twice: decode(q) * s as a
     float32 product (what the transformers / compressed-tensors / auto-round loaders compute),
     then rounded to the model dtype D. ``QuantizedLayer.dequantize`` rounds the exact product once."""
-    from ..codec import decode
-
     s_w = fp32_weight_scale(layer)
     return _round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, dtype)  # D(fp32(q * s))
 
@@ -185,7 +174,6 @@ def fp32_weight_scale(layer) -> np.ndarray:
 def _producer_forward(layer, x):
     import torch
 
-    from . import base
 
     fmt = base.get(layer.producer)
     why = fmt.producer_refusal(layer.quant)

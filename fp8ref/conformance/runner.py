@@ -42,6 +42,7 @@ from ..golden.judge import (
 )
 from ..golden.suite import Suite, cases, load_suite
 from .backend import BackendExit, call_backend, check_capabilities, describe_failure, guarded, load_backend
+from .report import operand_text
 from .xfails import Xfails
 
 
@@ -229,7 +230,6 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
         else:
             expected = expected_outputs(be, op, c.params, c.inputs)
             got = op.call(be, c.params, c.inputs)
-        from .report import operand_text
 
         print(f"{case} [{', '.join(map(str, index))}]:")
         for label, value in op.operands(c.params, c.inputs, tuple(index)).items():

@@ -22,8 +22,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._arrays import dtype_name
+from .._arrays import dtype_name, torch_of
+from ..checkpoint.gptoss import ExpertsLayer
+from ..codec import decode
 from ..errors import ModelError
+from ..matmul.global_scaled import global_scaled_linear
 from .modes import parse_mode
 
 EXPERTS_CLASS = "GptOssExperts"  # transformers' module this one replaces
@@ -73,8 +76,6 @@ class GptOssExperts(torch.nn.Module):
         """The model-layout parameters of ``kind`` (producer: dequantized; original), made once."""
         if kind not in self._weights:
             if kind == "producer":
-                from .._arrays import torch_of
-
                 t = {}
                 for proj, layer in (("gate_up_proj", self.gate_up), ("down_proj", self.down)):
                     t[proj] = torch_of(layer.experts_weight(str(dtype).removeprefix("torch.")))
@@ -111,9 +112,6 @@ class GptOssExperts(torch.nn.Module):
 def _exact_linear(x: torch.Tensor, layer, expert: int) -> torch.Tensor:
     """x @ W_e^T + b_e for expert ``expert`` of an ExpertsLayer: exact products, summed exactly,
     rounded once to x's dtype (the reference of a weight-only MX layer)."""
-    from ..codec import decode
-    from ..matmul.global_scaled import global_scaled_linear
-
     n, k = layer.expert_shape
     rows = slice(expert * n, (expert + 1) * n)
     codes = layer.weight_codes[rows]
@@ -130,8 +128,6 @@ def swap_gptoss_experts(model: torch.nn.Module, checkpoint, report, *, mode="ref
     the checkpoint holds as gpt-oss MXFP4 experts, moving them from ``report.unplaced`` (where
     ``swap_linears`` left them: not nn.Linear) to ``report.swapped``; a module that is missing, of
     another type, or whose experts count or shapes disagree with the checkpoint stays unplaced with why."""
-    from ..checkpoint.gptoss import ExpertsLayer
-
     unplaced = dict(report.unplaced)
     modules: dict[str, dict] = {}
     for name in unplaced:
@@ -178,8 +174,6 @@ def _fit(model, parent: str, projs: dict) -> str | None:
 
 
 def _original(original, parent: str) -> dict:
-    from .._arrays import torch_of
-
     out = {}
     for key in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
         name = f"{parent}.{key}"
