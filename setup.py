@@ -21,7 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
 
 CSRC = os.path.join("fp8ref", "_csrc")
@@ -135,7 +135,17 @@ class ParallelBuildExt(build_ext):
                  "`pip install -v` to see its messages.")
 
 
+# specs/ (presets, recipes, suites, engines' steps, examples) stays at the repository's top, where its readers
+# look for it, and installs as the package data fp8ref/specs: package_dir maps the one onto the other
+# (fp8ref/registry.py finds it with importlib.resources). The packages are listed here, not in
+# pyproject.toml, because that mapping needs them spelt out: pyproject's `find` sees only folders.
+SPECS = ["fp8ref.specs"] + [f"fp8ref.specs.{name}" for name in find_namespace_packages(where="specs")]
+PACKAGE_DATA = {"fp8ref": ["_csrc/*.c", "_csrc/*.h", "conformance/xfails/*.txt"], **{p: ["*.yaml"] for p in SPECS}}
+
 setup(
+    packages=find_namespace_packages(include=["fp8ref*"]) + SPECS,
+    package_dir={"fp8ref.specs": "specs"},
+    package_data=PACKAGE_DATA,
     # No -fopenmp: the loops run on the OpenMP runtime torch loads, bound at run time (fp8ref/_native.py).
     ext_modules=[Extension("fp8ref._kernels", [os.path.join(CSRC, s) for s in PER_ISA + ONCE],
                            depends=[os.path.join(CSRC, h) for h in HEADERS], libraries=["m"])],

@@ -5,6 +5,8 @@ Subclasses also derive from the builtin a caller would naturally catch (``ValueE
 given and what was expected.
 """
 
+import difflib
+
 
 class Fp8RefError(Exception):
     """Base class of every error fp8ref raises on purpose."""
@@ -75,8 +77,6 @@ def did_you_mean(value: object, choices, *, n: int = 1, cutoff: float = 0.6, cla
     """The "did you mean" hint every unknown-name message ends with: `` (did you mean 'x'?)``, or
     with ``clause`` ``; did you mean 'x' or 'y'?``; empty when nothing in ``choices`` is close.
     ``fold`` (e.g. ``str.upper``) compares case-insensitively and still names the choice as spelled."""
-    import difflib
-
     fold = fold or (lambda text: text)
     spelled = {fold(str(c)): str(c) for c in reversed(list(choices))}  # the first spelling wins
     matches = difflib.get_close_matches(fold(str(value)), list(spelled)[::-1], n=n, cutoff=cutoff)

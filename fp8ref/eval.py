@@ -20,7 +20,10 @@ from pathlib import Path
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from .conformance.backend import load_backend
 from .errors import ModelError
+from .nn import build_model, parse_mode
+from .nn.tokenizer import load_tokenizer, special_tokens
 
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 """``dataset_path`` values that read only the task's ``data_files`` (datasets' packaged builders)."""
@@ -31,7 +34,6 @@ def hf_tokenizer(folder):
     same BOS/EOS as ``AutoTokenizer`` reading the folder; no class imported, nothing fetched)."""
     import transformers
 
-    from .nn.tokenizer import load_tokenizer, special_tokens
 
     tok = load_tokenizer(folder)
     return tok, transformers.PreTrainedTokenizerFast(tokenizer_object=tok.backend, **special_tokens(Path(folder)))
@@ -48,9 +50,6 @@ class Fp8RefLM(HFLM):
 
     def __init__(self, checkpoint=None, mode: str = "reference", original=None, tokenizer=None,
                  keep_decoded: bool = True, trust_remote_code: bool = False, **kwargs):
-        from .conformance.backend import load_backend
-        from .nn import build_model, parse_mode
-
         if trust_remote_code:
             raise ModelError("fp8ref lm-eval model: trust_remote_code is refused; fp8ref runs no code from a "
                              "checkpoint")

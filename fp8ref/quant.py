@@ -5,55 +5,38 @@ CPU tensor (float16, bfloat16, float32, float64) and returns a frozen ``QuantRes
 arrays are in the same library. Stored scales are dequantization multipliers
 (``x ~ decode(codes) * scale``). Dynamic quantization computes the scale from ``x``; static
 quantization takes a calibrated ``scale`` (or an ``amax``). See docs/quantize.md.
+
+This module is the API and the element-scale path (tensor, channel, token, group, block); the
+MX and NVFP4 block formats are ``microscaling``, the C loops' glue ``_native_quant``, and what
+all three read from the caller ``_quant_inputs``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
-from . import _arrays, _native
-from ._arrays import (
-    aligned_empty,
-    bf16_bits_to_f32,
-    deliver,
-    float_input,
-    is_torch,
-    numpy_bf16,
-    output_buffer,
-    same_library,
-    to_numpy,
-)
-from .codec import ROUNDING_MODES, _c_encode_params, _c_rne_params, decode, encode
-from .errors import EncodeError, InputTypeError, RecipeError, ScaleError, ShapeError
-from .formats import FORMATS, FloatFormat, get_format
-from .limits import MAX_DIM, int_in, shown
+from . import _arrays, _native_quant, microscaling
+from ._arrays import aligned_empty, deliver, float_input, is_torch, output_buffer, same_library, to_numpy
+from ._quant_inputs import as_rows, reduction_values, reject_nonfinite, scale_array, widen
+from .codec import ROUNDING_MODES, decode, encode
+from .errors import InputTypeError, RecipeError, ScaleError, ShapeError
+from .exact import residual_sign
+from .formats import FloatFormat, get_format
+from .microscaling import nvfp4_producer_global
 from .recipes import BlockRecipe, Recipe, apply_scaled, check_scale, compute_scale, exact_quotient_codes, store_dtype
 from .registry import get_recipe
 from .rounding import round_to
-from .scaling import (
-    GRANULARITIES,
-    MX_SCALE_RULES,
-    e8m0_value,
-    expand,
-    group_of,
-    layout,
-    magnitudes_to_f64,
-    mx_scale_exponent,
-    nvfp4_global_scale,
-    reduce_amax,
-)
+from .scaling import GRANULARITIES, MX_SCALE_RULES, expand, group_of, layout, reduce_amax
+from .scheme import QuantizationScheme
 
 _ROWS_ELEMENTS = 1 << 18  # elements per work chunk: temporaries stay in cache, memory O(chunk)
-_NVFP4_SCALE_FORMAT = "float8_e4m3fn"
 
 
 _SCALE_DTYPES = ("model", "float32", "bfloat16", "float16", "float8_e8m0fnu", "float8_e4m3fn")
@@ -114,64 +97,6 @@ class QuantResult:
     _recipe: Recipe = field(default=None, repr=False, compare=False)
 
 
-# --- input plumbing ----------------------------------------------------------------------
-_KINDS = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
-
-
-def _widen(a: np.ndarray, dtype: str, cast16: str | None, buf: np.ndarray | None = None) -> np.ndarray:
-    """Exact float32 values (float64 for float64) of a chunk; ``cast16`` rounds fp16 first.
-    ``buf``: optional float32 buffer of a's shape for bfloat16/float16 input."""
-    if dtype == "bfloat16":
-        return bf16_bits_to_f32(a, buf)
-    if dtype == "float16":
-        w = a.astype(np.float32) if buf is None else np.copyto(buf, a) or buf
-        return round_to(w, cast16) if cast16 else w
-    return a
-
-
-def _values(a: np.ndarray, dtype: str) -> np.ndarray:
-    """Float values for reductions: bfloat16 bits viewed as ml_dtypes.bfloat16."""
-    return numpy_bf16(a) if dtype == "bfloat16" else a
-
-
-def _scale_array(value, what: str, expected: tuple) -> tuple[np.ndarray, str]:
-    """A user scale/amax as float64 numpy of the layout shape (also [], [N] for [N,1]), and
-    its dtype name."""
-    arr, dtype, _ = float_input(value, what) if (is_torch(value) or isinstance(value, np.ndarray)) else (
-        _python_numbers(value, what), "float64", False)
-    if dtype == "bfloat16":
-        arr = _widen(arr, dtype, None)
-    arr = np.asarray(arr, np.float64)
-    squeezed = tuple(n for n in arr.shape if n != 1)
-    if arr.shape != expected and squeezed != tuple(n for n in expected if n != 1):
-        raise ShapeError(f"{what}: expected shape {expected} (or the same without size-1 axes), "
-                         f"got {tuple(arr.shape)}")
-    return arr.reshape(expected), dtype
-
-
-def _python_numbers(value, what: str) -> np.ndarray:
-    """float64 array of a Python/numpy real number or a (nested) list of them; anything else (a
-    string, a complex number, None) one InputTypeError."""
-    try:
-        arr = np.asarray(value)
-    except ValueError:  # ragged nesting
-        arr = np.asarray(None)
-    if arr.dtype.kind not in "fiu":
-        raise InputTypeError(f"{what}: expected a real number or an array of them, got {type(value).__name__}"
-                             + (f" of {arr.dtype}" if arr.dtype.kind not in "OU" else ""))
-    return arr.astype(np.float64)
-
-
-def _one_number(value, what: str) -> np.float64:
-    """The one number of a scalar, a one-element array/tensor or list (NVFP4's global scale or amax)."""
-    arr = (to_numpy(value, what) if is_torch(value) or isinstance(value, (np.ndarray, np.generic))
-           else _python_numbers(value, what))
-    if arr.dtype.kind not in "fiu" or arr.size != 1:
-        raise InputTypeError(f"{what}: expected one real number (the tensor's), got "
-                             f"{arr.dtype} of shape {tuple(arr.shape)}")
-    return np.float64(arr.reshape(-1)[0])
-
-
 # --- public API ---------------------------------------------------------------------------
 def as_args(args, *, role: str = "weight") -> QuantArgs:
     """QuantArgs, or a QuantizationScheme / mapping of its fields (``role``: weight|activation)."""
@@ -181,7 +106,6 @@ def as_args(args, *, role: str = "weight") -> QuantArgs:
         raise InputTypeError(f"args: expected QuantArgs or a QuantizationScheme, got {type(args).__name__}")
     if role not in ("weight", "activation"):
         raise InputTypeError(f"role: expected 'weight' or 'activation', got {role!r}")
-    from .scheme import QuantizationScheme
     s = args if isinstance(args, QuantizationScheme) else QuantizationScheme.from_dict(args)
     act = role == "activation"
     if act and not s.quantizes_activations:
@@ -245,13 +169,14 @@ def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight
                                  f"(NVFP4 takes amax=, the tensor amax of the global scale (e.g. a fused "
                                  f"group's), or scale=, a stored global scale in the recipe's meaning)")
         if qa.granularity == "mx":
-            res = _block_mx(arr, dtype, qa, rec, fmt)
+            res = microscaling.recipe_mx(arr, dtype, qa, rec, fmt)
         else:
-            res = _block_nvfp4(arr, dtype, qa, rec, fmt, amax, scale)
+            res = microscaling.recipe_nvfp4(arr, dtype, qa, rec, fmt, amax, scale)
     elif qa.granularity in SELF_SCALED:
         if scale is not None or amax is not None:
             raise InputTypeError(f"scale, amax: granularity {qa.granularity!r} computes its scales from x")
-        res = (_quantize_mx if qa.granularity == "mx" else _quantize_nvfp4)(arr, dtype, qa, rec, fmt)
+        own_rule = microscaling.quantize_mx if qa.granularity == "mx" else microscaling.quantize_nvfp4
+        res = own_rule(arr, dtype, qa, rec, fmt)
     else:
         codes = flat.reshape(shape) if given_out else aligned_empty(shape, np.uint8)
         res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes,
@@ -289,19 +214,7 @@ def _check_divisible(rec: Recipe | BlockRecipe, qa: QuantArgs, shape: tuple) -> 
                          f"shape; got shape {shape}, expected the last dims to be multiples of {tuple(need)}")
 
 
-def _reject_nonfinite(amax: np.ndarray, arr: np.ndarray, dtype: str, rec: Recipe) -> None:
-    if rec.nonfinite != "error" or np.isfinite(amax).all():
-        return
-    bad = ~np.isfinite(_widen(arr, dtype, None))
-    idx = tuple(int(i) for i in np.argwhere(bad)[0])
-    raise EncodeError(f"x: recipe {rec.name!r} needs finite values, got {int(bad.sum())} NaN/Inf "
-                     f"(first at index {idx}); pass recipe= a producer recipe to model its NaN/Inf behaviour")
-
-
-def _rows(arr: np.ndarray) -> np.ndarray:
-    return arr.reshape(-1, arr.shape[-1]) if arr.ndim else arr.reshape(1, 1)
-
-
+# --- element scales (tensor, channel, token, group, block): the C loops (_native_quant), else numpy ---
 def _chunks(n_rows: int, row_len: int, align: int = 1) -> list[tuple[int, int]]:
     step = max(align, (_ROWS_ELEMENTS // max(row_len, 1)) // align * align)
     return [(r, min(r + step, n_rows)) for r in range(0, n_rows, step)]
@@ -320,14 +233,14 @@ def _parallel(fn, spans) -> None:
 
 
 def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
-    fast = _c_amax(arr, dtype, qa)
+    fast = _native_quant.c_amax(arr, dtype, qa)
     if fast is not None:
         return fast
-    vals = _values(arr, dtype)
+    vals = reduction_values(arr, dtype)
     if qa.granularity not in ("tensor", "channel", "token") or arr.ndim == 0:
         return reduce_amax(vals if arr.ndim else vals.reshape(1), qa.granularity,
                            group_size=qa.group_size, block_shape=qa.block_shape)
-    rows = _rows(vals)
+    rows = as_rows(vals)
     gran = "channel" if qa.granularity != "tensor" else "tensor"
     parts = {}
     spans = _chunks(rows.shape[0], rows.shape[1])
@@ -335,159 +248,6 @@ def _amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray:
     if gran == "tensor":
         return np.max(np.concatenate([parts[sp] for sp in spans])).reshape(1)  # NaN propagates
     return np.concatenate([parts[sp] for sp in spans]).reshape(arr.shape[:-1] + (1,))
-
-
-# --- fused C loops (fp8ref/_csrc/quant.c); the numpy code above and below is the fallback ----
-_C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
-_C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
-
-
-def _c_ok(arr: np.ndarray, dtype: str, granularity: str) -> bool:
-    return (dtype in _C_KINDS and arr.ndim >= 1 and arr.size > 0
-            and granularity in ("tensor", "channel", "token", "group", "block") and _native.kernels() is not None)
-
-
-def _c_sizes(**sizes: int) -> None:
-    """The C boundary: the loops take row counts, row lengths and group lengths as int64/size_t, and
-    divide by the group length. Validation keeps them in range; this guards what reaches C anyway."""
-    for name, value in sizes.items():
-        if not int_in(int(value), 1, MAX_DIM):
-            raise ShapeError(f"{name}: {shown(value)} is outside 1..{MAX_DIM}, which the C loops take")
-
-
-def _c_amax(arr: np.ndarray, dtype: str, qa: QuantArgs) -> np.ndarray | None:
-    """reduce_amax by the C loop: magnitude bits per (row, group of g along K), reduced further
-    here for tensor and block; None where the loop does not apply."""
-    gran = qa.granularity
-    if not _c_ok(arr, dtype, gran) or (gran == "block" and arr.ndim < 2):
-        return None
-    rows = _rows(arr)
-    n_rows, k = rows.shape
-    g = qa.group_size if gran == "group" else qa.block_shape[1] if gran == "block" else k
-    _c_sizes(rows=n_rows, row_length=k, group_size=g)
-    ng = -(-k // g)
-    wide = dtype == "float32"
-    bits = rows.view(np.uint32 if wide else np.uint16)
-    part = np.empty((n_rows, ng), bits.dtype)
-    _native.parallel("fp8ref_amax_u32" if wide else "fp8ref_amax_u16",
-                     _native.amax_job(bits.ctypes.data, part.ctypes.data, k, g), n_rows, work=bits.size,
-                     keep=(bits, part))
-    if gran == "tensor":
-        part = part.max(keepdims=True).reshape(1)
-    elif gran == "block":
-        bh, r2 = qa.block_shape[0], arr.shape[-2]
-        p = part.reshape(arr.shape[:-2] + (r2, ng))
-        p = np.pad(p, [(0, 0)] * (p.ndim - 2) + [(0, -r2 % bh), (0, 0)])  # +0: neutral for the max
-        part = p.reshape(p.shape[:-2] + (p.shape[-2] // bh, bh, ng)).max(axis=-2)
-    else:
-        part = part.reshape(arr.shape[:-1] + (ng,))
-    return magnitudes_to_f64(part, np.dtype(np.float32) if wide else _values(arr[:0], dtype).dtype)
-
-
-def _operand_offsets(shape: tuple, qa: QuantArgs, sshape: tuple) -> tuple[np.ndarray, int]:
-    """(per-row index of the row's first operand in the flattened scale array, elements per operand
-    along the row) for the C loops."""
-    n_rows, k = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
-    r = np.arange(n_rows, dtype=np.int64)
-    if qa.granularity == "tensor":
-        return np.zeros(n_rows, np.int64), k
-    if qa.granularity in ("channel", "token"):
-        return r, k
-    if qa.granularity == "group":
-        return r * sshape[-1], qa.group_size
-    (bh, bw), r2 = qa.block_shape, shape[-2]
-    return ((r // r2) * sshape[-2] + (r % r2) // bh) * sshape[-1], bw
-
-
-def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream=False):
-    """The C loops' job for the apply + encode steps (operands still to fill), or None where they
-    do not apply (the numpy path then runs). Same roundings, in the same order, as
-    exact_quotient_codes / apply_scaled. ``stream``: write the codes around the cache."""
-    if not _c_ok(arr, dtype, qa.granularity) or (qa.granularity == "block" and arr.ndim < 2):
-        return None
-    params = _c_encode_params(fmt, saturate, rounding)
-    exact = rec.apply_dtype == "exact"
-    if params is None or not (rounding == "rne" or exact) or (exact and rec.nonfinite != "error"):
-        return None  # the exact loop needs finite x: the recipe rejects NaN/Inf
-    model_dtype = "bfloat16" if cast16 else dtype
-    rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
-    job = _native.quant_job(arr.ctypes.data, codes.ctypes.data, None, None, None, None, ctypes.addressof(params),
-                            None if rne is None else ctypes.addressof(rne), shape[-1], shape[-1], 0, 1,
-                            _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
-                            _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
-                            0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
-                            0x100 if neg0 is None else neg0, int(stream))
-    job._keep = params, rne  # the job points into them
-    return job
-
-
-def _c_operands(operand: np.ndarray, rec: Recipe) -> tuple[np.ndarray, np.ndarray]:
-    """(float32 operands as the C loops take them, usable mask): the exact loop needs positive finite
-    scales, the producer loops multiply by fp32(1/s) for multiply_reciprocal."""
-    ops = np.ascontiguousarray(operand, np.float32).reshape(-1)
-    if rec.apply_dtype == "exact":
-        return ops, np.isfinite(ops) & (ops > 0)
-    if rec.apply_op == "multiply_reciprocal":
-        with np.errstate(divide="ignore", over="ignore"):
-            ops = np.float32(1.0) / ops
-    return ops, np.ones(ops.shape, bool)
-
-
-def _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
-                codes, stream=False) -> bool:
-    """The C loop for the apply + encode steps with known operands; False where it does not apply."""
-    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
-    if job is None:
-        return False
-    ops, usable = _c_operands(operand, rec)
-    if not usable.all():
-        return False
-    s_off, g = _operand_offsets(shape, qa, sshape)
-    _c_sizes(rows=len(s_off), row_length=shape[-1], group_size=g)
-    job.g = g
-    job.s, job.s_off = ops.ctypes.data, s_off.ctypes.data
-    _native.parallel("fp8ref_quant", job, len(s_off), work=arr.size, keep=(arr, codes, ops, s_off))
-    return True
-
-
-@lru_cache(maxsize=64)
-def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """compute_scale's operand for every 15-bit magnitude of a 16-bit dtype, as _c_operands gives
-    it (compute_scale is elementwise: looking an amax up here is computing it)."""
-    mags = np.arange(1 << 15, dtype=np.uint16)
-    vdtype = _values(mags[:0], dtype).dtype if dtype == "bfloat16" else np.dtype(dtype)
-    with np.errstate(invalid="ignore"):  # signalling NaN patterns widen to quiet NaN
-        amax = magnitudes_to_f64(mags, vdtype)
-    ops, usable = _c_operands(compute_scale(amax, rec, fmt, dtype)[1], rec)
-    ops.setflags(write=False)
-    return ops, usable
-
-
-def _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
-                      codes, stream=False) -> tuple[np.ndarray, bool] | None:
-    """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): the
-    amax (float64, of sshape) and whether the codes are final (False: an operand the loop cannot
-    take, such as an all-zero row's, was used; the caller quantizes again). None: not applicable."""
-    if dtype not in ("bfloat16", "float16") or qa.granularity == "tensor":
-        return None
-    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
-    if job is None:
-        return None
-    table, usable = _operand_table(rec, fmt, dtype)
-    _c_sizes(row_length=shape[-1], **({"block_rows": qa.block_shape[0], "group_size": qa.block_shape[1]}
-                                      if qa.granularity == "block" else {"group_size": qa.group_size or shape[-1]}))
-    if qa.granularity == "block":
-        (job.bh, job.g), job.r2 = qa.block_shape, shape[-2]
-    else:
-        job.g = qa.group_size if qa.granularity == "group" else shape[-1]
-        job.r2 = max(1, int(np.prod(shape[:-1], dtype=np.int64)))
-    n_rows = int(np.prod(shape[:-1], dtype=np.int64))
-    bands = n_rows // job.r2 * -(-job.r2 // job.bh)
-    bits = np.empty(bands * -(-shape[-1] // job.g), np.uint16)
-    job.table, job.amax = table.ctypes.data, bits.ctypes.data
-    _native.parallel("fp8ref_quant_fused", job, bands, work=arr.size, keep=(arr, codes, table, bits))
-    amax = magnitudes_to_f64(bits, _values(arr[:0], dtype).dtype).reshape(sshape)
-    return amax, bool(usable[bits].all())
 
 
 def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes, stream=False) -> dict:
@@ -498,10 +258,10 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
     neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
     done = False
     if scale is not None:
-        given, given_dtype = _scale_array(scale, "scale", sshape)
+        given, given_dtype = scale_array(scale, "scale", sshape)
         check_scale(given)
         if rec.nonfinite == "error":  # the dynamic path finds NaN/Inf through amax
-            _reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)
+            reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)
         stored = given.astype(np.float32)
         if not np.array_equal(stored.astype(np.float64), given):
             raise ScaleError("scale: expected values exactly representable in float32 (fp8ref scales are "
@@ -512,20 +272,20 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
     else:
         # the fused loop's operand table holds the recipe's own scales (scale_dtype 'model')
         fusable = amax is None and qa.scale_dtype == "model"
-        fused = _c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
-                                  codes, stream) if fusable else None
+        fused = _native_quant.c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16,
+                                               neg0, codes, stream) if fusable else None
         done = fused is not None and fused[1]
-        a = _scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
+        a = scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
         if amax is None:
-            _reject_nonfinite(a, arr, dtype, rec)
+            reject_nonfinite(a, arr, dtype, rec)
         elif rec.nonfinite == "error":
             ok = np.isfinite(a) & (a >= 0)
             if not ok.all():
                 raise ScaleError(f"amax: expected finite non-negative values, got {a[~ok][:3]}")
-            _reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
+            reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
         stored, operand = compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
-    if not done and not _c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
-                                    codes, stream):
+    if not done and not _native_quant.c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding,
+                                                 saturate, cast16, neg0, codes, stream):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)
     return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
                 recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)
@@ -534,7 +294,7 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
 def _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes) -> None:
     """The apply + encode steps in numpy, in row chunks on all cores, into ``codes``."""
     full = expand(operand, shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
-    rows, out_rows = _rows(arr), _rows(codes)
+    rows, out_rows = as_rows(arr), as_rows(codes)
     op_rows = _operand_rows(full, shape, qa.granularity)
 
     local = threading.local()
@@ -545,7 +305,7 @@ def _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, c
         if getattr(local, "shape", None) != shape2:  # per-thread buffers: no page faults per chunk
             wide = np.float64 if dtype == "float64" else np.float32
             local.shape, local.x, local.q = shape2, np.empty(shape2, np.float32), np.empty(shape2, wide)
-        xw = _widen(rows[lo:hi], dtype, cast16, local.x)
+        xw = widen(rows[lo:hi], dtype, cast16, local.x)
         s = op_rows if op_rows.shape[0] == 1 else op_rows[lo:hi]
         out = out_rows[lo:hi]
         if rec.apply_dtype == "exact":
@@ -562,168 +322,13 @@ def _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, c
 
 
 def _operand_rows(full: np.ndarray, shape: tuple, granularity: str) -> np.ndarray:
-    """The expanded operand as rows matching _rows(x): (R, 1), (1, 1) or (R, K)."""
+    """The expanded operand as rows matching as_rows(x): (R, 1), (1, 1) or (R, K)."""
     full = np.asarray(full, np.float32)
     if granularity == "tensor":
         return full.reshape(1, 1)
     if granularity in ("channel", "token"):
         return full.reshape(-1, 1)
     return np.ascontiguousarray(np.broadcast_to(full, shape)).reshape(-1, shape[-1])
-
-
-def _exact_values(arr: np.ndarray, dtype: str) -> np.ndarray:
-    return _widen(arr, dtype, None).astype(np.float64)
-
-
-def _quantize_mx(arr, dtype, qa, rec, fmt) -> dict:
-    x = _exact_values(arr, dtype)
-    amax = reduce_amax(x, "mx")
-    _reject_nonfinite(amax, arr, dtype, rec)
-    e = mx_scale_exponent(amax, fmt, qa.mx_rule)
-    factor = np.ldexp(1.0, -expand(e, x.shape, "mx"))  # x * 2**-e is exact in float64
-    codes = encode(x * factor, fmt, rounding=qa.rounding, saturate=True)
-    return dict(codes=codes, scale=e8m0_value(e), format=fmt.name, granularity="mx", recipe=rec.name,
-                args=qa, scale_dtype="float8_e8m0fnu", dtype=dtype,
-                scale_codes=(e + 127).astype(np.uint8), _recipe=rec)
-
-
-def _quantize_nvfp4(arr, dtype, qa, rec, fmt) -> dict:
-    sfmt = FORMATS[_NVFP4_SCALE_FORMAT]
-    x = _exact_values(arr, dtype)
-    amax_b = reduce_amax(x, "nvfp4")
-    _reject_nonfinite(amax_b, arr, dtype, rec)
-    s_glob = nvfp4_global_scale(float(amax_b.max(initial=0.0)), fmt, sfmt)
-    # block scale = round_e4m3(amax_b / (max_elem * s_glob)): divisor exact in float64 (26 bits)
-    scale_codes = np.empty(amax_b.shape, np.uint8)
-    exact_quotient_codes(amax_b, np.float64(fmt.max) * np.float64(s_glob), sfmt, encode=encode,
-                         rounding="rne", saturate=True, out=scale_codes)
-    s_blk = decode(scale_codes, sfmt)
-    # element divisor s_blk * s_glob is exact in float64 (4 + 24 bits); a zero block scale
-    # (amax_b below half the smallest E4M3 step) maps its elements to signed zero via 1/inf.
-    div = s_blk.astype(np.float64) * np.float64(s_glob)
-    div = expand(np.where(div == 0, np.inf, div), x.shape, "nvfp4")
-    codes = np.empty(x.shape, np.uint8)
-    exact_quotient_codes(x, div, fmt, encode=encode, rounding=qa.rounding, saturate=True, out=codes)
-    return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
-                scale_dtype=_NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,
-                global_scale=np.array([s_glob], np.float32), _recipe=rec)
-
-
-# --- producer block recipes (BlockRecipe): the tools' own D/fp32 arithmetic, step by step ----------
-def _f32(v) -> np.ndarray:
-    return np.asarray(v, np.float32)
-
-
-def _block_mx(arr, dtype, qa, rec: BlockRecipe, fmt) -> dict:
-    """MX with a producer's E8M0 rule: codes = enc(clamp(R(x * 2**-k) [+ 0])), R = rec.apply_dtype."""
-    x = _exact_values(arr, dtype)
-    amax = reduce_amax(x, "mx")
-    _reject_nonfinite(amax, arr, dtype, rec)
-    e = mx_scale_exponent(amax, fmt, rec.mx_rule)
-    e = np.where(amax == 0, rec.mx_zero_code - 127, e)
-    y = x * np.ldexp(1.0, -expand(e, x.shape, "mx"))  # exact in float64 (a power of two)
-    y = round_to(y, dtype if rec.apply_dtype == "model" else "float32")
-    codes = _block_encode(y, rec, fmt)
-    return dict(codes=codes, scale=e8m0_value(e), format=fmt.name, granularity="mx", recipe=rec.name,
-                args=qa, scale_dtype="float8_e8m0fnu", dtype=dtype, scale_codes=(e + 127).astype(np.uint8),
-                _recipe=rec)
-
-
-def _block_encode(y32: np.ndarray, rec: BlockRecipe, fmt) -> np.ndarray:
-    y = _f32(y32)
-    with np.errstate(invalid="ignore"):
-        if rec.add_zero:
-            y = y + np.float32(0.0)  # -0.0 + 0.0 = +0.0
-        y = np.clip(y, -fmt.max, fmt.max).astype(np.float32)
-    codes = encode(y, fmt, rounding="rne", saturate=True)
-    if rec.negative_zero == "positive" and fmt.has_negative_zero:
-        codes[codes == fmt.sign_mask] = 0
-    return codes
-
-
-def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float32:
-    """The NVFP4 global scale ``rec`` stores for tensor amax A (a D value) of a ``dtype`` model:
-    divisor fp32(R(2688 / max(A, tiny(D)))) with R = D or fp32 (NaN/Inf/0 -> 1, compressed-tensors'
-    nan_to_num); with ``global.rule: reciprocal`` fp32(R(fp32(R(1 / max(A, tiny))) * 2688)), as torch
-    computes ``2688.0 / t`` (``t.reciprocal() * 2688``, compressed-tensors' generate_gparam; an
-    infinite A stores 0, as the tool does); or
-    multiplier fp32(A) / 2688 in float32 (ModelOpt)."""
-    top = np.float32(FORMATS["float4_e2m1fn"].max * FORMATS[_NVFP4_SCALE_FORMAT].max)  # 2688
-    a32 = np.float32(amax)  # exact: a D value
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if rec.global_meaning == "multiplier":
-            return np.float32(a32 / top)
-        if rec.global_rule == "fp32-max":  # TE compute_global_encode_scaling_factor_FP4
-            g = np.float32(top / a32)
-            g = np.finfo(np.float32).max if not np.isfinite(g) else g  # fminf: inf and NaN -> FLT_MAX
-            return np.float32(1.0) if a32 == 0 or g == 0 else np.float32(g)
-        tiny = np.float32({"float32": np.finfo(np.float32).tiny, "bfloat16": 2.0 ** -126,
-                           "float16": 2.0 ** -14}.get(dtype, np.finfo(np.float32).tiny))
-        r_dtype = dtype if rec.global_dtype == "model" else "float32"
-        if rec.global_rule == "reciprocal":  # each D op computes in float32 and rounds to D
-            inv = np.float32(round_to(np.float32(np.float32(1.0) / max(a32, tiny)), r_dtype))
-            g = np.float32(round_to(np.float32(inv * top), r_dtype))
-            return g if np.isfinite(g) else np.float32(1.0)  # nan_to_num only: A = inf stores 2688/inf = 0
-        else:
-            g = np.float32(round_to(np.float32(top / max(a32, tiny)), r_dtype))
-    return g if np.isfinite(g) and g != 0 else np.float32(1.0)
-
-
-def _block_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
-    """NVFP4 with a producer's global/block scale steps (BlockRecipe docstring); ``amax`` overrides
-    the tensor amax A (a fused group's max); ``given`` is a stored global scale (static, e.g. a
-    calibrated input global scale). The global scale returned is what the producer writes: the
-    divisor g or the multiplier, per ``global_meaning``."""
-    sfmt = FORMATS[_NVFP4_SCALE_FORMAT]
-    x32 = _f32(_exact_values(arr, dtype))
-    amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")
-    _reject_nonfinite(amax_b, arr, dtype, rec)
-    if rec.tile_rows > 1:  # one scale per tile_rows x 16 tile, written to each of its rows' 1x16 blocks
-        if arr.ndim < 2:
-            raise ShapeError(f"x: recipe {rec.name!r} scales {rec.tile_rows}x16 tiles and needs a 2-D weight, "
-                             f"got shape {tuple(arr.shape)}")
-        tiles = reduce_amax(_exact_values(arr, dtype), "block", block_shape=(rec.tile_rows, 16))
-        amax_b = np.repeat(tiles, rec.tile_rows, axis=-2)[..., :arr.shape[-2], :]
-    if amax is not None and given is not None:
-        raise InputTypeError("scale, amax: give one of them, not both")
-    if given is not None:
-        g = np.float32(_one_number(given, "scale"))
-        check_scale(np.array([g]), "scale")
-    else:
-        a = amax_b.max(initial=0.0) if amax is None else _one_number(amax, "amax")
-        g = nvfp4_producer_global(a, rec, dtype)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ab = _f32(amax_b)  # block amax values are D values: exact in fp32
-        if rec.block_form == "global*D(amax/max_elem)":
-            sb = _f32(g) * _f32(round_to(ab / np.float32(fmt.max), dtype))
-        elif rec.block_form == "amax*fp32(global*fp32(1/max_elem))":  # TE: the 1/6 folded into the multiplier
-            sb = _f32(ab * _f32(_f32(g) * _f32(np.float32(1.0) / np.float32(fmt.max))))
-            sb = np.minimum(sb, np.finfo(np.float32).max)
-        else:
-            sb = ab / _f32(np.float32(fmt.max) * g)
-        if rec.block_zero_amax is not None:
-            sb = np.where(sb == 0, np.float32(rec.block_zero_amax), sb)
-        if rec.block_min is not None:
-            sb = np.maximum(sb, np.float32(rec.block_min))
-        sb = np.clip(_f32(sb), -sfmt.max, sfmt.max).astype(np.float32)
-    scale_codes = encode(sb, sfmt, rounding="rne", saturate=True)
-    s_blk = decode(scale_codes, sfmt)
-    if rec.block_zero_stored is not None:
-        zero = s_blk == 0
-        scale_codes = np.where(zero, encode(np.float32(rec.block_zero_stored), sfmt), scale_codes).astype(np.uint8)
-        s_blk = decode(scale_codes, sfmt)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if rec.apply_op == "multiply_reciprocal":  # TE: x * fminf(1 / (s_b * fp32(1/g)), FLT_MAX)
-            m = _f32(np.float32(1.0) / _f32(s_blk * (np.float32(1.0) / _f32(g))))
-            m = np.minimum(m, np.finfo(np.float32).max).astype(np.float32)
-            y = _f32(x32 * expand(m, x32.shape, "nvfp4").astype(np.float32))
-        else:
-            eff = _f32(s_blk / g) if rec.global_meaning == "divisor" else _f32(s_blk * g)  # fp32, rounded once
-            y = x32 / expand(eff, x32.shape, "nvfp4").astype(np.float32)
-    codes = _block_encode(y, rec, fmt)
-    return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
-                scale_dtype=_NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,
-                global_scale=np.array([g], np.float32), global_meaning=rec.global_meaning, _recipe=rec)
 
 
 def _wrap(res: dict, as_torch: bool) -> QuantResult:
@@ -738,6 +343,9 @@ def _wrap(res: dict, as_torch: bool) -> QuantResult:
 
 
 # --- dequantize ---------------------------------------------------------------------------
+_KINDS = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
+
+
 def dequantize(q: QuantResult, *, dtype: str | None = None):
     """decode(codes) * scale, the exact product rounded once to ``dtype``; for a recipe with
     ``dequantize.dtype: float32-product`` the float32 product rounded again to ``dtype`` (the
@@ -786,8 +394,6 @@ def divide_round_once(p: np.ndarray, g: float, dtype: str) -> np.ndarray:
     exact quotient is not. Those elements are moved one float64 ulp toward the exact quotient
     (sign of the exact residual p - q*g), which then rounds like it.
     """
-    from .exact import residual_sign
-
     p = np.asarray(p, np.float64)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         q = p / np.float64(g)
@@ -812,4 +418,4 @@ def fake_quant(x, args, *, recipe=None, scale=None, amax=None, role: str = "weig
     return dequantize(q, dtype=dtype)
 
 
-__all__ = ["QuantArgs", "QuantResult", "as_args", "dequantize", "fake_quant", "quantize"]
+__all__ = ["QuantArgs", "QuantResult", "as_args", "dequantize", "fake_quant", "nvfp4_producer_global", "quantize"]

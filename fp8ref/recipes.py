@@ -33,9 +33,9 @@ import numpy as np
 
 from .errors import RecipeError, ScaleError, did_you_mean
 from .exact import residual_sign
-from .formats import FloatFormat
+from .formats import FORMATS, FloatFormat
 from .rounding import eps_of, round_to
-from .scaling import GRANULARITIES, POW2_RULES, amax_over_max, pow2_exponent
+from .scaling import GRANULARITIES, MX_SCALE_RULES, POW2_RULES, amax_over_max, pow2_exponent
 
 DTYPES = ("exact", "float32", "model")
 
@@ -361,7 +361,6 @@ def recipe_from_document(doc) -> Recipe:
                         "(1/(max/amax))")
     if values["multiplier_overflow"] is not None and not multiplier:
         raise doc.error(("steps", "scale", "multiplier_overflow"), "needs a float32 multiplier form (1/(max/amax))")
-    from .formats import FORMATS
     for i, f in enumerate(values["formats"]):
         if f not in FORMATS:
             raise doc.error(("formats", i), f"unknown format {f!r}")
@@ -457,8 +456,6 @@ _BLOCK_CHOICES = {
 
 def block_recipe_from_document(doc) -> BlockRecipe:
     """Validate a ``kind: block`` recipe document strictly (every key present, nothing else)."""
-    from .scaling import MX_SCALE_RULES
-
     data = doc.data
     _exact_keys(doc, (), data, _BLOCK_TOP)
     values = _header(doc, data, ("mx", "nvfp4"), ("float4_e2m1fn", "float8_e4m3fn"))

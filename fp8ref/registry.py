@@ -1,8 +1,10 @@
 """The packaged declarative files: the only reader of ``specs/``.
 
-``specs/`` sits at the repository root; the package reaches it through the ``fp8ref/specs``
-symlink, which wheels turn into real files. Presets (``presets.yaml``), producer recipes
-(``recipes/*.yaml``) and golden suites (``suites/*.yaml``) are found and loaded here, strictly
+``specs/`` sits at the repository root and installs as the package data ``fp8ref/specs`` (setup.py
+maps the one onto the other); ``SPECS_DIR`` is found with importlib.resources, and in a source
+checkout (or an editable install of one), whose package folder has no ``specs/``, it is the
+repository's own. Presets (``presets.yaml``), producer recipes (``recipes/*.yaml``) and golden
+suites (``suites/*.yaml``) are found and loaded here, strictly
 (``fp8ref.io.yaml``); the records they become are built by the modules that own them
 (``recipes.recipe_from_document``, ``scheme.PRESETS``, ``golden.suite.parse_suite``).
 """
@@ -10,6 +12,7 @@ symlink, which wheels turn into real files. Presets (``presets.yaml``), producer
 from __future__ import annotations
 
 import functools
+from importlib import resources
 from pathlib import Path
 
 from .errors import RecipeError, did_you_mean
@@ -17,7 +20,19 @@ from .io.paths import path_arg
 from .io.yaml import YamlDocument, load_yaml
 from .recipes import BlockRecipe, Recipe, block_recipe_from_document, recipe_from_document
 
-SPECS_DIR = Path(__file__).resolve().parent / "specs"
+
+def _specs_dir() -> Path:
+    """fp8ref/specs as installed (a wheel, an sdist), else the top-level specs/ of the source tree the
+    package runs from (beside its pyproject.toml); if neither is there, the installed path, so the
+    first read names what is missing."""
+    packaged = Path(str(resources.files(__package__).joinpath("specs")))  # never zipped: it has a C extension
+    tree = Path(__file__).resolve().parent.parent
+    if packaged.is_dir() or not (tree / "pyproject.toml").is_file() or not (tree / "specs").is_dir():
+        return packaged
+    return tree / "specs"
+
+
+SPECS_DIR = _specs_dir()
 RECIPES_DIR = SPECS_DIR / "recipes"
 SUITES_DIR = SPECS_DIR / "suites"
 ENGINES_DIR = SPECS_DIR / "engines"

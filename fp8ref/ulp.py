@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import BITS_DTYPES, bits_view, to_numpy
+from .codec import decode, encode
 from .errors import EncodeError, InputTypeError
 from .formats import FORMATS, FloatFormat, get_format
 from .rounding import round_to, to_bits
@@ -54,7 +55,6 @@ def _ordinal(v: np.ndarray, dtype, what: str) -> np.ndarray:
     name = dtype if isinstance(dtype, str) and dtype in BITS_DTYPES else None
     if name is None:
         fmt: FloatFormat = get_format(dtype)
-        from .codec import decode, encode
 
         try:
             codes = encode(v, fmt, saturate=False)

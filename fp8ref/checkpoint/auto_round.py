@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codec import decode
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import auto_round as ar
 from .base import Defaults, ScaleDecl, accept, fp8_weights, plain_linears, register, unquantized_linears
-from .forward import qdq
+from .forward import _round, fp32_weight_scale, qdq
 from .layout import D_DTYPES, LayerEntry, LayerQuant
 
 NAME = ar.NAME
@@ -124,9 +125,6 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     ``dtype`` default, whatever the model dtype D or the stored dtype: an F32 or F16 stored scale is
     rounded to bf16 on load). W = bf16(q * s_w); the input x (D) / s_in in D's promotion with bf16
     (bf16 for a bf16 model, else fp32), clamp, e4m3, bf16(q * s_in); both then converted to D."""
-    from ..codec import decode
-    from .forward import _round, fp32_weight_scale
-
     bf = "bfloat16"
     s_w = _round(fp32_weight_scale(layer), bf)
     w = _round(_round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, bf), dtype)

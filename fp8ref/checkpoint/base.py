@@ -11,6 +11,7 @@ ask the registry; nothing else dispatches on a format's name. A new format is on
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Protocol
 
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
-from .layout import LayerEntry, LayerQuant
+from .layout import LayerEntry, LayerQuant, weight_shape
 
 Plan = list[tuple[str, str, str, tuple]]  # (role, tensor name, safetensors dtype, shape)
 MEANINGS = ("multiplier", "divisor", "E8M0 exponent")
@@ -243,8 +244,6 @@ def scale_on_float_weight(store: TensorStore, modules: list[str], names: tuple[s
 def accept(store: TensorStore, entry: LayerEntry, scale_shapes) -> LayerEntry:
     """``entry`` with the scale shapes its format's loaders read correctly for its weight's
     [out, in] ((0, 0) when the weight is not 2-D: check_layer reports that)."""
-    from .layout import weight_shape
-
     shape = weight_shape(store, entry) if entry.tensors["weight"] in store else ()
     entry.accepted_scale_shapes = scale_shapes(entry.quant, *(shape if len(shape) == 2 else (0, 0)))
     return entry
@@ -286,8 +285,6 @@ RECIPE_METADATA = "fp8ref_recipes"
 
 def with_recipes(metadata: dict | None, recipes: dict[str, str]) -> dict[str, str]:
     """A shard's metadata with ``recipes`` (layer -> recipe) recorded (none: ``metadata`` as it was)."""
-    import json
-
     out = dict(metadata or {"format": "pt"})
     if recipes:
         by_recipe: dict[str, list[str]] = {}
@@ -300,8 +297,6 @@ def with_recipes(metadata: dict | None, recipes: dict[str, str]) -> dict[str, st
 def recorded_recipes(store: TensorStore) -> dict[str, str]:
     """layer -> recipe as recorded by ``with_recipes`` in the shards' metadata; a malformed record is
     an error naming the file (it would otherwise pick the wrong recipe silently)."""
-    import json
-
     out: dict[str, str] = {}
     for f in store.files.values():
         raw = (f.metadata or {}).get(RECIPE_METADATA)

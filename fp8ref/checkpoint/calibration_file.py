@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import __version__
+from ..calibrate import AmaxState, CalibratedScales, DequantScale
 from ..errors import CheckpointError
-from ..io.files import read_json
+from ..io.files import read_json, write_bytes
 from ..io.paths import path_arg
 from ..io.safetensors import open_store
 from ..limits import shown
@@ -29,8 +31,6 @@ _NOT_CALIBRATION = (f"not an fp8ref calibration file (expected a JSON object wit
 def amax_number(value, where: str) -> float:
     """One activation amax: a finite number >= 0 (an AmaxState of tensor granularity, a one-element
     array or a Python number)."""
-    from ..calibrate import AmaxState
-
     if isinstance(value, AmaxState):
         if value.amax is None:
             raise CheckpointError(f"{where}: this layer saw no input (its AmaxState has no amax)")
@@ -55,8 +55,6 @@ def refuse_scales(amax, where: str) -> Mapping:
     """``amax`` (a mapping of name -> activation amax) as it is, or one CheckpointError when it is,
     or holds, scales from ``calibrate_input_scales``/``finalize``: stored as amax they would give
     input scales 448x too small (float8_e4m3fn)."""
-    from ..calibrate import CalibratedScales, DequantScale
-
     if isinstance(amax, CalibratedScales):
         raise CheckpointError(f"{where}: these are calibrate_input_scales' scales (amax / format max), not amax; "
                               "pass their .amax (calibrate_input_scales(...).amax), the amax they came from")
@@ -84,9 +82,6 @@ def write_calibration(path: str | os.PathLike, input_amax: Mapping, *, kv_amax: 
     holds (amax, with this fp8ref's version), so a file of scales is never taken for one. Scales
     (``calibrate_input_scales``' result, ``finalize``'s ``DequantScale``) are refused: pass
     ``calibrate_input_scales(...).amax``."""
-    from .. import __version__
-    from ..io.files import write_bytes
-
     path = path_arg(path)
     layers = amax_values(input_amax, f"{path}: input_amax")
     kv = amax_values(kv_amax or {}, f"{path}: kv_amax")

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codec import decode, encode
 from ..errors import CheckpointError
+from ..formats import FORMATS as FLOAT_FORMATS
 from ..io.safetensors import TensorStore
 from ..limits import MAX_GROUP, MAX_NAME, int_in, shown
 from ..patterns import Pattern
 from ..producers import compressed_tensors as ct
+from ..quant import dequantize
 from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register, unquantized_linears
 from .forward import _round, dynamic_scale, fp32_weight_scale, qdq, quantize_block_input
 from .layout import BLOCK_SCALED, D_DTYPES, LayerEntry, LayerQuant, to_scheme
@@ -360,9 +363,6 @@ def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[n
     divisor; MX: its round_to_power_2 exponents)."""
     import torch
 
-    from ..codec import decode, encode
-    from ..formats import FORMATS as FLOAT_FORMATS
-    from ..quant import dequantize
 
     q = layer.quant
     fmt = FLOAT_FORMATS[q.weight_fmt]
@@ -405,8 +405,6 @@ def emulate_experts(layer, dtype: str) -> np.ndarray:
     scales only broadcast where a weight is a single block, or one block per row or column), always
     bfloat16, then copied into the model's fused parameter in D. The fused experts are no nn.Linear:
     compressed-tensors never wraps them, so their inputs are not quantized."""
-    from ..codec import decode
-
     q = layer.quant
     if q.weight_fmt != "float8_e4m3fn" or q.weight_strategy not in ("tensor", "channel", "block"):
         raise CheckpointError(f"{layer.name}: producer mode models compressed-tensors' FP8 experts only "

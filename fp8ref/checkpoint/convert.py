@@ -25,12 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..codec import decode
 from ..errors import CheckpointError, Fp8RefError, InputTypeError
 from ..io.atomic import atomic_folder
 from ..io.paths import path_arg
 from ..io.safetensors import INDEX_NAME, TensorSpec, pack_nibbles
+from ..quant import QuantArgs, quantize
+from ..registry import get_recipe
+from ..scaling import expand
 from . import base
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant
+from .loader import Checkpoint, load_checkpoint
 from .plan import FUSED_SIBLINGS, linear_layers
 from .scales import STORE_DTYPES, amax_scale, as_stored, input_scale
 from .writer import config_files, copy_others, progress_bar, refuse_collisions, write_metadata, write_shard
@@ -163,9 +168,6 @@ def _numerator(codes: np.ndarray, scale: np.ndarray, q: LayerQuant, shape: tuple
                g: float | None) -> tuple[np.ndarray, float | None]:
     """(decode(q) * s_b (* multiplier), divisor or None): the value is numerator / divisor. The
     products are exact in float64 (E4M3 x fp32: 28 significant bits; E2M1 x E4M3 x fp32: 30)."""
-    from ..codec import decode
-    from ..scaling import expand
-
     vals = decode(codes, q.weight_fmt).astype(np.float64)
     s = np.asarray(scale, np.float64)
     if q.weight_strategy in BLOCK_SCALED:
@@ -284,9 +286,6 @@ def plan_conversion(ckpt, fmt: str) -> list[_Layer]:
 
 def _requantize(ckpt, p: _Layer, global_amax: float | None) -> tuple[dict, LayerCost]:
     """Output tensors (name -> array) of a lossy layer, and its cost."""
-    from ..quant import QuantArgs, quantize
-    from ..registry import get_recipe
-
     layer, t, dtype = p.layer, p.target, ckpt.dtype
     roles = {r: (n, d, s) for r, n, d, s in p.plan}
     w = layer.dequantize(dtype)
@@ -364,8 +363,6 @@ def _global_amax(ckpt, plans: list[_Layer]) -> dict[str, float]:
 
 def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]]:
     """Source KV tensor -> (target name, dtype, shape, values, report row)."""
-    from ..registry import get_recipe
-
     if not ckpt.kv_scales:
         return {}
     names = sorted(ckpt.kv_scales.values())
@@ -408,8 +405,6 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
     Exact layers keep their codes and scale values; the others are requantized by the target's recipe
     (see the module doc). ``exact_only``: refuse (CheckpointError, nothing written) if any layer or KV
     scale would change. The output is written atomically; an existing ``output`` needs ``force``."""
-    from .loader import load_checkpoint
-
     ckpt = checkpoint if hasattr(checkpoint, "store") else load_checkpoint(checkpoint, symlinks_out=symlinks_out)
     module = base.get(format)
     if not len(ckpt):
@@ -496,8 +491,6 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
     every layer: codes and scale values are copied bit for bit (scales keep their dtype and
     are only reshaped/renamed to the target layout); other tensors and files are copied
     (``symlinks_out``: also files that are symlinks out of the checkpoint folder)."""
-    from .loader import Checkpoint
-
     if not isinstance(checkpoint, Checkpoint):
         raise InputTypeError(f"checkpoint: expected a Checkpoint (fp8ref.load_checkpoint(path)), got "
                              f"{type(checkpoint).__name__}")

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..codec import decode, encode
 from ..errors import CheckpointError
 from ..registry import engine_document
+from ..rounding import round_to
 from .plan import FUSED_SIBLINGS
 
 TARGETS = ("cuda", "rocm-mi300", "cpu")
@@ -87,8 +89,6 @@ def default_target(steps: list[Step]) -> str:
 # --- the operations ---------------------------------------------------------------------------
 
 def _values(layer, scale) -> np.ndarray:
-    from ..codec import decode
-
     return decode(layer.weight_codes, layer.quant.weight_fmt).astype(np.float64) * scale
 
 
@@ -123,9 +123,6 @@ def fnuz(ckpt, step: str) -> list[Effect]:
 
 
 def requantize_max(ckpt, step: str) -> list[Effect]:
-    from ..codec import decode, encode
-    from ..rounding import round_to
-
     out = []
     per_tensor = lambda la: _e4m3_float_scaled(la) and la.quant.weight_strategy == "tensor"  # noqa: E731
     for group in _fused_groups(ckpt, per_tensor):

@@ -24,6 +24,8 @@ from ..io.atomic import atomic_folder
 from ..io.files import read_json
 from ..io.paths import path_arg
 from ..io.safetensors import INDEX_NAME, TensorSpec, TensorStore, open_store, pack_nibbles
+from ..quant import QuantArgs, quantize
+from ..registry import get_recipe
 from . import base
 from .calibration_file import amax_number, load_calibration, refuse_scales, split_calibration
 from .layout import BLOCK_SCALED, nan_count
@@ -51,7 +53,6 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     if hasattr(module, "export"):  # a format of fused tensors, not linear layers (gpt-oss): its own writer
         return module.export(source, output, spec, recipe=recipe, force=force, symlinks_out=symlinks_out)
     if recipe is not None:  # '' is a wrong name, not "no override"
-        from ..registry import get_recipe
 
         get_recipe(recipe)
     source = path_arg(source, "source")
@@ -125,8 +126,6 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
 
 def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dict[str, np.ndarray]:
     """Bytes of the layer's output tensors, by tensor name."""
-    from ..quant import quantize
-
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
     w = store.file_of(f"{plan.name}.weight").view(f"{plan.name}.weight", raw)
     if plan.quant.weight_strategy in BLOCK_SCALED:
@@ -154,8 +153,6 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
 def _quantize_block_layer(store: TensorStore, plan: LayerPlan, w: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
     """nvfp4 / mx: element codes (packed two per byte for FP4), E4M3 / E8M0 block-scale bytes, the
     nvfp4 global weight scale of the fused group's amax and the global input scale of the calibrated amax."""
-    from ..quant import QuantArgs, quantize
-
     q = plan.quant
     args = QuantArgs(format=q.weight_fmt, granularity=q.weight_strategy)
     try:

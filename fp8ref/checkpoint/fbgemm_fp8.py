@@ -18,6 +18,8 @@ from __future__ import annotations
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import fbgemm_fp8 as fb
+from ..recipes import with_amax_ub
+from ..registry import get_recipe
 from .base import Defaults, ScaleDecl, accept, fp8_weights, plain_linears, register
 from .layout import LayerEntry, LayerQuant
 
@@ -96,9 +98,6 @@ class FbgemmFp8(Defaults):
 
     def input_recipe(self, entry: LayerEntry):
         """The activations' recipe: FBGEMM's per-row quantizer with scale_ub = activation_scale_ub."""
-        from ..recipes import with_amax_ub
-        from ..registry import get_recipe
-
         return with_amax_ub(get_recipe(RECIPE), entry.input_amax_ub or fb.DEFAULT_UB)
 
     def carry_config(self, source: dict | None, qc: dict) -> dict:

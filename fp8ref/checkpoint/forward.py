@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CheckpointError
+from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
+from ..codec import decode, encode
+from ..errors import CheckpointError, Fp8RefError
 from ..formats import FORMATS
+from ..matmul import linear
+from ..matmul.global_scaled import global_scaled_linear
+from ..quant import QuantArgs, quantize
+from ..rounding import eps_of, round_to
+from . import base
 
 MODES = ("reference", "producer")
 
@@ -39,7 +46,6 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
         if accumulate != "exact":
             return _block_scaled_accumulated(layer, x, out_dtype, accumulate)
         return _block_scaled_forward(layer, x, out_dtype)
-    from ..matmul import linear
 
     q = layer.quant
     block_n, block_k = q.block if q.block else (128, q.input_group or 128)
@@ -50,8 +56,6 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
         raise CheckpointError(f"{layer.name}: weight-only layer; a W8A8 forward needs quantized inputs")
     static = q.input == "static"
     if not static:
-        from . import base
-
         recipe = base.get(layer.producer).input_recipe(layer.entry)
         if recipe is not None:
             mm_options = {"input_recipe": recipe, **mm_options}
@@ -72,9 +76,6 @@ def quantize_block_input(layer, x):
     the last axis, with the block-scale rule of the layer's producer recipe, the scales a backend
     computes at run time. One function for every caller (the reference forward, ``compare``'s code
     counts, an expert of a MoE layer), so they all quantize the same way; errors name the layer."""
-    from ..errors import Fp8RefError
-    from ..quant import QuantArgs, quantize
-
     q = layer.quant
     if q.input not in ("nvfp4", "mx"):
         raise CheckpointError(f"{layer.name}: input {q.input or 'not quantized'}; NVFP4 / MX layers only")
@@ -92,9 +93,7 @@ def _block_scaled_forward(layer, x, out_dtype):
     of the exact products, times the global multipliers or divided by the global divisors,
     rounded once (``fp8ref.matmul.global_scaled``: ``block_scaled_linear`` from the element values
     and block scales kept apart). Weight-only layers take x as it is (``global_scaled_linear``)."""
-    from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
     from ..codec import decode
-    from ..matmul.global_scaled import global_scaled_linear
 
     q = layer.quant
     arr, dtype, _ = float_input(x, "x")
@@ -140,7 +139,6 @@ def _block_scaled_accumulated(layer, x, out_dtype, accumulate: str):
     """nvfp4 / mx under an accumulation model other than exact (``fp8ref.matmul.block_scaled``): the
     input quantized as ``quantize_block_input`` does, the stored codes and block-scale codes, the
     globals folded into the kernel's float32 alpha (``alpha_of``); rounded by the kernel epilogue."""
-    from .._arrays import deliver, float64_values, float_input, is_torch, to_numpy
     from ..codec import decode, encode
     from ..matmul.block_scaled import alpha_of, block_scaled_mm, values_mm
     from .layout import BLOCK_SCALED
@@ -180,16 +178,12 @@ def _block_scaled_accumulated(layer, x, out_dtype, accumulate: str):
 
 def _round(v: np.ndarray, dtype: str) -> np.ndarray:
     """A torch CPU op in ``dtype`` on float32 data: computed in float32, rounded once to dtype."""
-    from ..rounding import round_to
-
     return round_to(np.asarray(v, np.float32), dtype).astype(np.float32)
 
 
 def qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, positive_zero: bool) -> np.ndarray:
     """Fake-quantize: q = e4m3(clamp(x / s)) with the division rounded to D (compressed-tensors,
     auto-round's loader) or kept in fp32; then D(decode(q) * s)."""
-    from ..codec import decode, encode
-
     fmt = FORMATS["float8_e4m3fn"]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         y = x32 / s32
@@ -204,8 +198,6 @@ def qdq(x32: np.ndarray, s32: np.ndarray, dtype: str, *, d_division: bool, posit
 
 def dynamic_scale(x32: np.ndarray, mode: str, group: int | None, dtype: str) -> np.ndarray:
     """compressed-tensors' dynamic input scale: D(amax / 448), eps(D) where that is 0."""
-    from ..rounding import eps_of
-
     a = np.abs(x32)
     if mode == "dynamic-tensor":
         amax = a.max(keepdims=True) if a.size else np.zeros((1,) * a.ndim, np.float32)
@@ -225,8 +217,6 @@ def producer_weight(layer, dtype: str) -> np.ndarray:
     """The producer-side dequantization step, named because it rounds twice: decode(q) * s as a
     float32 product (what the transformers / compressed-tensors / auto-round loaders compute),
     then rounded to the model dtype D. ``QuantizedLayer.dequantize`` rounds the exact product once."""
-    from ..codec import decode
-
     s_w = fp32_weight_scale(layer)
     return _round(decode(layer.weight_codes, layer.quant.weight_fmt) * s_w, dtype)  # D(fp32(q * s))
 
@@ -245,7 +235,6 @@ def fp32_weight_scale(layer) -> np.ndarray:
 def _producer_forward(layer, x):
     import torch
 
-    from . import base
 
     fmt = base.get(layer.producer)
     why = fmt.producer_refusal(layer.quant)

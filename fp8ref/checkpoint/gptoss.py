@@ -23,11 +23,17 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, Fp8RefError
-from ..io.safetensors import TensorStore, pack_nibbles, unpack_nibbles
+from ..io.atomic import atomic_folder
+from ..io.files import read_json
+from ..io.safetensors import INDEX_NAME, TensorSpec, TensorStore, open_store, pack_nibbles, unpack_nibbles
 from ..producers import gptoss as gx
+from ..quant import QuantArgs, quantize
+from . import base
 from .base import Defaults, ScaleDecl, register
-from .layout import LayerEntry, LayerQuant, check_scale_values
+from .layout import LayerEntry, LayerQuant, check_scale_values, from_scheme
 from .loader import QuantizedLayer
+from .plan import layer_config
+from .writer import copy_others, write_metadata, write_shard
 
 NAME = gx.NAME
 QUANT = LayerQuant("mx", None, None, weight_fmt="float4_e2m1fn")  # weight-only MXFP4 (bf16 activations)
@@ -182,8 +188,6 @@ def layer_plan(layer: ExpertsLayer, dtype: str) -> list[tuple[str, str, str, tup
 
 def quantize_experts(weight: np.ndarray, recipe: str) -> tuple[np.ndarray, np.ndarray]:
     """(blocks U8 [E, out, in/32, 16], scales U8 [E, out, in/32]) of a model-layout [E, in, out] weight."""
-    from ..quant import QuantArgs, quantize
-
     e, k, n = weight.shape
     rows = np.ascontiguousarray(np.swapaxes(weight, 1, 2)).reshape(e * n, k)
     res = quantize(rows, QuantArgs(format="float4_e2m1fn", granularity="mx"), recipe=recipe)
@@ -196,14 +200,6 @@ def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe
     """Quantize the fused experts of an original gpt-oss checkpoint (``M.gate_up_proj`` / ``M.down_proj``,
     [E, in, out]) that ``spec`` gives a weight-only MXFP4 scheme; everything else is copied. The recipe
     (the scheme's, or ``recipe``) is recorded in each shard's metadata (``fp8ref_recipes``)."""
-    from ..io.atomic import atomic_folder
-    from ..io.files import read_json
-    from ..io.safetensors import INDEX_NAME, TensorSpec, open_store
-    from . import base
-    from .layout import from_scheme
-    from .plan import layer_config
-    from .writer import copy_others, write_metadata, write_shard
-
     src = Path(source)
     store = open_store(src, symlinks_out=symlinks_out)
     folder = src if src.is_dir() else src.parent

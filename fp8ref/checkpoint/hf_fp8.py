@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codec import decode
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import hf_fp8 as hf
 from .base import Defaults, ScaleDecl, accept, fp8_weights, infer_block, plain_linears, register
+from .forward import _round
 from .layout import LayerEntry, LayerQuant
 
 NAME = hf.NAME
@@ -130,9 +132,6 @@ def transformers_weight(layer, dtype: str) -> np.ndarray:
     weight's rows or columns are not a multiple of the declared block but the grid divides them (a
     [160, 128] kv_a_proj_with_mqa with 2 scale rows: 80-row blocks), this is not what the format
     declares (128-row blocks, the last one cropped; ``validate`` warns): producer mode computes it."""
-    from ..codec import decode
-    from .forward import _round
-
     s = np.asarray(layer.weight_scale).astype(np.float32)
     rows, cols = layer.shape
     sr, sc = s.shape if s.ndim == 2 else (1, 1)

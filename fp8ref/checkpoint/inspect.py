@@ -10,7 +10,8 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.safetensors import open_store
-from .loader import Checkpoint
+from .base import get, original_name, original_weight
+from .loader import Checkpoint, load_checkpoint
 
 
 def _stats(values: np.ndarray) -> dict:
@@ -50,8 +51,6 @@ def quantization_error(ckpt: Checkpoint, original: str | os.PathLike, *, executo
     error ||err|| / ||w||, SNR in dB; sorted worst (lowest SNR) first. Original tensors are found by
     name through the producer's renaming table. executor ``ray``: one task per layer, each reading
     its layer from the two folders (``fp8ref.executor``; same rows)."""
-    from .base import get, original_name
-
     store = open_store(original)
     for name, layer in ckpt.items():  # every layer checked by its headers before any work
         wname = original_name(get(layer.producer), f"{name}.weight", store) or name  # gpt-oss experts: no .weight
@@ -63,7 +62,7 @@ def quantization_error(ckpt: Checkpoint, original: str | os.PathLike, *, executo
     if executor == "local":
         rows = [_error_row(name, layer, _original(layer, store)) for name, layer in ckpt.items()]
     else:
-        from ..executor import run_all
+        from ..executor import run_all  # it imports tqdm: `fp8ref --help` loads this module
 
         rows = run_all(_error_task, ((str(ckpt.path), str(original), name) for name in ckpt), executor=executor,
                        progress=progress, desc="inspect", total=len(ckpt))
@@ -72,8 +71,6 @@ def quantization_error(ckpt: Checkpoint, original: str | os.PathLike, *, executo
 
 def _original(layer, store) -> np.ndarray:
     """``layer``'s original weight in its checkpoint layout ([out, in]; gpt-oss experts stacked)."""
-    from .base import get, original_name, original_weight
-
     w = np.asarray(original_weight(layer, store))
     if w.shape != tuple(layer.shape):
         wname = original_name(get(layer.producer), f"{layer.name}.weight", store) or layer.name
@@ -93,7 +90,5 @@ def _error_row(name: str, layer, original_weight: np.ndarray) -> dict:
 
 def _error_task(ckpt_path: str, original_path: str, name: str) -> dict:
     """``_error_row`` of one layer from the two folders (a task: it may run on another machine)."""
-    from .loader import load_checkpoint
-
     layer = load_checkpoint(ckpt_path, check_values=False)[name]
     return _error_row(name, layer, _original(layer, open_store(original_path)))

@@ -14,9 +14,13 @@ from math import ceil
 
 import numpy as np
 
+from ..codec import decode
 from ..errors import CheckpointError
+from ..formats import FORMATS
 from ..io.safetensors import DTYPES, TensorStore
 from ..limits import MAX_GROUP, int_in, shown
+from ..rounding import FLOAT_FORMATS
+from ..scheme import QuantizationScheme
 
 FLOAT_SCALE_DTYPES = ("F32", "BF16", "F16")
 # nvfp4: E4M3 scales per 16 along K under a per-tensor global scale; mx: E8M0 (uint8 biased exponent)
@@ -235,9 +239,6 @@ def check_global_values(store: TensorStore, name: str, values: np.ndarray, q: La
     divisor makes every block scale divided by it overflow. A weight's global must also keep the
     largest dequantized weight (FP4's 6 times E4M3's 448, times the multiplier or over the divisor)
     inside the model ``dtype`` (float32 when not given)."""
-    from ..formats import FORMATS
-    from ..rounding import FLOAT_FORMATS
-
     v = float(np.asarray(values, np.float64).reshape(-1)[0])
     if v < 2.0**-126:
         raise CheckpointError(f"{store.where(name)}: NVFP4 global scale {v!r} is a denormal float32 (below "
@@ -255,8 +256,6 @@ def check_global_values(store: TensorStore, name: str, values: np.ndarray, q: La
 
 def nan_count(codes: np.ndarray, fmt_name: str) -> tuple[int, tuple[int, ...] | None]:
     """How many codes of ``fmt_name`` are NaN, and the index of the first."""
-    from ..formats import FORMATS
-
     fmt = FORMATS[fmt_name]
     if not fmt.nan_codes:  # E2M1, E2M3, E3M2: no code is NaN (a 16M-code FP4 weight: 95 ms saved per read)
         return 0, None
@@ -286,8 +285,6 @@ def check_scale_values(store: TensorStore, name: str, fmt: str | None = None, *,
     to half an ulp of the scale's dtype (float16 146.25 * 448 = 65520 rounds to Inf, and is real)."""
     values = np.asarray(store.get(name))
     if fmt is not None:
-        from ..codec import decode
-
         values = decode(values.view(np.uint8), fmt)
     values = values.astype(np.float64)
     bad = ~np.isfinite(values) | (values <= 0)
@@ -299,9 +296,6 @@ def check_scale_values(store: TensorStore, name: str, fmt: str | None = None, *,
                               f"positive finite numbers; first at index {list(idx)}: {v!r} ({what}); "
                               f"a dequantization scale must be > 0 and finite")
     if model_dtype is not None and values.size:
-        from ..formats import FORMATS
-        from ..rounding import FLOAT_FORMATS
-
         out, top = FLOAT_FORMATS[model_dtype], FORMATS[elem_fmt].max
         over = values * top > out.max * (1 + OVERFLOW_SLACK)  # exact: float32 scale times an 8-bit float
         if over.any():
@@ -318,8 +312,6 @@ def check_scale_values(store: TensorStore, name: str, fmt: str | None = None, *,
 
 def to_scheme(quant: LayerQuant, recipe: str, scale_dtype: str = "model"):
     """The ``QuantizationScheme`` of a stored layer (the dict-like object users see)."""
-    from ..scheme import QuantizationScheme
-
     bits = 4 if quant.weight_fmt == "float4_e2m1fn" else 8
     fields = {"bits": bits, "data_type": "fp", "weight_format": quant.weight_fmt, "recipe": recipe,
               "weight_granularity": quant.weight_strategy, "scale_dtype": scale_dtype}

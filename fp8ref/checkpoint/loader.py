@@ -20,11 +20,14 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.files import read_json
+from ..io.paths import path_arg
 from ..io.safetensors import INDEX_NAME, TensorStore, open_store, unpack_nibbles
 from ..limits import MAX_GROUP, shown
+from ..quant import QuantArgs, QuantResult, dequantize
 from . import base
 from .detect import UNQUANTIZED, detect_format
 from .expert_names import name_warnings
+from .forward import layer_forward
 from .layout import (
     BLOCK_SCALED,
     LayerEntry,
@@ -140,8 +143,6 @@ class QuantizedLayer:
     def dequantize(self, dtype: str = "float32") -> np.ndarray:
         """decode(q) * s, computed exactly and rounded once to ``dtype`` (float64, float32,
         bfloat16 or float16): ``fp8ref.quant.dequantize`` of the stored codes and scale."""
-        from ..quant import QuantArgs, QuantResult, dequantize
-
         if dtype not in DEQUANTIZE_DTYPES:
             raise CheckpointError(f"{self.name}.dequantize: dtype {dtype!r}; expected one of "
                                   f"{', '.join(DEQUANTIZE_DTYPES)}")
@@ -161,8 +162,6 @@ class QuantizedLayer:
 
     def forward(self, x, **kwargs):
         """What a correct W8A8 backend computes for this layer (see ``fp8ref.checkpoint.forward``)."""
-        from .forward import layer_forward
-
         return layer_forward(self, x, **kwargs)
 
 
@@ -252,8 +251,6 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     headers and JSON files are read; values are checked when first used. ``symlinks_out``: accept
     shard files that are symlinks out of the folder (a Hugging Face cache snapshot); off by default.
     """
-    from ..io.paths import path_arg
-
     path_arg(path)  # load_checkpoint(5): a typed error, not pathlib's TypeError
     path = Path(path)
     warnings: list[str] = []

@@ -23,8 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CheckpointError
+from ..formats import FORMATS
 from ..io.safetensors import TensorStore
 from ..producers import modelopt as mo
+from ..quant import QuantArgs, fake_quant
+from ..recipes import compute_scale
+from ..registry import get_recipe
+from ..rounding import round_to
 from .base import Defaults, ScaleDecl, fp8_weights, plain_linears, register
 from .layout import LayerEntry, LayerQuant
 
@@ -151,11 +156,6 @@ def static_input_amax(layer, dtype: str) -> np.ndarray:
     nearest fp32(448·s). Exact for a 16-bit D and a normal s: A is a D value (a max of D activations),
     within 2^-23 relative of fp32(448·s), and D's half-ulp is >= 2^-12 relative; checked by
     re-deriving s. A float32 A is not recoverable (several share one s): refused."""
-    from ..formats import FORMATS
-    from ..recipes import compute_scale
-    from ..registry import get_recipe
-    from ..rounding import round_to
-
     if dtype not in ("bfloat16", "float16"):
         raise CheckpointError(f"{layer.name}: mode='producer' for ModelOpt FP8 needs a bfloat16 or float16 model: "
                               f"the in-memory input amax is recovered from input_scale only for 16-bit dtypes, got "
@@ -188,7 +188,6 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     ``input_scale`` (``static_input_amax``) or each token's amax."""
     import torch
 
-    from ..quant import QuantArgs, fake_quant
 
     why = producer_refusal(layer.quant)
     if why is not None:

@@ -12,7 +12,10 @@ import numpy as np
 
 from ..errors import CheckpointError, RecipeError
 from ..io.safetensors import TensorStore
-from ..recipes import store_dtype
+from ..recipes import BlockRecipe, store_dtype
+from ..registry import get_recipe
+from ..scaling import reduce_amax
+from ..spec import LayerConfig, load_spec, load_spec_dict
 from . import base
 from .layout import BLOCK_SCALED, D_DTYPES, LayerQuant, from_scheme
 from .scales import STORE_DTYPES, amax_scale, as_stored, checked_scale, input_scale
@@ -34,8 +37,6 @@ class LayerPlan:
 
 
 def layer_config(spec):
-    from ..spec import LayerConfig, load_spec, load_spec_dict
-
     if isinstance(spec, LayerConfig):
         return spec
     if isinstance(spec, Mapping):
@@ -60,9 +61,6 @@ def linear_layers(store: TensorStore) -> list[str]:
 def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None,
                 calibration: Mapping[str, float] | None = None) -> dict[str, LayerPlan]:
     """Resolve the spec over the source's linear layers and check the format can hold each."""
-    from ..recipes import BlockRecipe
-    from ..registry import get_recipe
-
     module = base.get(fmt)
     config = layer_config(spec)
     f8 = [n for n in store if store.info(n).fmt is not None]  # float8/6/4 codes (F64 is a plain float)
@@ -142,8 +140,6 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
 def _plan_input_scale(store: TensorStore, plan: LayerPlan) -> None:
     """The layer's stored input scale (NVFP4: input global) from its calibrated amax, checked
     before anything is written."""
-    from ..registry import get_recipe
-
     role = next((t for t in plan.tensors if t[0] == "input_scale"), None)
     if role is None:
         return
@@ -158,8 +154,6 @@ FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1
 
 def _fuse_nvfp4_globals(store: TensorStore, plans: dict[str, LayerPlan]) -> None:
     """Per nvfp4 layer, the max weight amax over its fused siblings (and the max input amax)."""
-    from ..scaling import reduce_amax
-
     nv = {n: p for n, p in plans.items() if p.quant.weight_strategy == "nvfp4"}
     amax = {n: float(reduce_amax(np.asarray(store.get(n + ".weight")), "tensor")[0]) for n in nv}
     for name, plan in nv.items():
@@ -190,8 +184,6 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
     (``kv_store``; None: the recipe's, the projection's dtype or float32), name and shape
     (``kv_name``, ``kv_shape``); with ``kv_shared`` (Quark) K and V both hold the larger scale.
     """
-    from ..registry import get_recipe
-
     if not kv:
         return []
     module = base.get(fmt)

@@ -21,8 +21,9 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from ..producers import quark as qk
+from ..quant import dequantize
 from .base import Defaults, ScaleDecl, plain_linears, register
-from .forward import qdq
+from .forward import qdq, quantize_block_input
 from .layout import D_DTYPES, LayerEntry, LayerQuant
 
 NAME = qk.NAME
@@ -147,8 +148,6 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     elif q.input == "mx":
         import torch
 
-        from ..quant import dequantize
-        from .forward import quantize_block_input
 
         xt = torch.from_numpy(np.ascontiguousarray(x32)).to(getattr(torch, dtype))  # x32 holds D values: exact
         x32 = dequantize(quantize_block_input(layer, xt), dtype=dtype).to(torch.float32).numpy()

@@ -7,6 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CheckpointError
+from ..formats import FORMATS
+from ..quant import nvfp4_producer_global
+from ..recipes import compute_scale
 from .layout import LayerQuant
 
 # scale dtype name -> safetensors dtype of the stored scale
@@ -16,9 +19,6 @@ STORE_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float8_
 def amax_scale(amax: float, rec, fmt: str, dtype: str, scale_dtype: str = "model") -> np.ndarray:
     """The recipe's stored scale (float32, shape [1]) for elements of ``fmt`` of a ``dtype`` model
     whose amax is ``amax``: a static input scale, or a KV-cache scale with fmt float8_e4m3fn."""
-    from ..formats import FORMATS
-    from ..recipes import compute_scale
-
     stored, _ = compute_scale(np.array([amax]), rec, FORMATS[fmt], dtype, scale_dtype=scale_dtype)
     return np.asarray(stored, np.float32)
 
@@ -27,8 +27,6 @@ def input_scale(amax: float, rec, quant: LayerQuant, dtype: str, scale_dtype: st
     """A layer's input scale from its activation amax (float32, shape [1]): the NVFP4 input global of
     the producer (``nvfp4_producer_global``) for nvfp4 layers, else ``amax_scale`` on the weight format."""
     if quant.weight_strategy == "nvfp4":
-        from ..quant import nvfp4_producer_global
-
         return np.asarray(nvfp4_producer_global(amax, rec, dtype), np.float32).reshape(1)
     return amax_scale(amax, rec, quant.weight_fmt, dtype, scale_dtype)
 

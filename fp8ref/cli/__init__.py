@@ -18,6 +18,7 @@ import traceback
 import warnings
 
 from .. import __version__
+from .._native import describe
 from ..errors import Fp8RefError
 from ..io.atomic import Terminated, terminating_signals_raise
 from . import checkpoint as checkpoint_cmds
@@ -49,7 +50,6 @@ class _Version(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         import torch  # noqa: F401 - the loops' threads are torch's OpenMP team once torch is loaded
 
-        from .._native import describe
         print(f"fp8ref {__version__}\n{describe()}")
         parser.exit()
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import ModelError
+
 
 def int_range(lo: int, hi: int, what: str = "an integer"):
     """A ``type=`` accepting decimal integers in ``lo..hi``."""
@@ -26,7 +28,6 @@ def int_range(lo: int, hi: int, what: str = "an integer"):
 
 def random_shape(text: str) -> str:
     """``--random BxT``, checked for form and bounds (``fp8ref.nn.tokens.parse_random``)."""
-    from ..errors import ModelError
     from ..nn.tokens import parse_random
 
     try:

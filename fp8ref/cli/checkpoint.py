@@ -5,8 +5,15 @@ each layer is from it) and ``fp8ref explain`` (what a serving engine does to it 
 from __future__ import annotations
 
 import math
+import sys
+from dataclasses import asdict
 
 from ..checkpoint import base as checkpoint_formats
+from ..checkpoint import load_checkpoint
+from ..checkpoint.convert import convert_checkpoint
+from ..checkpoint.engine import explain
+from ..checkpoint.export import export_checkpoint
+from ..checkpoint.inspect import describe, quantization_error
 from .output import add_json, add_progress_flags, declare_paths, emit_json, progress_enabled, warn
 
 FORCE_HELP = "replace OUT if it is an output folder fp8ref wrote (and holds nothing else)"
@@ -69,9 +76,6 @@ def register(sub) -> None:
 
 
 def cmd_quantize(args) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..checkpoint.export import export_checkpoint
-
     out = export_checkpoint(args.source, args.output, args.spec, format=args.format, calibration=args.calibration,
                             recipe=args.recipe, force=args.force, symlinks_out=args.symlinks_out,
                             progress=progress_enabled(args))
@@ -85,10 +89,6 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    import sys
-
-    from ..checkpoint.convert import convert_checkpoint
-
     report = convert_checkpoint(args.source, args.output, format=args.format, exact_only=args.exact_only,
                                 force=args.force, progress=progress_enabled(args), symlinks_out=args.symlinks_out)
     t = report.totals()
@@ -134,11 +134,6 @@ def _fmt(v: float) -> str:
 
 
 def cmd_explain(args) -> int:
-    from dataclasses import asdict
-
-    from ..checkpoint import load_checkpoint
-    from ..checkpoint.engine import explain
-
     ckpt = load_checkpoint(args.checkpoint)
     meta, steps, effects = explain(ckpt, args.engine, target=args.target)
     if emit_json(args.json, {**meta, "format": ckpt.format,
@@ -159,9 +154,6 @@ def cmd_explain(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..checkpoint.inspect import describe, quantization_error
-
     ckpt = load_checkpoint(args.checkpoint, check_values=not args.headers_only, symlinks_out=args.symlinks_out)
     info = describe(ckpt, values=not args.headers_only)
     if args.original:

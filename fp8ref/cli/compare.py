@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
-from ..limits import MAX_RANDOM_IDS, MAX_SEQUENCE
+from ..checkpoint import load_checkpoint
+from ..conformance.backend import load_backend
+from ..errors import ModelError
+from ..limits import MAX_RANDOM_IDS, MAX_SEQUENCE, int_in
 from .argtypes import int_range, random_shape
 from .logprobs import add_engine_args, cmd_engine_logprobs
 from .output import add_progress_flags, declare_paths, progress_enabled, write_out
@@ -66,7 +69,6 @@ def early_token_ids(args, ckpt):
     """The token ids read before the model is built (a bad --text fails in a second, not after a
     model build), with the vocabulary config.json declares; None when it declares none that
     ``fp8ref.nn.config_check`` would accept (the ids are then read with the built model's)."""
-    from ..limits import int_in
     from ..nn.config_check import BOUNDS
 
     vocab = ckpt.config.get("vocab_size")
@@ -76,7 +78,6 @@ def early_token_ids(args, ckpt):
 def token_ids(args, vocab: int):
     """(ids, source, tokenizer): ids a tensor [B, T], or for tokenized text ``nn.tokenizer.Windows``;
     tokenizer what the JSON result names under "tokenizer" (None for --tokens and --random)."""
-    from ..errors import ModelError
     from ..nn.tokens import random_tokens, read_tokens, text_tokens
 
     if not args.text and (args.tokenizer or args.byte_tokens):
@@ -94,7 +95,6 @@ def token_ids(args, vocab: int):
 
 
 def tokenized_text(args, vocab: int):
-    from ..errors import ModelError
     from ..nn.tokenizer import has_tokenizer, load_tokenizer, read_text_utf8, text_windows
 
     text = read_text_utf8(args.text)  # a bad --text file (FIFO, device, not UTF-8) is named first
@@ -108,8 +108,6 @@ def tokenized_text(args, vocab: int):
 
 
 def backends_for(modes) -> dict:
-    from ..conformance.backend import load_backend
-
     return {m.arg: load_backend(m.arg) for m in modes if m.kind == "backend"}
 
 
@@ -121,7 +119,6 @@ def write_json(report: dict, out: str) -> bool:
 
 
 def cmd_compare(args) -> int:
-    from ..checkpoint import load_checkpoint
     from ..nn import build_model, parse_modes
     from ..nn.compare import compare
 

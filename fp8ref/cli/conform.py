@@ -12,6 +12,7 @@ from ..errors import BackendError
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
+from ..io import safetensors as st
 from ..profiles import PROFILES
 from .argtypes import int_range
 from .output import (
@@ -154,8 +155,6 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
 
 def _dump(folder: Path, r, out) -> None:
     """Each case with an unexpected mismatch as one safetensors file."""
-    from ..io import safetensors as st
-
     failing = [c for c in r.results if c.tensors and any(not r.xfailed(m.case, m.tags) for m in c.mismatches)]
     if not failing:
         return

@@ -3,6 +3,10 @@ static model from disk and evaluate its accuracy")."""
 
 from __future__ import annotations
 
+import os
+
+from ..checkpoint import load_checkpoint
+from ..errors import ModelError
 from ..limits import MAX_BATCH
 from .argtypes import int_range
 from .compare import (
@@ -52,13 +56,9 @@ def add_task_args(p) -> None:
 
 
 def cmd_tasks(args) -> int:
-    from ..errors import ModelError
-    from .compare import write_json
-
     if args.text or args.tokens or args.byte_tokens:
         raise ModelError("eval: --tasks runs lm-eval's tasks through the tokenizer; give it without --text, "
                          "--tokens or --byte-tokens")
-    import os
 
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):  # read when the hub
         os.environ[key] = "1"  # libraries are first imported, so set before lm-eval imports them
@@ -163,8 +163,6 @@ def print_tasks_table(res: dict) -> None:
 def cmd_eval(args) -> int:
     import torch
 
-    from ..checkpoint import load_checkpoint
-    from ..errors import ModelError
     from ..nn import build_model, parse_mode
     from ..nn.compare import evaluate
     from ..nn.perplexity import evaluate_windows

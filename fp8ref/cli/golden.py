@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 
+from ..conformance.report import SUMMARY_COLUMNS, print_results, results_json, summarize, table
+from ..conformance.xfails import load_xfails
 from ..golden import check, generate, load_suite, verify
+from ..golden.accumulation import ModelJudge
 from ..golden.fields import LEVELS
 from ..golden.judge import ACCUMULATION_ORDERS, NAN_RULES
 from ..golden.suite import cases
@@ -122,12 +127,8 @@ def cmd_verify(args) -> int:
 
 
 def cmd_check(args) -> int:
-    import contextlib
-    import sys
-
     if bad_accumulation(args, "fp8ref golden check"):
         return 2
-    from ..golden.accumulation import ModelJudge
 
     judge = None if args.accumulation is None else ModelJudge(args.accumulation, args.nan_rule, cannot="error")
     # with --json -, stdout holds the JSON and nothing else
@@ -138,11 +139,8 @@ def cmd_check(args) -> int:
 
 
 def _check(args, judge) -> tuple[int, dict]:
-    from ..conformance.report import SUMMARY_COLUMNS, print_results, results_json, summarize, table
-
     results, problems = check(args.folder, args.outputs, nan_rule=args.nan_rule, allow_missing=args.allow_missing,
                               accumulation_order=args.accumulation_order, accumulation=judge)
-    from ..conformance.xfails import load_xfails
 
     xfails = load_xfails(args.xfails) if args.xfails else None
     never = xfails.match if xfails else (lambda case, tags: False)  # without --xfails every difference counts

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+
+from ..checkpoint.loader import files_read
+from ..errors import GoldenError
+from ..golden.accumulation import check_name
+from ..io.atomic import check_output_folder
+from ..io.files import write_bytes
+from ..io.outputs import refuse_overlaps
 
 
 def warn(text: object) -> None:
@@ -85,13 +94,8 @@ def _option(name: str) -> str:
 def check_paths(args) -> None:
     """Before a command runs: its outputs checked against its inputs and each other (the output
     rule, ``io.outputs``), and an output folder against ``--force`` (``check_output_folder``)."""
-    from ..io.atomic import check_output_folder
-    from ..io.outputs import refuse_overlaps
-
     inputs = _given(args, getattr(args, "paths_read", ()))
     for what, path in _given(args, getattr(args, "checkpoints_read", ())):
-        from ..checkpoint.loader import files_read
-
         inputs += [(what, p) for p in files_read(path)]
     folders = _given(args, getattr(args, "folders_written", ()))
     refuse_overlaps(inputs=inputs, files=_given(args, getattr(args, "files_written", ())), folders=folders,
@@ -103,8 +107,6 @@ def check_paths(args) -> None:
 def _std_stream(target: str):
     """``sys.stdout``/``sys.stderr`` when ``target`` is the file or pipe it writes to
     (``/dev/stdout``, or the file stdout is redirected to), else None."""
-    import os
-
     for stream in (sys.stdout, sys.stderr):
         try:
             if os.path.samestat(os.stat(target), os.fstat(stream.fileno())):
@@ -128,7 +130,6 @@ def write_out(target: str, text: str) -> bool:
         stream.write(text)
         stream.flush()
         return stream is sys.stdout
-    from ..io.files import write_bytes
 
     write_bytes(target, text.encode("utf-8"))
     return False
@@ -138,7 +139,6 @@ def emit_json(target: str | None, obj, *, indent: int = 2, sort_keys: bool = Fal
     """Write ``obj`` for ``--json``; True when stdout now holds JSON (so no text may follow there)."""
     if not target:
         return False
-    import json
 
     return write_out(target, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
 
@@ -157,8 +157,6 @@ def bad_accumulation(args, prog: str) -> bool:
     caller exits 2); False when the option is absent or names a registered model or 'best'."""
     if args.accumulation is None:
         return False
-    from ..errors import GoldenError
-    from ..golden.accumulation import check_name
 
     try:
         check_name(args.accumulation)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codec import encode
+from ..conformance import load_backend
 from ..errors import BackendError
 from ..hardware.probe import PARAMETERS, matching_models, model_gemm, probe
 from .output import add_json, emit_json
@@ -24,8 +26,6 @@ def register(sub) -> None:
 
 def backend_gemm(backend, op: str = "scaled_mm"):
     """The probe's ``gemm`` through a backend's scaled_mm (E4M3 codes, scales 1, float32 out)."""
-    from ..codec import encode
-
     params = {"format": "float8_e4m3fn", "scales": "tensor", "out_dtype": "float32", "bias": False}
     reason = backend.implements(op, params) if hasattr(backend, "implements") else None
     if reason and "accumulate" not in reason and "scale_order" not in reason:
@@ -46,8 +46,6 @@ def backend_gemm(backend, op: str = "scaled_mm"):
 
 def cmd_probe(args) -> int:
     if args.backend:
-        from ..conformance import load_backend
-
         backend = load_backend(args.backend)
         gemm, label = backend_gemm(backend, args.op), f"backend {backend.name}"
     else:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 import warnings
 
+from ..checkpoint.plan import linear_layers
 from ..errors import SpecError
+from ..io.files import read_text
+from ..io.safetensors import open_store
 from ..scheme import preset_name
 from ..spec import LayerConfig, SpecWarning, load_spec
 from .output import add_json, declare_paths, emit_json, warn
@@ -95,8 +98,6 @@ def _row(layer: str, s) -> tuple:
 
 
 def _read_names(path: str) -> list[str]:
-    from ..io.files import read_text
-
     text = read_text(path, error=SpecError, what="layer names")
     names = [line.split("#", 1)[0].strip() for line in text.splitlines()]
     return [n for n in names if n]
@@ -105,7 +106,4 @@ def _read_names(path: str) -> list[str]:
 def checkpoint_layer_names(directory: str) -> list[str]:
     """The layers ``fp8ref quantize`` would resolve the spec over: export's own list (2-D float
     ``.weight`` modules, embeddings excluded), read from the checkpoint's headers."""
-    from ..checkpoint.plan import linear_layers
-    from ..io.safetensors import open_store
-
     return linear_layers(open_store(directory))

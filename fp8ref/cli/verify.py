@@ -3,6 +3,7 @@ re-derived from the original weights and the producer's recipe; exit 1 on any mi
 
 from __future__ import annotations
 
+from ..checkpoint import load_calibration, load_checkpoint
 from .compare import write_json
 from .output import add_progress_flags, declare_paths, progress_enabled
 
@@ -24,7 +25,6 @@ def register(sub) -> None:
 
 
 def cmd_verify(args) -> int:
-    from ..checkpoint import load_calibration, load_checkpoint
     from ..nn.verify import verify
 
     ckpt = load_checkpoint(args.checkpoint)

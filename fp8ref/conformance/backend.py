@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
+import re
 import signal
 import threading
 from collections.abc import Collection, Mapping
@@ -124,7 +126,7 @@ def load_backend(name: str):
 
 def protocol() -> dict[str, str]:
     """Operation -> the backend method's signature, from the operations table."""
-    from ..golden.ops import OPERATIONS  # the table imports the core: loaded on first use
+    from ..golden.ops import OPERATIONS  # the table imports the core: the pytest plugin stays light
 
     return {name: op.signature for name, op in OPERATIONS.items()}
 
@@ -159,9 +161,6 @@ def check_capabilities(backend) -> None:
 def _check_method(backend, op: str, signature: str) -> None:
     """The method must accept the call the contract makes (``fp8ref.golden.ops`` signatures):
     its positional arguments and its keyword-only ones, by name."""
-    import inspect
-    import re
-
     args = re.match(r"\w+\((.*?)\)", signature).group(1)
     positional, _, keywords = args.partition("*")
     pos = [a.strip() for a in positional.split(",") if a.strip()]
@@ -179,8 +178,6 @@ def _check_method(backend, op: str, signature: str) -> None:
 
 def _check_keyword(backend, op: str, kw: str, cases: str) -> None:
     """The method must take keyword ``kw``, which the contract passes to the ``cases`` it declares."""
-    import inspect
-
     try:
         sig = inspect.signature(getattr(backend, op))
     except (TypeError, ValueError):

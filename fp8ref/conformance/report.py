@@ -12,6 +12,7 @@ A mismatch line, TestFloat style::
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 
 import numpy as np
@@ -194,8 +195,6 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
     """Print mismatch lines (capped at ``max_errors`` per operation; 0 = all), ERROR and MISSING
     lines (capped at ``max_errors`` each: a wrong outputs file misses every case) and the
     per-operation table; returns the number of unexpected mismatches and errors."""
-    import sys
-
     out = out or sys.stdout
     print(header, file=out)
     unexpected = 0

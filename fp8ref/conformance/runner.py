@@ -43,6 +43,7 @@ from ..golden.judge import (
 from ..golden.suite import Suite, cases, load_suite
 from ..profiles import PROFILES
 from .backend import BackendExit, call_backend, check_capabilities, describe_failure, guarded, load_backend
+from .report import operand_text
 from .xfails import Xfails
 
 
@@ -244,7 +245,6 @@ def repro(backend: str, suite: str, case: str, *, level: int = 1, index: tuple =
         else:
             expected = expected_outputs(be, op, c.params, c.inputs)
             got = op.call(be, c.params, c.inputs)
-        from .report import operand_text
 
         print(f"{case} [{', '.join(map(str, index))}]:")
         for label, value in op.operands(c.params, c.inputs, tuple(index)).items():

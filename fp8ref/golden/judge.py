@@ -39,6 +39,7 @@ from ..errors import GoldenError
 from ..formats import FloatFormat, get_format
 from ..rounding import round_to
 from ..ulp import ordinal, sign_bit
+from .ops import OPERATIONS
 
 ACCUMULATION_ORDERS = ("declared", "unspecified")
 NAN_RULES = ("any", "sign", "exact")
@@ -159,9 +160,7 @@ class CaseResult:
 def bound_reason(op: str, params) -> str | None:
     """None when an unspecified accumulation order is judged by the fp32-order bound for this
     case, else why it cannot be (such a case is not implemented in a live run, bit-exact in a check)."""
-    from .ops import OPERATIONS  # an operation with its own order rule (attention) says when it applies
-
-    if hasattr(OPERATIONS.get(op), "bound_applies"):
+    if hasattr(OPERATIONS.get(op), "bound_applies"):  # an operation with its own order rule (attention)
         return OPERATIONS[op].bound_applies(params)
     if op != "scaled_mm":
         return f"an unspecified accumulation order is judged for scaled_mm and attention only, not {op}"

@@ -26,6 +26,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..codec import encode
+from .kernels import KERNELS, get_kernel, kernel_mm
+
 BIG = 14  # log2 of the biggest product
 K_PROBE = 512
 MAX_J = 32  # t = 2**(14 - j) >= 2**-18, the smallest product of two E4M3 subnormals... of 2**-9 each
@@ -189,9 +192,6 @@ PARAMETERS = ("fraction_bits", "rounding", "block", "promote_every", "c_aligned"
 
 def model_gemm(kernel) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """A probe ``gemm`` computed by one of fp8ref's kernel models (neutral scales)."""
-    from ..codec import encode
-    from .kernels import get_kernel, kernel_mm
-
     k = get_kernel(kernel)
     ins = k.ins
 
@@ -222,8 +222,6 @@ _PRESET_CACHE: dict[str, dict] = {}
 
 def preset_signatures() -> dict[str, dict]:
     """Probe values of every preset kernel whose element format holds the probe's values."""
-    from .kernels import KERNELS
-
     for name, k in KERNELS.items():
         if name not in _PRESET_CACHE and _holds_probe_values(k):
             found = probe(model_gemm(k))

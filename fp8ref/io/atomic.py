@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import __version__
 from ..errors import CheckpointError, Fp8RefWarning, OutputError
 from .outputs import (
     STREAM,
@@ -278,8 +279,6 @@ def atomic_folder(dest: str | os.PathLike, *, force: bool = False, protect: Iter
     any failure, interrupts and SIGTERM/SIGHUP included, the temporary folder is removed and
     ``dest`` is left as it was.
     """
-    from .. import __version__
-
     given = Path(dest)
     dest = Path(os.path.abspath(dest))  # '.' has no name to put a temporary beside
     protect = list(protect)

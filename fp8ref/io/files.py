@@ -11,6 +11,8 @@ from pathlib import Path
 
 from ..errors import CheckpointError, Fp8RefError
 from ..limits import MAX_DEPTH
+from .atomic import atomic_file
+from .outputs import STREAM, output_kind, write_into
 
 MAX_JSON_BYTES = 100_000_000  # the header limit safetensors itself enforces
 MAX_TEXT_BYTES = 16 << 20  # specs, suites, xfails and name lists are kilobytes
@@ -125,9 +127,6 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` by the output rule (``io.outputs``): into a FIFO or a character
     device; atomically (a temporary file beside it, fsync, rename) into a regular file, a link's
     target or a new path. A write error names ``path``."""
-    from .atomic import atomic_file
-    from .outputs import STREAM, output_kind, write_into
-
     if output_kind(path) == STREAM:
         write_into(path, data)
         return

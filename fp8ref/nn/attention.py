@@ -19,8 +19,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import attention as ref
 from .._arrays import dtype_name, numpy_of, torch_of
+from ..attention import quantize_per_tensor
+from ..checkpoint import base
+from ..checkpoint.forward import qdq
+from ..codec import decode
 from ..errors import ModelError
+from ..rounding import round_to
 from .modes import parse_mode
 
 NAME = "fp8ref_kv"
@@ -51,18 +57,12 @@ def kv_scales(ckpt) -> dict[str, dict[str, np.ndarray]]:
 def quantize_kv(x: torch.Tensor, scale: np.float32, mode) -> torch.Tensor:
     """K or V after the mode's KV-cache quantization, in x's dtype (``reference``: the codes of
     ``fp8ref.attention.quantize_per_tensor`` dequantized exactly, rounded once to the dtype)."""
-    from ..attention import quantize_per_tensor
-    from ..codec import decode
-    from ..rounding import round_to
-
     mode = parse_mode(mode)
     if mode.kind == "original":
         return x
     dtype = dtype_name(x)
     x32 = x.detach().to(torch.float32).numpy()
     if mode.kind == "producer":
-        from ..checkpoint.forward import qdq
-
         y = qdq(x32, np.float32(scale), dtype, d_division=True, positive_zero=True)
     else:
         codes = quantize_per_tensor(x32, scale)
@@ -87,8 +87,6 @@ def _allowed(module, attention_mask, tq: int, tk: int):
 
 def reference_attention(module, query, key, value, attention_mask, scaling, state, backend=None):
     """(B, Tq, H, d) in query's dtype: ``fp8ref.attention.attention`` (or ``backend.attention``)."""
-    from .. import attention as ref
-
     dtype = dtype_name(query)
     q, k, v = (numpy_of(t).astype(np.float32) for t in (query, key, value))
     mask, causal = _allowed(module, attention_mask, q.shape[2], k.shape[2])
@@ -151,7 +149,6 @@ def install_kv_attention(model, ckpt, mode, backend=None) -> list[str]:
     scales = kv_scales(ckpt)
     if not scales:
         return []
-    from ..checkpoint import base
 
     impl = model.config._attn_implementation
     fmt = base.get(ckpt.format) if ckpt.format in base.names() else None

@@ -18,12 +18,16 @@ from tqdm import tqdm
 
 from .._arrays import numpy_of, torch_of
 from ..errors import ModelError
+from ..executor import run_all
 from ..io.spill import SpillStore
 from ..limits import MAX_RANDOM_IDS
-from .linear import fp8ref_layers, set_mode
+from .experts import Fp8RefExperts
+from .linear import Fp8RefLinear, fp8ref_layers, set_mode
 from .metrics import layer_metrics, logit_metrics, perplexity
+from .model import build_model
 from .modes import parse_mode, quantize_input
 from .tokens import as_model_ids
+from .verify import worker_checkpoint
 
 
 def _logits(out) -> torch.Tensor:
@@ -118,10 +122,7 @@ def _teacher_forced(lin, mode, xs: list, ys: list) -> dict:
 def _teacher_forced_task(ckpt_path: str, name: str, mode: str, accumulate: str, backends: dict, original_weight,
                          original_bias, xs: list, ys: list) -> dict:
     """``_teacher_forced`` from the checkpoint folder (a task of ``fp8ref.executor``)."""
-    from .linear import Fp8RefLinear
-    from .verify import _load
-
-    lin = Fp8RefLinear(_load(ckpt_path)[name], "reference", accumulate=accumulate, backend=backends,
+    lin = Fp8RefLinear(worker_checkpoint(ckpt_path)[name], "reference", accumulate=accumulate, backend=backends,
                        original_weight=original_weight, original_bias=original_bias)
     return _teacher_forced(lin, mode, xs, ys)
 
@@ -148,8 +149,6 @@ def compare(model, ids: torch.Tensor, modes: list, *, with_perplexity: bool = Fa
 
 
 def _compare(model, ids, modes, layers, store, with_perplexity, progress, executor, checkpoint_path) -> dict:
-    from ..executor import run_all
-
     base = modes[0]
     logits0, order = capture(model, ids, base, _spiller(store, "base"))
     refuse_nonfinite(logits0, f"compare: baseline mode {base}")
@@ -221,7 +220,6 @@ def expert_groups(model, per_layer: dict, modes: list[str]) -> list[dict]:
     report stays readable): how many experts ran, and per mode the worst and mean teacher-forced
     relative RMS over its projections, the worst free-running one, and the share of tokens routed
     otherwise than in the baseline (free-running, mean over the experts that ran)."""
-    from .experts import Fp8RefExperts
     from .gptoss import GptOssExperts
 
     groups = []
@@ -262,8 +260,6 @@ def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool =
     picklable arguments: the checkpoint folder, original folder, ...); the batches' results are
     added here in order, as locally, so the report is byte-identical. Non-finite logits are refused,
     naming the mode and the batch's sequences."""
-    from ..executor import run_all
-
     if type(batch) is not int or batch < 1:
         raise ModelError(f"eval: batch: expected a positive integer, got {batch!r}")
     mode = parse_mode(mode)
@@ -298,8 +294,6 @@ _BUILT: dict = {}  # a worker's model, built once for its tasks
 
 def _eval_task(build: dict, mode: str, chunk: torch.Tensor, first: int) -> tuple[float, int]:
     """``_batch_nll`` on a worker (a task of ``fp8ref.executor``), the model built there once."""
-    from .model import build_model
-
     key = repr(sorted((k, v) for k, v in build.items() if k != "backend"))
     if key not in _BUILT:
         _BUILT.clear()

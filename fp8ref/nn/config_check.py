@@ -21,7 +21,8 @@ import math
 
 import torch
 
-from ..errors import ModelError
+from ..checkpoint.loader import block_indices
+from ..errors import ModelError, did_you_mean
 from ..limits import int_in, shown
 
 BOUNDS = {
@@ -80,8 +81,6 @@ def _check_part(cfg: dict, where: str, prefix: str, held: tuple[int, str | None]
         if cfg.get(key) is not None:
             names = _activations()
             if not isinstance(cfg[key], str) or cfg[key] not in names:
-                from ..errors import did_you_mean
-
                 fail(key, f"expected an activation transformers knows ({', '.join(sorted(names)[:8])}, ...)"
                           f"{did_you_mean(cfg[key], names, clause=True) if isinstance(cfg[key], str) else ''}")
     for key in DTYPE_KEYS:
@@ -130,8 +129,6 @@ def _activations() -> set[str]:
 def blocks_held(store) -> tuple[int, str | None]:
     """The most numbered blocks one container of the checkpoint holds (``model.layers.N.``), and
     that container; (number of tensors, None) when no tensor name is numbered."""
-    from ..checkpoint.loader import block_indices
-
     found = block_indices(store)
     if not found:
         return len(list(store)), None

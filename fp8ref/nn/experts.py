@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .._arrays import torch_of
+from ..checkpoint import base
 from ..errors import ModelError
 from .linear import Fp8RefLinear
 
@@ -90,8 +91,6 @@ class Fp8ExpertLinear(Fp8RefLinear):
 
     def producer_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The D weight the producer's reload gives this expert (computed once per dtype)."""
-        from ..checkpoint import base
-
         if self._producer is None or self._producer.dtype != dtype:
             emulate = base.get(self.layer.producer).emulate_experts
             if emulate is None:

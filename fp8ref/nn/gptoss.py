@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._arrays import torch_of
+from ..checkpoint.gptoss import ExpertsLayer
 from ..checkpoint.loader import QuantizedLayer
 from ..errors import ModelError
 from .linear import Fp8RefLinear
@@ -216,8 +218,6 @@ def swap_gptoss_experts(model: torch.nn.Module, checkpoint, report, *, mode="ref
     the checkpoint holds as gpt-oss MXFP4 experts, moving them from ``report.unplaced`` (where
     ``swap_linears`` left them: not nn.Linear) to ``report.swapped``; a module that is missing, of
     another type, or whose experts count or shapes disagree with the checkpoint stays unplaced with why."""
-    from ..checkpoint.gptoss import ExpertsLayer
-
     unplaced = dict(report.unplaced)
     modules: dict[str, dict] = {}
     for name in unplaced:
@@ -271,7 +271,6 @@ def _original(original, parent: str):
     """A function returning the original tensors of the experts at ``parent`` (checked present now).
     A Checkpoint's are read when called, the last module's kept in a one-slot cache so that its
     per-expert rows read them once: O(one experts module), not O(model)."""
-    from .._arrays import torch_of
 
     names = {key: f"{parent}.{key}" for key in _KEYS}
     held = original.store if hasattr(original, "store") else original

@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from .._arrays import check_torch, dtype_name, numpy_of, torch_of
+from ..checkpoint.loader import QuantizedLayer
 from ..errors import InputTypeError, ModelError
+from ..matmul import DecodedCodes
 from .modes import Mode, backend_forward, cannot_run, parse_mode
 
 
@@ -32,8 +34,6 @@ class Fp8RefLinear(torch.nn.Module):
 
     def __init__(self, layer, mode="reference", *, accumulate: str = "exact", backend=None,
                  original_weight=None, original_bias=None, keep_decoded: bool = False, original_source=None):
-        from ..checkpoint.loader import QuantizedLayer
-
         if not isinstance(layer, QuantizedLayer):
             raise InputTypeError(f"layer: expected a QuantizedLayer (checkpoint[name] of fp8ref.load_checkpoint), "
                                  f"got {type(layer).__name__}")
@@ -64,8 +64,6 @@ class Fp8RefLinear(torch.nn.Module):
         once and held (1 byte per element: the checkpoint's own bytes), with their float64 form
         too when keep_decoded."""
         if self._decoded is None:
-            from ..matmul import DecodedCodes
-
             self._decoded = DecodedCodes(self.layer.weight_codes, self.layer.quant.weight_fmt, keep=self.keep_decoded)
         return self._decoded
 

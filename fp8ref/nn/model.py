@@ -17,8 +17,12 @@ import numpy as np
 import torch
 
 from .._arrays import torch_of
+from ..checkpoint import Checkpoint, load_checkpoint
 from ..errors import ModelError
+from .attention import install_kv_attention
 from .config_check import check_config
+from .experts import fuse_unquantized_experts
+from .gptoss import swap_gptoss_experts
 from .swap import swap_linears
 
 INSTALL_HINT = "pip install 'fp8ref[hf]' (or: pip install transformers)"
@@ -33,8 +37,6 @@ def _transformers():
 
 
 def _checkpoint(source, what: str):
-    from ..checkpoint import Checkpoint, load_checkpoint
-
     if source is None or isinstance(source, Checkpoint):
         return source
     return load_checkpoint(source)
@@ -74,14 +76,11 @@ def build_model(checkpoint, *, mode="reference", accumulate: str = "exact", back
         model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
     report = swap_linears(model, ckpt, mode=mode, accumulate=accumulate, backend=backend, original=orig,
                           keep_decoded=keep_decoded)
-    from .gptoss import swap_gptoss_experts  # gpt-oss's fused MXFP4 experts (not nn.Linear)
 
-    swap_gptoss_experts(model, ckpt, report, mode=mode, original=orig)
+    swap_gptoss_experts(model, ckpt, report, mode=mode, original=orig)  # gpt-oss's fused MXFP4 experts (not nn.Linear)
     report.raise_unplaced(str(ckpt.path))
     load_unquantized(model, ckpt)
     if kv_cache:
-        from .attention import install_kv_attention
-
         install_kv_attention(model, ckpt, mode, backend)
     return model.eval()
 
@@ -111,8 +110,6 @@ def load_unquantized(model: torch.nn.Module, ckpt) -> None:
     per-expert tensors of unquantized experts are stacked into the fused parameters first. A
     checkpoint tensor without a model tensor, or a model tensor that neither the checkpoint nor a
     tied weight supplies, is an error."""
-    from .experts import fuse_unquantized_experts
-
     fused, consumed = fuse_unquantized_experts(model, ckpt)  # per-expert tensors -> the fused parameters
     state = model.state_dict(keep_vars=True)
     given = set(ckpt.unquantized) - consumed | set(fused)

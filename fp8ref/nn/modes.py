@@ -23,7 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelError
+from .._arrays import to_numpy
+from ..checkpoint import base
+from ..checkpoint.forward import quantize_block_input
+from ..errors import Fp8RefError, ModelError
+from ..matmul import ACCUMULATIONS, SCALE_ORDERS
+from ..matmul import SCALE_BLOCK as BLOCK
+from ..matmul import quantize_input as linear_input
+from ..scheme import PRESETS
 
 KINDS = ("original", "reference", "producer", "backend")
 BLOCK_INPUTS = ("nvfp4", "mx")  # inputs quantized per block at run time (fp8ref.matmul.block_scaled)
@@ -73,8 +80,6 @@ def cannot_run(layer, mode: Mode) -> str | None:
     weight-only NVFP4 / MX layer in a backend (no case takes 16-bit activations), ``producer`` where
     the format has no producer forward for the layer (ModelOpt NVFP4 / MXFP8)."""
     if mode.kind == "producer":
-        from ..checkpoint import base
-
         return base.get(layer.producer).producer_refusal(layer.quant)
     q = layer.quant
     if q.weight_strategy not in BLOCK_INPUTS:
@@ -131,16 +136,10 @@ def quantize_input(layer, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     (M, K) activations in the model dtype: FP8 layers by ``fp8ref.matmul.quantize_input``
     (linear's activation rule); NVFP4 / MX layers by ``checkpoint.forward.quantize_block_input``
     (element codes, and the per-16 / per-32 block scales; NVFP4's global input scale aside)."""
-    from ..errors import Fp8RefError
-    from ..matmul import quantize_input as linear_input
-
     q = layer.quant
     if q.input is None:
         raise ModelError(f"{layer.name}: weight-only layer; its inputs are not quantized")
     if q.input in BLOCK_INPUTS:
-        from .._arrays import to_numpy
-        from ..checkpoint.forward import quantize_block_input
-
         qx = quantize_block_input(layer, x)  # in the model dtype: the recipe's D steps depend on it
         return to_numpy(qx.codes), np.asarray(to_numpy(qx.scale), np.float32)
     x32 = np.asarray(x, np.float32)
@@ -160,9 +159,6 @@ _LINEAR_SCHEMES = {("channel", "static"): "FP8_STATIC", ("tensor", "static"): "F
 def _linear_forward(layer, x2: np.ndarray, backend) -> tuple[np.ndarray, dict] | None:
     """y from ``backend.linear`` (the whole W8A8 layer: the backend quantizes the input itself)
     when the layer is a case of the golden linear operation the backend declares, else None."""
-    from ..matmul import ACCUMULATIONS
-    from ..scheme import PRESETS
-
     q = layer.quant
     scheme = _LINEAR_SCHEMES.get((q.weight_strategy, q.input))
     if (scheme is None or q.weight_fmt != "float8_e4m3fn" or layer.bias is not None
@@ -186,8 +182,6 @@ def _block_scales(layer, s_a: np.ndarray, M: int, K: int, N: int) -> tuple[np.nd
     per 1x128 group, b (KB, NB) per 128x128 block (KB = ceil(K/128), NB = ceil(N/128)). A per-tensor
     or per-token input scale and a per-tensor weight scale repeat over the blocks: the same scales
     of every product, so the same result in every accumulation model."""
-    from ..matmul import SCALE_BLOCK as BLOCK
-
     q = layer.quant
     if (q.block or (BLOCK, BLOCK)) != (BLOCK, BLOCK) or (q.input == "dynamic-group" and q.input_group != BLOCK):
         raise ModelError(f"{layer.name}: weight blocks {list(q.block or [BLOCK, BLOCK])}, input groups "
@@ -213,8 +207,6 @@ def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.
     input and the stored weight codes: per-tensor and per-row/per-channel scales, and for
     block-scaled layers (128x128 weight blocks, 1x128 input groups) the golden scaled_mm's
     ``block128`` case. Returns y and the parameters of the operation the backend ran."""
-    from ..matmul import ACCUMULATIONS, SCALE_ORDERS
-
     why = cannot_run(layer, Mode("backend", backend.name))
     if why is not None:
         raise ModelError(f"{layer.name}: {why}")

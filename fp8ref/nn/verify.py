@@ -13,7 +13,16 @@ from functools import lru_cache
 import numpy as np
 
 from .._arrays import bits_view
+from ..checkpoint import base, load_checkpoint
+from ..checkpoint.base import original_weight as from_store
+from ..checkpoint.calibration_file import amax_values
 from ..errors import Fp8RefError, ModelError
+from ..executor import run_all
+from ..formats import FORMATS
+from ..quant import SELF_SCALED, as_args, quantize
+from ..recipes import compute_scale
+from ..registry import get_recipe, load_recipes
+from ..scaling import reduce_amax
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -51,10 +60,6 @@ def _compare_scales(derived: np.ndarray, stored: np.ndarray) -> dict:
 def _input_scale(layer, amax: float, recipe: str, model_dtype: str) -> str:
     """The recipe's stored scale for activation amax ``amax`` (exact in the model dtype, as the
     export writes it) against the stored input_scale, compared as float32 values (both exact)."""
-    from ..formats import FORMATS
-    from ..recipes import compute_scale
-    from ..registry import get_recipe
-
     derived, _ = compute_scale(np.array([amax], np.float64), get_recipe(recipe), FORMATS[layer.quant.weight_fmt],
                                model_dtype)
     stored = np.asarray(layer.input_scale).astype(np.float32).reshape(-1)
@@ -65,9 +70,6 @@ def _input_scale(layer, amax: float, recipe: str, model_dtype: str) -> str:
 
 def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_amax: float | None = None,
                  model_dtype: str = "bfloat16") -> dict:
-    from ..quant import SELF_SCALED, as_args, quantize
-    from ..scaling import reduce_amax
-
     qa = as_args(layer.scheme)
     if tuple(weight.shape) != tuple(layer.shape):
         raise ModelError(f"{layer.name}: original weight {list(weight.shape)}, checkpoint {list(layer.shape)}")
@@ -75,7 +77,6 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
     amax = None if qa.granularity in SELF_SCALED else reduce_amax(weight, qa.granularity, group_size=qa.group_size,
                                                                   block_shape=qa.block_shape)
     stored = layer.weight_codes
-    from ..checkpoint import base
 
     scheme = layer.scheme
     if not base.get(layer.producer).scales_follow_recipe and qa.granularity not in SELF_SCALED:
@@ -104,17 +105,13 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
 
 
 @lru_cache(maxsize=4)
-def _load(path: str):
+def worker_checkpoint(path: str):
     """A worker's checkpoint, headers only: the driver checked the values, each layer read checks its own."""
-    from ..checkpoint import load_checkpoint
-
     return load_checkpoint(path, check_values=False)
 
 
 def original_weight(layer, original) -> np.ndarray:
     """``fp8ref.checkpoint.base.original_weight`` from a loaded original Checkpoint, as a ModelError."""
-    from ..checkpoint.base import original_weight as from_store
-
     try:
         return from_store(layer, original.store)
     except Fp8RefError as exc:
@@ -123,7 +120,7 @@ def original_weight(layer, original) -> np.ndarray:
 
 def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) -> dict:
     """One layer, from the two folders (a task of ``fp8ref.executor``: it may run on another machine)."""
-    ckpt, original = _load(ckpt_path), _load(original_path)
+    ckpt, original = worker_checkpoint(ckpt_path), worker_checkpoint(original_path)
     return verify_layer(ckpt[name], original_weight(ckpt[name], original), recipe, amax, ckpt.dtype)
 
 
@@ -131,9 +128,6 @@ def candidate_recipes(layer) -> list[str]:
     """The recipes verify tries on ``layer`` when none is given or recorded: its format's own
     (``recipe_of``) first, then those of the format's ``known_recipes`` that cover the layer's
     granularity and weight format, else every recipe that does (by name)."""
-    from ..checkpoint import base
-    from ..registry import load_recipes
-
     fmt = base.get(layer.producer)
     own = fmt.recipe_of(layer.quant)
     q, recipes = layer.quant, load_recipes()
@@ -187,10 +181,6 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     does, the closest). Original tensors are found by name, through the producer's renaming table.
     calibration: layer name -> activation amax (``fp8ref.checkpoint.load_calibration``), to re-derive
     static input scales too. executor: ``local`` or ``ray`` (one task per layer, same report)."""
-    from ..checkpoint import base
-    from ..checkpoint.calibration_file import amax_values
-    from ..executor import run_all
-
     if calibration is not None:  # numbers (AmaxState values too); scales refused
         calibration = amax_values(calibration, "calibration")
     names = list(ckpt)

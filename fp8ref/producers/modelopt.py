@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+from .. import __version__
 from ..errors import CheckpointError
 
 NAME = "modelopt"
@@ -53,8 +54,6 @@ class Config:
 
 def quantization_config(algo: str, ignore: list[str], kv: bool) -> dict:
     """config.json's ``quantization_config`` as ModelOpt 0.47.0 writes it, producer fp8ref."""
-    import fp8ref
-
     qc: dict = {}
     if algo in _ARGS:
         qc["config_groups"] = {"group_0": {"input_activations": dict(_ARGS[algo]), "weights": dict(_ARGS[algo]),
@@ -62,7 +61,7 @@ def quantization_config(algo: str, ignore: list[str], kv: bool) -> dict:
     qc.update(ignore=list(ignore), quant_algo=algo)
     if kv:
         qc["kv_cache_scheme"] = dict(KV_SCHEME)
-    qc.update(producer={"name": "fp8ref", "version": fp8ref.__version__}, quant_method=METHOD)
+    qc.update(producer={"name": "fp8ref", "version": __version__}, quant_method=METHOD)
     return qc
 
 

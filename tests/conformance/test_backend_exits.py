@@ -11,6 +11,7 @@ from fp8ref.conformance.backend import BackendExit, signals_seen
 from fp8ref.golden import parse_suite
 from tests.support.broken_backends import CtrlCInEncode, ExitsInEncode, InterruptsInEncode
 from tests.support.cli import run_cli
+from tests.support.plugin import pytest_in
 
 SUITE_TEXT = """\
 suite: exits
@@ -102,8 +103,6 @@ def test_a_backend_exit_is_a_backend_error():
 
 
 def test_the_pytest_plugin_fails_that_case_and_runs_the_others(tmp_path):
-    from tests.conformance.test_plugin import pytest_in
-
     (tmp_path / "exits.yaml").write_text(SUITE_TEXT)
     code, out = pytest_in(tmp_path, f"--fp8ref-backend={BACKENDS}:ExitsInEncode",
                           f"--fp8ref-suite={tmp_path / 'exits.yaml'}", "--fp8ref-max-examples=5")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..backend import Backend
 from ._common import dist_version, missing
 from .compressed_tensors_backend import _numpy
+from .torch_backend import TorchBackend
 
 
 class AutoRoundBackend(Backend):
@@ -28,7 +29,6 @@ class AutoRoundBackend(Backend):
         from auto_round.data_type.fp8 import quant_fp8_sym
         from auto_round.export.export_to_autoround.export_to_fp8 import pack_layer
 
-        from .torch_backend import TorchBackend
 
         w = TorchBackend._tensor(x)
         qdq, scale, _ = quant_fp8_sym(w)  # per row: s32 = max(amax/448, floor) in fp32

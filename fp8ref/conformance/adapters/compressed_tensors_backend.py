@@ -16,6 +16,7 @@ from ...quant import as_args
 from ...scheme import PRESETS
 from ..backend import Backend
 from ._common import dist_version, missing
+from .torch_backend import TorchBackend
 
 _SCHEMES = ("FP8", "FP8_STATIC", "FP8_DYNAMIC")
 _DTYPES = ("bfloat16", "float16", "float32")
@@ -56,7 +57,6 @@ class CompressedTensorsBackend(Backend):
         from compressed_tensors.quantization.lifecycle.forward import quantize
         from compressed_tensors.quantization.utils import calculate_qparams
 
-        from .torch_backend import TorchBackend
 
         args, qa = self._args(scheme, role)
         t = TorchBackend._tensor(x)
@@ -76,7 +76,6 @@ class CompressedTensorsBackend(Backend):
         import torch
         from compressed_tensors.quantization.lifecycle.forward import dequantize
 
-        from .torch_backend import TorchBackend
 
         args, _ = self._args(scheme, role)
         q = torch.from_numpy(np.ascontiguousarray(codes)).view(torch.float8_e4m3fn)

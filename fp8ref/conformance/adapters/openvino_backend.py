@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import codec
 from ..backend import Backend
 from ._common import INPUT_DTYPES, dist_version, missing
 
@@ -129,8 +130,6 @@ class OpenVinoFakeConvertBackend(OpenVinoBackend):
         return self._compiled["fake", src, dst]
 
     def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
-        from ... import codec
-
         x = np.asarray(x)
         flat = x.reshape(-1)
         dtype = _INPUT_TYPES[x.dtype.name]

@@ -24,6 +24,7 @@ from itertools import product
 import numpy as np
 
 from ... import attention as ref
+from ...codec import decode
 from ...formats import get_format
 from ...rounding import round_to, to_bits
 from .. import values
@@ -133,7 +134,6 @@ class Attention(Operation):
         fmt, dtype = params["format"], params["dtype"]
         o = self._run(params, inputs, unrounded=True)
         mag = self._run(params, inputs, v=np.abs(np.asarray(inputs["v"], np.float32)), unrounded=True)
-        from ...codec import decode
 
         H, d = inputs["q"].shape[1], inputs["q"].shape[3]
         kd = np.abs(decode(ref.quantize_per_tensor(inputs["k"], inputs["k_scale"][0], fmt), fmt).astype(np.float64))

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from fp8ref import limits
+from fp8ref._native_quant import c_amax, c_sizes
 from fp8ref.checkpoint import load_checkpoint
 from fp8ref.errors import CheckpointError, Fp8RefError, InputTypeError, ShapeError, SpecError
 from fp8ref.io.safetensors import write_safetensors
-from fp8ref.quant import QuantArgs, _c_amax, _c_sizes, quantize
+from fp8ref.quant import QuantArgs, quantize
 from fp8ref.scheme import QuantizationScheme
 from fp8ref.spec import load_spec_string
 from tests.support.checkpoint_builders import build_ct, build_hf, write
@@ -58,10 +59,10 @@ def test_the_c_boundary_guard_refuses_a_wrapped_size():
     object.__setattr__(forged, "group_size", 2**64)
     x = np.ones((4, 256), np.float32)
     with pytest.raises(ShapeError, match="group_size: .* is outside 1..9223372036854775807"):
-        if _c_amax(x, "float32", forged) is None:  # no C loops built: the guard itself is checked
-            _c_sizes(group_size=2**64)
+        if c_amax(x, "float32", forged) is None:  # no C loops built: the guard itself is checked
+            c_sizes(group_size=2**64)
     with pytest.raises(ShapeError, match="row_length"):
-        _c_sizes(rows=1, row_length=0, group_size=1)
+        c_sizes(rows=1, row_length=0, group_size=1)
 
 
 def test_scaled_mm_block_k_past_int32_is_refused():

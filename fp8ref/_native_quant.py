@@ -1,0 +1,174 @@
+"""quantize's C loops (fp8ref/_csrc/quant.c): when they apply, their jobs and operands.
+
+Each function returns None or False where the loops do not apply (not built, switched off, a dtype,
+granularity or recipe they do not take); ``fp8ref.quant`` then runs its numpy path, which gives the
+same bytes. The loops make the same roundings in the same order as ``recipes.exact_quotient_codes``
+and ``recipes.apply_scaled``. Loading, the ABI mirror and the threads are ``_native``'s.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import numpy as np
+
+from . import _native
+from ._quant_inputs import as_rows, reduction_values
+from .codec import _c_encode_params, _c_rne_params
+from .errors import ShapeError
+from .formats import FloatFormat
+from .limits import MAX_DIM, int_in, shown
+from .recipes import Recipe, compute_scale
+from .scaling import magnitudes_to_f64
+
+_C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
+_C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
+
+
+def _c_ok(arr: np.ndarray, dtype: str, granularity: str) -> bool:
+    return (dtype in _C_KINDS and arr.ndim >= 1 and arr.size > 0
+            and granularity in ("tensor", "channel", "token", "group", "block") and _native.kernels() is not None)
+
+
+def c_sizes(**sizes: int) -> None:
+    """The C boundary: the loops take row counts, row lengths and group lengths as int64/size_t, and
+    divide by the group length. Validation keeps them in range; this guards what reaches C anyway."""
+    for name, value in sizes.items():
+        if not int_in(int(value), 1, MAX_DIM):
+            raise ShapeError(f"{name}: {shown(value)} is outside 1..{MAX_DIM}, which the C loops take")
+
+
+def c_amax(arr: np.ndarray, dtype: str, qa) -> np.ndarray | None:
+    """reduce_amax by the C loop for ``qa`` (a QuantArgs): magnitude bits per (row, group of g along
+    K), reduced further here for tensor and block; None where the loop does not apply."""
+    gran = qa.granularity
+    if not _c_ok(arr, dtype, gran) or (gran == "block" and arr.ndim < 2):
+        return None
+    by_row = as_rows(arr)
+    n_rows, k = by_row.shape
+    g = qa.group_size if gran == "group" else qa.block_shape[1] if gran == "block" else k
+    c_sizes(rows=n_rows, row_length=k, group_size=g)
+    ng = -(-k // g)
+    wide = dtype == "float32"
+    bits = by_row.view(np.uint32 if wide else np.uint16)
+    part = np.empty((n_rows, ng), bits.dtype)
+    _native.parallel("fp8ref_amax_u32" if wide else "fp8ref_amax_u16",
+                     _native.amax_job(bits.ctypes.data, part.ctypes.data, k, g), n_rows, work=bits.size,
+                     keep=(bits, part))
+    if gran == "tensor":
+        part = part.max(keepdims=True).reshape(1)
+    elif gran == "block":
+        bh, r2 = qa.block_shape[0], arr.shape[-2]
+        p = part.reshape(arr.shape[:-2] + (r2, ng))
+        p = np.pad(p, [(0, 0)] * (p.ndim - 2) + [(0, -r2 % bh), (0, 0)])  # +0: neutral for the max
+        part = p.reshape(p.shape[:-2] + (p.shape[-2] // bh, bh, ng)).max(axis=-2)
+    else:
+        part = part.reshape(arr.shape[:-1] + (ng,))
+    return magnitudes_to_f64(part, np.dtype(np.float32) if wide else reduction_values(arr[:0], dtype).dtype)
+
+
+def _operand_offsets(shape: tuple, qa, sshape: tuple) -> tuple[np.ndarray, int]:
+    """(per-row index of the row's first operand in the flattened scale array, elements per operand
+    along the row) for the C loops."""
+    n_rows, k = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    r = np.arange(n_rows, dtype=np.int64)
+    if qa.granularity == "tensor":
+        return np.zeros(n_rows, np.int64), k
+    if qa.granularity in ("channel", "token"):
+        return r, k
+    if qa.granularity == "group":
+        return r * sshape[-1], qa.group_size
+    (bh, bw), r2 = qa.block_shape, shape[-2]
+    return ((r // r2) * sshape[-2] + (r % r2) // bh) * sshape[-1], bw
+
+
+def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream=False):
+    """The C loops' job for the apply + encode steps (operands still to fill), or None where they
+    do not apply (the numpy path then runs). Same roundings, in the same order, as
+    exact_quotient_codes / apply_scaled. ``stream``: write the codes around the cache."""
+    if not _c_ok(arr, dtype, qa.granularity) or (qa.granularity == "block" and arr.ndim < 2):
+        return None
+    params = _c_encode_params(fmt, saturate, rounding)
+    exact = rec.apply_dtype == "exact"
+    if params is None or not (rounding == "rne" or exact) or (exact and rec.nonfinite != "error"):
+        return None  # the exact loop needs finite x: the recipe rejects NaN/Inf
+    model_dtype = "bfloat16" if cast16 else dtype
+    rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
+    job = _native.quant_job(arr.ctypes.data, codes.ctypes.data, None, None, None, None, ctypes.addressof(params),
+                            None if rne is None else ctypes.addressof(rne), shape[-1], shape[-1], 0, 1,
+                            _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
+                            _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
+                            0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
+                            0x100 if neg0 is None else neg0, int(stream))
+    job._keep = params, rne  # the job points into them
+    return job
+
+
+def _c_operands(operand: np.ndarray, rec: Recipe) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 operands as the C loops take them, usable mask): the exact loop needs positive finite
+    scales, the producer loops multiply by fp32(1/s) for multiply_reciprocal."""
+    ops = np.ascontiguousarray(operand, np.float32).reshape(-1)
+    if rec.apply_dtype == "exact":
+        return ops, np.isfinite(ops) & (ops > 0)
+    if rec.apply_op == "multiply_reciprocal":
+        with np.errstate(divide="ignore", over="ignore"):
+            ops = np.float32(1.0) / ops
+    return ops, np.ones(ops.shape, bool)
+
+
+def c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
+               codes, stream=False) -> bool:
+    """The C loop for the apply + encode steps with known operands; False where it does not apply."""
+    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
+    if job is None:
+        return False
+    ops, usable = _c_operands(operand, rec)
+    if not usable.all():
+        return False
+    s_off, g = _operand_offsets(shape, qa, sshape)
+    c_sizes(rows=len(s_off), row_length=shape[-1], group_size=g)
+    job.g = g
+    job.s, job.s_off = ops.ctypes.data, s_off.ctypes.data
+    _native.parallel("fp8ref_quant", job, len(s_off), work=arr.size, keep=(arr, codes, ops, s_off))
+    return True
+
+
+@lru_cache(maxsize=64)
+def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """compute_scale's operand for every 15-bit magnitude of a 16-bit dtype, as _c_operands gives
+    it (compute_scale is elementwise: looking an amax up here is computing it)."""
+    mags = np.arange(1 << 15, dtype=np.uint16)
+    vdtype = reduction_values(mags[:0], dtype).dtype if dtype == "bfloat16" else np.dtype(dtype)
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns widen to quiet NaN
+        amax = magnitudes_to_f64(mags, vdtype)
+    ops, usable = _c_operands(compute_scale(amax, rec, fmt, dtype)[1], rec)
+    ops.setflags(write=False)
+    return ops, usable
+
+
+def c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
+                     codes, stream=False) -> tuple[np.ndarray, bool] | None:
+    """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): the
+    amax (float64, of sshape) and whether the codes are final (False: an operand the loop cannot
+    take, such as an all-zero row's, was used; the caller quantizes again). None: not applicable."""
+    if dtype not in ("bfloat16", "float16") or qa.granularity == "tensor":
+        return None
+    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
+    if job is None:
+        return None
+    table, usable = _operand_table(rec, fmt, dtype)
+    c_sizes(row_length=shape[-1], **({"block_rows": qa.block_shape[0], "group_size": qa.block_shape[1]}
+                                     if qa.granularity == "block" else {"group_size": qa.group_size or shape[-1]}))
+    if qa.granularity == "block":
+        (job.bh, job.g), job.r2 = qa.block_shape, shape[-2]
+    else:
+        job.g = qa.group_size if qa.granularity == "group" else shape[-1]
+        job.r2 = max(1, int(np.prod(shape[:-1], dtype=np.int64)))
+    n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+    bands = n_rows // job.r2 * -(-job.r2 // job.bh)
+    bits = np.empty(bands * -(-shape[-1] // job.g), np.uint16)
+    job.table, job.amax = table.ctypes.data, bits.ctypes.data
+    _native.parallel("fp8ref_quant_fused", job, bands, work=arr.size, keep=(arr, codes, table, bits))
+    amax = magnitudes_to_f64(bits, reduction_values(arr[:0], dtype).dtype).reshape(sshape)
+    return amax, bool(usable[bits].all())
