@@ -1,32 +1,51 @@
-"""verify's mismatch bookkeeping, before and after it became lazy (same run, same checkpoint).
+"""``fp8ref verify`` and ``fp8ref inspect --original`` with ``--executor ray`` against the local run
+(same run, same checkpoint, every command a process of its own).
 
-Builds an original of LAYERS bf16 DIM x DIM linears (default 8 x 2048 x 2048, random), exports it
-FP8_DYNAMIC with fp8ref, then times ``fp8ref.nn.verify.verify`` (recipe given, local executor):
+Builds an original of LAYERS bf16 DIM x DIM linears (default 16 x 2048 x 4096, random), exports it
+FP8_DYNAMIC with fp8ref, warms the page cache, then times, alternated --repeat times:
 
-* after:  the bookkeeping as it is (count the mismatches; search for the first only when there is one);
-* before: the old bookkeeping patched back in (``mask.sum()`` and ``np.argwhere(mask)[0]`` on every mask);
-* read:   reading every tensor of both files once (the floor verify cannot go below).
+* read:  reading every byte of both checkpoints' files (the floor; timed from its first read);
+* local: ``fp8ref verify CKPT --original SRC`` and ``fp8ref inspect CKPT --original SRC``, whole processes;
+* ray:   the same with ``--executor ray`` on a cluster this script starts first (RAY_ADDRESS: the
+  children connect to it, as to any running cluster), and once on a cluster each command starts
+  itself (no RAY_ADDRESS: what a first ``--executor ray`` costs).
 
-Prints the CPU model, each best-of-N time, before/after and verify/read ratios.
+Checks that each ray run's JSON equals the local run's byte for byte, and prints the CPU model, the
+load average, min and median of each and the ratios ray / local and local verify / read.
+Needs ray (``pip install 'fp8ref[ray]'``; here: ``/work/venvs/ray/bin/python benchmarks/bench_verify.py``).
 
-Usage: python benchmarks/bench_verify.py [--layers 8] [--dim 2048] [--repeat 3]
+Usage: python benchmarks/bench_verify.py [--layers 16] [--rows 2048] [--cols 4096] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._util import best_time  # noqa: E402
-from fp8ref.io.safetensors import write_safetensors  # noqa: E402
+from fp8ref.io.safetensors import SafetensorsWriter, TensorSpec  # noqa: E402
+
+READ = r"""
+import sys, time
+t0 = time.perf_counter()
+buf = bytearray(1 << 26)
+for path in sys.argv[1:]:
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+print(time.perf_counter() - t0)
+"""
 
 
 def cpu_model() -> str:
@@ -34,61 +53,89 @@ def cpu_model() -> str:
         with open("/proc/cpuinfo") as f:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        import platform
-
         return platform.processor() or "unknown CPU"
 
 
-def old_mismatches(mask: np.ndarray) -> tuple[int, list[int] | None]:
-    """The bookkeeping before: a full sum and a full argwhere of every mask, clean or not."""
-    idx = np.argwhere(mask)
-    return int(mask.sum()), ([int(i) for i in idx[0]] if idx.size else None)
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def write_original(folder: Path, layers: int, rows: int, cols: int) -> None:
+    """bf16 normal weights (std 0.02), one [rows, cols] down_proj per layer, streamed into one file."""
+    folder.mkdir()
+    names = [f"model.layers.{i}.mlp.down_proj.weight" for i in range(layers)]
+    w = SafetensorsWriter(folder / "model.safetensors", [TensorSpec(n, "BF16", (rows, cols)) for n in names])
+    rng = np.random.default_rng(0)
+    for n in names:
+        v = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
+        w.write(n, (v.view(np.uint32) >> 16).astype(np.uint16))  # truncated to bf16
+    w.close()
+
+
+def timed(argv: list[str], env: dict | None = None) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(argv[:4])}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    return wall, p.stdout
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
-
+    try:
+        import ray
+    except ImportError:
+        raise SystemExit("bench_verify needs ray: pip install 'fp8ref[ray]'") from None
     import fp8ref
-    import fp8ref.nn.verify as v
-    from fp8ref.io.safetensors import open_store
 
-    print(f"CPU: {cpu_model()}; {args.layers} layers of {args.dim} x {args.dim} bf16, FP8_DYNAMIC")
-    with tempfile.TemporaryDirectory() as tmp:
+    print(f"bench_verify: CPU {cpu_model()}, {os.cpu_count()} cores; python {platform.python_version()}, "
+          f"ray {ray.__version__}; {args.layers} layers of [{args.rows}, {args.cols}] bf16, FP8_DYNAMIC; {load()}")
+    py = sys.executable
+    with tempfile.TemporaryDirectory(prefix="fp8ref-bench-verify-") as tmp:
         tmp = Path(tmp)
-        rng = np.random.default_rng(0)
-        tensors = {f"model.layers.{i}.mlp.down_proj.weight":
-                   ("BF16", rng.standard_normal((args.dim, args.dim), np.float32).astype(ml_dtypes.bfloat16))
-                   for i in range(args.layers)}
-        (tmp / "orig").mkdir()
-        write_safetensors(tmp / "orig" / "model.safetensors", tensors, {"format": "pt"})
+        write_original(tmp / "orig", args.layers, args.rows, args.cols)
         fp8ref.export_checkpoint(tmp / "orig", tmp / "q", {"scheme": "FP8_DYNAMIC"})
-        ckpt, orig = fp8ref.load_checkpoint(tmp / "q"), fp8ref.load_checkpoint(tmp / "orig")
-
-        def run():
-            assert v.verify(ckpt, orig, recipe="compressed-tensors")["ok"]
-
-        def read():
-            for path in (tmp / "q", tmp / "orig"):
-                store = open_store(path)
-                for name in store:
-                    np.array(store.get(name), copy=True)  # every byte touched once
-
-        t_read = best_time(read, args.repeat)
-        t_after = best_time(run, args.repeat)
-        new = v._mismatches
-        v._mismatches = old_mismatches
+        files = [str(tmp / d / "model.safetensors") for d in ("q", "orig")]
+        size = sum(os.path.getsize(f) for f in files)
+        timed([py, "-c", READ, *files])  # warm the page cache
+        commands = {"verify": ["verify", str(tmp / "q"), "--original", str(tmp / "orig"), "--no-progress"],
+                    "inspect": ["inspect", str(tmp / "q"), "--original", str(tmp / "orig")]}
+        ctx = ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                       configure_logging=False)
+        cluster = {**os.environ, "RAY_ADDRESS": ctx.address_info["gcs_address"]}
+        times: dict[str, list[float]] = {}
         try:
-            t_before = best_time(run, args.repeat)
+            for i in range(args.repeat):
+                times.setdefault("read", []).append(float(timed([py, "-c", READ, *files])[1].strip()))
+                for cmd, rest in commands.items():
+                    t_local, local = timed([py, "-m", "fp8ref", *rest, "--json", "-"])
+                    t_ray, remote = timed([py, "-m", "fp8ref", *rest, "--executor", "ray", "--json", "-"], cluster)
+                    if remote != local:
+                        raise SystemExit(f"{cmd} --executor ray: the JSON differs from the local run's")
+                    times.setdefault(f"{cmd} local", []).append(t_local)
+                    times.setdefault(f"{cmd} ray", []).append(t_ray)
+                print(f"  run {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()) + f" ({load()})")
         finally:
-            v._mismatches = new
-    print(f"read both files: {t_read:.3f} s")
-    print(f"verify, bookkeeping before: {t_before:.3f} s ({t_before / t_read:.2f}x read)")
-    print(f"verify, bookkeeping after:  {t_after:.3f} s ({t_after / t_read:.2f}x read)")
-    print(f"ratio before/after: {t_before / t_after:.2f}x (bookkeeping was {1 - t_after / t_before:.0%} of verify)")
+            ray.shutdown()
+        for cmd, rest in commands.items():  # a cluster the command starts itself, once
+            env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+            times[f"{cmd} ray, own cluster"] = [timed([py, "-m", "fp8ref", *rest, "--executor", "ray", "--json", "-"],
+                                                      env)[0]]
+    print(f"reading both files: {size / 1e9:.2f} GB; ray JSON byte-identical to local in every run")
+    for k, v in times.items():
+        print(f"  {k:<26} min {min(v):7.2f} s   median {statistics.median(v):7.2f} s   ({len(v)} runs)")
+    print("ratios (min / min, median / median):")
+    for num, den in (("verify local", "read"), ("verify ray", "verify local"), ("inspect ray", "inspect local"),
+                     ("verify ray, own cluster", "verify local"), ("inspect ray, own cluster", "inspect local")):
+        a, b = times[num], times[den]
+        print(f"  {num} / {den}: {min(a) / min(b):.2f}x, {statistics.median(a) / statistics.median(b):.2f}x")
+    print(load())
     return 0
 
 

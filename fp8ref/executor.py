@@ -8,6 +8,8 @@ workers need fp8ref (and torch, for compare and eval) installed."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 from tqdm import tqdm
 
@@ -17,13 +19,22 @@ EXECUTORS = ("local", "ray")
 
 
 def run_all(fn, items, *, executor: str = "local", progress: bool = False, desc: str = "",
-            total: int | None = None) -> list:
+            total: int | None = None, threads: int = 1) -> list:
     """``[fn(*item) for item in items]``, locally or as one Ray task per item; ``items`` may be a
-    generator (consumed one item at a time locally; ray ships each to the object store as submitted)."""
+    generator (consumed one item at a time locally; ray ships each to the object store as submitted).
+    ``threads``: locally, up to that many items at once in threads (for work that releases the GIL,
+    such as numpy's and fp8ref's C loops); the results still come in the order of ``items``."""
     if executor not in EXECUTORS:
         raise ModelError(f"executor: {executor!r}; expected one of {', '.join(EXECUTORS)}")
     if executor == "local":
-        return [fn(*item) for item in tqdm(items, desc=desc, unit="layer", disable=not progress, total=total)]
+        total = len(items) if total is None and hasattr(items, "__len__") else total
+        out = []
+        with tqdm(desc=desc, unit="layer", disable=not progress, total=total) as bar, \
+                ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+            for result in pool.map(lambda item: fn(*item), items) if pool else (fn(*item) for item in items):
+                out.append(result)
+                bar.update()
+        return out
     try:
         import ray
     except ImportError:

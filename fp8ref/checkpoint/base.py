@@ -328,10 +328,10 @@ def original_name(fmt: CheckpointFormat, name: str, store: TensorStore) -> str |
     return None
 
 
-def original_weight(layer, store: TensorStore):
+def original_weight(layer, store: TensorStore, *, mapped: bool = False):
     """The original (unquantized) weight of checkpoint ``layer`` in ``store``, as [out, in] rows like its
     codes: the format's own mapping where it has one (gpt-oss's fused [E, in, out] experts), else
-    ``NAME.weight`` under ``original_name``."""
+    ``NAME.weight`` under ``original_name`` (``mapped``: a read-only view of the mapped file, ``TensorStore.get``)."""
     fmt = get(layer.producer)
     hook = getattr(fmt, "original_weight", None)
     if hook is not None:
@@ -341,7 +341,7 @@ def original_weight(layer, store: TensorStore):
         renamed = " (nor under the names its producer renamed it from)" if fmt.original_names else ""
         raise CheckpointError(f"{store.root}: no tensor {layer.name + '.weight'!r} for the quantized layer "
                               f"{layer.name!r}{renamed}")
-    return store.get(key)
+    return store.get(key, mapped=mapped)
 
 
 def refuse_fused(checkpoint, layer, fmt: CheckpointFormat) -> None:

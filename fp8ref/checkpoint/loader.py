@@ -69,8 +69,13 @@ class QuantizedLayer:
     @property
     def weight_codes(self) -> np.ndarray:
         """uint8 codes [out, in] (packed FP4 pairs unpacked); NaN codes are rejected (no producer writes them)."""
+        return self.read_weight_codes()
+
+    def read_weight_codes(self, *, mapped: bool = False) -> np.ndarray:
+        """``weight_codes``; ``mapped``: unpacked codes as a read-only view of the mapped file, not a
+        copy (``TensorStore.get``), for one pass over them."""
         name = self.tensors["weight"]
-        codes = self._ckpt.store.get(name)
+        codes = self._ckpt.store.get(name, mapped=mapped)
         if self.quant.packed:
             codes = unpack_nibbles(codes)  # low nibble = even element (CT, ModelOpt)
         n, idx = nan_count(codes, self.quant.weight_fmt)

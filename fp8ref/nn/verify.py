@@ -8,6 +8,8 @@ No torch needed."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
@@ -24,10 +26,31 @@ from ..recipes import compute_scale
 from ..registry import get_recipe, load_recipes
 from ..scaling import reduce_amax
 
+# layers verified at once (local executor): one's single-threaded steps (mapping, NaN scan, compare) run
+# while the other's quantization runs the C loops on the cores; each holds one layer and its codes
+LAYER_THREADS = 2
+_SAME_CHUNK = 1 << 16  # 8-byte words compared per piece: the comparison's temporary stays in cache
+
 
 def _bits(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a)
     return bits_view(a)
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two contiguous arrays hold the same bytes: compared 8 at a time (a clean layer, the
+    usual case, then needs no mask the size of the weight)."""
+    a, b = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+    if a.size != b.size:
+        return False
+    n = a.size - a.size % 8
+    words_a, words_b = a[:n].view(np.uint64), b[:n].view(np.uint64)
+    same = np.empty(min(words_a.size, _SAME_CHUNK), bool)
+    for lo in range(0, words_a.size, _SAME_CHUNK):
+        piece = same[:min(_SAME_CHUNK, words_a.size - lo)]
+        if not np.equal(words_a[lo:lo + piece.size], words_b[lo:lo + piece.size], out=piece).all():
+            return False
+    return bool(np.array_equal(a[n:], b[n:]))
 
 
 def _mismatches(mask: np.ndarray) -> tuple[int, list[int] | None]:
@@ -68,28 +91,54 @@ def _input_scale(layer, amax: float, recipe: str, model_dtype: str) -> str:
         f"mismatch: stored {float(stored[0])!r}, derived {float(np.asarray(derived).reshape(-1)[0])!r}")
 
 
+class Scratch:
+    """A codes buffer reused by every layer one thread verifies (a fresh one per layer is a page
+    fault per 4 KiB of it)."""
+
+    def __init__(self):
+        self._buf = np.empty(0, np.uint8)
+
+    def codes(self, shape: tuple) -> np.ndarray:
+        n = int(np.prod(shape))
+        if self._buf.size < n:
+            self._buf = np.empty(n, np.uint8)
+        return self._buf[:n].reshape(shape)
+
+
 def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_amax: float | None = None,
-                 model_dtype: str = "bfloat16") -> dict:
+                 model_dtype: str = "bfloat16", *, scratch: Scratch | None = None) -> dict:
+    """One layer's report: its codes and weight scales re-derived from ``weight`` (the original, [out, in])
+    with ``recipe`` (the amax the producer took: max|W| per the scheme's granularity) and compared with
+    the stored bytes. ``scratch``: where the derived codes go."""
     qa = as_args(layer.scheme)
     if tuple(weight.shape) != tuple(layer.shape):
         raise ModelError(f"{layer.name}: original weight {list(weight.shape)}, checkpoint {list(layer.shape)}")
-    # block-scaled (mx, nvfp4) recipes take their block amax from the weight itself
-    amax = None if qa.granularity in SELF_SCALED else reduce_amax(weight, qa.granularity, group_size=qa.group_size,
-                                                                  block_shape=qa.block_shape)
-    stored = layer.weight_codes
-
     scheme = layer.scheme
-    if not base.get(layer.producer).scales_follow_recipe and qa.granularity not in SELF_SCALED:
+    self_scaled = qa.granularity in SELF_SCALED  # block-scaled (mx, nvfp4) recipes take their block amax from W
+    if not base.get(layer.producer).scales_follow_recipe and not self_scaled:
         scheme = scheme.replace(scale_dtype="model")  # the format's fixed scale dtype (hf-fp8: F32) says how it
         # stores, not how the recipe rounds (E4M3 / E8M0 block scales are what they are)
+    q = amax = None
+    if not self_scaled:
+        # quantize finds max|W| itself, with the codes, in one pass over W (given as amax= it costs two
+        # passes more); the two calls differ only in an error's message: on an error, the call with amax=
+        # runs below and its error (or result) is the answer, as before
+        try:
+            q = quantize(weight, scheme, recipe=recipe, out=None if scratch is None else scratch.codes(weight.shape))
+        except Fp8RefError:
+            amax = reduce_amax(weight, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
+    # FP8 codes are read once, from the mapped file; packed FP4 codes are unpacked into a new array anyway
+    stored = layer.weight_codes if self_scaled else layer.read_weight_codes(mapped=True)
     try:
-        q = quantize(weight, scheme, recipe=recipe, amax=amax)
+        if q is None:
+            q = quantize(weight, scheme, recipe=recipe, amax=amax)
     except Fp8RefError as exc:  # the recipe cannot have produced this layer: every byte unexplained
         n = int(np.asarray(layer.weight_scale).size)
         return {"name": layer.name, "recipe": recipe or layer.scheme["recipe"], "codes": int(stored.size),
                 "code_mismatches": int(stored.size), "first_code_mismatch": None, "scales": n,
                 "scale_mismatches": n, "first_scale_mismatch": None, "error": str(exc)}
-    n_bad, first_bad = _mismatches(np.asarray(q.codes) != stored)
+    codes = np.asarray(q.codes)
+    n_bad, first_bad = (0, None) if _same_bytes(codes, stored) else _mismatches(codes != stored)
     c = _compare_scales(np.asarray(q.scale), np.asarray(layer.weight_scale))
     out = {"name": layer.name, "recipe": recipe or layer.scheme["recipe"], "codes": int(stored.size),
            "code_mismatches": n_bad, "first_code_mismatch": first_bad,
@@ -110,10 +159,10 @@ def worker_checkpoint(path: str):
     return load_checkpoint(path, check_values=False)
 
 
-def original_weight(layer, original) -> np.ndarray:
+def original_weight(layer, original, *, mapped: bool = False) -> np.ndarray:
     """``fp8ref.checkpoint.base.original_weight`` from a loaded original Checkpoint, as a ModelError."""
     try:
-        return from_store(layer, original.store)
+        return from_store(layer, original.store, mapped=mapped)
     except Fp8RefError as exc:
         raise ModelError(str(exc)) from None
 
@@ -121,7 +170,7 @@ def original_weight(layer, original) -> np.ndarray:
 def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) -> dict:
     """One layer, from the two folders (a task of ``fp8ref.executor``: it may run on another machine)."""
     ckpt, original = worker_checkpoint(ckpt_path), worker_checkpoint(original_path)
-    return verify_layer(ckpt[name], original_weight(ckpt[name], original), recipe, amax, ckpt.dtype)
+    return verify_layer(ckpt[name], original_weight(ckpt[name], original, mapped=True), recipe, amax, ckpt.dtype)
 
 
 def candidate_recipes(layer) -> list[str]:
@@ -193,32 +242,32 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     def amax(name):
         return None if calibration is None else calibration.get(name)
 
+    threads = LAYER_THREADS if executor == "local" else 1
     if executor == "local":  # the loaded checkpoints, not a second load by path
+        mine = threading.local()
+
         def task(_c, _o, name, rec, a):
-            return verify_layer(ckpt[name], original_weight(ckpt[name], original), rec, a, ckpt.dtype)
+            scratch = mine.__dict__.setdefault("scratch", Scratch())  # one per thread
+            return verify_layer(ckpt[name], original_weight(ckpt[name], original, mapped=True), rec, a, ckpt.dtype,
+                                scratch=scratch)
     else:
         task = _verify_task
 
     def run(batch: list[str], rec: str | None) -> list[dict]:
         items = [(str(ckpt.path), str(original.path), n, rec, amax(n)) for n in batch]
-        return run_all(task, items, executor=executor, progress=progress, desc="verify") if items else []
+        return run_all(task, items, executor=executor, progress=progress, desc="verify", threads=threads) \
+            if items else []
 
-    recorded = {} if recipe is not None else base.recorded_recipes(ckpt.store)
-    results: dict[str, dict] = {}
-    fixed = [n for n in names if recipe is not None or n in recorded]
-    for n, r in zip(fixed, _run_each(run, fixed, lambda n: recipe or recorded[n])):
-        results[n] = {**r, "recipe_source": "given" if recipe is not None else "recorded"}
-    results.update(_choose_recipes([n for n in names if n not in results], ckpt, run))
+    with ThreadPoolExecutor(1) as side:  # the unquantized tensors meanwhile; their errors come after the layers'
+        plain = side.submit(_compare_unquantized, ckpt, original)
+        recorded = {} if recipe is not None else base.recorded_recipes(ckpt.store)
+        results: dict[str, dict] = {}
+        fixed = [n for n in names if recipe is not None or n in recorded]
+        for n, r in zip(fixed, _run_each(run, fixed, lambda n: recipe or recorded[n])):
+            results[n] = {**r, "recipe_source": "given" if recipe is not None else "recorded"}
+        results.update(_choose_recipes([n for n in names if n not in results], ckpt, run))
+        plain_bad, plain_missing = plain.result()
     layers = [results[n] for n in names]
-    plain_bad, plain_missing = [], []
-    for name in ckpt.unquantized:
-        key = base.original_name(base.get(ckpt.format), name, original.store)
-        if key is None:
-            plain_missing.append(name)
-            continue
-        a, b = ckpt.tensor(name), original.tensor(key)
-        if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(_bits(a), _bits(b)):
-            plain_bad.append(name)
     bad = [x["name"] for x in layers if x["code_mismatches"] or x["scale_mismatches"]]
     used = sorted({x["recipe"] for x in layers})
     sources = sorted({x["recipe_source"] for x in layers})
@@ -230,6 +279,22 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
             "unquantized": {"checked": len(ckpt.unquantized) - len(plain_missing), "mismatched": plain_bad,
                             "missing_in_original": plain_missing},
             "ok": not bad and not plain_bad}
+
+
+def _compare_unquantized(ckpt, original) -> tuple[list[str], list[str]]:
+    """(names that differ from the original's bytes, names the original lacks) of the unquantized tensors."""
+    from ..checkpoint import base
+
+    bad, missing = [], []
+    for name in ckpt.unquantized:
+        key = base.original_name(base.get(ckpt.format), name, original.store)
+        if key is None:
+            missing.append(name)
+            continue
+        a, b = ckpt.store.get(name, mapped=True), original.store.get(key, mapped=True)
+        if a.dtype != b.dtype or a.shape != b.shape or not _same_bytes(a, b):
+            bad.append(name)
+    return bad, missing
 
 
 def _run_each(run, names: list[str], recipe_of) -> list[dict]:

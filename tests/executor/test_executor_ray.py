@@ -30,6 +30,10 @@ def _json(tmp_path, name, argv, progress_flag=True) -> bytes:
 def test_verify_ray_equals_local(tmp_path):
     argv = ["verify", str(CKPTS / "autoround_fp8_static_llmc"), "--original", str(CKPTS / "original_bf16")]
     local = _json(tmp_path, "local.json", argv)
+    assert b'"recipe_source": "discovered"' in local  # the recipe search runs as tasks too
+    assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"]) == local
+    argv += ["--recipe", "compressed-tensors"]
+    local = _json(tmp_path, "local.json", argv)
     assert b'"ok": false' in local  # mismatches (compressed-tensors' recipe on auto-round's bytes) travel too
     assert _json(tmp_path, "ray.json", [*argv, "--executor", "ray"]) == local
 
