@@ -78,9 +78,12 @@ def quantize_block_input(layer, x):
         raise CheckpointError(f"{layer.name}: input {q.input or 'not quantized'}; NVFP4 / MX layers only")
     if x.shape[-1] != layer.shape[1]:
         raise CheckpointError(f"{layer.name}: x has {x.shape[-1]} features, the weight {layer.shape[1]}")
+    from . import base
+
     given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
+    recipe = base.get(layer.producer).block_input_recipe(q)
     try:
-        return quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=layer.scheme["recipe"], **given)
+        return quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=recipe, **given)
     except Fp8RefError as exc:
         raise type(exc)(f"{layer.name}: input: {exc}") from None
 
@@ -104,6 +107,13 @@ def _block_scaled_forward(layer, x, out_dtype):
     g = 1.0 if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
     if q.input is None:
         xv = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k)
+    elif q.input == "dynamic-group":  # MX weights, FP8 inputs per 1 x group (compressed-tensors 0.20 MXFP4XFP8)
+        from ..matmul.api import quantize_input
+
+        x2 = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k).astype(np.float32)
+        codes, s = quantize_input(x2, dynamic="group", block_k=q.input_group)
+        xv = decode(codes, "float8_e4m3fn").astype(np.float64) * expand(
+            np.asarray(s, np.float64), codes.shape, "group", group_size=q.input_group)
     else:
         qx = quantize_block_input(layer, x)
         codes = to_numpy(qx.codes)

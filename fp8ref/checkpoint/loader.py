@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..io.files import read_json
-from ..io.safetensors import INDEX_NAME, TensorStore, open_store, unpack_nibbles
+from ..io.safetensors import INDEX_NAME, TensorStore, open_store, unpack_codes
 from ..limits import MAX_GROUP, shown
 from . import base
 from .detect import UNQUANTIZED, detect_format
@@ -65,11 +65,12 @@ class QuantizedLayer:
 
     @property
     def weight_codes(self) -> np.ndarray:
-        """uint8 codes [out, in] (packed FP4 pairs unpacked); NaN codes are rejected (no producer writes them)."""
+        """uint8 codes [out, in] (packed FP4 pairs and FP6 quads unpacked); NaN codes are rejected (no producer
+        writes them)."""
         name = self.tensors["weight"]
         codes = self._ckpt.store.get(name)
         if self.quant.packed:
-            codes = unpack_nibbles(codes)  # low nibble = even element (CT, ModelOpt)
+            codes = unpack_codes(codes, self.quant.weight_fmt, self._ckpt.store.where(name))
         n, idx = nan_count(codes, self.quant.weight_fmt)
         if n:
             raise CheckpointError(f"{self._ckpt.store.where(name)}: {n} NaN codes (first at {list(idx)}: "

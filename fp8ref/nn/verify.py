@@ -64,7 +64,10 @@ def _input_scale(layer, amax: float, recipe: str, model_dtype: str) -> str:
 
 
 def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_amax: float | None = None,
-                 model_dtype: str = "bfloat16") -> dict:
+                 model_dtype: str = "bfloat16", global_amax: float | None = None) -> dict:
+    """One layer's codes and scales re-derived from its original ``weight`` and compared; ``global_amax``:
+    an NVFP4 layer's tensor amax for its global scale (the max over its fused siblings, as the tools
+    share one global across q/k/v and gate/up; None: the layer's own)."""
     from ..quant import SELF_SCALED, as_args, quantize
     from ..scaling import reduce_amax
 
@@ -81,6 +84,8 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
     if not base.get(layer.producer).scales_follow_recipe and qa.granularity not in SELF_SCALED:
         scheme = scheme.replace(scale_dtype="model")  # the format's fixed scale dtype (hf-fp8: F32) says how it
         # stores, not how the recipe rounds (E4M3 / E8M0 block scales are what they are)
+    if qa.granularity == "nvfp4" and global_amax is not None:
+        amax = global_amax
     try:
         q = quantize(weight, scheme, recipe=recipe, amax=amax)
     except Fp8RefError as exc:  # the recipe cannot have produced this layer: every byte unexplained
@@ -94,6 +99,13 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
            "code_mismatches": n_bad, "first_code_mismatch": first_bad,
            "scales": int(np.asarray(layer.weight_scale).size), "scale_mismatches": c["mismatches"],
            "first_scale_mismatch": c["first"], **({"scale_note": c["note"]} if "note" in c else {})}
+    if layer.quant.global_scale is not None:  # the NVFP4 global weight scale, bit for bit
+        stored_g = np.asarray(layer.weight_global, np.float32).reshape(-1)
+        derived_g = np.asarray(q.global_scale, np.float32).reshape(-1)
+        same = _bits(stored_g).tobytes() == _bits(derived_g).tobytes()
+        out["global_scale"] = "ok" if same else (f"mismatch: stored {float(stored_g[0])!r}, "
+                                                 f"derived {float(derived_g[0])!r}")
+        out["scale_mismatches"] += not same
     if layer.quant.input == "static":
         if input_amax is None:
             out["input_scale"] = "not re-derived (needs the calibration data)"
@@ -121,10 +133,26 @@ def original_weight(layer, original) -> np.ndarray:
         raise ModelError(str(exc)) from None
 
 
-def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) -> dict:
+def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax, global_amax=None) -> dict:
     """One layer, from the two folders (a task of ``fp8ref.executor``: it may run on another machine)."""
     ckpt, original = _load(ckpt_path), _load(original_path)
-    return verify_layer(ckpt[name], original_weight(ckpt[name], original), recipe, amax, ckpt.dtype)
+    return verify_layer(ckpt[name], original_weight(ckpt[name], original), recipe, amax, ckpt.dtype, global_amax)
+
+
+def fused_global_amax(ckpt, original) -> dict[str, float]:
+    """Per NVFP4 layer, the largest original-weight amax over its fused siblings (q/k/v, gate/up,
+    w1/w3: ``fp8ref.checkpoint.plan.FUSED_SIBLINGS``), the amax its producer's global scale comes from."""
+    from ..checkpoint.plan import FUSED_SIBLINGS
+    from ..scaling import reduce_amax
+
+    nv = [n for n in ckpt if ckpt[n].quant.weight_strategy == "nvfp4"]
+    amax = {n: float(reduce_amax(np.asarray(original_weight(ckpt[n], original)), "tensor")[0]) for n in nv}
+    out = {}
+    for n in nv:
+        parent, leaf = n.rsplit(".", 1) if "." in n else ("", n)
+        group = next((g for g in FUSED_SIBLINGS if leaf in g), (leaf,))
+        out[n] = max(amax[m] for m in (f"{parent}.{g}" if parent else g for g in group) if m in amax)
+    return out
 
 
 def candidate_recipes(layer) -> list[str]:
@@ -203,14 +231,15 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     def amax(name):
         return None if calibration is None else calibration.get(name)
 
+    fused = fused_global_amax(ckpt, original)
     if executor == "local":  # the loaded checkpoints, not a second load by path
-        def task(_c, _o, name, rec, a):
-            return verify_layer(ckpt[name], original_weight(ckpt[name], original), rec, a, ckpt.dtype)
+        def task(_c, _o, name, rec, a, g):
+            return verify_layer(ckpt[name], original_weight(ckpt[name], original), rec, a, ckpt.dtype, g)
     else:
         task = _verify_task
 
     def run(batch: list[str], rec: str | None) -> list[dict]:
-        items = [(str(ckpt.path), str(original.path), n, rec, amax(n)) for n in batch]
+        items = [(str(ckpt.path), str(original.path), n, rec, amax(n), fused.get(n)) for n in batch]
         return run_all(task, items, executor=executor, progress=progress, desc="verify") if items else []
 
     recorded = {} if recipe is not None else base.recorded_recipes(ckpt.store)

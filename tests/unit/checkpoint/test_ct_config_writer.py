@@ -39,15 +39,15 @@ def _bf16_source(ckpt, folder: Path) -> Path:
 def test_spec_export_and_rewrite_write_what_llm_compressor_writes(tmp_path, fixture, preset):
     want = _written_by_llm_compressor(fixture)
     spec = {"scheme": preset, "ignore": ["lm_head"]}
-    from_spec = to_ct_config(load_spec_dict(spec))
+    from_spec = to_ct_config(load_spec_dict(spec), version="0.19")
 
     ckpt = load_checkpoint(FIXTURES / fixture)
-    rewritten = write_checkpoint(ckpt, tmp_path / "rewrite", format="compressed-tensors")
+    rewritten = write_checkpoint(ckpt, tmp_path / "rewrite", format="compressed-tensors")  # keeps its writer
     from_rewrite = json.loads((rewritten / "config.json").read_text())["quantization_config"]
 
     calibration = dict.fromkeys(ckpt, 1.0) if preset == "FP8" else None
     exported = export_checkpoint(_bf16_source(ckpt, tmp_path / "src"), tmp_path / "export", spec,
-                                 format="compressed-tensors", calibration=calibration)
+                                 format="compressed-tensors", calibration=calibration, config_version="0.19")
     from_export = json.loads((Path(exported) / "config.json").read_text())["quantization_config"]
 
     assert from_spec == want
