@@ -13,6 +13,9 @@ fixture.json, reference_outputs.safetensors with the original bf16 linears as ``
 and, where compressed-tensors' own decompression runs, ``<probe>.qdq_weight``: the weight as its
 decompressor returns it).
 
+Also writes ``original_fp4_mx_bf16/``: that model before quantization, as transformers saves it (the
+original of every FP4 / MX fixture, make_fp4_mx_fixtures.py's included), for ``fp8ref verify --original``.
+
 Usage: /work/venvs/ct-gpu-ct020/bin/python tools/make_ct020_fixtures.py [--only NAME ...] [--out DIR]
 """
 
@@ -144,6 +147,15 @@ def ct020_job(preset: str):
     return job
 
 
+def original_job(work: Path):
+    model = m4.tiny_llama()
+    export = work / "export"
+    model.save_pretrained(str(export))
+    meta = {"tool": "transformers", "function": "make_fp4_mx_fixtures.tiny_llama().save_pretrained(folder)",
+            "arguments": {}, "note": "the original weights of every FP4 / MX / ct020 fixture (verify --original)"}
+    return export, meta, {}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=m4.DEFAULT_OUT)
@@ -153,7 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     vers = versions()
     print("versions:", json.dumps(vers), flush=True)
-    return 1 if m4.run_jobs({name: ct020_job(preset) for name, preset in PRESETS.items()}, a.out, vers, a.only) else 0
+    jobs = {name: ct020_job(preset) for name, preset in PRESETS.items()} | {"original_fp4_mx_bf16": original_job}
+    failed = m4.run_jobs(jobs, a.out, vers, a.only)
+    original = a.out / "original_fp4_mx_bf16"
+    if (original / "reference_outputs.safetensors").exists():  # the original holds its weights already
+        (original / "reference_outputs.safetensors").unlink()
+        meta = json.loads((original / "fixture.json").read_text())
+        meta.pop("reference_tensors", None)
+        (original / "fixture.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
