@@ -101,6 +101,9 @@ class Defaults:
     """What a format without producer quirks, extra config files or producer emulation inherits."""
 
     emulate = None
+    # dequantize(mode="producer"): (layer, D) -> float32 holding the D weight the producer's own
+    # dequantization gives, its signed-zero convention included; None: forward.producer_weight
+    producer_dequantize = None
     # the recipes verify tries, in order, when a checkpoint records none (None: every recipe for the
     # layer's granularity and format, the format's recipe_of first)
     known_recipes: tuple[str, ...] | None = None

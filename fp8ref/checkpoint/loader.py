@@ -138,11 +138,19 @@ class QuantizedLayer:
         r, c = q.block
         return np.repeat(np.repeat(s, r, axis=0), c, axis=1)[:out, :inp]
 
-    def dequantize(self, dtype: str = "float32") -> np.ndarray:
-        """decode(q) * s, computed exactly and rounded once to ``dtype`` (float64, float32,
-        bfloat16 or float16): ``fp8ref.quant.dequantize`` of the stored codes and scale."""
+    def dequantize(self, dtype: str = "float32", *, mode: str = "reference") -> np.ndarray:
+        """``mode="reference"``: decode(q) * s, computed exactly and rounded once to ``dtype`` (float64,
+        float32, bfloat16 or float16): ``fp8ref.quant.dequantize`` of the stored codes and scale.
+        ``mode="producer"``: the producer's own dequantization to the model dtype ``dtype`` (bfloat16,
+        float16 or float32), with its roundings and its signed zeros: D(fp32(decode(q) * fp32 scale))
+        as the compressed-tensors, auto-round and transformers loaders compute it (the -0 codes give
+        -0.0), ModelOpt NVFP4's ``NVFP4QTensor.dequantize`` (E2M1 code 0x8 gives +0.0)."""
         from ..quant import QuantArgs, QuantResult, dequantize
 
+        if mode not in ("reference", "producer"):
+            raise CheckpointError(f"{self.name}.dequantize: mode {mode!r}; expected 'reference' or 'producer'")
+        if mode == "producer":
+            return self._producer_dequantize(dtype)
         if dtype not in DEQUANTIZE_DTYPES:
             raise CheckpointError(f"{self.name}.dequantize: dtype {dtype!r}; expected one of "
                                   f"{', '.join(DEQUANTIZE_DTYPES)}")
@@ -159,6 +167,16 @@ class QuantizedLayer:
         args = QuantArgs(format=q.weight_fmt, granularity=granularity, block_shape=q.block)
         stored = QuantResult(self.weight_codes, s, q.weight_fmt, granularity, self.producer, args, "float64", dtype)
         return dequantize(stored, dtype=dtype)
+
+    def _producer_dequantize(self, dtype: str) -> np.ndarray:
+        from .._arrays import deliver
+        from .forward import producer_weight
+
+        if dtype not in ("bfloat16", "float16", "float32"):
+            raise CheckpointError(f"{self.name}.dequantize: mode 'producer' gives the model dtype: bfloat16, "
+                                  f"float16 or float32, got {dtype!r}")
+        fn = base.get(self.producer).producer_dequantize or producer_weight
+        return deliver(fn(self, dtype), dtype, False)
 
     def forward(self, x, **kwargs):
         """What a correct W8A8 backend computes for this layer (see ``fp8ref.checkpoint.forward``)."""
@@ -219,8 +237,8 @@ class Checkpoint(Mapping):
     def scheme(self, name: str):
         return self[name].scheme
 
-    def dequantize(self, name: str, dtype: str = "float32") -> np.ndarray:
-        return self[name].dequantize(dtype)
+    def dequantize(self, name: str, dtype: str = "float32", *, mode: str = "reference") -> np.ndarray:
+        return self[name].dequantize(dtype, mode=mode)
 
     def tensor(self, name: str) -> np.ndarray:
         """Any tensor by its full name, as stored (float8 as uint8 codes)."""

@@ -64,7 +64,8 @@ def _layer_cases():
 
 def test_all_fixtures_present():
     assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(
-        FIXTURES + FIXTURES_FP4_MX + FIXTURES_QUARK + FIXTURES_MOE + FIXTURES_CT020 + [UE8M0, ORIGINAL, ORIGINAL_FP4_MX])
+        FIXTURES + FIXTURES_FP4_MX + FIXTURES_QUARK + FIXTURES_MOE + FIXTURES_CT020
+        + [UE8M0, ORIGINAL, ORIGINAL_FP4_MX])
     assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 

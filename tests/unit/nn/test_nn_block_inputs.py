@@ -198,7 +198,7 @@ def test_modes_without_a_block_scaled_definition_are_refused_naming_the_layer(na
         lin.run(_x(layer.shape[1], 0), mode)
 
 
-@pytest.mark.parametrize("name", ["modelopt_nvfp4", "modelopt_mxfp8"])
+@pytest.mark.parametrize("name", ["modelopt_mxfp8"])  # NVFP4 runs: NVFP4QTensor's CPU arithmetic
 def test_modelopt_block_producer_is_refused_before_any_forward(name):
     from fp8ref.nn import Fp8RefLinear
 
