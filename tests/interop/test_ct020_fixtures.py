@@ -138,3 +138,22 @@ def test_packed_fp6_of_a_bad_length_is_one_error_naming_the_tensor(tmp_path):
     with pytest.raises(CheckpointError, match=rf"{name}.*not a multiple of 3") as e:
         load_checkpoint(bad)
     assert "\n" not in str(e.value)
+
+
+def test_cli_on_a_bad_fp6_pack_prints_one_error_line_and_writes_nothing(tmp_path, capsys):
+    from fp8ref.cli import main
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ROOT / "ct020_mxfp6a8", bad)
+    store = open_store(bad / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight_packed"
+    tensors = {n: (store.info(n).dtype, store.get(n)) for n in store}
+    tensors[name] = ("U8", np.asarray(store.get(name))[:, :47])  # 47 bytes a row
+    (bad / "model.safetensors").unlink()
+    write_safetensors(bad / "model.safetensors", tensors, {"format": "pt"})
+    for argv in (["inspect", str(bad)], ["convert", str(bad), str(tmp_path / "out"), "--format", "compressed-tensors"]):
+        assert main(argv) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("fp8ref: error: ") and "model.safetensors" in err[0], err
+        assert f"tensor '{name}'" in err[0] and "not a multiple of 3" in err[0]
+    assert not (tmp_path / "out").exists()
