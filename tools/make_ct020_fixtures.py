@@ -9,9 +9,10 @@ and the E8M0 scale writer) and ``ModelCompressor.update_config`` (the config wri
 make_fp4_mx_fixtures.py's one-layer Llama (same bytes, planted zeros, -0.0 and a tiny block).
 
 Writes tests/fixtures/interop/checkpoints/ct020_<preset>/ (config.json, model.safetensors,
-fixture.json, reference_outputs.safetensors with the original bf16 linears as ``original.<linear>``
-and, where compressed-tensors' own decompression runs, ``<probe>.qdq_weight``: the weight as its
-decompressor returns it).
+fixture.json, reference_outputs.safetensors with the original bf16 linears as ``original.<linear>``,
+``<probe>.qdq_weight`` (the weight as compressed-tensors' decompressor returns it) and ``<probe>.x`` /
+``<probe>.y``: the probe layers of transformers' reload of the written folder on fixed inputs, where
+compressed-tensors can run them).
 
 Also writes ``original_fp4_mx_bf16/``: that model before quantization, as transformers saves it (the
 original of every FP4 / MX fixture, make_fp4_mx_fixtures.py's included), for ``fp8ref verify --original``.
@@ -124,6 +125,14 @@ def ct020_job(preset: str):
         export = work / "export"
         model.save_pretrained(str(export))
         compressor.update_config(str(export))
+        try:  # compressed-tensors 0.20.1's own reload through transformers, the probe layers on fixed inputs
+            ys, reloaded = mif.reload_outputs(export, m4.PROBES)
+            refs.update(ys)
+            reload = {"loader": "transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16); "
+                                "one warm-up forward on [[1, 2, 3]] (decompress hook); y = module(x)",
+                      "layers": reloaded}
+        except Exception as e:  # noqa: BLE001  (recorded: a finding)
+            reload = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         for lin in m4.PROBES[:2]:  # compressed-tensors' own decompression of two layers
             mod = model.get_submodule(lin)
             try:
@@ -141,6 +150,7 @@ def ct020_job(preset: str):
                               "calibration": "weights: per-scale min/max of the weight; static inputs: running "
                                              "min/max over 4 random token batches of 16 tokens (seed 77)"},
                 "in_memory": {"weight_qparams": qparams},
+                "reference_outputs": reload,
                 "writer": "tools/make_ct020_fixtures.py"}
         return export, meta, refs
 

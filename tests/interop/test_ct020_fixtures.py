@@ -157,3 +157,31 @@ def test_cli_on_a_bad_fp6_pack_prints_one_error_line_and_writes_nothing(tmp_path
         assert len(err) == 1 and err[0].startswith("fp8ref: error: ") and "model.safetensors" in err[0], err
         assert f"tensor '{name}'" in err[0] and "not a multiple of 3" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_producer_forward_equals_compressed_tensors_0_20_reload(name):
+    """transformers 5.17 + compressed-tensors 0.20.1 reloading the fixture (its <probe>.y): producer mode
+    bit for bit. Where compressed-tensors cannot run a layer (MXFP4XFP8's 1 x 128 input groups on K = 64:
+    its unflatten raises), producer mode refuses it, naming why."""
+    import torch
+
+    ckpt = load_checkpoint(ROOT / name)
+    ref = open_store(ROOT / name / "reference_outputs.safetensors")
+
+    def bf16(n):
+        return torch.from_numpy(np.asarray(ref.get(n)).view(np.int16).copy()).view(torch.bfloat16)
+
+    probes = [n.removesuffix(".x") for n in ref if n.endswith(".x")]
+    ran = 0
+    for layer in probes:
+        x = bf16(f"{layer}.x")
+        if f"{layer}.y" not in ref:
+            assert name == "ct020_mxfp4xfp8" and ckpt[layer].shape[1] % 128
+            with pytest.raises(CheckpointError, match="needs the input width 64 to be a multiple of 128"):
+                ckpt[layer].forward(x, mode="producer")
+            continue
+        y = ckpt[layer].forward(x, mode="producer")
+        assert torch.equal(y.view(torch.int16), bf16(f"{layer}.y").view(torch.int16)), layer
+        ran += 1
+    assert ran == (1 if name == "ct020_mxfp4xfp8" else 3)
