@@ -117,12 +117,14 @@ def as_args(args, *, role: str = "weight") -> QuantArgs:
         gran = "mx"
     elif family.startswith("nv_fp"):
         gran = "nvfp4"
+    # the scheme's scale_dtype is its weights': FP8 inputs under MX weights (MXFP4XFP8) scale in the model dtype
+    own_scale = family == "fp" and not (act and s["data_type"] != "fp")
     return QuantArgs(format=s["act_format"] if act else s["weight_format"], granularity=gran,
                      group_size=group if gran == "group" else None,
                      block_shape=None if act else s["block_shape"],
                      dynamic=bool(s["act_dynamic"]) if act else True,  # a weight's scale comes from W
                      rounding=s["rounding"], saturate=s["saturate"], recipe=s["recipe"],
-                     scale_dtype=s["scale_dtype"] if family == "fp" else "model")  # MX/NVFP4: the format's
+                     scale_dtype=s["scale_dtype"] if own_scale else "model")  # MX/NVFP4: the format's
 
 
 def quantize(x, args, *, recipe=None, scale=None, amax=None, role: str = "weight", out=None) -> QuantResult:

@@ -458,7 +458,7 @@ def block_recipe_from_document(doc) -> BlockRecipe:
     """Validate a ``kind: block`` recipe document strictly (every key present, nothing else)."""
     data = doc.data
     _exact_keys(doc, (), data, _BLOCK_TOP)
-    values = _header(doc, data, ("mx", "nvfp4"), ("float4_e2m1fn", "float8_e4m3fn"))
+    values = _header(doc, data, ("mx", "nvfp4"), ("float4_e2m1fn", "float6_e2m3fn", "float8_e4m3fn"))
     if len(values["granularities"]) != 1:
         raise doc.error(("granularities",), "a block recipe is for one of mx, nvfp4")
     _exact_keys(doc, ("steps",), data["steps"], tuple(_BLOCK_STEPS))

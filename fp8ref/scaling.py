@@ -38,7 +38,7 @@ MX_BLOCK = 32
 NVFP4_BLOCK = 16
 # E8M0 scale rules by name (docs/quantize.md has their mismatch rates): ocp-floor (OCP MX v1.0; "floor"
 # is its older name, kept), rceil (NVIDIA RCEIL, ModelOpt MXFP8), even (AMD Quark 0.13's even_round:
-# a float32 bit trick), ct-round-to-power-2 (compressed-tensors 0.19.0, MXFP4 and MXFP8 alike), round-up
+# a float32 bit trick), ct-round-to-power-2 (compressed-tensors: MXFP4 and MXFP8 alike, MXFP6 its own), round-up
 # (triton_kernels' downcast_to_mxfp_torch ROUND_UP, what transformers' Mxfp4Quantize writes for gpt-oss).
 MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even", "round-up")
 
@@ -178,8 +178,12 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
 
     floor / ocp-floor (OCP MX v1.0): floor(log2 amax) - emax_elem; large elements then clip to +-max_elem.
     rceil (NVIDIA/cuBLAS, torchao RCEIL): ceil(log2(amax / max_elem)), so nothing clips.
-    ct-round-to-power-2 (compressed-tensors 0.19.0 ``round_to_power_2``: adds 2**-2 of the
-    significand's unit and truncates): floor(log2 amax) + [significand >= 1.75] - emax_elem.
+    ct-round-to-power-2 (compressed-tensors ``round_to_power_2(x, elem_mantissa)``: adds
+    2**-(elem_mantissa + 1) of the significand's unit and truncates): floor(log2 amax) + [significand
+    >= 2 - 2**-(elem_mantissa + 1)] - emax_elem, where compressed-tensors 0.20.1's ``generate_mx_scales``
+    passes elem_mantissa 3 for FP6 E2M3 (significand >= 1.9375) and 1 (E2M1's) for every other element,
+    E4M3 included (significand >= 1.75; 0.19.0 has the 1.75 rule only). Any significand width of the
+    amax's dtype of at least elem_mantissa + 2 bits (bf16, fp16, fp32) gives the same threshold.
     even (AMD Quark 0.13 ``even_round``): amax rounded to float32, ``bits + (1 << 21)`` masked to
     sign and exponent (the 2**-2 significand step of an E2M1 mantissa), then floor(log2) - emax_elem;
     the same exponents as ct-round-to-power-2 for every float32 amax, computed on the bits.
@@ -205,8 +209,9 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
         field = ((d.view(np.uint32).astype(np.int64) + 0x007FFFFF) & 0x7F800000) >> 23
         e = np.where(field == 0, -127, field - 127)  # 0: d underflowed to 0 (a float32 amax below 3 * 2**-149)
     elif rule == "ct-round-to-power-2":
-        m, e2 = np.frexp(safe)  # safe = m * 2**e2, m in [0.5, 1): significand 2m >= 1.75 iff m >= 0.875
-        e = (e2.astype(np.int64) - 1) + (m >= 0.875) - elem.emax
+        elem_mantissa = 3 if elem.name == "float6_e2m3fn" else 1
+        m, e2 = np.frexp(safe)  # safe = m * 2**e2, m in [0.5, 1): significand 2m >= 2 - 2**-(em+1)
+        e = (e2.astype(np.int64) - 1) + (m >= 1.0 - 2.0 ** -(elem_mantissa + 2)) - elem.emax
     else:
         # amax/max_elem in float64 is a power of two only when the exact ratio is one
         # (same gap argument as amax_over_max), so frexp's mantissa == 0.5 tests it exactly.

@@ -281,18 +281,24 @@ def _normalize(given: dict) -> dict:
 def _normalize_activations(given: dict, family: str, out: dict) -> None:
     act_type, implied = _family("act_data_type", given.get("act_data_type", family), ACT_DATA_TYPES)
     act_family = "nv_fp" if act_type == "nv_fp4_with_static_gs" else act_type
-    if act_family != family:
+    # MX weights with plain FP8 activations (compressed-tensors 0.20 MXFP4XFP8): the activation scales are
+    # computed at run time in the model dtype, so they share no scale_dtype with the weights' E8M0
+    mx_fp8 = family == "mx_fp" and act_type == "fp"
+    if act_family != family and not mx_fp8:
         raise SchemeFieldError("act_data_type", f"must be of the same family as data_type {family!r} "
-                               f"(scale_dtype is shared), got {act_type!r}")
+                               f"(scale_dtype is shared; 'fp' under 'mx_fp' weights, dynamic only), got {act_type!r}")
+    if mx_fp8 and not given.get("act_dynamic", True):
+        raise SchemeFieldError("act_dynamic", "fp activations under mx_fp weights are dynamic (their scales are "
+                               "computed at run time; the scheme's scale_dtype is the weights' E8M0)")
     out["act_data_type"] = act_type
-    out["act_bits"], out["act_format"] = _element(given, family, "act_", implied, "act_data_type",
+    out["act_bits"], out["act_format"] = _element(given, act_family, "act_", implied, "act_data_type",
                                                   (UNQUANTIZED_ACT_BITS,))
     if given.get("act_sym", True) is not True:
         raise SchemeFieldError("act_sym", "floating-point quantization is symmetric (no zero point), got False")
     out["act_sym"] = True
     out["act_granularity"], out["act_group_size"] = _grouping(
         "act_group_size", "act_granularity", given.get("act_group_size"), given.get("act_granularity"),
-        family, {0: "tensor", -1: "token"})
+        act_family, {0: "tensor", -1: "token"})
     dynamic = given.get("act_dynamic", True)
     if not dynamic and out["act_granularity"] == "token":
         raise SchemeFieldError("act_dynamic", "static activations cannot be per token (a token's scale exists "

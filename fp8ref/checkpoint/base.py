@@ -77,17 +77,34 @@ class CheckpointFormat(Protocol):
     def tensor_plan(self, name: str, quant: LayerQuant, out: int, inp: int, dtype: str) -> Plan:
         """The tensors of one layer (export and rewrite write exactly these)."""
 
-    def quantization_config(self, layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False) -> dict:
-        """The config for ``layers``, ``unquantized`` linear layers left in the model dtype."""
+    def quantization_config(self, layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False,
+                            **options) -> dict:
+        """The config for ``layers``, ``unquantized`` linear layers left in the model dtype; ``options``:
+        ``version`` for a format in ``config_versions`` (``config_options``)."""
 
     def extra_files(self, qc: dict) -> dict[str, dict]:
         """Files besides config.json that carry the config (file name -> JSON object)."""
+
+
+def config_options(module, version: str | None) -> dict:
+    """The ``quantization_config`` options for writing ``module``'s format as its producer ``version``
+    writes it (None: the format's default, the newest)."""
+    if version is None:
+        return {}
+    if version not in module.config_versions:
+        known = (f"one of {', '.join(module.config_versions)}" if module.config_versions else
+                 "none: the format has one config writer")
+        raise CheckpointError(f"config version {version!r} for the {module.name} format: expected {known}")
+    return {"version": version}
 
 
 class Defaults:
     """What a format without producer quirks, extra config files or producer emulation inherits."""
 
     emulate = None
+    # dequantize(mode="producer"): (layer, D) -> float32 holding the D weight the producer's own
+    # dequantization gives, its signed-zero convention included; None: forward.producer_weight
+    producer_dequantize = None
     # the recipes verify tries, in order, when a checkpoint records none (None: every recipe for the
     # layer's granularity and format, the format's recipe_of first)
     known_recipes: tuple[str, ...] | None = None
@@ -104,6 +121,8 @@ class Defaults:
     kv_reload_quantizes = True
     kv_producer_refusal: str | None = None  # why mode="producer" cannot run its KV cache (None: it can)
     config_files: tuple[str, ...] = ()  # files besides config.json that carry its config (extra_files' names)
+    # the producer versions whose config writer it reproduces (quantization_config(..., version=)); () : one
+    config_versions: tuple[str, ...] = ()
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
     pow2_scale_fmt: str | None = None  # the LayerQuant.scale_fmt of layers a power-of-two recipe quantizes
     # KV-cache scales (one K and one V multiplier per attention module), compressed-tensors' by default:
@@ -136,6 +155,15 @@ class Defaults:
 
     def input_recipe(self, entry: LayerEntry):
         """The recipe a dynamic input is quantized with in mode="reference" (None: fp8ref's)."""
+        return None
+
+    def block_input_recipe(self, quant: LayerQuant) -> str:
+        """The recipe an NVFP4 / MX input is quantized with at run time (the weights' by default)."""
+        return self.recipe_of(quant)
+
+    def config_version_of(self, source: dict | None) -> str | None:
+        """The ``config_versions`` entry whose writer wrote ``source`` (a loaded quantization_config of
+        this format), kept when the checkpoint is written again (None: the newest)."""
         return None
 
     def carry_config(self, source: dict | None, qc: dict) -> dict:

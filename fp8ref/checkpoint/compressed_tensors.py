@@ -24,8 +24,9 @@ from .layout import BLOCK_SCALED, D_DTYPES, LayerEntry, LayerQuant, to_scheme
 
 NAME = ct.NAME
 FP8_FORMATS = ("float-quantized", "naive-quantized", "mixed-precision")
-# CT 0.19.0 CompressionFormat names of its packed NVFP4 and MX layouts (FINDINGS-FP4-MX §1, §2)
-BLOCK_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
+# CT CompressionFormat names of its packed NVFP4 and MX layouts (FINDINGS-FP4-MX §1, §2; mxfp6: 0.20)
+BLOCK_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized", "mxfp8-quantized")
+_ELEMENTS = {4: "float4_e2m1fn", 6: "float6_e2m3fn", 8: "float8_e4m3fn"}
 FORMATS = FP8_FORMATS + BLOCK_FORMATS
 _ARGS_KEYS = set(ct.CT_ARGS_KEYS)
 
@@ -36,9 +37,9 @@ def _args(args: object, where: str) -> dict:
     unknown = sorted(set(args) - _ARGS_KEYS)
     if unknown:
         raise CheckpointError(f"{where}: unknown keys {unknown} (compressed-tensors forbids extra keys)")
-    if args.get("type", "int") != "float" or args.get("num_bits", 8) not in (8, 4):
+    if args.get("type", "int") != "float" or args.get("num_bits", 8) not in _ELEMENTS:
         raise CheckpointError(f"{where}: type {args.get('type')!r} num_bits {args.get('num_bits')!r}; "
-                              f"fp8ref loads float types of 8 or 4 bits (type 'float')")
+                              f"fp8ref loads float types of 8, 6 or 4 bits (type 'float')")
     if args.get("symmetric", True) is not True:
         raise CheckpointError(f"{where}: symmetric {args.get('symmetric')!r}; FP8 checkpoints are symmetric")
     return args
@@ -51,15 +52,15 @@ def _strategy(args: dict) -> str:
 
 def _block_kind(args: dict, where: str) -> tuple[str, str] | None:
     """('nvfp4' | 'mx', element format) for NVFP4 (tensor_group 16, E4M3 scales) and MX (group 32,
-    uint8 E8M0 scales) args; None for FP8 args. Anything else 4-bit is refused."""
+    uint8 E8M0 scales; 4, 6 (0.20) or 8 bits) args; None for FP8 args. Anything else 4- or 6-bit is refused."""
     strategy, bits, size = _strategy(args), args.get("num_bits", 8), args.get("group_size")
     sdt = args.get("scale_dtype")
-    elem = "float4_e2m1fn" if bits == 4 else "float8_e4m3fn"
+    elem = _ELEMENTS[bits]
     if strategy == "tensor_group" and bits == 4 and size == 16 and sdt in (None, "torch.float8_e4m3fn"):
         return "nvfp4", elem
     if strategy == "group" and size == 32 and sdt in ("torch.uint8", "uint8"):
         return "mx", elem
-    if bits == 4 or strategy == "tensor_group":
+    if bits in (4, 6) or strategy == "tensor_group":
         raise CheckpointError(f"{where}: {bits}-bit {strategy} group_size {size!r} scale_dtype {sdt!r}; fp8ref "
                               f"reads NVFP4 (tensor_group, 16, float8_e4m3fn) and MX (group, 32, uint8)")
     return None
@@ -70,10 +71,17 @@ def _block_quant(kind: str, elem: str, inputs: dict | None, where: str) -> Layer
         return LayerQuant(kind, None, None, weight_fmt=elem, global_scale="divisor" if kind == "nvfp4" else None)
     a = _args(inputs, f"{where}.input_activations")
     a_kind = _block_kind(a, f"{where}.input_activations")
+    if kind == "mx" and a_kind is None and a.get("dynamic") is True and _strategy(a) == "group":
+        # MXFP4XFP8 (0.20): FP8 inputs per 1 x group_size, float scales computed at run time
+        gs = a.get("group_size")
+        if not int_in(gs, 1, MAX_GROUP):
+            raise CheckpointError(f"{where}.input_activations.group_size: expected an integer in 1..{MAX_GROUP}, "
+                                  f"got {shown(gs)}")
+        return LayerQuant(kind, None, "dynamic-group", gs, weight_fmt=elem)
     want = {"nvfp4": "local", "mx": True}[kind]
     if a_kind is None or a_kind[0] != kind or a.get("dynamic") != want:
         raise CheckpointError(f"{where}.input_activations: {kind} weights take {kind} inputs with dynamic "
-                              f"{want!r}, got {a!r:.200}")
+                              f"{want!r}{' or dynamic FP8 groups' if kind == 'mx' else ''}, got {a!r:.200}")
     return LayerQuant(kind, None, kind, weight_fmt=elem, global_scale="divisor" if kind == "nvfp4" else None,
                       input_fmt=a_kind[1])
 
@@ -320,10 +328,14 @@ def cannot_express(quant: LayerQuant) -> str | None:
         return ("compressed-tensors stores NVFP4 global scales as divisors (2688/amax); this layer's are "
                 "multipliers (amax/2688), and inverting one is not exact in float32")
     if quant.weight_strategy in BLOCK_SCALED:
+        if quant.weight_strategy == "mx" and quant.input == "dynamic-group":
+            return None  # MXFP4XFP8 (0.20): FP8 inputs per group, computed at run time
         if (quant.input or quant.weight_strategy) != quant.weight_strategy:
-            return f"compressed-tensors {quant.weight_strategy} layers take {quant.weight_strategy} inputs or none"
-        if quant.packed and quant.input == "mx" and quant.input_fmt != quant.weight_fmt:
-            return "compressed-tensors' MXFP4 preset quantizes inputs to MXFP4"
+            return (f"compressed-tensors {quant.weight_strategy} layers take {quant.weight_strategy} inputs"
+                    f"{', dynamic FP8 groups' if quant.weight_strategy == 'mx' else ''} or none")
+        if quant.input == "mx" and (quant.weight_fmt, quant.input_fmt) not in MX_INPUTS:
+            return (f"compressed-tensors' MX presets pair {quant.weight_fmt} weights with "
+                    f"{' or '.join(i for w, i in MX_INPUTS if w == quant.weight_fmt) or 'no'} MX inputs")
         return None
     if quant.weight_fmt != "float8_e4m3fn":
         return f"compressed-tensors FP8 is float8_e4m3fn only, got {quant.weight_fmt}"
@@ -334,7 +346,7 @@ def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) ->
     d = D_DTYPES[dtype]
     if quant.weight_strategy in BLOCK_SCALED:
         _, scale_dtype, _ = BLOCK_SCALED[quant.weight_strategy]
-        plan = [("weight", f"{name}.weight_packed", "U8", (out, inp // 2)) if quant.packed else
+        plan = [("weight", f"{name}.weight_packed", "U8", (out, quant.packed_width(inp))) if quant.packed else
                 ("weight", f"{name}.weight", "F8_E4M3", (out, inp)),
                 ("weight_scale", f"{name}.weight_scale", scale_dtype, quant.scale_shape(out, inp))]
         if quant.weight_strategy == "nvfp4":
@@ -349,10 +361,17 @@ def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str) ->
     return plan
 
 
-def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool = False) -> dict:
-    """``quantization_config`` of stored layers, written by the one compressed-tensors writer."""
+# (weight, input) element formats of compressed-tensors' MX presets with MX inputs: MXFP4, MXFP8, MXFP6A8 (0.20)
+MX_INPUTS = (("float4_e2m1fn", "float4_e2m1fn"), ("float8_e4m3fn", "float8_e4m3fn"),
+             ("float6_e2m3fn", "float8_e4m3fn"))
+
+
+def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool = False,
+                        version: str = ct.DEFAULT_CT_VERSION) -> dict:
+    """``quantization_config`` of stored layers, written by the one compressed-tensors writer as
+    compressed-tensors ``version`` writes it."""
     resolved = {name: to_scheme(q, NAME) for name, q in layers.items()} | dict.fromkeys(ignore)
-    return ct.config_for_layers(resolved, kv=kv)
+    return ct.config_for_layers(resolved, kv=kv, version=version)
 
 
 def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -372,10 +391,21 @@ def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[n
     y = (_round(y, dtype) if q.weight_strategy == "mx" else y.astype(np.float32)) + np.float32(0.0)
     codes = encode(np.clip(y, -fmt.max, fmt.max).astype(np.float32), fmt)
     w = _round(decode(codes, fmt) * eff, dtype)
-    if q.input is not None:
+    if q.input == "dynamic-group":  # MXFP4XFP8: CT's dynamic FP8 group quantization, as for FP8 weights
+        _check_groups(layer, x32)
+        x32 = qdq(x32, dynamic_scale(x32, q.input, q.input_group, dtype), dtype, d_division=True,
+                  positive_zero=True)
+    elif q.input is not None:
         xt = torch.from_numpy(np.ascontiguousarray(x32)).to(getattr(torch, dtype))  # x32 holds D values: exact
         x32 = dequantize(quantize_block_input(layer, xt), dtype=dtype).to(torch.float32).numpy()
     return w, x32
+
+
+def _check_groups(layer, x32: np.ndarray) -> None:
+    if x32.shape[-1] % layer.quant.input_group:
+        raise CheckpointError(f"{layer.name}: compressed-tensors' dynamic group quantization needs the "
+                              f"input width {x32.shape[-1]} to be a multiple of {layer.quant.input_group} (its "
+                              f"loader raises here); mode='reference' pads the last group")
 
 
 def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -390,10 +420,8 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
         x32 = qdq(x32, np.float32(np.asarray(layer.input_scale).astype(np.float32).reshape(-1)[0]), dtype,
                   d_division=True, positive_zero=True)
     elif q.input is not None:
-        if q.input == "dynamic-group" and x32.shape[-1] % q.input_group:
-            raise CheckpointError(f"{layer.name}: compressed-tensors' dynamic group quantization needs the "
-                                  f"input width {x32.shape[-1]} to be a multiple of {q.input_group} (its "
-                                  f"loader raises here); mode='reference' pads the last group")
+        if q.input == "dynamic-group":
+            _check_groups(layer, x32)
         x32 = qdq(x32, dynamic_scale(x32, q.input, q.input_group, dtype), dtype, d_division=True,
                   positive_zero=True)
     return w, x32
@@ -445,11 +473,25 @@ class CompressedTensors(Defaults):
     scales_follow_recipe = True
     kv_refusal = None
     nvfp4_global = "divisor"
+    config_versions = ct.CT_VERSIONS
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return True
 
+    def block_input_recipe(self, quant: LayerQuant) -> str:
+        """MX inputs go through compressed-tensors' dynamic fake quantization in every version: the zero point
+        is added and E4M3 / E2M1 take the 1.75 rule, also under MXFP6 weights (MXFP6A8)."""
+        return "compressed-tensors-mx" if quant.input == "mx" else self.recipe_of(quant)
+
+    def config_version_of(self, source: dict | None) -> str | None:
+        """0.20 writes ``moe_sparsity_config`` (null or not), 0.19 does not (fp8ref's writers as well)."""
+        if not isinstance(source, dict):
+            return None
+        return "0.20" if "moe_sparsity_config" in source else "0.19"
+
     def recipe_of(self, quant: LayerQuant) -> str:
+        if quant.weight_strategy == "mx" and quant.weight_fmt == "float6_e2m3fn":
+            return "compressed-tensors-mx-0.20"  # MXFP6 exists from 0.20 on; 0.20's MXFP4 bytes are 0.19's
         return {"nvfp4": "compressed-tensors-nvfp4", "mx": "compressed-tensors-mx"}.get(quant.weight_strategy, NAME)
 
     layers = staticmethod(layers)

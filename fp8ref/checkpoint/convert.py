@@ -29,7 +29,7 @@ from ..codec import decode
 from ..errors import CheckpointError, Fp8RefError, InputTypeError
 from ..io.atomic import atomic_folder
 from ..io.paths import path_arg
-from ..io.safetensors import INDEX_NAME, TensorSpec, pack_nibbles
+from ..io.safetensors import INDEX_NAME, TensorSpec, pack_codes
 from ..quant import QuantArgs, quantize
 from ..registry import get_recipe
 from ..scaling import expand
@@ -301,7 +301,7 @@ def _requantize(ckpt, p: _Layer, global_amax: float | None) -> tuple[dict, Layer
     except Fp8RefError as exc:
         raise CheckpointError(f"{layer.name}: requantizing with recipe {rec.name!r}: {exc}") from None
     codes = np.asarray(res.codes)
-    tensors = {roles["weight"][0]: pack_nibbles(codes) if t.packed else codes}
+    tensors = {roles["weight"][0]: pack_codes(codes, t.weight_fmt) if t.packed else codes}
     name, sdtype, shape = roles["weight_scale"]
     scale = np.asarray(res.scale, np.float32)
     if block:
@@ -399,14 +399,18 @@ def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]
 # --- the conversion ---------------------------------------------------------------------------------
 
 def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, exact_only: bool = False,
-                       force: bool = False, progress: bool = False, symlinks_out: bool = False) -> ConvertReport:
+                       force: bool = False, progress: bool = False, symlinks_out: bool = False,
+                       config_version: str | None = None) -> ConvertReport:
     """Write ``checkpoint`` (a loaded Checkpoint or a path) in ``format`` at ``output``; return what it cost.
 
     Exact layers keep their codes and scale values; the others are requantized by the target's recipe
     (see the module doc). ``exact_only``: refuse (CheckpointError, nothing written) if any layer or KV
-    scale would change. The output is written atomically; an existing ``output`` needs ``force``."""
-    ckpt = checkpoint if hasattr(checkpoint, "store") else load_checkpoint(checkpoint, symlinks_out=symlinks_out)
+    scale would change. The output is written atomically; an existing ``output`` needs ``force``.
+    ``config_version``: the producer version whose config writer to follow (compressed-tensors 0.19 or
+    0.20; None: the newest)."""
     module = base.get(format)
+    options = base.config_options(module, config_version)
+    ckpt = checkpoint if hasattr(checkpoint, "store") else load_checkpoint(checkpoint, symlinks_out=symlinks_out)
     if not len(ckpt):
         raise CheckpointError(f"{ckpt.path}: no quantized layers to convert (to quantize original weights: "
                               f"fp8ref quantize)")
@@ -420,7 +424,8 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
         raise CheckpointError(f"{ckpt.path}: converting to {format} is not exact ({len(lossy)} layer(s), "
                               f"{len(lossy_kv)} KV scale(s) would change; {what}); nothing written")
     layers = {p.name: p.target for p in plans}
-    qc = module.quantization_config(layers, [m for m in linear_layers(ckpt.store) if m not in layers], kv=bool(kv))
+    qc = module.quantization_config(layers, [m for m in linear_layers(ckpt.store) if m not in layers], kv=bool(kv),
+                                    **options)
     store = ckpt.store
     refuse_collisions(store, qc, module)
     by_weight = {p.layer.tensors["weight"]: p for p in plans}
@@ -486,17 +491,21 @@ __all__ = ["ConvertReport", "LayerCost", "convert_checkpoint", "reexpress", "tar
 
 
 def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,
-                     force: bool = False, symlinks_out: bool = False) -> Path:
+                     force: bool = False, symlinks_out: bool = False, config_version: str | None = None) -> Path:
     """Write a loaded ``Checkpoint`` again, in its own format or another one that can express
     every layer: codes and scale values are copied bit for bit (scales keep their dtype and
     are only reshaped/renamed to the target layout); other tensors and files are copied
-    (``symlinks_out``: also files that are symlinks out of the checkpoint folder)."""
+    (``symlinks_out``: also files that are symlinks out of the checkpoint folder).
+    ``config_version``: as in ``convert_checkpoint``; None: in its own format, the version that wrote it."""
     if not isinstance(checkpoint, Checkpoint):
         raise InputTypeError(f"checkpoint: expected a Checkpoint (fp8ref.load_checkpoint(path)), got "
                              f"{type(checkpoint).__name__}")
     output = path_arg(output, "output")
     fmt = format or checkpoint.format
     module = base.get(fmt)
+    if config_version is None and fmt == checkpoint.format:  # written again: as the same writer wrote it
+        config_version = module.config_version_of(checkpoint.quantization_config)
+    options = base.config_options(module, config_version)
     store = checkpoint.store
     renames: dict[str, tuple[str, tuple]] = {}  # source tensor -> (target name, target shape)
     for name, layer in checkpoint.items():
@@ -521,7 +530,7 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in linear_layers(store) if m not in layers]
-    qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales))
+    qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales), **options)
     if fmt == checkpoint.format:
         qc = module.carry_config(checkpoint.quantization_config, qc)
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent

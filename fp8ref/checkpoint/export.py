@@ -23,7 +23,7 @@ from ..errors import CheckpointError, Fp8RefError
 from ..io.atomic import atomic_folder
 from ..io.files import read_json
 from ..io.paths import path_arg
-from ..io.safetensors import INDEX_NAME, TensorSpec, TensorStore, open_store, pack_nibbles
+from ..io.safetensors import INDEX_NAME, TensorSpec, TensorStore, open_store, pack_codes
 from ..quant import QuantArgs, quantize
 from ..registry import get_recipe
 from . import base
@@ -36,7 +36,8 @@ from .writer import config_files, copy_others, prefetched, progress_bar, refuse_
 
 def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec, *,
                       format: str = "compressed-tensors", calibration=None, recipe: str | None = None,
-                      force: bool = False, progress: bool = False, symlinks_out: bool = False) -> Path:
+                      force: bool = False, progress: bool = False, symlinks_out: bool = False,
+                      config_version: str | None = None) -> Path:
     """Quantize ``source`` (a safetensors file or folder, sharded or not) per ``spec`` (YAML path,
     mapping or LayerConfig) into a complete ``format`` checkpoint at ``output``.
 
@@ -47,9 +48,11 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     overrides each scheme's recipe. Every non-quantized tensor and every other file of the source
     folder is copied unchanged; config.json gets the format's ``quantization_config``. Refuses an
     existing ``output`` unless ``force``. ``symlinks_out``: accept source files that link out of
-    the folder (a Hugging Face cache snapshot).
+    the folder (a Hugging Face cache snapshot). ``config_version``: write the config as that version
+    of the producer writes it (compressed-tensors: 0.19 or 0.20; None: the newest).
     """
     module = base.get(format)
+    options = base.config_options(module, config_version)
     if hasattr(module, "export"):  # a format of fused tensors, not linear layers (gpt-oss): its own writer
         return module.export(source, output, spec, recipe=recipe, force=force, symlinks_out=symlinks_out)
     if recipe is not None:  # '' is a wrong name, not "no override"
@@ -86,7 +89,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
     layers = {n: p.quant for n, p in plans.items()}
     unquantized = [m for m in linear_layers(store) if m not in plans]
-    qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans))
+    qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans), **options)
     refuse_collisions(store, qc, module)
     bar = progress_bar(len(store), progress)
     inputs = [folder if source.is_dir() else source] + [p for p in given if isinstance(p, (str, os.PathLike))]
@@ -164,7 +167,7 @@ def _quantize_block_layer(store: TensorStore, plan: LayerPlan, w: np.ndarray, ro
         raise CheckpointError(f"{store.where(plan.name + '.weight')}: non-finite values or block scales; "
                               f"a checkpoint cannot hold NaN weights")
     codes = np.asarray(res.codes)
-    out = {roles["weight"][0]: pack_nibbles(codes) if q.packed else codes,
+    out = {roles["weight"][0]: pack_codes(codes, q.weight_fmt) if q.packed else codes,
            roles["weight_scale"][0]: np.asarray(res.scale_codes, np.uint8).reshape(roles["weight_scale"][2])}
     if "weight_global" in roles:
         name, _, shape = roles["weight_global"]

@@ -81,9 +81,12 @@ def quantize_block_input(layer, x):
         raise CheckpointError(f"{layer.name}: input {q.input or 'not quantized'}; NVFP4 / MX layers only")
     if x.shape[-1] != layer.shape[1]:
         raise CheckpointError(f"{layer.name}: x has {x.shape[-1]} features, the weight {layer.shape[1]}")
+    from . import base
+
     given = {"scale": np.asarray(layer.input_scale, np.float32)} if q.input == "nvfp4" else {}
+    recipe = base.get(layer.producer).block_input_recipe(q)
     try:
-        return quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=layer.scheme["recipe"], **given)
+        return quantize(x, QuantArgs(format=q.input_fmt, granularity=q.input), recipe=recipe, **given)
     except Fp8RefError as exc:
         raise type(exc)(f"{layer.name}: input: {exc}") from None
 
@@ -103,6 +106,17 @@ def _block_scaled_forward(layer, x, out_dtype):
         raise CheckpointError(f"{layer.name}: x has {k} features, the weight {layer.shape[1]}")
     g = 1.0 if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
     bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float64)
+    if q.input == "dynamic-group":  # MX weights, FP8 inputs per 1 x group (compressed-tensors 0.20 MXFP4XFP8)
+        from ..matmul.api import quantize_input
+        from ..scaling import expand
+
+        x2 = float64_values(x, "x", ("bfloat16", "float16", "float32", "float64")).reshape(-1, k).astype(np.float32)
+        codes, s = quantize_input(x2, dynamic="group", block_k=q.input_group)
+        xv = decode(codes, "float8_e4m3fn").astype(np.float64) * expand(
+            np.asarray(s, np.float64), codes.shape, "group", group_size=q.input_group)
+        wv = decode(layer.weight_codes, q.weight_fmt).astype(np.float64) * layer.expanded_scale()
+        y = global_scaled_linear(xv, wv, g, q.global_scale or "multiplier", bias=bias, out_dtype=out)
+        return deliver(y.reshape(*lead, layer.shape[0]), out, is_torch(x))
     if q.input is not None:  # W4A4 / W8A8: block sums of element products, then the scales (same bits, faster)
         from ..checkpoint.layout import BLOCK_SCALED
         from ..formats import FORMATS
@@ -130,6 +144,9 @@ def block_accumulation_refusal(layer, accumulate: str) -> str | None:
     from ..matmul.block_scaled import refusal
 
     q = layer.quant
+    if q.input == "dynamic-group":
+        return (f"accumulate={accumulate!r}: MX weights with FP8 group inputs (compressed-tensors' MXFP4XFP8) "
+                "have the exact reference only")
     block, _, scale_fmt = BLOCK_SCALED[q.weight_strategy]
     return refusal(accumulate, fmt_a=q.input_fmt if q.input else None, fmt_b=q.weight_fmt, scale_fmt=scale_fmt,
                    block=block)

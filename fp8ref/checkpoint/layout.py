@@ -17,14 +17,15 @@ import numpy as np
 from ..codec import decode
 from ..errors import CheckpointError
 from ..formats import FORMATS
-from ..io.safetensors import DTYPES, TensorStore
+from ..io.safetensors import DTYPES, PACKINGS, TensorStore
 from ..limits import MAX_GROUP, int_in, shown
 from ..rounding import FLOAT_FORMATS
 from ..scheme import QuantizationScheme
 
 FLOAT_SCALE_DTYPES = ("F32", "BF16", "F16")
 # nvfp4: E4M3 scales per 16 along K under a per-tensor global scale; mx: E8M0 (uint8 biased exponent)
-# scales per 32 along K. Both store FP4 elements packed two per byte, low nibble = even element.
+# scales per 32 along K. FP4 elements are stored packed two per byte, low nibble = even element; FP6
+# (E2M3, compressed-tensors 0.20 MX) four per 3 bytes (fp8ref.io.safetensors.PACKINGS).
 WEIGHT_STRATEGIES = ("tensor", "channel", "block", "nvfp4", "mx")
 BLOCK_SCALED = {"nvfp4": (16, "F8_E4M3", "float8_e4m3fn"), "mx": (32, "U8", "float8_e8m0fnu")}
 # nvfp4 input: per-16 scales computed at run time under a stored (static) global input scale
@@ -52,8 +53,14 @@ class LayerQuant:
 
     @property
     def packed(self) -> bool:
-        """FP4 elements stored two per uint8, low nibble = even element (compressed-tensors, ModelOpt)."""
-        return self.weight_fmt == "float4_e2m1fn"
+        """Elements stored packed in uint8 (``fp8ref.io.safetensors.PACKINGS``): FP4 two per byte, low
+        nibble = even element (compressed-tensors, ModelOpt); FP6 E2M3 four per 3 bytes (compressed-tensors 0.20)."""
+        return self.weight_fmt in PACKINGS
+
+    def packed_width(self, inp: int) -> int:
+        """Bytes per row of a packed [out, inp] weight."""
+        codes, nbytes = PACKINGS[self.weight_fmt]
+        return inp * nbytes // codes
 
     def __post_init__(self) -> None:
         if (self.weight_strategy == "nvfp4") != (self.global_scale is not None):
@@ -147,7 +154,15 @@ def accepted_scale_shapes(q: LayerQuant, out: int, inp: int) -> tuple[tuple[int,
 def weight_shape(store: TensorStore, entry: LayerEntry) -> tuple[int, ...]:
     """The logical [out, in] of a layer's weight (a packed FP4 weight stores [out, in / 2] bytes)."""
     shape = store.info(entry.tensors["weight"]).shape
-    return (shape[0], 2 * shape[1]) if entry.quant.packed and len(shape) == 2 else shape
+    if not (entry.quant.packed and len(shape) == 2):
+        return shape
+    codes, nbytes = PACKINGS[entry.quant.weight_fmt]
+    return (shape[0], shape[1] * codes // nbytes)
+
+
+def _packed_form(packing: tuple[int, int]) -> str:
+    codes, nbytes = packing
+    return f"[out, in / {codes}]" if nbytes == 1 else f"[out, in * {nbytes} / {codes}]"
 
 
 def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dtype: str | None = None) -> None:
@@ -165,9 +180,14 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dt
     if w.dtype != fmt_dtype:
         what = f"packed {q.weight_fmt} pairs" if q.packed else "a quantized weight"
         raise CheckpointError(f"{store.where(t['weight'])}: dtype {w.dtype}, expected {fmt_dtype} for {what}")
+    packing = PACKINGS.get(q.weight_fmt, (1, 1))
     if len(w.shape) != 2:
         raise CheckpointError(f"{store.where(t['weight'])}: shape {list(w.shape)}, expected "
-                              f"{'[out, in / 2]' if q.packed else '[out, in]'}")
+                              f"{_packed_form(packing) if q.packed else '[out, in]'}")
+    if q.packed and w.shape[1] % packing[1]:
+        raise CheckpointError(f"{store.where(t['weight'])}: packed shape {list(w.shape)}: {w.shape[1]} bytes per row "
+                              f"is not a multiple of {packing[1]}; packed {q.weight_fmt} stores {packing[0]} codes "
+                              f"in every {packing[1]} bytes")
     if 0 in w.shape:
         raise CheckpointError(f"{store.where(t['weight'])}: shape {list(w.shape)} holds no element; a quantized "
                               f"layer's weight is [out, in] with out, in >= 1")
@@ -175,7 +195,8 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dt
     if q.packed and inp >= BLOCK_SCALED[q.weight_strategy][0] and inp % BLOCK_SCALED[q.weight_strategy][0]:
         block = BLOCK_SCALED[q.weight_strategy][0]
         raise CheckpointError(f"{store.where(t['weight'])}: packed shape {list(w.shape)} holds K = {inp} values per "
-                              f"row (2 per byte), not a multiple of the {block}-value {q.weight_strategy} block; "
+                              f"row ({packing[0]} per {packing[1]} bytes), not a multiple of the {block}-value "
+                              f"{q.weight_strategy} block; "
                               f"producers pack whole blocks (compressed-tensors refuses any other K >= {block})")
     s = store.info(t["weight_scale"])
     scale_dtypes = ((BLOCK_SCALED[q.weight_strategy][1],) if q.weight_strategy in BLOCK_SCALED
@@ -327,7 +348,7 @@ def check_scale_values(store: TensorStore, name: str, fmt: str | None = None, *,
 
 def to_scheme(quant: LayerQuant, recipe: str, scale_dtype: str = "model"):
     """The ``QuantizationScheme`` of a stored layer (the dict-like object users see)."""
-    bits = 4 if quant.weight_fmt == "float4_e2m1fn" else 8
+    bits = FORMATS[quant.weight_fmt].bits
     fields = {"bits": bits, "data_type": "fp", "weight_format": quant.weight_fmt, "recipe": recipe,
               "weight_granularity": quant.weight_strategy, "scale_dtype": scale_dtype}
     if quant.block is not None:
@@ -338,7 +359,7 @@ def to_scheme(quant: LayerQuant, recipe: str, scale_dtype: str = "model"):
                       group_size=BLOCK_SCALED[quant.weight_strategy][0],
                       scale_dtype=BLOCK_SCALED[quant.weight_strategy][2])
         if quant.input in ("nvfp4", "mx"):
-            fields.update(act_bits=4 if quant.input_fmt == "float4_e2m1fn" else 8, act_format=quant.input_fmt,
+            fields.update(act_bits=FORMATS[quant.input_fmt].bits, act_format=quant.input_fmt,
                           act_data_type="nv_fp4_with_static_gs" if nv else "mx_fp",
                           act_granularity=fields["weight_granularity"], act_group_size=fields["group_size"],
                           act_dynamic=True)
@@ -364,9 +385,16 @@ def from_scheme(scheme, where: str, nvfp4_global: str | None = "divisor") -> Lay
             raise CheckpointError(f"{where}: NVFP4 has no layout in this format")
         if s.quantizes_activations:
             act_kind = "nvfp4" if s.act_data_type.startswith("nv_fp") else "mx" if s.act_data_type == "mx_fp" else None
+            if kind == "mx" and act_kind is None and s.act_dynamic and s.act_granularity == "group":
+                # MX weights, FP8 inputs per 1 x group at run time (compressed-tensors 0.20 MXFP4XFP8)
+                if s.act_format != "float8_e4m3fn":
+                    raise CheckpointError(f"{where}: activation format {s.act_format}; checkpoints declare "
+                                          f"float8_e4m3fn inputs")
+                return LayerQuant(kind, None, "dynamic-group", s.act_group_size, weight_fmt=s.weight_format)
             if act_kind != kind:
                 raise CheckpointError(f"{where}: {kind} weights with {s.act_data_type} activations have no "
-                                      f"checkpoint layout; expected {kind} activations or none")
+                                      f"checkpoint layout; expected {kind} activations"
+                                      f"{', dynamic FP8 groups' if kind == 'mx' else ''} or none")
         return LayerQuant(kind, None, kind if s.quantizes_activations else None, weight_fmt=s.weight_format,
                           global_scale=nvfp4_global if kind == "nvfp4" else None,
                           input_fmt=s.act_format if s.quantizes_activations else "float8_e4m3fn")

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..io.files import read_json
 from ..io.paths import path_arg
-from ..io.safetensors import INDEX_NAME, TensorStore, open_store, unpack_nibbles
+from ..io.safetensors import INDEX_NAME, TensorStore, open_store, unpack_codes
 from ..limits import MAX_GROUP, shown
 from ..quant import QuantArgs, QuantResult, dequantize
 from . import base
@@ -68,7 +68,8 @@ class QuantizedLayer:
 
     @property
     def weight_codes(self) -> np.ndarray:
-        """uint8 codes [out, in] (packed FP4 pairs unpacked); NaN codes are rejected (no producer writes them)."""
+        """uint8 codes [out, in] (packed FP4 pairs and FP6 quads unpacked); NaN codes are rejected (no producer
+        writes them)."""
         return self.read_weight_codes()
 
     def read_weight_codes(self, *, mapped: bool = False) -> np.ndarray:
@@ -77,7 +78,7 @@ class QuantizedLayer:
         name = self.tensors["weight"]
         codes = self._ckpt.store.get(name, mapped=mapped)
         if self.quant.packed:
-            codes = unpack_nibbles(codes)  # low nibble = even element (CT, ModelOpt)
+            codes = unpack_codes(codes, self.quant.weight_fmt, self._ckpt.store.where(name))
         n, idx = nan_count(codes, self.quant.weight_fmt)
         if n:
             raise CheckpointError(f"{self._ckpt.store.where(name)}: {n} NaN codes (first at {list(idx)}: "
@@ -145,9 +146,17 @@ class QuantizedLayer:
         r, c = q.block
         return np.repeat(np.repeat(s, r, axis=0), c, axis=1)[:out, :inp]
 
-    def dequantize(self, dtype: str = "float32") -> np.ndarray:
-        """decode(q) * s, computed exactly and rounded once to ``dtype`` (float64, float32,
-        bfloat16 or float16): ``fp8ref.quant.dequantize`` of the stored codes and scale."""
+    def dequantize(self, dtype: str = "float32", *, mode: str = "reference") -> np.ndarray:
+        """``mode="reference"``: decode(q) * s, computed exactly and rounded once to ``dtype`` (float64,
+        float32, bfloat16 or float16): ``fp8ref.quant.dequantize`` of the stored codes and scale.
+        ``mode="producer"``: the producer's own dequantization to the model dtype ``dtype`` (bfloat16,
+        float16 or float32), with its roundings and its signed zeros: D(fp32(decode(q) * fp32 scale))
+        as the compressed-tensors, auto-round and transformers loaders compute it (the -0 codes give
+        -0.0), ModelOpt NVFP4's ``NVFP4QTensor.dequantize`` (E2M1 code 0x8 gives +0.0)."""
+        if mode not in ("reference", "producer"):
+            raise CheckpointError(f"{self.name}.dequantize: mode {mode!r}; expected 'reference' or 'producer'")
+        if mode == "producer":
+            return self._producer_dequantize(dtype)
         if dtype not in DEQUANTIZE_DTYPES:
             raise CheckpointError(f"{self.name}.dequantize: dtype {dtype!r}; expected one of "
                                   f"{', '.join(DEQUANTIZE_DTYPES)}")
@@ -164,6 +173,16 @@ class QuantizedLayer:
         args = QuantArgs(format=q.weight_fmt, granularity=granularity, block_shape=q.block)
         stored = QuantResult(self.weight_codes, s, q.weight_fmt, granularity, self.producer, args, "float64", dtype)
         return dequantize(stored, dtype=dtype)
+
+    def _producer_dequantize(self, dtype: str) -> np.ndarray:
+        from .._arrays import deliver
+        from .forward import producer_weight
+
+        if dtype not in ("bfloat16", "float16", "float32"):
+            raise CheckpointError(f"{self.name}.dequantize: mode 'producer' gives the model dtype: bfloat16, "
+                                  f"float16 or float32, got {dtype!r}")
+        fn = base.get(self.producer).producer_dequantize or producer_weight
+        return deliver(fn(self, dtype), dtype, False)
 
     def forward(self, x, **kwargs):
         """What a correct W8A8 backend computes for this layer (see ``fp8ref.checkpoint.forward``)."""
@@ -222,8 +241,8 @@ class Checkpoint(Mapping):
     def scheme(self, name: str):
         return self[name].scheme
 
-    def dequantize(self, name: str, dtype: str = "float32") -> np.ndarray:
-        return self[name].dequantize(dtype)
+    def dequantize(self, name: str, dtype: str = "float32", *, mode: str = "reference") -> np.ndarray:
+        return self[name].dequantize(dtype, mode=mode)
 
     def tensor(self, name: str) -> np.ndarray:
         """Any tensor by its full name, as stored (float8 as uint8 codes)."""

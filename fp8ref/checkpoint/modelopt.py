@@ -15,7 +15,8 @@ Per ``quant_algo`` (every scale a dequantization multiplier):
 No CPU loader exists (transformers 5.14.1 skips ``quant_method: modelopt`` and loads the codes as
 bf16 values), so ``mode="producer"`` is ModelOpt's in-memory quantized model holding the exported
 weights dequantized (``emulate``): recipe ``modelopt-fp8-in-memory`` on those weights and on the
-inputs, FP8 and FP8_PER_CHANNEL_PER_TOKEN only (its NVFP4 / MXFP8 fake quantization runs on CUDA only).
+inputs for FP8 and FP8_PER_CHANNEL_PER_TOKEN; for NVFP4 (whose fake-quant kernel runs on CUDA only)
+the arithmetic of ModelOpt's ``NVFP4QTensor``, which runs on CPU (``emulate_nvfp4``); MXFP8 has none.
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ _CPU_REFUSALS = {  # what ModelOpt 0.47.0's in-memory quantized Linear raises on
     "NVFP4": "AssertionError: amax must be a CUDA tensor for dynamic block quantization.",
     "MXFP8": "RuntimeError: Skipping extension modelopt_cuda_ext_mx because CUDA is not available.",
 }
+# what mode="producer" models for each: NVFP4 by NVFP4QTensor's CPU arithmetic, MXFP8 not at all
+_PRODUCER_ON_CPU = ("NVFP4",)
+E2M1_NEGATIVE_ZERO = 0x8  # ModelOpt's e2m1_values table holds +0 at index 8: the code dequantizes to +0.0
 
 
 def static_input_amax(layer, dtype: str) -> np.ndarray:
@@ -170,10 +174,10 @@ def static_input_amax(layer, dtype: str) -> np.ndarray:
 
 
 def producer_refusal(quant: LayerQuant) -> str | None:
-    """NVFP4 and MXFP8 have no producer forward: no CPU loader, and ModelOpt's in-memory fake
-    quantization of them runs on CUDA only."""
+    """MXFP8 has no producer forward: no CPU loader, and ModelOpt's in-memory fake quantization of it
+    runs on CUDA only (NVFP4's too, but its NVFP4QTensor arithmetic runs on CPU: ``emulate_nvfp4``)."""
     algo = algo_of(quant)
-    if algo not in _CPU_REFUSALS:
+    if algo not in _CPU_REFUSALS or algo in _PRODUCER_ON_CPU:
         return None
     return (f"no producer emulation for ModelOpt {algo}: its in-memory fake quantization runs on CUDA only (on "
             f"CPU: {_CPU_REFUSALS[algo]}) and no CPU loader exists; use mode='reference'")
@@ -193,6 +197,8 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     if why is not None:
         raise CheckpointError(f"{layer.name}: {why}")
     algo = algo_of(layer.quant)
+    if algo == "NVFP4":
+        return emulate_nvfp4(layer, w, x32, dtype)
     tdtype = getattr(torch, dtype)
     per_channel = algo == "FP8_PER_CHANNEL_PER_TOKEN"
     amax = None if per_channel else static_input_amax(layer, dtype)  # refuses a float32 model first
@@ -204,6 +210,42 @@ def emulate(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarr
     else:
         xq = fake_quant(xt, QuantArgs(granularity="tensor", dynamic=False), recipe=IN_MEMORY, amax=amax)
     return w.to(torch.float32).numpy(), xq.to(torch.float32).numpy()
+
+
+def producer_dequantize(layer, dtype: str) -> np.ndarray:
+    """ModelOpt's own dequantization of a stored layer, float32 holding D values: the loaders' D(fp32(q·s))
+    (``forward.producer_weight``); NVFP4 as ``NVFP4QTensor.dequantize`` computes it, D(fp32(decode(q) ·
+    fp32(weight_scale · weight_scale_2))) with code 0x8 decoded as +0.0 (its e2m1_values table)."""
+    from .forward import producer_weight
+
+    w = producer_weight(layer, dtype)
+    if layer.quant.weight_strategy == "nvfp4":
+        w = np.where(layer.weight_codes == E2M1_NEGATIVE_ZERO, np.float32(0.0), w)
+    return w
+
+
+def emulate_nvfp4(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """mode="producer" of ModelOpt NVFP4, ModelOpt's ``NVFP4QTensor`` arithmetic (nvidia-modelopt 0.47.0
+    qtensor/nvfp4_tensor.py; its CUDA fake-quant kernel is not modelled: zero blocks, the 2^-9 clamp):
+    the weight as ``producer_dequantize`` gives it; the input per 16 elements of the last axis under the
+    stored ``input_scale`` m: s_b = e4m3(clamp(fp32(amax_b) / fp32(6·m), 0 -> 1, [2^-9, 448]))
+    (get_weights_scaling_factor), codes e2m1(x / fp32(s_b·m)) with the sign of x < 0 (quantize, _cast_fp4:
+    recipe ``modelopt-nvfp4``), then D(fp32(decode · fp32(s_b·m))) with 0x8 -> +0.0 (dequantize)."""
+    import torch
+
+    from .._arrays import to_numpy
+    from ..codec import decode
+    from ..scaling import expand
+    from .forward import _round, quantize_block_input
+
+    w = np.where(layer.weight_codes == E2M1_NEGATIVE_ZERO, np.float32(0.0), w)
+    xt = torch.from_numpy(np.ascontiguousarray(x32)).to(getattr(torch, dtype))  # x32 holds D values: exact
+    qx = quantize_block_input(layer, xt)
+    codes = to_numpy(qx.codes)
+    m = np.float32(np.asarray(layer.input_scale, np.float32).reshape(-1)[0])
+    eff = (expand(np.asarray(to_numpy(qx.scale), np.float32), codes.shape, "nvfp4") * m).astype(np.float32)
+    vals = np.where(codes == E2M1_NEGATIVE_ZERO, np.float32(0.0), decode(codes, layer.quant.input_fmt))
+    return w, _round(vals.astype(np.float32) * eff, dtype)
 
 
 class ModelOpt(Defaults):
@@ -251,6 +293,7 @@ class ModelOpt(Defaults):
     quantization_config = staticmethod(quantization_config)
     emulate = staticmethod(emulate)
     producer_refusal = staticmethod(producer_refusal)
+    producer_dequantize = staticmethod(producer_dequantize)
 
     def kv_name(self, attn: str, which: str) -> str:
         return f"{attn}.{which}_proj.{which}_scale"

@@ -29,6 +29,7 @@ def register(sub) -> None:
     q.add_argument("--calibration", metavar="FILE",
                    help="per-layer activation amax (JSON or safetensors), needed for static inputs")
     q.add_argument("--recipe", help="override every scheme's producer recipe")
+    _add_ct_version(q)
     q.add_argument("--force", action="store_true", help=FORCE_HELP)
     q.add_argument("--symlinks-out", action="store_true",
                    help="accept source files that are symlinks out of SRC (a Hugging Face cache snapshot)")
@@ -44,6 +45,7 @@ def register(sub) -> None:
     c.add_argument("--format", required=True, choices=checkpoint_formats.names(), help="the target format")
     c.add_argument("--exact-only", action="store_true",
                    help="refuse (exit 1, nothing written) if any layer or KV scale would change")
+    _add_ct_version(c)
     c.add_argument("--force", action="store_true", help=FORCE_HELP)
     c.add_argument("--symlinks-out", action="store_true",
                    help="accept shard files that are symlinks out of SRC (a Hugging Face cache snapshot)")
@@ -75,10 +77,17 @@ def register(sub) -> None:
     e.set_defaults(handler=cmd_explain)
 
 
+def _add_ct_version(p) -> None:
+    from ..producers.compressed_tensors import CT_VERSIONS, DEFAULT_CT_VERSION
+
+    p.add_argument("--ct-version", choices=CT_VERSIONS, help="compressed-tensors format: write config.json as that "
+                   f"version's writer does (default {DEFAULT_CT_VERSION}, the newest)")
+
+
 def cmd_quantize(args) -> int:
     out = export_checkpoint(args.source, args.output, args.spec, format=args.format, calibration=args.calibration,
                             recipe=args.recipe, force=args.force, symlinks_out=args.symlinks_out,
-                            progress=progress_enabled(args))
+                            progress=progress_enabled(args), config_version=args.ct_version)
     ckpt = load_checkpoint(out)
     if not emit_json(args.json, {"output": str(out), "format": ckpt.format, "layers": sorted(ckpt),
                                  "warnings": ckpt.warnings}):
@@ -90,7 +99,8 @@ def cmd_quantize(args) -> int:
 
 def cmd_convert(args) -> int:
     report = convert_checkpoint(args.source, args.output, format=args.format, exact_only=args.exact_only,
-                                force=args.force, progress=progress_enabled(args), symlinks_out=args.symlinks_out)
+                                force=args.force, progress=progress_enabled(args), symlinks_out=args.symlinks_out,
+                                config_version=args.ct_version)
     t = report.totals()
     if emit_json(args.json, _jsonable(report.as_dict())):
         return 0

@@ -37,8 +37,9 @@ def cmd_verify(args) -> int:
                 print(f"{x['name']}: recipe {x['recipe']!r} cannot produce this layer: {x['error']}")
             elif x["code_mismatches"] or x["scale_mismatches"]:
                 notes = [x["scale_note"]] if "scale_note" in x else []
-                if x.get("input_scale", "").startswith("mismatch"):
-                    notes.append(f"input scale {x['input_scale']}")
+                for key in ("input_scale", "global_scale"):
+                    if x.get(key, "").startswith("mismatch"):
+                        notes.append(f"{key.replace('_', ' ')} {x[key]}")
                 print(f"{x['name']}: recipe {x['recipe']!r}: {x['code_mismatches']}/{x['codes']} codes differ "
                       f"(first at {x['first_code_mismatch']}), {x['scale_mismatches']} scales differ (first weight "
                       f"scale at {x['first_scale_mismatch']} of {x['scales']}){''.join('; ' + n for n in notes)}")

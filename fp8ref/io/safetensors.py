@@ -589,6 +589,50 @@ def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     return ((c[..., 0::2] & np.uint8(0x0F)) | (c[..., 1::2] << np.uint8(4))).astype(np.uint8)
 
 
+def unpack_sextets(packed: np.ndarray, where: str = "packed FP6") -> np.ndarray:
+    """Bytes [..., 3n] -> 6-bit codes [..., 4n]: each 3 bytes are a little-endian 24-bit word holding
+    four codes, the first in the low 6 bits (compressed-tensors 0.20.1 ``unpack_fp6_from_uint8``).
+    ``where`` names the tensor in the error for a byte count that is not a multiple of 3."""
+    p = np.asarray(packed).view(np.uint8)
+    if p.shape[-1] % 3:
+        raise CheckpointError(f"{where}: {p.shape[-1]} bytes per row, not a multiple of 3; packed FP6 "
+                              f"stores 4 six-bit codes in every 3 bytes")
+    b = p.reshape(p.shape[:-1] + (p.shape[-1] // 3, 3)).astype(np.uint32)
+    word = b[..., 0] | (b[..., 1] << np.uint32(8)) | (b[..., 2] << np.uint32(16))
+    codes = np.stack([(word >> np.uint32(k)) & np.uint32(0x3F) for k in (0, 6, 12, 18)], axis=-1)
+    return codes.astype(np.uint8).reshape(p.shape[:-1] + (4 * (p.shape[-1] // 3),))
+
+
+def pack_sextets(codes: np.ndarray) -> np.ndarray:
+    """6-bit codes [..., 4n] -> bytes [..., 3n], the inverse of ``unpack_sextets``."""
+    c = np.asarray(codes, np.uint8)
+    if c.shape[-1] % 4:
+        raise CheckpointError(f"packed FP6: the last dimension must be a multiple of 4, got shape {list(c.shape)}")
+    q = (c & np.uint8(0x3F)).astype(np.uint32).reshape(c.shape[:-1] + (c.shape[-1] // 4, 4))
+    word = q[..., 0] | (q[..., 1] << np.uint32(6)) | (q[..., 2] << np.uint32(12)) | (q[..., 3] << np.uint32(18))
+    out = np.stack([word & np.uint32(0xFF), (word >> np.uint32(8)) & np.uint32(0xFF), word >> np.uint32(16)], axis=-1)
+    return out.astype(np.uint8).reshape(c.shape[:-1] + (3 * (c.shape[-1] // 4),))
+
+
+# element format -> (codes, bytes) of its uint8 packing in checkpoints: FP4 pairs (low nibble first;
+# compressed-tensors, ModelOpt, gpt-oss), FP6 E2M3 quads in 3 bytes (compressed-tensors 0.20.1)
+PACKINGS = {"float4_e2m1fn": (2, 1), "float6_e2m3fn": (4, 3)}
+
+
+def pack_codes(codes: np.ndarray, fmt: str) -> np.ndarray:
+    """Codes [..., K] of a packed element format (``PACKINGS``) -> its bytes [..., K * bytes / codes]."""
+    if fmt not in PACKINGS:
+        raise CheckpointError(f"{fmt} has no packed checkpoint form; packed formats: {', '.join(PACKINGS)}")
+    return pack_nibbles(codes) if fmt == "float4_e2m1fn" else pack_sextets(codes)
+
+
+def unpack_codes(packed: np.ndarray, fmt: str, where: str = "packed weight") -> np.ndarray:
+    """The bytes of a packed element format (``PACKINGS``) -> one uint8 code per element."""
+    if fmt not in PACKINGS:
+        raise CheckpointError(f"{where}: {fmt} has no packed checkpoint form; packed formats: {', '.join(PACKINGS)}")
+    return unpack_nibbles(packed) if fmt == "float4_e2m1fn" else unpack_sextets(packed, where)
+
+
 
 
 def dumps(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,

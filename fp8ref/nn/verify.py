@@ -106,10 +106,13 @@ class Scratch:
 
 
 def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_amax: float | None = None,
-                 model_dtype: str = "bfloat16", *, scratch: Scratch | None = None) -> dict:
+                 model_dtype: str = "bfloat16", global_amax: float | None = None, *,
+                 scratch: Scratch | None = None) -> dict:
     """One layer's report: its codes and weight scales re-derived from ``weight`` (the original, [out, in])
     with ``recipe`` (the amax the producer took: max|W| per the scheme's granularity) and compared with
-    the stored bytes. ``scratch``: where the derived codes go."""
+    the stored bytes. ``global_amax``: an NVFP4 layer's tensor amax for its global scale (the max over
+    its fused siblings, as the tools share one global across q/k/v and gate/up; None: the layer's own).
+    ``scratch``: where the derived codes go."""
     qa = as_args(layer.scheme)
     if tuple(weight.shape) != tuple(layer.shape):
         raise ModelError(f"{layer.name}: original weight {list(weight.shape)}, checkpoint {list(layer.shape)}")
@@ -127,6 +130,8 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
             q = quantize(weight, scheme, recipe=recipe, out=None if scratch is None else scratch.codes(weight.shape))
         except Fp8RefError:
             amax = reduce_amax(weight, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
+    elif qa.granularity == "nvfp4" and global_amax is not None:
+        amax = global_amax  # the fused siblings' tensor amax, the producer's global scale's
     # FP8 codes are read once, from the mapped file; packed FP4 codes are unpacked into a new array anyway
     stored = layer.weight_codes if self_scaled else layer.read_weight_codes(mapped=True)
     try:
@@ -144,6 +149,13 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
            "code_mismatches": n_bad, "first_code_mismatch": first_bad,
            "scales": int(np.asarray(layer.weight_scale).size), "scale_mismatches": c["mismatches"],
            "first_scale_mismatch": c["first"], **({"scale_note": c["note"]} if "note" in c else {})}
+    if layer.quant.global_scale is not None:  # the NVFP4 global weight scale, bit for bit
+        stored_g = np.asarray(layer.weight_global, np.float32).reshape(-1)
+        derived_g = np.asarray(q.global_scale, np.float32).reshape(-1)
+        same = _bits(stored_g).tobytes() == _bits(derived_g).tobytes()
+        out["global_scale"] = "ok" if same else (f"mismatch: stored {float(stored_g[0])!r}, "
+                                                 f"derived {float(derived_g[0])!r}")
+        out["scale_mismatches"] += not same
     if layer.quant.input == "static":
         if input_amax is None:
             out["input_scale"] = "not re-derived (needs the calibration data)"
@@ -167,10 +179,26 @@ def original_weight(layer, original, *, mapped: bool = False) -> np.ndarray:
         raise ModelError(str(exc)) from None
 
 
-def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax) -> dict:
+def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax, global_amax=None) -> dict:
     """One layer, from the two folders (a task of ``fp8ref.executor``: it may run on another machine)."""
     ckpt, original = worker_checkpoint(ckpt_path), worker_checkpoint(original_path)
-    return verify_layer(ckpt[name], original_weight(ckpt[name], original, mapped=True), recipe, amax, ckpt.dtype)
+    return verify_layer(ckpt[name], original_weight(ckpt[name], original, mapped=True), recipe, amax, ckpt.dtype,
+                        global_amax)
+
+
+def fused_global_amax(ckpt, original) -> dict[str, float]:
+    """Per NVFP4 layer, the largest original-weight amax over its fused siblings (q/k/v, gate/up,
+    w1/w3: ``fp8ref.checkpoint.plan.FUSED_SIBLINGS``), the amax its producer's global scale comes from."""
+    from ..checkpoint.plan import FUSED_SIBLINGS
+
+    nv = [n for n in ckpt if ckpt[n].quant.weight_strategy == "nvfp4"]
+    amax = {n: float(reduce_amax(np.asarray(original_weight(ckpt[n], original)), "tensor")[0]) for n in nv}
+    out = {}
+    for n in nv:
+        parent, leaf = n.rsplit(".", 1) if "." in n else ("", n)
+        group = next((g for g in FUSED_SIBLINGS if leaf in g), (leaf,))
+        out[n] = max(amax[m] for m in (f"{parent}.{g}" if parent else g for g in group) if m in amax)
+    return out
 
 
 def candidate_recipes(layer) -> list[str]:
@@ -243,18 +271,19 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
         return None if calibration is None else calibration.get(name)
 
     threads = LAYER_THREADS if executor == "local" else 1
+    fused = fused_global_amax(ckpt, original)
     if executor == "local":  # the loaded checkpoints, not a second load by path
         mine = threading.local()
 
-        def task(_c, _o, name, rec, a):
+        def task(_c, _o, name, rec, a, g):
             scratch = mine.__dict__.setdefault("scratch", Scratch())  # one per thread
             return verify_layer(ckpt[name], original_weight(ckpt[name], original, mapped=True), rec, a, ckpt.dtype,
-                                scratch=scratch)
+                                g, scratch=scratch)
     else:
         task = _verify_task
 
     def run(batch: list[str], rec: str | None) -> list[dict]:
-        items = [(str(ckpt.path), str(original.path), n, rec, amax(n)) for n in batch]
+        items = [(str(ckpt.path), str(original.path), n, rec, amax(n), fused.get(n)) for n in batch]
         return run_all(task, items, executor=executor, progress=progress, desc="verify", threads=threads) \
             if items else []
 

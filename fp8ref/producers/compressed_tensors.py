@@ -1,10 +1,12 @@
 """The compressed-tensors vocabulary (llm-compressor, auto-round's ``llm_compressor`` export):
 ``QuantizationArgs`` <-> ``QuantizationScheme`` and ``quantization_config`` <-> ``LayerConfig``.
 
-One reader and one writer, used by schemes, specs and checkpoints alike. What is written is
-what compressed-tensors 0.19.0 serialises (every ``QuantizationArgs`` key, REFERENCE §5.2;
-checked against the llm-compressor fixtures under tests/fixtures/interop/checkpoints); what is
-read is that or 0.20.1's form with null/default keys dropped.
+One reader and one writer, used by schemes, specs and checkpoints alike. What is written is what
+the chosen compressed-tensors version serialises (``version``, default the newest): 0.19.0 writes every
+``QuantizationArgs`` key (REFERENCE §5.2; checked against the llm-compressor fixtures under
+tests/fixtures/interop/checkpoints), 0.20.1 leaves out the keys nobody set and adds
+``moe_sparsity_config`` (checked against its own writer: tests/fixtures/interop/checkpoints/ct020_*);
+what is read is either form.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from ..scheme import ACT_GRANULARITIES, PRESETS, QuantizationScheme, SchemeField
 from ..spec import LayerConfig, Rule, Selector
 
 NAME = "compressed-tensors"
+# the config writers fp8ref reproduces, oldest first; the default is the newest
+CT_VERSIONS = ("0.19", "0.20")
+DEFAULT_CT_VERSION = CT_VERSIONS[-1]
 # kv_cache_scheme exactly as compressed-tensors 0.19.0 serialises a static per-tensor FP8 KV cache
 # (every QuantizationArgs key, observer null; measured with llm-compressor 0.14 oneshot + save_pretrained).
 # The scales it goes with: ``<attn>.k_scale`` / ``<attn>.v_scale``, [1], in the model dtype.
@@ -40,20 +45,31 @@ CT_ARGS_KEYS = ("actorder", "block_structure", "dynamic", "group_size", "num_bit
 _CT_MINMAX = (None, "minmax", "memoryless_minmax", "static_minmax", "memoryless")
 _CT_STRATEGY = {"tensor": "tensor", "channel": "channel", "group": "group", "block": "block",
                 "tensor_group": "tensor_group", "token": "token"}
+_CT_FLOATS = ("float8_e4m3fn", "float6_e2m3fn", "float4_e2m1fn")
 _CT_SCALE = {"model": None, "float32": "torch.float32", "bfloat16": "torch.bfloat16", "float16": "torch.float16",
              "float8_e8m0fnu": "torch.uint8", "float8_e4m3fn": "torch.float8_e4m3fn"}
 
 
-def to_ct_args(scheme: QuantizationScheme, part: str) -> dict | None:
-    """``QuantizationArgs`` dict of ``part`` ("weights" or "input_activations") with every key
-    compressed-tensors 0.19.0 writes (REFERENCE §5.2); None for unquantized activations."""
+def check_ct_version(version: str) -> str:
+    if version not in CT_VERSIONS:
+        raise SpecError(f"ct_version: expected one of {', '.join(CT_VERSIONS)}, got {version!r}")
+    return version
+
+
+def to_ct_args(scheme: QuantizationScheme, part: str, version: str = DEFAULT_CT_VERSION) -> dict | None:
+    """``QuantizationArgs`` dict of ``part`` ("weights" or "input_activations") as compressed-tensors
+    ``version`` writes it: 0.19 every key (REFERENCE §5.2), 0.20 only the keys set (``as_written``);
+    None for unquantized activations."""
     s = scheme
+    check_ct_version(version)
     if part not in ("weights", "input_activations"):
         raise SpecError(f"part: expected 'weights' or 'input_activations', got {part!r}")
     for field, fmt in (("weight_format", s.weight_format), ("act_format", s.act_format)):
-        if fmt is not None and fmt not in ("float8_e4m3fn", "float4_e2m1fn"):
-            raise SchemeFieldError(field, f"compressed-tensors float types are e4m3fn (8 bits) and e2m1 "
-                                   f"(4 bits); {fmt} has no equivalent")
+        if fmt is not None and fmt not in _CT_FLOATS:
+            raise SchemeFieldError(field, f"compressed-tensors float types are e4m3fn (8 bits), e2m3 (6 bits, "
+                                   f"0.20) and e2m1 (4 bits); {fmt} has no equivalent")
+        if fmt == "float6_e2m3fn" and version == "0.19":
+            raise SchemeFieldError(field, "compressed-tensors 0.19 has no 6-bit floats (MXFP6 came with 0.20)")
     if s.scale_dtype == "float8_e8m0fnu" and s.data_type != "mx_fp":
         raise SchemeFieldError("scale_dtype", "compressed-tensors marks MX by uint8 scales; float8_e8m0fnu "
                                f"scales with data_type {s.data_type!r} would read back as MX")
@@ -63,25 +79,45 @@ def to_ct_args(scheme: QuantizationScheme, part: str) -> dict | None:
         raise SchemeFieldError("saturate", "compressed-tensors always clamps to the format's range, got False")
     if part == "weights":
         gran, size = s.weight_granularity, s.group_size
-        args = _ct_args(s.bits, gran, size if gran in ("group", "tensor_group") else None, False, s)
+        args = _ct_args(s.bits, gran, size if gran in ("group", "tensor_group") else None, False,
+                        _CT_SCALE[s.scale_dtype])
         args["block_structure"] = list(s.block_shape) if gran == "block" else None
-        args["observer"] = "memoryless_minmax"
-        return args
+        # llm-compressor 0.14 sets the weight observer; compressed-tensors 0.20's presets leave it unset
+        args["observer"] = "memoryless_minmax" if version == "0.19" else None
+        return as_written(args, version)
     if not s.quantizes_activations:
         return None
     gran = s.act_granularity
     dynamic = "local" if s.act_data_type == "nv_fp4_with_static_gs" else s.act_dynamic
-    args = _ct_args(s.act_bits, gran, s.act_group_size if gran in ("group", "tensor_group") else None, dynamic, s)
+    # FP8 inputs under MX weights (MXFP4XFP8) keep the model-dtype scales of plain FP8
+    act_scale = None if s.data_type == "mx_fp" and s.act_data_type == "fp" else _CT_SCALE[s.scale_dtype]
+    args = _ct_args(s.act_bits, gran, s.act_group_size if gran in ("group", "tensor_group") else None, dynamic,
+                    act_scale)
     # NVFP4 inputs ("local": calibrated global, run-time blocks): llm-compressor 0.14 writes static_minmax
-    # (tests/fixtures/interop/checkpoints/llmc_nvfp4/config.json)
+    # (tests/fixtures/interop/checkpoints/llmc_nvfp4/config.json); so do compressed-tensors 0.20's presets
     args["observer"] = {False: "static_minmax", True: None, "local": "static_minmax"}[dynamic]
-    return args
+    return as_written(args, version)
 
 
-def _ct_args(bits, gran, group_size, dynamic, s) -> dict:
+def _ct_args(bits, gran, group_size, dynamic, scale_dtype) -> dict:
     return {"actorder": None, "block_structure": None, "dynamic": dynamic, "group_size": group_size,
-            "num_bits": bits, "observer": None, "observer_kwargs": {}, "scale_dtype": _CT_SCALE[s.scale_dtype],
+            "num_bits": bits, "observer": None, "observer_kwargs": {}, "scale_dtype": scale_dtype,
             "strategy": _CT_STRATEGY[gran], "symmetric": True, "type": "float", "zp_dtype": None}
+
+
+def as_written(args: dict, version: str) -> dict:
+    """Full 0.19 args as ``version`` serialises them: 0.20.1's ``QuantizationArgs._serialize`` drops
+    actorder, block_structure and scale_dtype when None, observer_kwargs when empty, observer when
+    unset, and zp_dtype always for symmetric args (its field serializer returns None)."""
+    if version == "0.19":
+        return args
+    out = dict(args)
+    for key in ("actorder", "block_structure", "scale_dtype", "observer", "zp_dtype"):
+        if out[key] is None:
+            del out[key]
+    if not out["observer_kwargs"]:
+        del out["observer_kwargs"]
+    return out
 
 
 def from_ct_args(weights: Mapping, input_activations: Mapping | None, *,
@@ -102,7 +138,8 @@ def from_ct_args(weights: Mapping, input_activations: Mapping | None, *,
     if input_activations is not None:
         a = _ct_parse(input_activations, "input_activations")
         family = _ct_family(a, "input_activations")
-        if _ct_scale(a, "input_activations", family) != fields["scale_dtype"]:
+        mx_fp8 = fields["data_type"] == "mx_fp" and family == "fp"  # MXFP4XFP8: FP8 inputs, their own scales
+        if not mx_fp8 and _ct_scale(a, "input_activations", family) != fields["scale_dtype"]:
             raise SchemeFieldError("input_activations.scale_dtype", "must equal weights.scale_dtype "
                                    "(a scheme has one scale_dtype)")
         fields.update(act_bits=a["num_bits"], act_granularity=a["strategy"], act_data_type=family)
@@ -158,8 +195,10 @@ def _ct_family(a: dict, part: str) -> str:
         return "mx_fp" if a["scale_dtype"] in ("torch.uint8", "uint8") else "fp"
     if a["num_bits"] == 4:
         return "nv_fp" if a["strategy"] == "tensor_group" else "mx_fp"
+    if a["num_bits"] == 6:  # 0.20: E2M3, MX only
+        return "mx_fp"
     raise SchemeFieldError(f"{part}.num_bits",
-                           f"compressed-tensors float types have 8 or 4 bits, got {a['num_bits']!r}")
+                           f"compressed-tensors float types have 8, 6 or 4 bits, got {a['num_bits']!r}")
 
 
 def _ct_scale(a: dict, part: str, family: str) -> str:
@@ -175,8 +214,9 @@ def _ct_scale(a: dict, part: str, family: str) -> str:
 
 
 # --- quantization_config ---------------------------------------------------------------------
-def to_ct_config(config: LayerConfig, layer_names: Iterable[str] | None = None) -> dict:
-    """compressed-tensors ``quantization_config`` of a spec (see ``quantization_config``).
+def to_ct_config(config: LayerConfig, layer_names: Iterable[str] | None = None, *,
+                 version: str = DEFAULT_CT_VERSION) -> dict:
+    """compressed-tensors ``quantization_config`` of a spec as ``version`` writes it (see ``quantization_config``).
 
     Without ``layer_names`` only a spec without ``layer_config`` rules can be written (one group
     targeting ``Linear``; ``ignore`` selectors copied, ``re:`` has the same meaning in CT). With
@@ -186,15 +226,17 @@ def to_ct_config(config: LayerConfig, layer_names: Iterable[str] | None = None) 
         resolved = config.resolve_all(layer_names)
         if not any(s is not None for s in resolved.values()):
             raise SpecError("layer_names: no layer is quantized; nothing to write")
-        return config_for_layers(resolved)
+        return config_for_layers(resolved, version=version)
     if config.rules:
         raise SpecError("layer_names: needed to write layer_config rules as exact compressed-tensors targets")
     if config.default is None:
         raise SpecError("scheme: the default scheme leaves every layer unquantized; nothing to write")
-    return quantization_config([group(config.default, ["Linear"])], [s.text for s in config.ignore])
+    return quantization_config([group(config.default, ["Linear"], version)], [s.text for s in config.ignore],
+                               version=version)
 
 
-def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: bool = False) -> dict:
+def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: bool = False,
+                      version: str = DEFAULT_CT_VERSION) -> dict:
     """``quantization_config`` for ``{layer: scheme or None (unquantized)}``: one distinct group
     becomes a single ``Linear`` group plus an ``ignore`` list of the unquantized layers (what
     llm-compressor writes), several become groups of exact layer names, so the result does not
@@ -203,32 +245,38 @@ def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: 
     by_group: dict[str, tuple[QuantizationScheme, list[str]]] = {}
     for name, s in resolved.items():
         if s is not None:
-            key = json.dumps(group(s, []), sort_keys=True)  # schemes CT cannot tell apart share a group
+            key = json.dumps(group(s, [], version), sort_keys=True)  # schemes CT cannot tell apart share a group
             by_group.setdefault(key, (s, []))[1].append(name)
     if len(by_group) == 1:
-        groups = [group(next(iter(by_group.values()))[0], ["Linear"])]
+        groups = [group(next(iter(by_group.values()))[0], ["Linear"], version)]
     else:
-        groups = [group(s, names) for s, names in by_group.values()]
-    return quantization_config(groups, ignore, kv=kv)
+        groups = [group(s, names, version) for s, names in by_group.values()]
+    return quantization_config(groups, ignore, kv=kv, version=version)
 
 
-def group(s: QuantizationScheme, targets: list[str]) -> dict:
-    """One ``config_groups`` entry (the five keys compressed-tensors 0.19.0 writes)."""
-    return {"format": _ct_format(s), "input_activations": to_ct_args(s, "input_activations"),
-            "output_activations": None, "targets": targets, "weights": to_ct_args(s, "weights")}
+def group(s: QuantizationScheme, targets: list[str], version: str = DEFAULT_CT_VERSION) -> dict:
+    """One ``config_groups`` entry (the five keys compressed-tensors writes, 0.19 and 0.20 alike)."""
+    return {"format": _ct_format(s), "input_activations": to_ct_args(s, "input_activations", version),
+            "output_activations": None, "targets": targets, "weights": to_ct_args(s, "weights", version)}
 
 
-def quantization_config(groups: list[dict], ignore: list[str], *, kv: bool = False) -> dict:
-    """The ONE compressed-tensors ``quantization_config`` writer: the nine top-level keys of
-    compressed-tensors 0.19.0 (``version`` left out: fp8ref is not compressed-tensors), groups
-    named ``group_0``... in order, ``kv_cache_scheme`` static per-tensor FP8 when ``kv``."""
+def quantization_config(groups: list[dict], ignore: list[str], *, kv: bool = False,
+                        version: str = DEFAULT_CT_VERSION) -> dict:
+    """The ONE compressed-tensors ``quantization_config`` writer: the top-level keys compressed-tensors
+    ``version`` writes (0.19.0: nine; 0.20.1 adds ``moe_sparsity_config``; ``version`` itself left out:
+    fp8ref is not compressed-tensors), groups named ``group_0``... in order, ``kv_cache_scheme`` static
+    per-tensor FP8 when ``kv``."""
+    check_ct_version(version)
     formats = {g["format"] for g in groups}
-    return {"config_groups": {f"group_{i}": g for i, g in enumerate(groups)},
-            "format": formats.pop() if len(formats) == 1 else "mixed-precision",
-            "global_compression_ratio": None, "ignore": list(ignore),
-            "kv_cache_scheme": dict(KV_CACHE_SCHEME, observer_kwargs={}) if kv else None,
-            "quant_method": NAME, "quantization_status": "compressed",
-            "sparsity_config": {}, "transform_config": {}}
+    out = {"config_groups": {f"group_{i}": g for i, g in enumerate(groups)},
+           "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+           "global_compression_ratio": None, "ignore": list(ignore),
+           "kv_cache_scheme": as_written(dict(KV_CACHE_SCHEME, observer_kwargs={}), version) if kv else None,
+           "quant_method": NAME, "quantization_status": "compressed",
+           "sparsity_config": {}, "transform_config": {}}
+    if version != "0.19":
+        out["moe_sparsity_config"] = None
+    return out
 
 
 def _ct_format(s: QuantizationScheme) -> str:
@@ -237,7 +285,7 @@ def _ct_format(s: QuantizationScheme) -> str:
     if s.data_type == "nv_fp":
         return "nvfp4-pack-quantized"
     if s.data_type == "mx_fp":
-        return "mxfp4-pack-quantized" if s.bits == 4 else "mxfp8-quantized"
+        return {4: "mxfp4-pack-quantized", 6: "mxfp6-pack-quantized"}.get(s.bits, "mxfp8-quantized")
     return "float-quantized" if s.quantizes_activations else "naive-quantized"
 
 

@@ -1,7 +1,8 @@
 """The E8M0 scale rules by name (``fp8ref.scaling.MX_SCALE_RULES``) against an independent
 Fraction/integer oracle, over every float32 exponent field and the mantissa classes that sit on
-or next to each rule's boundary (significand 1, 1.5, 1.75 and their neighbours), for E2M1, E4M3
-and E5M2 elements; plus the mismatch rates between rules (docs/quantize.md)."""
+or next to each rule's boundary (significand 1, 1.5, 1.75, 1.9375 and their neighbours), for E2M1,
+E2M3, E4M3 and E5M2 elements; plus the mismatch rates between rules (docs/quantize.md), and
+compressed-tensors 0.20.1's ``round_to_power_2`` transcribed on the bits for every bfloat16 amax."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 from fp8ref.formats import FORMATS
 from fp8ref.scaling import MX_SCALE_RULES, mx_scale_exponent
 
-MANTISSAS = (0, 1, 0x3FFFFF, 0x400000, 0x400001, 0x5FFFFF, 0x600000, 0x600001, 0x7FFFFE, 0x7FFFFF, 0x2AAAAB)
-ELEMENTS = ("float4_e2m1fn", "float8_e4m3fn", "float8_e5m2")
+MANTISSAS = (0, 1, 0x3FFFFF, 0x400000, 0x400001, 0x5FFFFF, 0x600000, 0x600001, 0x7FFFFE, 0x7FFFFF, 0x2AAAAB,
+             0x77FFFF, 0x780000, 0x780001)  # 0x780000: significand 1.9375, E2M3's round_to_power_2 boundary
+ELEMENTS = ("float4_e2m1fn", "float6_e2m3fn", "float8_e4m3fn", "float8_e5m2")
 
 
 def _f32(field: int, mantissa: int) -> float:
@@ -36,8 +38,9 @@ def _round_f32(x: Fraction) -> Fraction:
     return q * ulp
 
 
-def _oracle(a: float, rule: str, emax: int, max_elem: Fraction) -> int:
-    """The unbiased exponent, read from the rules' definitions with exact arithmetic."""
+def _oracle(a: float, rule: str, emax: int, max_elem: Fraction, ct_threshold: Fraction = Fraction(7, 4)) -> int:
+    """The unbiased exponent, read from the rules' definitions with exact arithmetic (``ct_threshold``:
+    the significand at which compressed-tensors' round_to_power_2 rounds up for the element type)."""
     if a != a or a in (float("inf"), float("-inf")):
         return 128
     if a == 0:
@@ -46,8 +49,9 @@ def _oracle(a: float, rule: str, emax: int, max_elem: Fraction) -> int:
     fl = _floor_log2(x)
     if rule in ("floor", "ocp-floor"):
         k = fl - emax
-    elif rule in ("even", "ct-round-to-power-2"):  # round up iff the significand is >= 1.75
-        k = fl + (x >= Fraction(7, 4) * Fraction(2) ** fl) - emax
+    elif rule in ("even", "ct-round-to-power-2"):  # round up iff the significand is >= 1.75 (CT E2M3: 1.9375)
+        threshold = ct_threshold if rule == "ct-round-to-power-2" else Fraction(7, 4)
+        k = fl + (x >= threshold * Fraction(2) ** fl) - emax
     elif rule == "round-up":  # d = float32(amax / max_elem) (RNE); the smallest 2**k >= d, at least 2**-126
         d = _round_f32(x / max_elem)
         if d == 0:
@@ -69,7 +73,9 @@ AMAX = [_f32(f, m) for f in range(255) for m in MANTISSAS] + [float("inf"), floa
 def test_rule_matches_the_oracle_on_every_boundary_class(rule, elem):
     fmt = FORMATS[elem]
     got = mx_scale_exponent(np.array(AMAX, np.float64), fmt, rule)
-    want = [_oracle(a, rule, fmt.emax, Fraction(float(fmt.max))) for a in AMAX]
+    # compressed-tensors 0.20.1 generate_mx_scales: elem_mantissa 3 for 6 bits, E2M1's 1 otherwise
+    threshold = Fraction(31, 16) if elem == "float6_e2m3fn" else Fraction(7, 4)
+    want = [_oracle(a, rule, fmt.emax, Fraction(float(fmt.max)), threshold) for a in AMAX]
     bad = [(a.hex(), int(g), w) for a, g, w in zip(AMAX, got, want) if g != w]
     assert not bad, bad[:5]
 
@@ -95,3 +101,21 @@ def test_mismatch_rates_between_rules_over_a_uniform_binade(elem, pair, rate):
     fmt = FORMATS[elem]
     a, b = (mx_scale_exponent(amax, fmt, r) for r in pair)
     assert int((a != b).sum()) == rate
+
+
+@pytest.mark.parametrize("elem,elem_mantissa", [("float6_e2m3fn", 3), ("float4_e2m1fn", 1), ("float8_e4m3fn", 1)])
+def test_ct_round_to_power_2_transcribed_on_every_bfloat16(elem, elem_mantissa):
+    """compressed-tensors 0.20.1 quantization/utils/mxfp_utils.py, step by step on bfloat16 bits:
+    round_to_power_2 adds 1 << (7 - elem_mantissa - 1) and masks sign and exponent, generate_mx_scales
+    takes 127 + floor(log2) - offset (offset = floor(log2(max_elem)) = 2, 2, 8); every positive finite
+    bfloat16 amax whose result is a normal exponent."""
+    bits = np.arange(0x0001, 0x7F80, dtype=np.int32)  # positive finite bfloat16 (subnormals included)
+    p2 = (bits + (1 << (7 - elem_mantissa - 1))) & (0x1FF << 7)  # uint16 arithmetic: no sign carry below inf
+    amax = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    offset = {"float6_e2m3fn": 2, "float4_e2m1fn": 2, "float8_e4m3fn": 8}[elem]
+    field = p2 >> 7
+    ct = np.where(field == 0, -127, field - 127 - offset)  # log2(0) = -inf: the zero block's byte 0
+    ok = (field > 0) & (field < 255) & (field - 127 - offset >= -127)
+    got = mx_scale_exponent(amax, FORMATS[elem], "ct-round-to-power-2")
+    assert np.array_equal(got[ok], ct[ok])
+    assert ok.sum() > 30000

@@ -184,6 +184,7 @@ ZERO_BLOCK = {
     "compressed-tensors": ("FP8_STATIC", "weight", 2.0 ** -7, "stored 0 -> eps(bf16)"),
     "compressed-tensors-gpu": ("FP8_STATIC", "weight", 2.0 ** -7, "the eager path's scales: stored 0 -> eps(bf16)"),
     "compressed-tensors-mx": ("MXFP8", "weight", 2.0 ** -127, "byte 0 (FINDINGS 2.3)"),
+    "compressed-tensors-mx-0.20": ("MXFP6A16", "weight", 2.0 ** -127, "byte 0, as 0.19 (ct020 fixtures)"),
     "compressed-tensors-nvfp4": ("NVFP4", "weight", 0.125, "0x20 (FINDINGS 1.4 writes 0x30, which is 0.5)"),
     "fbgemm": ("FP8_DYNAMIC", "weight", float(np.float32(1 / np.float32(448 / np.float32(1e-12)))),
                "amax floor 1e-12"),

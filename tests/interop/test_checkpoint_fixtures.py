@@ -40,6 +40,10 @@ FIXTURES_FP4_MX = ["llmc_mxfp4", "llmc_mxfp8", "llmc_nvfp4", "llmc_nvfp4a16", "m
 FIXTURES_QUARK = ["quark_fp8", "quark_mxfp4"]
 UE8M0 = "hf_fp8_ue8m0"  # tools/make_fixture_ue8m0.py; read by test_checkpoint_fixture_ue8m0.py
 ORIGINAL = "original_bf16"  # the unquantized tiny Llama the tools were given (verify, compare --original)
+# tools/make_ct020_fixtures.py: compressed-tensors 0.20.1, read by test_ct020_fixtures.py; and the original of
+# every FP4 / MX fixture (verify --original, test_verify_block_fixtures.py)
+FIXTURES_CT020 = ["ct020_fp8", "ct020_mxfp4xfp8", "ct020_mxfp6a16", "ct020_mxfp6a8", "ct020_mxfp8"]
+ORIGINAL_FP4_MX = "original_fp4_mx_bf16"
 # tools/make_moe_fixtures.py: MoE / MLA models and their originals; read by test_nn_moe_interop.py
 FIXTURES_MOE = ["llmc_deepseek_v3_fp8_block", "llmc_mixtral_fp8_block", "llmc_mixtral_fp8_dynamic",
                 "llmc_qwen3_moe_fp8_block", "llmc_qwen3_moe_fp8_dynamic", "moe_deepseek_v3_bf16", "moe_mixtral_bf16",
@@ -60,7 +64,8 @@ def _layer_cases():
 
 def test_all_fixtures_present():
     assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(
-        FIXTURES + FIXTURES_FP4_MX + FIXTURES_QUARK + FIXTURES_MOE + [UE8M0, ORIGINAL])
+        FIXTURES + FIXTURES_FP4_MX + FIXTURES_QUARK + FIXTURES_MOE + FIXTURES_CT020
+        + [UE8M0, ORIGINAL, ORIGINAL_FP4_MX])
     assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 

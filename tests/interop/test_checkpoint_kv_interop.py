@@ -38,8 +38,11 @@ def test_compressed_tensors_computes_the_same_kv_scale(tmp_path):
     cal = {}
     for i, a in enumerate(AMAX):
         cal[f"model.layers.{i // 2}.self_attn.{'kv'[i % 2]}_scale"] = a
+    import importlib.metadata as md
+
+    installed = ".".join(md.version("compressed-tensors").split(".")[:2])  # write as the installed version does
     export_checkpoint(tmp_path / "src", tmp_path / "out", {"scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]},
-                      calibration=cal)
+                      calibration=cal, config_version=installed)
     qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
     args = QuantizationConfig.model_validate(qc).kv_cache_scheme
     assert args is not None and args.model_dump(mode="json") == qc["kv_cache_scheme"]

@@ -27,7 +27,7 @@ from fp8ref.registry import get_recipe
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 ST = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-FP4, E4M3 = "float4_e2m1fn", "float8_e4m3fn"
+FP4, FP6, E4M3 = "float4_e2m1fn", "float6_e2m3fn", "float8_e4m3fn"
 CASES = [  # (format, layout, recipe)
     ("compressed-tensors", LayerQuant("nvfp4", None, "nvfp4", weight_fmt=FP4, global_scale="divisor", input_fmt=FP4),
      "compressed-tensors-nvfp4"),
@@ -35,6 +35,10 @@ CASES = [  # (format, layout, recipe)
      "compressed-tensors-nvfp4"),
     ("compressed-tensors", LayerQuant("mx", None, "mx", weight_fmt=FP4, input_fmt=FP4), "compressed-tensors-mx"),
     ("compressed-tensors", LayerQuant("mx", None, "mx"), "compressed-tensors-mx"),
+    # compressed-tensors 0.20: MXFP6A16, MXFP6A8, MXFP4XFP8
+    ("compressed-tensors", LayerQuant("mx", None, None, weight_fmt=FP6), "compressed-tensors-mx-0.20"),
+    ("compressed-tensors", LayerQuant("mx", None, "mx", weight_fmt=FP6, input_fmt=E4M3), "compressed-tensors-mx-0.20"),
+    ("compressed-tensors", LayerQuant("mx", None, "dynamic-group", 128, weight_fmt=FP4), "compressed-tensors-mx-0.20"),
     ("modelopt", LayerQuant("nvfp4", None, "nvfp4", weight_fmt=FP4, global_scale="multiplier", input_fmt=FP4),
      "modelopt-nvfp4"),
     ("modelopt", LayerQuant("mx", None, "mx"), "modelopt-mxfp8"),
@@ -66,10 +70,11 @@ def _bits(a) -> bytes:
 def test_export_load_write_is_bit_identical(data):
     fmt, quant, recipe = data.draw(st.sampled_from(CASES), label="case")
     dtype = data.draw(st.sampled_from(sorted(NP)), label="dtype")
-    # packed FP4 needs an even K; producers pack whole blocks (16 NVFP4, 32 MX) once K reaches one, so
-    # K is either below a block (one partial group) or a multiple of 32
-    inp = data.draw(st.one_of(st.integers(1, 7).map(lambda h: 2 * h), st.integers(1, 5).map(lambda b: 32 * b)),
-                    label="K")
+    # packed FP4 needs an even K, packed FP6 a multiple of 4; producers pack whole blocks (16 NVFP4, 32 MX)
+    # once K reaches one, so K is either below a block (one partial group) or a multiple of 32
+    step = 4 if quant.weight_fmt == FP6 else 2
+    inp = data.draw(st.one_of(st.integers(1, 7).map(lambda h: step * h),
+                              st.integers(1, 5).map(lambda b: 32 * b)), label="K")
     ws = {n: data.draw(weights(dtype, data.draw(st.integers(1, 24)), inp), label=n) for n in NAMES}
     amax = {n: data.draw(st.sampled_from([0.5, 3.0, 448.0, 1e-3]), label=f"amax {n}") for n in NAMES}
     with tempfile.TemporaryDirectory() as tmp:

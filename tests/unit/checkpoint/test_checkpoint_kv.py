@@ -65,10 +65,23 @@ def test_hand_picked_oracle_values():
     assert ct_scale_bits(1.0, "float32") == (0x3B124925).to_bytes(4, "little")
 
 
+# compressed-tensors 0.20.1's QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False,
+# symmetric=True).model_dump(): the keys nobody set are left out (measured with the 0.20.1 wheel)
+CT_020_KV_SCHEME = {"dynamic": False, "group_size": None, "num_bits": 8, "strategy": "tensor", "symmetric": True,
+                    "type": "float"}
+
+
+def test_kv_cache_scheme_of_the_0_20_writer(tmp_path):
+    make_source(tmp_path / "src")
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=KV)
+    qc = load_checkpoint(tmp_path / "out").quantization_config
+    assert qc["kv_cache_scheme"] == CT_020_KV_SCHEME and qc["moe_sparsity_config"] is None
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_compressed_tensors_export_writes_kv_scales(tmp_path, dtype):
     make_source(tmp_path / "src", dtype)
-    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=KV)
+    export_checkpoint(tmp_path / "src", tmp_path / "out", SPEC, calibration=KV, config_version="0.19")
     ckpt = load_checkpoint(tmp_path / "out")
     assert ckpt.warnings == []
     assert ckpt.quantization_config["kv_cache_scheme"] == CT_019_KV_SCHEME
@@ -168,8 +181,8 @@ def test_source_with_kv_scale_tensor_is_refused(tmp_path):
 
 def test_write_checkpoint_keeps_kv_scales(tmp_path):
     make_source(tmp_path / "src")
-    export_checkpoint(tmp_path / "src", tmp_path / "a", SPEC, calibration=KV)
-    write_checkpoint(load_checkpoint(tmp_path / "a"), tmp_path / "b")
+    export_checkpoint(tmp_path / "src", tmp_path / "a", SPEC, calibration=KV, config_version="0.19")
+    write_checkpoint(load_checkpoint(tmp_path / "a"), tmp_path / "b")  # keeps the 0.19 writer
     assert (tmp_path / "b" / "model.safetensors").read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
     b = load_checkpoint(tmp_path / "b")
     assert b.quantization_config["kv_cache_scheme"] == CT_019_KV_SCHEME and b.warnings == []

@@ -184,7 +184,7 @@ def test_reference_forward_is_the_exact_product_rounded_once(name, layer_name):
         [[math.copysign(1, v) if v == 0 else v for v in r] for r in want]  # an exact 0 sum rounds to +0
 
 
-@pytest.mark.parametrize("name", ["modelopt_nvfp4", "modelopt_mxfp8"])
+@pytest.mark.parametrize("name", ["modelopt_mxfp8"])  # NVFP4 runs: NVFP4QTensor's CPU arithmetic
 def test_modelopt_block_producer_is_refused_before_any_forward(name):
     from fp8ref.nn import Fp8RefLinear
 

@@ -48,7 +48,7 @@ def test_autoround_presets_match_reference_7_1(name):
 @pytest.mark.parametrize("name", sorted(CT_TABLE_7_3))
 def test_ct_presets_match_reference_7_3(name):
     s = PRESETS[name]
-    w, a = to_ct_args(s, "weights"), to_ct_args(s, "input_activations")
+    w, a = to_ct_args(s, "weights", "0.19"), to_ct_args(s, "input_activations", "0.19")
     got = (w["strategy"], w["block_structure"], a["strategy"], a["group_size"], a["dynamic"])
     assert got == CT_TABLE_7_3[name]
     assert (w["type"], w["num_bits"], a["type"], a["num_bits"]) == ("float", 8, "float", 8)
@@ -195,8 +195,8 @@ CT_0201_AR_WEIGHTS = {"dynamic": False, "group_size": None, "num_bits": 8, "stra
 
 def test_ct_019_fp8_args_written_exactly():
     s = PRESETS["FP8"]
-    assert to_ct_args(s, "weights") == CT_019_FP8_WEIGHTS
-    assert to_ct_args(s, "input_activations") == CT_019_FP8_INPUT
+    assert to_ct_args(s, "weights", "0.19") == CT_019_FP8_WEIGHTS
+    assert to_ct_args(s, "input_activations", "0.19") == CT_019_FP8_INPUT
 
 
 def test_ct_parses_019_and_0201_forms():

@@ -18,9 +18,9 @@ CASES = [
     ('act_bits_7', 'scheme: FP8\nlayer_config:\n  "re:.*k_proj":\n    act_bits: 7\n',
      'x.yaml:4: layer_config."re:.*k_proj".act_bits: expected one of 8, 16, got 7'),
     ('unknown_preset', 'scheme: FP8_STATC\n',
-     "x.yaml:1: scheme: unknown preset 'FP8_STATC'; did you mean 'FP8_STATIC'? (known: FP8_STATIC, FP8, FP8_DYNAMIC, FP8_BLOCK, FPW8A16, MXFP8, MXFP4, NVFP4, BF16, none)"),
+     "x.yaml:1: scheme: unknown preset 'FP8_STATC'; did you mean 'FP8_STATIC'? (known: FP8_STATIC, FP8, FP8_DYNAMIC, FP8_BLOCK, FPW8A16, MXFP8, MXFP4, NVFP4, MXFP6A16, MXFP6A8, MXFP4XFP8, BF16, none)"),
     ('unknown_preset_in_rule', 'scheme: FP8\nlayer_config:\n  a: nvfp5\n',
-     "x.yaml:3: layer_config.a: unknown preset 'nvfp5'; did you mean 'NVFP4'? (known: FP8_STATIC, FP8, FP8_DYNAMIC, FP8_BLOCK, FPW8A16, MXFP8, MXFP4, NVFP4, BF16, none)"),
+     "x.yaml:3: layer_config.a: unknown preset 'nvfp5'; did you mean 'NVFP4'? (known: FP8_STATIC, FP8, FP8_DYNAMIC, FP8_BLOCK, FPW8A16, MXFP8, MXFP4, NVFP4, MXFP6A16, MXFP6A8, MXFP4XFP8, BF16, none)"),
     ('bad_regex', 'scheme: FP8\nlayer_config:\n  "re:(unclosed": BF16\n',
      'x.yaml:3: layer_config."re:(unclosed": invalid regular expression \'(unclosed\': missing ), unterminated subpattern at position 0'),
     ('empty_regex', 'scheme: FP8\nignore: ["re:"]\n',
@@ -86,7 +86,7 @@ CASES = [
     ('mx_group', 'scheme: MXFP8\nlayer_config:\n  a: {group_size: 16}\n',
      "x.yaml:3: layer_config.a.group_size: OCP MX v1.0 scales blocks of 32 elements (weight_granularity 'group', group_size 32), got 16"),
     ('multiple_errors', 'scheme: FP8\nlayer_config:\n  a: {bits: 7}\n  b: nope\n',
-     "x.yaml:3: layer_config.a.bits: expected one of 8, got 7\nx.yaml:4: layer_config.b: unknown preset 'nope'; did you mean 'none'? (known: FP8_STATIC, FP8, FP8_DYNAMIC, FP8_BLOCK, FPW8A16, MXFP8, MXFP4, NVFP4, BF16, none)"),
+     "x.yaml:3: layer_config.a.bits: expected one of 8, got 7\nx.yaml:4: layer_config.b: unknown preset 'nope'; did you mean 'none'? (known: FP8_STATIC, FP8, FP8_DYNAMIC, FP8_BLOCK, FPW8A16, MXFP8, MXFP4, NVFP4, MXFP6A16, MXFP6A8, MXFP4XFP8, BF16, none)"),
 ]
 
 
