@@ -217,8 +217,9 @@ ZERO_BLOCK = {
 @pytest.mark.parametrize("recipe", recipe_names())
 def test_what_each_recipe_stores_for_a_zero_block(recipe):
     """Every registered recipe has a row (a new recipe fails here until its row says what it does);
-    vllm-static has no zero-amax rule: its zero-block cases are left out (above)."""
-    if recipe == "vllm-static":
+    vllm-static and torchao-float8 have no zero-amax rule: their zero-block cases are left out (above;
+    torchao stores scale 0 and NaN codes there, pytorch/ao #4713)."""
+    if recipe in ("vllm-static", "torchao-float8"):
         assert not any(c.params["recipe"] == recipe for c in of("quantize", "zero-blocks"))
         return
     scheme, role, want, _, *pattern = ZERO_BLOCK[recipe]
