@@ -69,11 +69,51 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dt
 
 
 def cannot_express(quant: LayerQuant) -> str | None:
-    return "fp8ref does not write torchao checkpoints yet (per-weight __metadata__ JSON)"
+    if (quant.weight_strategy not in ("channel", "tensor") or quant.weight_fmt != "float8_e4m3fn"
+            or quant.input not in (None, "dynamic-token", "dynamic-tensor")):
+        return (f"torchao's Float8Tensor holds per-row or per-tensor float8_e4m3fn weights with dynamic "
+                f"per-token / per-tensor inputs or none; got {quant.describe()}")
+    return None
 
 
 def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str):
-    raise CheckpointError(f"{NAME}: {name}: {cannot_express(quant)}")
+    scale = (out, 1) if quant.weight_strategy == "channel" else (1, 1)
+    return [("weight", f"{name}{QDATA}", "F8_E4M3", (out, inp)), ("weight_scale", f"{name}{SCALE}", "F32", scale)]
+
+
+def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False) -> dict:
+    if kv:
+        raise CheckpointError(f"{NAME}: {KV_REFUSAL}")
+    kinds = {(q.weight_strategy, q.input) for q in layers.values()}
+    if len(kinds) != 1:
+        raise CheckpointError(f"{NAME}: TorchAoConfig holds one Float8 config for every layer; got "
+                              f"{sorted(map(str, kinds))}")
+    for q in layers.values():
+        why = cannot_express(q)
+        if why:
+            raise CheckpointError(f"{NAME}: {why}")
+    return ta.quantization_config(*kinds.pop())
+
+
+def shard_metadata(metadata: dict | None, layers: dict, plain: list[str]) -> dict:
+    """A shard's __metadata__ with each written layer's Float8Tensor description (``layers``: name ->
+    (LayerQuant, [out, in], model dtype)), ``{"_type": "Tensor"}`` for each ``plain`` tensor and
+    torchao's ``tensor_names``, as flatten_tensor_state_dict writes them."""
+    import json
+
+    out = dict(metadata or {})
+    for name in plain:
+        out.setdefault(name, json.dumps({"_type": "Tensor"}))
+    for name, (quant, (rows, cols), dtype) in layers.items():
+        block = (1, cols) if quant.weight_strategy == "channel" else (rows, cols)
+        out[f"{name}.weight"] = ta.float8_description(block, dtype, quant.input, quant.weight_strategy)
+    names = json.loads(out.get("tensor_names", "[]")) if isinstance(out.get("tensor_names"), str) else []
+    new = [f"{n}.weight" for n in layers] + list(plain)
+    out["tensor_names"] = json.dumps(names + [n for n in new if n not in names])
+    return out
+
+
+KV_REFUSAL = "TorchAoConfig has no KV-cache scale field"
 
 
 class TorchAo(Defaults):
@@ -88,7 +128,7 @@ class TorchAo(Defaults):
     detect_rank = 6
     scheme_scale_dtype = "float32"
     scales_follow_recipe = False
-    kv_refusal = "fp8ref does not write torchao checkpoints"
+    kv_refusal = KV_REFUSAL
     known_recipes = (RECIPE,)
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
@@ -100,9 +140,6 @@ class TorchAo(Defaults):
     def producer_refusal(self, quant: LayerQuant) -> str | None:
         return "no producer emulation for torchao checkpoints (its CPU path quantizes activations only on GPU)"
 
-    def quantization_config(self, layers: dict, unquantized: list[str], kv: bool = False) -> dict:
-        raise CheckpointError(f"{NAME}: {cannot_express(None)}")
-
     def original_weight(self, layer, store: TensorStore):
         key = f"{layer.name}.weight"
         if key not in store:
@@ -113,6 +150,8 @@ class TorchAo(Defaults):
     check_layer = staticmethod(check_layer)
     cannot_express = staticmethod(cannot_express)
     tensor_plan = staticmethod(tensor_plan)
+    quantization_config = staticmethod(quantization_config)
+    shard_metadata = staticmethod(shard_metadata)
 
 
 register(TorchAo())

@@ -86,3 +86,44 @@ def check_config(qc: dict, where: str) -> None:
     qt = qc.get("quant_type")
     if not isinstance(qt, (dict, str)):
         raise CheckpointError(f"{where}.quant_type: expected an object or a string, got {type(qt).__name__}")
+
+
+# --- writing: the JSON torchao 0.18.0 and transformers 5.17 write (key order as theirs) -----------
+
+def _granularity(input_mode: str | None, strategy: str) -> dict:
+    kind = {"dynamic-token": "PerRow", "dynamic-tensor": "PerTensor"}.get(input_mode) or (
+        "PerRow" if strategy == "channel" else "PerTensor")
+    return {"_type": kind, "_data": {"dim": -1}} if kind == "PerRow" else {"_type": kind, "_data": {}}
+
+
+def float8_description(block_size: tuple[int, int], dtype: str, input_mode: str | None, strategy: str) -> str:
+    """``__metadata__["M.weight"]`` of a Float8Tensor as flatten_tensor_state_dict writes it."""
+    auto = {"_type": "KernelPreference", "_data": "AUTO"}
+    act = None
+    if input_mode is not None:
+        act = {"_type": "QuantizeTensorToFloat8Kwargs", "_data": {
+            "float8_dtype": {"_type": "torch.dtype", "_data": "float8_e4m3fn"},
+            "granularity": _granularity(input_mode, strategy), "mm_config": None, "hp_value_lb": None,
+            "hp_value_ub": None, "kernel_preference": auto}}
+    return json.dumps({"_type": FLOAT8, "_data": {"block_size": list(block_size), "mm_config": None,
+                                                  "act_quant_kwargs": act, "kernel_preference": auto,
+                                                  "dtype": {"_type": "torch.dtype", "_data": dtype}},
+                       "_tensor_data_names": ["qdata", "scale"]})
+
+
+def quantization_config(strategy: str, input_mode: str | None) -> dict:
+    """TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=...)).to_dict()."""
+    g = _granularity(input_mode, strategy)
+    g = {"_type": g["_type"], "_version": 1, "_data": g["_data"]}
+    return {"quant_method": METHOD, "quant_type": {"default": {
+        "_type": "Float8DynamicActivationFloat8WeightConfig", "_version": 2, "_data": {
+            "activation_dtype": {"_type": "torch.dtype", "_data": "float8_e4m3fn"},
+            "weight_dtype": {"_type": "torch.dtype", "_data": "float8_e4m3fn"},
+            "granularity": [g, dict(g)],
+            "packing_format": {"_type": "Float8PackingFormat", "_data": "PLAIN"},
+            "mm_config": {"_type": "Float8MMConfig", "_version": 1,
+                          "_data": {"emulate": False, "use_fast_accum": True, "pad_inner_dim": False}},
+            "activation_value_lb": None, "activation_value_ub": None,
+            "kernel_preference": {"_type": "KernelPreference", "_data": "AUTO"},
+            "set_inductor_config": True, "alg_id": 0}}},
+        "modules_to_not_convert": None, "include_input_output_embeddings": False, "untie_embedding_weights": False}

@@ -15,6 +15,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fp8ref.checkpoint import load_checkpoint
 from fp8ref.errors import CheckpointError
@@ -103,3 +105,53 @@ def test_hostile_metadata_is_one_error_line(tmp_path, capsys, case):
     assert run_cli("inspect", ckpt) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fp8ref: error:") and "model.safetensors" in err[0]
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+def _spec(preset: str) -> dict:
+    """The preset with torchao's recipe; FP8 (per tensor) with dynamic per-tensor inputs, as torchao's PerTensor."""
+    from fp8ref.scheme import PRESETS
+
+    d = PRESETS[preset].to_dict()
+    d.update(recipe="torchao-float8", act_dynamic=True)
+    return {"scheme": d}
+
+
+@pytest.mark.parametrize("preset, folder", [("FP8_DYNAMIC", "float8_row"), ("FP8", "float8_tensor")])
+def test_export_writes_torchaos_tensors_descriptions_and_config(tmp_path, preset, folder):
+    import fp8ref
+
+    out = fp8ref.export_checkpoint(FIX / "original", tmp_path / "o", _spec(preset), format="torchao")
+    mine, tool = SafetensorsFile(out / "model.safetensors"), SafetensorsFile(FIX / folder / "model.safetensors")
+    assert sorted(mine.tensors) == sorted(tool.tensors)
+    for n in tool.tensors:
+        assert mine.get(n).tobytes() == tool.get(n).tobytes(), n
+    for key, value in tool.metadata.items():
+        if key == "tensor_names":
+            assert sorted(json.loads(mine.metadata[key])) == sorted(json.loads(value))
+        else:
+            assert mine.metadata[key] == value, key
+    ours = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert ours == json.loads((FIX / folder / "config.json").read_text())["quantization_config"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 5), cols=st.integers(1, 40),
+       dtype=st.sampled_from(["bfloat16", "float16", "float32"]))
+def test_export_load_export_is_byte_identical(tmp_path_factory, seed, rows, cols, dtype):
+    import fp8ref
+    from fp8ref.checkpoint import write_checkpoint
+    from fp8ref.rounding import round_to
+
+    tmp = tmp_path_factory.mktemp("rt")
+    rng = np.random.default_rng(seed)
+    w = round_to(rng.standard_normal((rows, cols)) * 0.1 + 0.01, dtype)
+    w = w.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else w.astype(dtype)
+    (tmp / "src").mkdir()
+    save(tmp / "src" / "model.safetensors", {"m.proj.weight": w})
+    (tmp / "src" / "config.json").write_text(json.dumps({"torch_dtype": dtype}))
+    a = fp8ref.export_checkpoint(tmp / "src", tmp / "a", _spec("FP8_DYNAMIC"), format="torchao")
+    b = write_checkpoint(load_checkpoint(a), tmp / "b")
+    for name in ("model.safetensors", "config.json"):
+        assert (Path(a) / name).read_bytes() == (Path(b) / name).read_bytes(), name
