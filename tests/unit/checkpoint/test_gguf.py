@@ -234,3 +234,25 @@ def test_hostile_gguf_is_one_error_naming_file_and_nothing_written(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fp8ref: error:") and str(path) in err[0]
     assert sorted(os.listdir(tmp_path)) == ["bad.gguf", "spec.yaml"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_any_truncation_or_header_byte_change_is_read_or_one_checkpoint_error(tmp_path_factory, data):
+    """A cut anywhere, or up to 3 bytes of the header overwritten: a CheckpointError or a valid read,
+    never another exception."""
+    raw = bytearray((FIX / "mxfp4.gguf").read_bytes())
+    header_end = GgufFile(FIX / "mxfp4.gguf").data_start
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        for _ in range(data.draw(st.integers(1, 3))):
+            raw[data.draw(st.integers(0, header_end - 1))] = data.draw(st.integers(0, 255))
+    path = tmp_path_factory.mktemp("fuzz") / "x.gguf"
+    path.write_bytes(bytes(raw))
+    try:
+        ckpt = load_checkpoint(path)
+        for name in ckpt:
+            ckpt[name].dequantize("float32")
+    except CheckpointError as exc:
+        assert str(path) in str(exc)
