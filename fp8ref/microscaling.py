@@ -89,6 +89,12 @@ def _block_encode(y32: np.ndarray, rec: BlockRecipe, fmt) -> np.ndarray:
             y = y + np.float32(0.0)  # -0.0 + 0.0 = +0.0
         y = np.clip(y, -fmt.max, fmt.max).astype(np.float32)
     codes = encode(y, fmt, rounding="rne", saturate=True)
+    if rec.encode_ties == "toward-zero":  # a halfway y keeps the truncated (smaller) neighbour
+        down = encode(y, fmt, rounding="rtz", saturate=True)
+        y64 = y.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            tie = np.abs(y64 - decode(down, fmt)) == np.abs(decode(codes, fmt) - y64)
+        codes = np.where(tie, down, codes).astype(np.uint8)
     if rec.negative_zero == "positive" and fmt.has_negative_zero:
         codes[codes == fmt.sign_mask] = 0
     return codes

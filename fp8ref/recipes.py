@@ -400,7 +400,8 @@ class BlockRecipe:
        rounded to fp32 first), or with ``op: multiply_reciprocal`` (TE) x * min(fp32(1/fp32(s_b *
        fp32(1/g))), FLT_MAX); MX x * 2**-k, exact, then rounded to ``dtype``; ``+ 0`` if
        ``add_zero`` (-0.0 -> +0.0); clamp to +-max_elem.
-    4. ``encode``: RNE, saturating; ``negative_zero`` keep (tiny negatives give the -0 code) or positive.
+    4. ``encode``: RNE (``ties: toward-zero``: halfway cases to the smaller magnitude), saturating;
+       ``negative_zero`` keep (tiny negatives give the -0 code) or positive.
     """
 
     name: str
@@ -429,6 +430,9 @@ class BlockRecipe:
     tile_rows: int = 1               # 1: 1x16 blocks | 16: 16x16 tiles share one scale (TE's 2-D weights)
     # divide: x / fp32(s_b/g) | multiply_reciprocal: x * min(fp32(1/fp32(s_b*fp32(1/g))), FLT_MAX) (TE)
     apply_op: str = "divide"
+    # even: ties to the even code (RNE) | toward-zero: ties to the smaller magnitude (llama.cpp's
+    # best_index_mxfp4 keeps the first of two equal errors)
+    encode_ties: str = "even"
 
 
 _BLOCK_STEPS = {
@@ -437,10 +441,10 @@ _BLOCK_STEPS = {
                     "zero_stored": "block_zero_stored", "mx_rule": "mx_rule", "zero_code": "mx_zero_code",
                     "tile_rows": "tile_rows"},
     "apply": {"dtype": "apply_dtype", "add_zero": "add_zero", "op": "apply_op"},
-    "encode": {"negative_zero": "negative_zero"},
+    "encode": {"negative_zero": "negative_zero", "ties": "encode_ties"},
     "dequantize": {"dtype": "dequantize_dtype"},
 }
-_BLOCK_OPTIONAL = ("rule", "tile_rows", "op")
+_BLOCK_OPTIONAL = ("rule", "tile_rows", "op", "ties")
 _BLOCK_TOP = ("name", "kind", "summary", "source", "verified", "granularities", "formats", "nonfinite", "steps")
 _BLOCK_CHOICES = {
     "nonfinite": ("error", "propagate"), "global_meaning": (None, "divisor", "multiplier"),
@@ -448,7 +452,7 @@ _BLOCK_CHOICES = {
     "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)",
                    "amax*fp32(global*fp32(1/max_elem))"),
     "global_rule": ("clamp-amax", "reciprocal", "fp32-max"), "tile_rows": (1, 16),
-    "apply_op": ("divide", "multiply_reciprocal"),
+    "apply_op": ("divide", "multiply_reciprocal"), "encode_ties": ("even", "toward-zero"),
     "apply_dtype": ("float32", "model"), "negative_zero": ("keep", "positive"),
     "dequantize_dtype": ("exact", "model"),
 }

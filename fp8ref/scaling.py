@@ -39,8 +39,9 @@ NVFP4_BLOCK = 16
 # E8M0 scale rules by name (docs/quantize.md has their mismatch rates): ocp-floor (OCP MX v1.0; "floor"
 # is its older name, kept), rceil (NVIDIA RCEIL, ModelOpt MXFP8), even (AMD Quark 0.13's even_round:
 # a float32 bit trick), ct-round-to-power-2 (compressed-tensors: MXFP4 and MXFP8 alike, MXFP6 its own), round-up
-# (triton_kernels' downcast_to_mxfp_torch ROUND_UP, what transformers' Mxfp4Quantize writes for gpt-oss).
-MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even", "round-up")
+# (triton_kernels' downcast_to_mxfp_torch ROUND_UP, what transformers' Mxfp4Quantize writes for gpt-oss),
+# log2f-floor (llama.cpp's GGML_TYPE_MXFP4: floorf(log2f(amax)), one float32 rounding before the floor).
+MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even", "round-up", "log2f-floor")
 
 
 
@@ -208,6 +209,12 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
             d = safe.astype(np.float32) / np.float32(elem.max)  # one float32 rounding, as torch divides
         field = ((d.view(np.uint32).astype(np.int64) + 0x007FFFFF) & 0x7F800000) >> 23
         e = np.where(field == 0, -127, field - 127)  # 0: d underflowed to 0 (a float32 amax below 3 * 2**-149)
+    elif rule == "log2f-floor":
+        # llama.cpp: floorf(log2f(amax)) in float32. log2f rounds to k just below 2**k, so the floor
+        # is k there; float64 log2 rounded once to float32 is the correctly rounded log2f.
+        with np.errstate(divide="ignore"):
+            l2 = np.log2(safe.astype(np.float32).astype(np.float64)).astype(np.float32)
+        e = np.floor(l2).astype(np.int64) - elem.emax
     elif rule == "ct-round-to-power-2":
         elem_mantissa = 3 if elem.name == "float6_e2m3fn" else 1
         m, e2 = np.frexp(safe)  # safe = m * 2**e2, m in [0.5, 1): significand 2m >= 2 - 2**-(em+1)

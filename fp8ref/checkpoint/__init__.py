@@ -6,6 +6,7 @@ export (calibration_file, plan, scales, writer), convert, inspect."""
 # the built-in formats register themselves (fp8ref.checkpoint.base.register), before anything asks
 from . import auto_round, compressed_tensors, fbgemm_fp8, hf_fp8, modelopt, quark  # noqa: F401  isort: skip
 from . import gptoss  # noqa: F401  isort: skip
+from . import gguf, torchao  # noqa: F401  isort: skip
 from .calibration_file import load_calibration, write_calibration
 from .convert import write_checkpoint
 from .export import export_checkpoint

@@ -118,6 +118,10 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
                     yield k.name, k.value
 
             meta = base.with_recipes(f.metadata, {layer: plans[layer].recipe for layer in by_source.values()})
+            if hasattr(module, "shard_metadata"):  # torchao: a JSON description per written weight
+                meta = module.shard_metadata(meta, {layer: (plans[layer].quant, f.tensors[t].shape, plans[layer].dtype)
+                                                    for t, layer in by_source.items()},
+                                             [t for t in f.tensors if t not in by_source])
             total_size += write_shard(tmp, fname, specs, meta, tensors(), weight_map)
         write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
         if source.is_dir():

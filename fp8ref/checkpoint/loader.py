@@ -288,7 +288,9 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
     config: dict = {}
     config_path = folder / "config.json"
     where = str(config_path)
-    if config_path.exists() or config_path.is_symlink():  # a FIFO or device is an error, not "no config"
+    if path.suffix == ".gguf" and not path.is_dir():  # one file, no config.json: its format is its suffix
+        config = {"quantization_config": {"quant_method": "gguf"}}
+    elif config_path.exists() or config_path.is_symlink():  # a FIFO or device is an error, not "no config"
         loaded = read_json(config_path, "config")
         if not isinstance(loaded, dict):
             raise CheckpointError(f"{config_path}: expected a JSON object, got {type(loaded).__name__}")

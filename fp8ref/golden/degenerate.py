@@ -63,9 +63,12 @@ def refused(pattern: str, recipe) -> str | None:
     zero = pattern == "zero-tensor" or pattern == "zero-blocks"
     if pattern == "zero-tensor" and getattr(recipe, "global_meaning", None) == "multiplier":
         return "the global multiplier of an all-zero tensor is 0: block scales 0/0 = NaN, no E2M1 code for NaN"
-    if zero and hasattr(recipe, "zero_amax_scale") and all(
-            getattr(recipe, f) is None for f in ("amax_min", "scale_min", "zero_amax_scale", "zero_stored_scale")):
+    no_zero_rule = hasattr(recipe, "zero_amax_scale") and all(
+        getattr(recipe, f) is None for f in ("amax_min", "scale_min", "zero_amax_scale", "zero_stored_scale"))
+    if zero and no_zero_rule:
         return "no rule for a zero amax: scale 0 and 0/0 = NaN codes, whose sign bit differs between machines"
+    if pattern == "denormal-only" and no_zero_rule and recipe.scale_store_dtype == "model":
+        return "D(amax/max) underflows to a stored scale 0 (torchao): codes x/0 clamped, a scale no linear accepts"
     return None
 
 

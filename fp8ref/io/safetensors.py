@@ -329,6 +329,11 @@ def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> Tensor
     """Open a single safetensors file, or a folder with an index or one ``*.safetensors`` file
     (``symlinks_out``: see ``safe_member``)."""
     path = Path(path)
+    if path.suffix == ".gguf" and path.exists() and not path.is_dir():  # llama.cpp's format: its own reader
+        from .gguf import GgufFile
+
+        f = GgufFile(path)
+        return TensorStore(path.parent, {path.name: f}, dict.fromkeys(f.tensors, path.name))
     if path.exists() and not path.is_dir():  # a FIFO or device: refused by SafetensorsFile by name
         f = SafetensorsFile(path)
         return TensorStore(path.parent, {path.name: f}, dict.fromkeys(f.tensors, path.name))

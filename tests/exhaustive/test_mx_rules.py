@@ -58,11 +58,28 @@ def _oracle(a: float, rule: str, emax: int, max_elem: Fraction, ct_threshold: Fr
             return -127
         k = _floor_log2(d)
         k = max(-126, k + (Fraction(2) ** k != d))
+    elif rule == "log2f-floor":  # floorf of log2(amax) rounded to float32: fl + 1 when that rounding reaches it
+        k = fl + _log2f_reaches(x, fl + 1) - emax
     else:  # rceil: the smallest k with 2**k * max_elem >= amax
         r = x / max_elem
         k = _floor_log2(r)
         k += Fraction(2) ** k != r
     return max(-127, min(127, k))
+
+
+def _log2f_reaches(x: Fraction, n: int) -> bool:
+    """Does log2(x) = n + d (d < 0, x < 2**n) round to the float32 n (ties to n: its last bit is 0)?
+    d = log1p(x / 2**n - 1) / ln 2 in double (x / 2**n - 1 is exact); the float32 neighbours of n
+    on d's side are half an ulp away: ulp(n) / 2 below a positive n (a quarter below a power of two),
+    ulp(|n|) / 2 above |n| for n < 0; n = 0 is never reached (float32 holds a tiny d)."""
+    import math
+
+    if n == 0:
+        return False
+    d = math.log1p(float(x / Fraction(2) ** n - 1)) / math.log(2)
+    m = abs(n).bit_length() - 1  # floor(log2 |n|)
+    half = 2.0 ** (m - 24) if n > 0 and n & (n - 1) else 2.0 ** (m - 24 - (n > 0))
+    return -d <= half
 
 
 AMAX = [_f32(f, m) for f in range(255) for m in MANTISSAS] + [float("inf"), float("nan")]

@@ -1,7 +1,9 @@
 """gguf (llama.cpp's Python package, ``gguf.quants``): MXFP4 quantize and dequantize
 (``GGMLQuantizationType.MXFP4``), llama.cpp's reference quantizer in numpy.
 
-Judged against fp8ref's OCP MX recipe (``fp8ref``, mx_rule floor): gguf's scale byte is
+Judged against fp8ref's OCP MX recipe (``fp8ref``, mx_rule floor; the differences are xfails) and
+against ``ggml-mxfp4``, the recipe that models it (no differences but the uint8 wrap of blocks whose
+amax is below 2**-125): gguf's scale byte is
 ``floor(np.log2(amax)) - 2 + 127`` computed in float32, its elements the nearest doubled e2m1 value
 by ``np.argmin`` (ties to the first, smaller-magnitude entry, +0 before -0). Blocks are 32 elements
 along the last dimension; a partial last block is refused (gguf needs whole blocks). A gguf block
@@ -27,8 +29,8 @@ _DTYPES = ("bfloat16", "float16", "float32")
 class GgufBackend(Backend):
     name = "gguf"
     capabilities = {
-        "quantize": {"scheme": ("MXFP4",), "recipe": ("fp8ref",), "dtype": _DTYPES},
-        "dequantize": {"scheme": ("MXFP4",), "recipe": ("fp8ref",), "dtype": _DTYPES},
+        "quantize": {"scheme": ("MXFP4",), "recipe": ("fp8ref", "ggml-mxfp4"), "dtype": _DTYPES},
+        "dequantize": {"scheme": ("MXFP4",), "recipe": ("fp8ref", "ggml-mxfp4"), "dtype": _DTYPES},
     }
 
     def unavailable(self) -> str | None:

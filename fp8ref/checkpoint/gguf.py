@@ -1,0 +1,231 @@
+"""GGUF checkpoints (llama.cpp): ``GGML_TYPE_MXFP4`` tensors read, verified and written.
+
+A ``.gguf`` file opens as a ``TensorStore`` (``fp8ref.io.gguf``): each MXFP4 tensor ``M.weight``
+[..., out, in] is one MX layer ``M`` of [rows, in] (leading dimensions, gpt-oss's experts, folded
+into the rows) with the views ``M.weight`` (E2M1 pairs) and ``M.weight_scale`` (E8M0 bytes); F32,
+F16 and BF16 tensors are plain tensors. Tensors of the other GGML types (Q4_K, Q8_0, ...) are
+listed by ``inspect`` as not read and compared by nobody.
+
+llama.cpp's quantizer is the recipe ``ggml-mxfp4`` (e = floorf(log2f(amax)) - 2 + 127 in float32,
+elements to the nearest doubled E2M1 value, ties to the smaller magnitude, never -0); its
+dequantization kvalues_mxfp4[q] * 2^(e - 128) is decode(q) * 2^(e - 127), exact in float32, which
+is what fp8ref's MX dequantize gives. ``export`` writes a GGUF v3 file whose 2-D (or 3-D expert)
+weights the spec quantizes to MXFP4 and whose other tensors are copied (F32/F16/BF16); the recipe
+is recorded in the key ``fp8ref_recipes`` (the safetensors formats' ``__metadata__`` record).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError, Fp8RefError
+from ..io.gguf import RECIPE_KEY, GgufFile, dumps, mxfp4_blocks
+from ..io.safetensors import TensorStore
+from .base import Defaults, ScaleDecl, register
+from .layout import LayerEntry, LayerQuant
+
+NAME = "gguf"
+QUANT = LayerQuant("mx", None, None, weight_fmt="float4_e2m1fn")  # weight-only MXFP4
+RECIPE = "ggml-mxfp4"
+MX = 32
+_DTYPE_TO_GGML = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    return Path(path).suffix == ".gguf" and not Path(path).is_dir()
+
+
+def gguf_files(store: TensorStore) -> list[GgufFile]:
+    return [f for f in store.files.values() if isinstance(f, GgufFile)]
+
+
+def layers(qc, store: TensorStore, where: str, warnings: list[str]):
+    files = gguf_files(store)
+    if not files:
+        raise CheckpointError(f"{store.root}: quant_method 'gguf' names a .gguf file; this is a safetensors checkpoint")
+    entries = []
+    for f in files:
+        for t in f.gguf_tensors.values():
+            if t.type_name != "MXFP4":
+                continue
+            if not t.name.endswith(".weight"):
+                raise CheckpointError(f"{f.path}: tensor {t.name!r}: an MXFP4 tensor whose name does not end in "
+                                      f"'.weight'; fp8ref reads MXFP4 weights only")
+            module = t.name[: -len(".weight")]
+            tensors = {"weight": t.name, "weight_scale": f"{t.name}_scale"}
+            if f"{module}.bias" in store:
+                tensors["bias"] = f"{module}.bias"
+            entries.append(LayerEntry(module, QUANT, tensors, NAME))
+        skipped = f.unread()
+        if skipped:
+            warnings.append(f"{f.path}: {len(skipped)} tensors of GGML types fp8ref does not read are left out "
+                            f"(first: {skipped[0]})")
+    return entries, {}
+
+
+def original_weight(layer, store: TensorStore) -> np.ndarray:
+    """The original of ``layer``: ``M.weight`` of the original (a float GGUF or safetensors file with
+    the GGUF's tensor names), leading dimensions folded into the rows as the layer holds them."""
+    key = f"{layer.name}.weight"
+    if key not in store:
+        raise CheckpointError(f"{store.root}: no tensor {key!r} for the quantized layer {layer.name!r} (the "
+                              f"original must use the GGUF's tensor names: a float .gguf from convert_hf_to_gguf)")
+    w = np.asarray(store.get(key))
+    if w.ndim < 2 or (int(np.prod(w.shape[:-1])), w.shape[-1]) != tuple(layer.shape):
+        raise CheckpointError(f"{store.where(key)}: shape {list(w.shape)} does not fold to the layer's "
+                              f"{list(layer.shape)}")
+    return w.reshape(layer.shape)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _source(source) -> tuple[TensorStore, dict]:
+    from ..io.safetensors import open_store
+
+    store = open_store(source)
+    kv = {}
+    for f in gguf_files(store):
+        if f.unread():
+            raise CheckpointError(f"{f.path}: holds tensors of GGML types fp8ref does not read ({f.unread()[0]}); "
+                                  f"export from a float (F32/F16/BF16) GGUF")
+        kv = {k: v for k, v in f.kv.items() if k not in ("general.alignment", RECIPE_KEY)}
+    return store, kv
+
+
+def quantize_weight(w: np.ndarray, recipe: str) -> tuple[np.ndarray, np.ndarray]:
+    """GGML MXFP4 bytes of ``w`` [..., in] by ``recipe``: (blocks [..., in/32*17], the recipe's result)."""
+    from ..io.safetensors import pack_nibbles
+    from ..quant import QuantArgs, quantize
+
+    rows = np.asarray(w).reshape(-1, w.shape[-1])
+    res = quantize(rows, QuantArgs(format="float4_e2m1fn", granularity="mx"), recipe=recipe)
+    blocks = mxfp4_blocks(pack_nibbles(np.asarray(res.codes)), np.asarray(res.scale_codes, np.uint8))
+    return blocks.reshape(*w.shape[:-1], -1), res
+
+
+def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe: str | None = None,
+           force: bool = False, symlinks_out: bool = False) -> Path:
+    """Quantize the ``.weight`` tensors of ``source`` (a float GGUF, or safetensors) that ``spec`` gives a
+    weight-only MXFP4 scheme into the GGUF file ``output``; every other tensor is copied as it is."""
+    import json
+
+    from ..io.atomic import atomic_file
+    from .layout import from_scheme
+    from .plan import layer_config
+
+    out = Path(output)
+    if out.exists() and not force:
+        raise CheckpointError(f"{out}: exists; give --force to replace it")
+    store, kv = _source(source)
+    cfg = layer_config(spec)
+    candidates = [n[: -len(".weight")] for n in store
+                  if n.endswith(".weight") and store.info(n).dtype in _DTYPE_TO_GGML and len(store.info(n).shape) >= 2]
+    plans: dict[str, str] = {}
+    for module, scheme in cfg.resolve_all(candidates).items():
+        if scheme is None:
+            continue
+        where = f"{cfg.source}: layer {module!r}"
+        if from_scheme(scheme, where, None) != QUANT:
+            raise CheckpointError(f"{where}: GGUF MXFP4 is weight-only MXFP4 (data_type mx_fp, 4 bits, act_bits 16); "
+                                  f"got {scheme.to_dict()}")
+        if store.info(f"{module}.weight").shape[-1] % MX:
+            raise CheckpointError(f"{store.where(module + '.weight')}: the last dimension is not a multiple of {MX}")
+        plans[f"{module}.weight"] = recipe or scheme.recipe
+    if not plans:
+        raise CheckpointError(f"{cfg.source}: the spec quantizes none of the {len(candidates)} weights of {source}")
+    by_recipe: dict[str, list[str]] = {}
+    for name, r in sorted(plans.items()):
+        by_recipe.setdefault(r, []).append(name[: -len(".weight")])
+    kv[RECIPE_KEY] = json.dumps(by_recipe, sort_keys=True, separators=(",", ":"))
+    tensors = []
+    for name in store:
+        info = store.info(name)
+        if name in plans:
+            try:
+                blocks, _ = quantize_weight(np.asarray(store.get(name), np.float32), plans[name])
+            except Fp8RefError as exc:
+                raise CheckpointError(f"{store.where(name)}: cannot quantize: {exc}") from None
+            tensors.append((name, "MXFP4", info.shape, blocks))
+        elif info.dtype in _DTYPE_TO_GGML:
+            tensors.append((name, _DTYPE_TO_GGML[info.dtype], info.shape, store.file_of(name).read_bytes(name)))
+        else:
+            raise CheckpointError(f"{store.where(name)}: dtype {info.dtype}; a GGUF holds F32, F16, BF16 or MXFP4")
+    data = dumps(kv, tensors)
+    with atomic_file(out) as tmp:
+        tmp.write_bytes(data)
+    return out
+
+
+def rewrite(checkpoint: str | os.PathLike, output: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write a loaded GGUF checkpoint again from what fp8ref read (key-values, float tensors, MXFP4
+    codes and scale bytes): byte-identical to a file fp8ref wrote."""
+    from ..io.atomic import atomic_file
+
+    out = Path(output)
+    if out.exists() and not force:
+        raise CheckpointError(f"{out}: exists; give --force to replace it")
+    f = GgufFile(checkpoint)
+    if f.unread():
+        raise CheckpointError(f"{f.path}: holds tensors of GGML types fp8ref does not read ({f.unread()[0]})")
+    tensors = []
+    for t in f.gguf_tensors.values():
+        if t.type_name == "MXFP4":
+            blocks = mxfp4_blocks(f.get(t.name), f.get(f"{t.name}_scale"))
+            tensors.append((t.name, "MXFP4", t.shape, blocks))
+        else:
+            tensors.append((t.name, t.type_name, t.shape, f.get(t.name)))
+    kv = {k: v for k, v in f.kv.items() if k != "general.alignment"}
+    align = f.kv.get("general.alignment", 32)
+    if "general.alignment" in f.kv:
+        kv = {"general.alignment": align, **kv}
+    with atomic_file(out) as tmp:
+        tmp.write_bytes(dumps(kv, tensors, align))
+    return out
+
+
+# --- the format --------------------------------------------------------------------------------
+
+def cannot_express(quant: LayerQuant) -> str | None:
+    if quant != QUANT:
+        return f"GGUF's MXFP4 is weight-only (mx, E2M1, no input quantization); got {quant.describe()}"
+    return None
+
+
+def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str):
+    raise CheckpointError(f"{NAME}: {name}: a GGUF is one file written by fp8ref quantize --format gguf "
+                          f"(OUT.gguf), not a safetensors folder")
+
+
+class Gguf(Defaults):
+    name = NAME
+    scales = (ScaleDecl("mx", "weight (GGML_TYPE_MXFP4 block byte 0)", "E8M0 exponent", "U8 in 17-byte blocks",
+                        "[out, in/32]", "32 (fixed)", "block = E8M0 byte + 16 bytes: element j low nibble, j+16 "
+                        "high nibble; llama.cpp's kvalues (doubled E2M1) x 2^(e-128)"),)
+    methods = (NAME,)  # implied by the .gguf suffix (a GGUF has no config.json)
+    detect_rank = 5
+    scheme_scale_dtype = "float32"
+    scales_follow_recipe = False
+    kv_refusal = "a GGUF has no KV-cache scale tensors"
+    known_recipes = (RECIPE, "fp8ref")
+
+    def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
+        return False
+
+    def recipe_of(self, quant: LayerQuant) -> str:
+        return RECIPE
+
+    def quantization_config(self, layers: dict, unquantized: list[str], kv: bool = False) -> dict:
+        raise CheckpointError(f"{NAME}: a GGUF has no quantization_config; write it with fp8ref quantize "
+                              f"--format gguf")
+
+    layers = staticmethod(layers)
+    original_weight = staticmethod(original_weight)
+    cannot_express = staticmethod(cannot_express)
+    tensor_plan = staticmethod(tensor_plan)
+    export = staticmethod(export)
+
+
+register(Gguf())
