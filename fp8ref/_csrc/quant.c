@@ -102,7 +102,12 @@ FP8REF_INLINE int exact_f32(const void *src, uint8_t *restrict dst, int64_t lo, 
         big |= E >= 127 + 64;
         float magic = f32_of(((E > efloor ? E : efloor) + lift) << 23);
         float d = (q + magic) - magic;
+#if defined(__FMA__) || !defined(__x86_64__)
         float r = __builtin_fmaf(-d, sv, ax);
+#else /* no fma instruction (x86-64 below v3: fmaf is a library call per input): d*sv is exact in
+       * double (24 x 24 bits), and the one rounding of the difference keeps its sign and its zero */
+        double r = (double)ax - (double)d * (double)sv;
+#endif
         uint32_t nudged = bits_of(d) + (uint32_t)(r > 0.0f) - (uint32_t)(r < 0.0f);
         uint32_t code = fast ? encode_rne32(nudged | sign, &c->rp, 1) : encode_bits32(nudged | sign, &c->p, mode, 1);
         dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
@@ -473,8 +478,12 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                         for (int64_t r = 0; r < nr; r++) {
                             const uint16_t *xr = x + r * stride;
                             uint8_t *dr = dst + at + r * stride, *o = c->stream && CAN_STREAM ? buf : dr;
-                            if (tab_run(xr, o, len, ahead, tab))
-                                segment(xr, o, 0, len, sv, c, kind, exact, mode, mul, model);
+                            if (tab_run(xr, o, len, ahead, tab)) /* only the inputs it does not take */
+                                for (int64_t k = 0; k < len; k++) {
+                                    const uint16_t a = xr[k] & 0x7FFFu;
+                                    if (a != 0 && (a < tab->lo || a >= tab->hi))
+                                        segment(xr, o, k, k + 1, sv, c, kind, exact, mode, mul, model);
+                                }
                             if (o == buf) stream_copy(dr, buf, len);
                         }
                         continue;
