@@ -18,8 +18,6 @@ divides by is the one timed beside it):
   3 bytes per element) / ``copy_``'s on the same weight (bf16 into an existing tensor: 4 bytes per
   element). Target >= 0.8. Per tensor needs the global amax before its first code, so it reads the
   input twice (5 bytes moved per 3 counted): its limit is 0.6 unless the input fits in the cache.
-* arithmetic alone: each level's CPU time per input on a weight that stays in the cache, which
-  the load of a shared machine moves far less than the bandwidth ratios.
 * encode float32 / bfloat16 -> float8_e4m3fn into ``out=`` (``--n`` elements, bench_codec.py's
   shape): minimum traffic (5 / 3 bytes per element) / ``copy_``'s on the same input; and the float32
   encode against torch's own cast (``f8.copy_(x)``): its time / fp8ref's (> 1: fp8ref faster).
@@ -115,37 +113,6 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int) -> None:
         print(f"  {label:18}" + "".join(f"{c:>19}" for c in cells))
 
 
-def compute_cost(cols: int, repeat: int) -> None:
-    """Each level's arithmetic alone: process CPU time per input of quantize and encode on a
-    64 x cols bfloat16 weight (float32 for encode) that stays in the cache, one thread (below the
-    threading threshold); CPU time, not wall time, so that other processes' share of the cores does
-    not count (their share of the caches and memory still does)."""
-    torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(1)
-    w = (torch.randn(64, cols, generator=gen) * 0.02).bfloat16()
-    x32 = torch.randn(64 * cols, generator=gen) * 100
-    codes_w, codes_x = torch.zeros(64, cols, dtype=torch.uint8), torch.zeros(64 * cols, dtype=torch.uint8)
-    cases = {name: (lambda qa=qa: quantize(w, qa, out=codes_w)) for name, qa in QUANTIZE.items()}
-    cases["encode f32"] = lambda: encode(x32, "float8_e4m3fn", out=codes_x)
-    cases["encode bf16"] = lambda: encode(w, "float8_e4m3fn", out=codes_w)
-    calls = max(1, (1 << 24) // w.numel())  # ~16M inputs per timing
-    print(f"\narithmetic alone: ns of CPU time per input, 64x{cols} inputs in cache, 1 thread, best of {repeat}")
-    print(f"  {'level':18}" + "".join(f"{k:>14}" for k in cases))
-    for config in configs():
-        bind(config)
-        best = dict.fromkeys(cases, float("inf"))
-        for _ in range(repeat):
-            for key, fn in cases.items():
-                fn()
-                t0 = time.process_time()
-                for _ in range(calls):
-                    fn()
-                best[key] = min(best[key], (time.process_time() - t0) / (calls * w.numel()) * 1e9)
-        print(f"  {config[0]:18}" + "".join(f"{best[k]:14.3f}" for k in cases))
-    os.environ.pop("FP8REF_NO_VBMI", None)
-    _native.use_level(_native.runnable_levels()[0])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=8192)
@@ -162,7 +129,6 @@ def main() -> None:
           f"{', '.join(c[0] for c in configs())} (this CPU's best: {info['isa']})")
     for threads in dict.fromkeys(int(t) for t in a.threads.split(",")):
         run(threads, a.rows, a.cols, a.n, a.repeat)
-    compute_cost(a.cols, 3)
     print(f"\nload average {load_average()} (end)")
 
 
