@@ -33,3 +33,35 @@ def peak_extra_rss(fn) -> int:
     before = _status_kib("VmRSS")
     fn()
     return (_status_kib("VmHWM") - before) * 1024
+
+
+def cpu_model() -> str:
+    """The CPU's model name and the x86 features the loops pick paths by (Linux's /proc/cpuinfo;
+    platform.processor() elsewhere)."""
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "avx512f", "avx512bw", "avx512vbmi", "avx512_vnni") if f in flags]
+    return f"{model} ({', '.join(shown) or 'no AVX2/AVX-512'})"
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (other work on a shared machine skews every timing)."""
+    import os
+
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"

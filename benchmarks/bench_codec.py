@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _util import best_time, peak_extra_rss
+from _util import best_time, cpu_model, load_average, peak_extra_rss
 
-from fp8ref import decode, encode
+from fp8ref import _native, decode, encode
 from fp8ref.codec import kernels_available
 
 
@@ -31,6 +31,7 @@ def main() -> None:
     f8 = torch.empty(n, dtype=torch.float8_e4m3fn)
     codes = torch.empty(n, dtype=torch.uint8)
     y = torch.empty(n)
+    print(f"cpu: {cpu_model()}; load average {load_average()}; fp8ref {_native.describe()}")
     print(f"n = {n:,} elements, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"fp8ref C loops {'on' if kernels_available() else 'off (numpy)'}")
 

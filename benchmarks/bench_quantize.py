@@ -25,7 +25,9 @@ import tracemalloc
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
+from _util import cpu_model, load_average  # noqa: E402
 
+from fp8ref import _native  # noqa: E402
 from fp8ref.quant import QuantArgs, quantize  # noqa: E402
 
 CHANNEL = QuantArgs(granularity="channel")
@@ -69,8 +71,8 @@ def bench(rows: int, cols: int, repeat: int) -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     gb = weight_bytes / 1e9
-    print(f"quantize per-channel bf16 {rows}x{cols}, threads: torch {torch.get_num_threads()}, "
-          f"cpu {os.cpu_count()}")
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; load average {load_average()}; fp8ref {_native.describe()}")
+    print(f"quantize per-channel bf16 {rows}x{cols}, threads: torch {torch.get_num_threads()}")
     print(f"  torch pipeline, fp32 division   : {t_torch * 1e3:8.1f} ms  ({gb / t_torch:.2f} GB/s of weight)")
     print(f"  torch pipeline, bf16 division   : {t_torch_d * 1e3:8.1f} ms  ({gb / t_torch_d:.2f} GB/s of weight)")
     print(f"  fp8ref quantize (exact quotient): {t_fp8ref * 1e3:8.1f} ms  ({gb / t_fp8ref:.2f} GB/s of weight)")

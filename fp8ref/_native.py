@@ -114,13 +114,13 @@ def _refuse(path: str, why: str) -> None:
                   RuntimeWarning, stacklevel=4)
 
 
-def _bind_level(lib, path: str) -> str | None:
-    """Binds each per-ISA task name to the best level built that the CPU runs (FP8REF_ISA: that one).
-    Returns the level's name, or None after a warning (no level fits)."""
+def _bind_level(lib, path: str, forced: str | None = None) -> str | None:
+    """Binds each per-ISA task name to the best level built that the CPU runs (``forced``, default
+    FP8REF_ISA: that one). Returns the level's name, or None after a warning (no level fits)."""
     cpu = lib.fp8ref_cpu_level()
     built = [lv for lv in _LEVELS if all(hasattr(lib, f"{t}_{lv[1]}") for t in _ISA_TASKS)]
     runnable = [lv for lv in built if (lv[2] == 0) == (cpu == 0) and lv[2] <= cpu]
-    forced = os.environ.get("FP8REF_ISA", "").strip()
+    forced = (os.environ.get("FP8REF_ISA", "") if forced is None else forced).strip()
     if forced:
         pick = [lv for lv in runnable if lv[0] == forced]
         if not pick:
@@ -179,6 +179,24 @@ def kernels():
     if not _LIB:
         _LIB.append(_load())
     return _LIB[0]
+
+
+def runnable_levels() -> list[str]:
+    """The per-ISA levels built that this CPU runs, best first ([] without the C loops)."""
+    lib = kernels()
+    if lib is None:
+        return []
+    cpu = lib.fp8ref_cpu_level()
+    return [lv[0] for lv in _LEVELS if lv[0] in _STATE["levels"] and (lv[2] == 0) == (cpu == 0) and lv[2] <= cpu]
+
+
+def use_level(name: str) -> None:
+    """Binds the per-ISA loops to level ``name`` (one of runnable_levels()) in this process, as
+    FP8REF_ISA does at load: for benchmarks that compare the levels in one run (benchmarks/bench_isa.py)."""
+    if name not in runnable_levels():
+        raise ValueError(f"level {name!r} is not one of the levels built that this CPU runs: "
+                         f"{', '.join(runnable_levels()) or 'none'}")
+    _bind_level(kernels(), _STATE["path"], name)
 
 
 def build_info() -> dict:

@@ -102,7 +102,12 @@ FP8REF_INLINE int exact_f32(const void *src, uint8_t *restrict dst, int64_t lo, 
         big |= E >= 127 + 64;
         float magic = f32_of(((E > efloor ? E : efloor) + lift) << 23);
         float d = (q + magic) - magic;
+#if defined(__FMA__) || !defined(__x86_64__)
         float r = __builtin_fmaf(-d, sv, ax);
+#else /* no fma instruction (x86-64 below v3: fmaf is a library call per input): d*sv is exact in
+       * double (24 x 24 bits), and the one rounding of the difference keeps its sign and its zero */
+        double r = (double)ax - (double)d * (double)sv;
+#endif
         uint32_t nudged = bits_of(d) + (uint32_t)(r > 0.0f) - (uint32_t)(r < 0.0f);
         uint32_t code = fast ? encode_rne32(nudged | sign, &c->rp, 1) : encode_bits32(nudged | sign, &c->p, mode, 1);
         dst[k] = (uint8_t)SEL(code == c->neg0, 0u, code);
@@ -172,7 +177,8 @@ typedef struct {
     int built, ok;
     uint16_t lo, hi; /* magnitude bits taken here: a == 0 or lo <= a < hi */
     uint16_t eb, base, shift, maxmag, signbit, ovf_p, ovf_n, zero_p, zero_n;
-    uint16_t t[8];      /* the portable loop's (filled only in a task that runs it: c->vbmi is per task) */
+    uint16_t t[8];      /* the portable loop's (filled only in a task that runs it: c->vbmi is per task), */
+    int8_t tm1[8];      /* and t_i - 1 (t_i <= 128: signed bytes compare with m <= 127) */
     uint8_t steps[128]; /* the VBMI loop's tables: the code of (E_b, m) = base + #{i : m >= t_i}, */
     uint8_t shl[64];    /* and min(d 2^M, 255) */
 } bf16_tab;
@@ -241,6 +247,7 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
             if (out[mid] > base + i) b0 = mid; else a0 = mid + 1;
         }
         t->t[i] = (uint16_t)a0;
+        t->tm1[i] = (int8_t)(a0 - 1);
     }
     for (int m = 0; m < 128; m++) t->steps[m] = out[m];
     for (int d = 0; d < 64; d++) t->shl[d] = (uint8_t)((d << M) > 255 ? 255 : d << M);
@@ -252,8 +259,9 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
 
 #define SEL16(c, a, b) ((uint16_t)((b) ^ (((a) ^ (b)) & (uint16_t)(0u - (uint32_t)(c)))))
 
-/* Codes of x[0, n) by the table; returns nonzero if some input is not one the table takes. */
-FP8REF_INLINE uint16_t tab_run(const uint16_t *restrict x, uint8_t *restrict dst, int64_t n, const bf16_tab *t) {
+/* Codes of x[0, n) by the table, one input at a time (tab_run's tail); returns nonzero if some
+ * input is not one the table takes. */
+FP8REF_INLINE uint16_t tab_run_scalar(const uint16_t *restrict x, uint8_t *restrict dst, int64_t n, const bf16_tab *t) {
     const uint16_t lo = t->lo, hi = t->hi, eb = t->eb, base = t->base, sh = t->shift, mx = t->maxmag;
     const uint16_t sb = t->signbit, op = t->ovf_p, on = t->ovf_n, zp = t->zero_p, zn = t->zero_n;
     const uint16_t t0 = t->t[0], t1 = t->t[1], t2 = t->t[2], t3 = t->t[3], t4 = t->t[4], t5 = t->t[5],
@@ -272,14 +280,103 @@ FP8REF_INLINE uint16_t tab_run(const uint16_t *restrict x, uint8_t *restrict dst
     return slow;
 }
 
+/* ---- writing around the cache -----------------------------------------------------------------
+ * dst[0, n) = src[0, n) with the whole aligned 64-byte lines of dst written by non-temporal stores
+ * (the line is not read first, as a normal store's is, nor kept in the cache); the partial lines at
+ * either end by normal stores, so a line shared with a neighbouring piece is never streamed. Each
+ * level streams with its widest stores (SSE2's are in every x86-64 CPU); off x86-64 a plain copy. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CAN_STREAM 1
+FP8REF_INLINE void stream_line(uint8_t *dst, const uint8_t *src) {
+#if defined(__AVX512F__)
+    _mm512_stream_si512((__m512i *)dst, _mm512_loadu_si512(src));
+#elif defined(__AVX__)
+    for (int i = 0; i < 64; i += 32) _mm256_stream_si256((__m256i *)(dst + i), _mm256_loadu_si256((const __m256i *)(src + i)));
+#else
+    for (int i = 0; i < 64; i += 16) _mm_stream_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
+#endif
+}
+static void stream_copy(uint8_t *restrict dst, const uint8_t *restrict src, int64_t n) {
+    int64_t head = (int64_t)((-(uintptr_t)dst) & 63u);
+    head = head < n ? head : n;
+    memcpy(dst, src, (size_t)head);
+    int64_t k = head;
+    for (; k + 64 <= n; k += 64) stream_line(dst + k, src + k);
+    memcpy(dst + k, src + k, (size_t)(n - k));
+}
+#define STREAM_FENCE() _mm_sfence() /* streamed lines visible before the task returns to its caller */
+#else
+#define CAN_STREAM 0
+#define stream_copy(dst, src, n) memcpy(dst, src, (size_t)(n))
+#define STREAM_FENCE() ((void)0)
+#endif
+
+/* tab_run_scalar's rules on TAB_VB inputs at a time in byte lanes (GNU C vector extensions, which the
+ * compiler maps onto the level's SSE2, AVX2 or AVX-512BW, or NEON): the magnitude bits split into
+ * m (7 bits) and E (8 bits) once, and every step after that one byte per input. Written out with
+ * vectors because the compiler's own vectorization of tab_run_scalar keeps 16-bit lanes (half as
+ * many per instruction) and measured 0.2-0.3 of copy_ on x86-64-v3 (docs/performance.md). (E - E_b)
+ * is capped at 128 >> M: from there on every code overflows (base >= 2^M), and the sum stays a byte. */
+#if defined(__AVX512BW__)
+#define TAB_VB 64
+#elif defined(__AVX2__)
+#define TAB_VB 32
+#else
+#define TAB_VB 16
+#endif
+typedef uint8_t tab_u8 __attribute__((vector_size(TAB_VB)));
+typedef int8_t tab_i8 __attribute__((vector_size(TAB_VB)));
+typedef uint16_t tab_u16 __attribute__((vector_size(2 * TAB_VB)));
+#define VSEL(mask, a, b) ((tab_u8)(((a) & (tab_u8)(mask)) | ((b) & ~(tab_u8)(mask))))
+
+static __attribute__((noinline)) uint16_t tab_run(const uint16_t *restrict x, uint8_t *restrict dst, int64_t n,
+                                                  int64_t ahead, const bf16_tab *t) { /* one copy: no constants */
+    const tab_u8 zero_v = {0}, eb = zero_v + (uint8_t)t->eb, etop = zero_v + (uint8_t)(t->hi >> 7);
+    const tab_u8 base = zero_v + (uint8_t)t->base, mx = zero_v + (uint8_t)t->maxmag, sb = zero_v + (uint8_t)t->signbit;
+    const tab_u8 op = zero_v + (uint8_t)t->ovf_p, on = zero_v + (uint8_t)t->ovf_n;
+    const tab_u8 zp = zero_v + (uint8_t)t->zero_p, zn = zero_v + (uint8_t)t->zero_n;
+    const tab_u8 dmax = zero_v + (uint8_t)(128u >> t->shift);
+    const int sh = t->shift;
+    tab_i8 tm1[8];
+    for (int i = 0; i < 8; i++) tm1[i] = (tab_i8){0} + t->tm1[i];
+    tab_u8 slow = zero_v;
+    int64_t k = 0;
+    for (; k + TAB_VB <= n; k += TAB_VB) {
+        tab_u16 h;
+        memcpy(&h, x + k, sizeof h);
+        if (ahead) /* the same lines of the next unit, into L2, spread over the loop (a burst of
+                    * prefetches fills the miss queue and stalls: measured) */
+            for (int b = 0; b < 2 * TAB_VB; b += 64) __builtin_prefetch((const char *)(x + k + ahead) + b, 0, 2);
+        const tab_u8 lo = __builtin_convertvector(h & 0xFF, tab_u8), hb = __builtin_convertvector(h >> 8, tab_u8);
+        const tab_u8 neg = (tab_u8)((tab_i8)hb < 0), m = lo & 0x7F, e7 = hb & 0x7F;
+        const tab_u8 E = (tab_u8)(e7 + e7) | (lo >> 7);
+        const tab_u8 zero = (tab_u8)((e7 | lo) == 0);
+        tab_i8 steps = {0};
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) steps -= (tab_i8)m > tm1[i]; /* a comparison is -1 where true */
+        tab_u8 d = (E - eb) & (tab_u8)(E > eb);
+        d = VSEL(d > dmax, dmax, d);
+        const tab_u8 c = base + (tab_u8)steps + (d << sh);
+        tab_u8 code = c | (sb & neg);
+        code = VSEL(c > mx, VSEL(neg, on, op), code);
+        code = VSEL(zero, VSEL(neg, zn, zp), code);
+        slow |= (~zero & (tab_u8)(E < eb)) | (tab_u8)(E >= etop);
+        memcpy(dst + k, &code, sizeof code);
+    }
+    uint16_t any = tab_run_scalar(x + k, dst + k, n - k, t);
+    for (int i = 0; i < TAB_VB; i++) any |= slow[i];
+    return any;
+}
+
 /* tab_run with AVX-512 VBMI, 64 inputs per step: the code of (E_b, m) from a 128-byte table
  * (vpermi2b), (E - E_b) 2^M from a 64-byte table (saturating at 255 > maxmag: an overflow), the
  * rest as masks. Same rules and result as tab_run (tests compare both with the segment loop). Runs
  * x0 + r * stride, r < rows, of n inputs. Returns how many of its 64-input words hold inputs it
  * does not take: word i is slow_w[i] (run r, word k / 64: r * ceil(n / 64) + k / 64), its inputs
  * marked one bit each in slow_at[i]. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX512BW__) /* the x86-64-v4 object alone: a
+                                                                       * forced lower level runs as its CPUs do */
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 static int vbmi_ok = -1;
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
@@ -338,18 +435,6 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
     return hits;
 }
 
-/* dst[0, n) = src[0, n) with the whole aligned 64-byte lines of dst written by non-temporal stores
- * (the line is not read first, as a normal store's is, nor kept in the cache); the partial lines at
- * either end by normal stores, so a line shared with a neighbouring piece is never streamed. */
-FP8REF_VBMI static void stream_copy(uint8_t *restrict dst, const uint8_t *restrict src, int64_t n) {
-    int64_t head = (int64_t)((-(uintptr_t)dst) & 63u);
-    head = head < n ? head : n;
-    if (head) _mm512_mask_storeu_epi8(dst, ((__mmask64)1 << head) - 1, _mm512_loadu_si512(src));
-    int64_t k = head;
-    for (; k + 64 <= n; k += 64) _mm512_stream_si512((__m512i *)(dst + k), _mm512_loadu_si512(src + k));
-    if (k < n) _mm512_mask_storeu_epi8(dst + k, ((__mmask64)1 << (n - k)) - 1, _mm512_loadu_si512(src + k));
-}
-#define STREAM_FENCE() _mm_sfence() /* streamed lines visible before the task returns to its caller */
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
 #define HAVE_VBMI() ((vbmi_ok >= 0 ? vbmi_ok : (vbmi_ok = __builtin_cpu_supports("avx512vbmi") && \
                                                            __builtin_cpu_supports("avx512bw"))) && \
@@ -357,8 +442,6 @@ FP8REF_VBMI static void stream_copy(uint8_t *restrict dst, const uint8_t *restri
 #else
 #define HAVE_VBMI() 0
 #define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
-#define stream_copy(dst, src, n) ((void)0)
-#define STREAM_FENCE() ((void)0)
 #endif
 
 /* whether a task's table loop runs tab_run_vbmi (read once per task) */
@@ -391,11 +474,18 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
                     int64_t len = n - k0 < piece ? n - k0 : piece, at = lo + r0 * stride + k0;
                     const uint16_t *x = (const uint16_t *)src + at;
-                    if (!vbmi) {
-                        for (int64_t r = 0; r < nr; r++)
-                            if (tab_run(x + r * stride, dst + at + r * stride, len, tab))
-                                segment(src, dst, at + r * stride, at + r * stride + len, sv, c, kind, exact, mode,
-                                        mul, model);
+                    if (!vbmi) { /* streamed through buf: the compiler's vector stores are normal ones */
+                        for (int64_t r = 0; r < nr; r++) {
+                            const uint16_t *xr = x + r * stride;
+                            uint8_t *dr = dst + at + r * stride, *o = c->stream && CAN_STREAM ? buf : dr;
+                            if (tab_run(xr, o, len, ahead, tab)) /* only the inputs it does not take */
+                                for (int64_t k = 0; k < len; k++) {
+                                    const uint16_t a = xr[k] & 0x7FFFu;
+                                    if (a != 0 && (a < tab->lo || a >= tab->hi))
+                                        segment(xr, o, k, k + 1, sv, c, kind, exact, mode, mul, model);
+                                }
+                            if (o == buf) stream_copy(dr, buf, len);
+                        }
                         continue;
                     }
                     uint8_t *out = buffered ? buf : dst + at;

@@ -261,3 +261,22 @@ def test_without_the_library_the_numpy_paths_run_and_say_why(monkeypatch):
     assert info["loops"] == "numpy" and "fp8ref._kernels is not built" in info["why"]
     x = np.linspace(-500, 500, 1001, dtype=np.float32)
     assert encode(x, "float8_e4m3fn").tobytes() == encode(x.astype(np.float64), "float8_e4m3fn").tobytes()
+
+
+@needs_c
+def test_use_level_rebinds_the_loops_and_refuses_a_level_the_cpu_does_not_run():
+    """_native.use_level (benchmarks/bench_isa.py) binds each level this CPU runs in turn, as
+    FP8REF_ISA does at load, and gives the same bytes at each."""
+    bound = _native.build_info()["isa"]
+    levels = _native.runnable_levels()
+    assert bound in levels
+    want = _digest_of_everything()
+    try:
+        for level in levels:
+            _native.use_level(level)
+            assert _native.build_info()["isa"] == level
+            assert _digest_of_everything() == want, f"{level} differs from {bound}"
+        with pytest.raises(ValueError, match="x86-64-v9"):
+            _native.use_level("x86-64-v9")
+    finally:
+        _native.use_level(bound)

@@ -276,16 +276,16 @@ def _recipe_formats(name):
 
 
 def _loop(monkeypatch, loop) -> bool:
-    """The table loop's variants: VBMI, VBMI writing around the cache (into an out=, the size
-    threshold lowered to 0, so that every output streams), or the portable loop. True: pass out=."""
-    if loop == "portable":
+    """The table loop's variants: VBMI or the portable loop, each also writing around the cache
+    (into an out=, the size threshold lowered to 0, so that every output streams). True: pass out=."""
+    if loop.startswith("portable"):
         monkeypatch.setenv("FP8REF_NO_VBMI", "1")
-    elif loop == "vbmi-stream":
+    if loop.endswith("-stream"):
         monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
-    return loop == "vbmi-stream"
+    return loop.endswith("-stream")
 
 
-LOOPS = ["vbmi", "vbmi-stream", "portable"]
+LOOPS = ["vbmi", "vbmi-stream", "portable", "portable-stream"]
 
 
 @pytest.mark.parametrize("loop", LOOPS)

@@ -47,13 +47,17 @@ def test_out_is_the_result_and_holds_the_codes(monkeypatch, gran, dtype, recipe)
 @pytest.mark.parametrize("offset", [0, 1, 15, 16, 33, 63])
 @pytest.mark.parametrize("gran", ["channel", "block", "tensor"])
 @pytest.mark.parametrize("cols", [1100, 1024])
-def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran, cols):
+@pytest.mark.parametrize("loop", ["vbmi", "portable"])
+def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran, cols, loop):
     """Written around the cache (threshold lowered to 0): whole aligned lines streamed, the partial
     lines at each piece's ends stored normally, whatever the buffer's offset from a line. Rows of
     1,100 codes are no multiple of 64 (through a buffer); rows of 1,024 at offset 0 are streamed
-    by the table loop itself, with tiny inputs it hands back to the segment loop (normal stores
-    into streamed lines). 1,024 rows run on every thread."""
+    by the VBMI table loop itself, with tiny inputs it hands back to the segment loop (normal stores
+    into streamed lines); the portable loop (FP8REF_NO_VBMI, what CPUs without VBMI run) streams
+    every run through a buffer. 1,024 rows run on every thread."""
     monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
+    if loop == "portable":
+        monkeypatch.setenv("FP8REF_NO_VBMI", "1")
     x = _weights((1024, cols), "bfloat16", seed=offset)
     x[3, :500] = 0.0
     x[5, 7:200:9] = x[5, 7:200:9] * 2.0 ** -40  # codes 0 and, at 2**-16, subnormal codes: below the

@@ -1,0 +1,136 @@
+"""quantize into ``out=`` and encode, per instruction-set level, against ``copy_`` in the same run.
+
+    python benchmarks/bench_isa.py [--rows 8192 --cols 8192] [--n 67108864] [--repeat 7] [--threads 2,1]
+
+The per-ISA loops (docs/build.md) are bound to each level this CPU runs in turn, in one process
+(``fp8ref._native.use_level``, what ``FP8REF_ISA`` does at load), so that one run compares them
+under the same load. The levels stand for the CPUs that run them: ``x86-64-v4 + VBMI`` (Ice Lake,
+Sapphire Rapids, Zen 4: the bfloat16 table loop's VBMI path), ``x86-64-v4`` (AVX-512 without VBMI:
+Skylake-SP, Cascade Lake; ``FP8REF_NO_VBMI=1``), ``x86-64-v3`` (AVX2: Haswell to Alder Lake, Zen 1-3)
+and ``x86-64`` (SSE2 only). What the forced levels cannot show is another CPU's memory system.
+
+Rows per level, each ``min / median`` over the rounds (rounds interleave every level and case with
+the peer, the order of the levels rotating, so that all face the same load; the copy_ each ratio
+divides by is the one timed beside it):
+
+* quantize 8192x8192 bfloat16 into ``out=`` (default 'fp8ref' recipe; per channel, 128x128 blocks,
+  per tensor): bandwidth counted as the minimum traffic (the input read once, the codes written:
+  3 bytes per element) / ``copy_``'s on the same weight (bf16 into an existing tensor: 4 bytes per
+  element). Target >= 0.8. Per tensor needs the global amax before its first code, so it reads the
+  input twice (5 bytes moved per 3 counted): its limit is 0.6 unless the input fits in the cache.
+* encode float32 / bfloat16 -> float8_e4m3fn into ``out=`` (``--n`` elements, bench_codec.py's
+  shape): minimum traffic (5 / 3 bytes per element) / ``copy_``'s on the same input; and the float32
+  encode against torch's own cast (``f8.copy_(x)``): its time / fp8ref's (> 1: fp8ref faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+from _util import cpu_model, load_average  # noqa: E402
+
+from fp8ref import _native, encode  # noqa: E402
+from fp8ref.quant import QuantArgs, quantize  # noqa: E402
+
+# (label, level, the VBMI path on)
+CONFIGS = [("x86-64-v4 + VBMI", "x86-64-v4", True), ("x86-64-v4", "x86-64-v4", False),
+           ("x86-64-v3", "x86-64-v3", False), ("x86-64", "x86-64", False), ("generic", "generic", False)]
+QUANTIZE = {"channel": QuantArgs(granularity="channel"),
+            "block 128": QuantArgs(granularity="block", block_shape=(128, 128)),
+            "tensor": QuantArgs(granularity="tensor")}
+
+
+def configs() -> list[tuple[str, str, bool]]:
+    """The configurations this CPU runs: the levels built that it runs, VBMI's where it has VBMI."""
+    levels = _native.runnable_levels()
+    vbmi = "avx512vbmi" in cpu_model()
+    return [c for c in CONFIGS if c[1] in levels and (vbmi or not c[2])]
+
+
+def bind(config: tuple[str, str, bool]) -> None:
+    _native.use_level(config[1])
+    if config[2]:
+        os.environ.pop("FP8REF_NO_VBMI", None)
+    else:
+        os.environ["FP8REF_NO_VBMI"] = "1"  # read at each call by quant.c
+
+
+def run(threads: int, rows: int, cols: int, n: int, repeat: int) -> None:
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(rows, cols, generator=gen) * 0.02).bfloat16()
+    x32 = torch.randn(n, generator=gen) * 100
+    xbf = x32.bfloat16()
+    w_copy, x32_copy, xbf_copy = torch.empty_like(w), torch.empty_like(x32), torch.empty_like(xbf)
+    codes_w = torch.zeros(rows, cols, dtype=torch.uint8)  # touched: out= is an existing buffer
+    codes_x = torch.zeros(n, dtype=torch.uint8)
+    f8 = torch.zeros(n, dtype=torch.float8_e4m3fn)
+    cases = {name: (lambda qa=qa: quantize(w, qa, out=codes_w)) for name, qa in QUANTIZE.items()}
+    cases["encode f32"] = lambda: encode(x32, "float8_e4m3fn", out=codes_x)
+    cases["encode bf16"] = lambda: encode(xbf, "float8_e4m3fn", out=codes_x)
+    peers = {"copy_ w": lambda: w_copy.copy_(w), "copy_ f32": lambda: x32_copy.copy_(x32),
+             "copy_ bf16": lambda: xbf_copy.copy_(xbf), "torch cast": lambda: f8.copy_(x32)}
+    chosen = configs()
+    times = {c[0]: {k: [] for k in [*cases, *peers]} for c in chosen}
+    for config in chosen:  # warm up: recipes, tables, the runtime binding, every page
+        bind(config)
+        for fn in [*cases.values(), *peers.values()]:
+            fn()
+    for r in range(repeat):
+        for config in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
+            bind(config)
+            for key, fn in [*peers.items(), *cases.items()]:
+                t0 = time.perf_counter()
+                fn()
+                times[config[0]][key].append(time.perf_counter() - t0)
+    os.environ.pop("FP8REF_NO_VBMI", None)
+    _native.use_level(_native.runnable_levels()[0])
+
+    def cell(t: dict, key: str, peer: str, own_bytes: int, peer_bytes: int) -> str:
+        mn = (own_bytes / min(t[key])) / (peer_bytes / min(t[peer]))
+        md = (own_bytes / statistics.median(t[key])) / (peer_bytes / statistics.median(t[peer]))
+        return f"{mn:.2f} / {md:.2f}"
+
+    wn = w.numel()
+    print(f"\n{threads} thread{'s' if threads > 1 else ''}: quantize bf16 {rows}x{cols} into out=, encode {n:,} "
+          "elements into out=; each cell min / median over the rounds")
+    head = ["copy_ w GB/s", *(f"{k} of copy_" for k in QUANTIZE), "enc f32 of copy_", "enc bf16 of copy_",
+            "enc f32 vs cast"]
+    print(f"  {'level':18}" + "".join(f"{h:>19}" for h in head))
+    for label, t in times.items():
+        cells = [f"{4 * wn / min(t['copy_ w']) / 1e9:.1f} / {4 * wn / statistics.median(t['copy_ w']) / 1e9:.1f}"]
+        cells += [cell(t, k, "copy_ w", 3 * wn, 4 * wn) for k in QUANTIZE]
+        cells += [cell(t, "encode f32", "copy_ f32", 5 * n, 8 * n), cell(t, "encode bf16", "copy_ bf16", 3 * n, 4 * n)]
+        cells.append(f"{min(t['torch cast']) / min(t['encode f32']):.2f} / "
+                     f"{statistics.median(t['torch cast']) / statistics.median(t['encode f32']):.2f}")
+        print(f"  {label:18}" + "".join(f"{c:>19}" for c in cells))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--cols", type=int, default=8192)
+    p.add_argument("--n", type=int, default=64 * 2**20, help="elements to encode")
+    p.add_argument("--repeat", type=int, default=7, help="rounds")
+    p.add_argument("--threads", default=f"{torch.get_num_threads()},1", help="thread counts, comma-separated")
+    a = p.parse_args()
+    if not _native.kernels_available():
+        raise SystemExit(f"the C loops are not available: {_native.describe()}")
+    info = _native.build_info()
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; load average {load_average()} (start)")
+    print(f"torch {torch.__version__}; fp8ref {_native.describe()}; levels compared: "
+          f"{', '.join(c[0] for c in configs())} (this CPU's best: {info['isa']})")
+    for threads in dict.fromkeys(int(t) for t in a.threads.split(",")):
+        run(threads, a.rows, a.cols, a.n, a.repeat)
+    print(f"\nload average {load_average()} (end)")
+
+
+if __name__ == "__main__":
+    main()
