@@ -3,15 +3,12 @@ free-running errors, the first divergent layer, end-to-end logit agreement)."""
 
 from __future__ import annotations
 
-import json
-
 from ..checkpoint import load_checkpoint
-from ..conformance.backend import load_backend
 from ..errors import ModelError
 from ..limits import MAX_RANDOM_IDS, MAX_SEQUENCE, int_in
 from .argtypes import int_range, random_shape
 from .logprobs import add_engine_args, cmd_engine_logprobs
-from .output import add_progress_flags, declare_paths, progress_enabled, write_out
+from .output import add_progress_flags, backends_for, declare_paths, progress_enabled, write_json, write_out
 
 INPUT_HELP = ("token ids: --tokens FILE (integer ids, one sequence per line), --text FILE (the checkpoint's "
               "tokenizer.json, or --tokenizer DIR; --byte-tokens: bytes -> ids modulo the vocabulary) or "
@@ -105,17 +102,6 @@ def tokenized_text(args, vocab: int):
     tok = load_tokenizer(folder)
     windows = text_windows(text, tok, vocab, args.seq_len)
     return windows, f"text {args.text} ({tok.describe()}, windows of {args.seq_len})", tok.describe()
-
-
-def backends_for(modes) -> dict:
-    return {m.arg: load_backend(m.arg) for m in modes if m.kind == "backend"}
-
-
-def write_json(report: dict, out: str) -> bool:
-    """The report to ``out`` by the output rule; True when stdout now holds it."""
-    from ..nn.metrics import json_safe
-
-    return write_out(out, json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n")
 
 
 def cmd_compare(args) -> int:

@@ -9,15 +9,8 @@ from ..checkpoint import load_checkpoint
 from ..errors import ModelError
 from ..limits import MAX_BATCH
 from .argtypes import int_range
-from .compare import (
-    add_input_args,
-    add_keep_decoded,
-    backends_for,
-    early_token_ids,
-    token_ids,
-    write_json,
-)
-from .output import add_progress_flags, declare_paths, progress_enabled
+from .compare import add_input_args, add_keep_decoded, early_token_ids, token_ids
+from .output import add_progress_flags, backends_for, declare_paths, progress_enabled, write_json
 
 
 def register(sub) -> None:

@@ -47,7 +47,7 @@ def cmd_engine_logprobs(args) -> int:
     from ..nn.config_check import BOUNDS
     from ..nn.engine_compare import ModeView, default_noise_floor, judge_engine, judge_modes
     from ..nn.engine_logprobs import read_engine_logprobs
-    from .compare import backends_for, write_json
+    from .output import backends_for, write_json
 
     given = [flag for flag, on in (("--tokens", args.tokens), ("--text", args.text), ("--random", args.random),
                                    ("--byte-tokens", args.byte_tokens), ("--modes", args.modes),

@@ -135,6 +135,20 @@ def write_out(target: str, text: str) -> bool:
     return False
 
 
+def write_json(report: dict, out: str) -> bool:
+    """The report to ``out`` by the output rule; True when stdout now holds it."""
+    from ..nn.metrics import json_safe  # the nn layer (torch) only when a report is written
+
+    return write_out(out, json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n")
+
+
+def backends_for(modes) -> dict:
+    """The conformance backend of each ``backend:NAME`` mode, loaded."""
+    from ..conformance.backend import load_backend  # not at import: `fp8ref --help` stays light
+
+    return {m.arg: load_backend(m.arg) for m in modes if m.kind == "backend"}
+
+
 def emit_json(target: str | None, obj, *, indent: int = 2, sort_keys: bool = False) -> bool:
     """Write ``obj`` for ``--json``; True when stdout now holds JSON (so no text may follow there)."""
     if not target:

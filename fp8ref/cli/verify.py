@@ -4,8 +4,7 @@ re-derived from the original weights and the producer's recipe; exit 1 on any mi
 from __future__ import annotations
 
 from ..checkpoint import load_calibration, load_checkpoint
-from .compare import write_json
-from .output import add_progress_flags, declare_paths, progress_enabled
+from .output import add_progress_flags, declare_paths, progress_enabled, write_json
 
 
 def register(sub) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .files import open_regular
-from .safetensors import TensorInfo, pack_nibbles, unpack_nibbles
+from .safetensors import DTYPES, SINGLE_FILE_READERS, TensorInfo, _bfloat16, pack_nibbles, unpack_nibbles
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -248,13 +248,13 @@ class GgufFile:
         self.bytes_read += out.size
         return out
 
-    def get(self, name: str) -> np.ndarray:
+    def get(self, name: str, *, mapped: bool = False) -> np.ndarray:
+        """The tensor as safetensors' reader gives it (``mapped``: accepted for TensorStore's sake; a GGUF
+        tensor is read from this reader's own copy of the file either way)."""
         info = self.info(name)
         source, role = self._views[name]
         raw = self.raw(source)
         if role == "plain":
-            from .safetensors import DTYPES, _bfloat16
-
             dt = np.dtype(_bfloat16(str(self.path))) if info.dtype == "BF16" else np.dtype(DTYPES[info.dtype].numpy)
             return raw.view(dt).reshape(info.shape)
         blocks = raw.reshape(-1, MXFP4_BYTES)
@@ -314,3 +314,6 @@ def dumps(kv: dict, tensors: list[tuple[str, str, tuple, np.ndarray]], alignment
         offset += len(raw) + pad
     header = b"".join(head)
     return header + b"\0" * (-len(header) % alignment) + b"".join(body)
+
+
+SINGLE_FILE_READERS[".gguf"] = GgufFile  # open_store reads llama.cpp's files through this reader

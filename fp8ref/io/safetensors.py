@@ -325,14 +325,18 @@ class TensorStore:
         return sum(f.bytes_read for f in self.files.values())
 
 
+# file suffix -> the reader of a single-file format other than safetensors (io/gguf.py registers ".gguf"
+# when the io package loads): open_store opens those files with it, into the same TensorStore
+SINGLE_FILE_READERS: dict[str, type] = {}
+
+
 def open_store(path: str | os.PathLike, *, symlinks_out: bool = False) -> TensorStore:
     """Open a single safetensors file, or a folder with an index or one ``*.safetensors`` file
     (``symlinks_out``: see ``safe_member``)."""
     path = Path(path)
-    if path.suffix == ".gguf" and path.exists() and not path.is_dir():  # llama.cpp's format: its own reader
-        from .gguf import GgufFile
-
-        f = GgufFile(path)
+    reader = SINGLE_FILE_READERS.get(path.suffix)
+    if reader is not None and path.exists() and not path.is_dir():  # another format's own strict reader
+        f = reader(path)
         return TensorStore(path.parent, {path.name: f}, dict.fromkeys(f.tensors, path.name))
     if path.exists() and not path.is_dir():  # a FIFO or device: refused by SafetensorsFile by name
         f = SafetensorsFile(path)
