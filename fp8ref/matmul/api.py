@@ -259,7 +259,7 @@ def _quantize_input(x2: np.ndarray, input_scale, dynamic, ifmt, block_k: int, re
     return q.codes, np.asarray(q.scale, np.float32)
 
 
-def _input_recipe(recipe: Recipe | str | None, ifmt, dynamic: bool) -> Recipe | str:
+def _input_recipe(recipe: Recipe | str | None, ifmt, dynamic: bool) -> Recipe:
     """The recipe the activations are quantized with: the one given, else ACTIVATION_RECIPE (for
     this input format; NaN/Inf refused when the scale comes from x)."""
     if recipe is not None:
