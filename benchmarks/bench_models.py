@@ -14,8 +14,8 @@ Parts (``--skip`` any of them):
   the median of the N ratios with their min and max: a change in the machine's load between two
   processes moves one ratio, not the median. Each side's cores busy on average are printed (the
   peer's over its forward alone). Figures (docs/models.md, "At real sizes"): 1B, one round, 2.51x at
-  load 2.5-4.3 and 0.92x at load 7-11 before the edge work of issue 21; after it 1.26x at load ~4
-  (one round; at load 13-17 the peer got 0.09 cores and was stopped).
+  load 2.5-4.3 and 0.92x at load 7-11 before the edge work of issue 21; after it 1.10x, 1.26x, 1.27x
+  in three rounds at load 3.5-4.2 (at load 13-17 the peer got 0.09 cores and was stopped).
 * ``decode``: one 1-token forward of the fp8ref model in reference mode (every linear at M = 1)
   against a transformers float64 forward of that token (best of --repeat; target <= 2x).
 * ``compare``: ``fp8ref compare --original --modes reference,original`` peak RSS against checkpoint
