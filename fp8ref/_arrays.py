@@ -8,6 +8,8 @@ pattern: no cast of another library produces or reads a bfloat16 value.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .errors import InputTypeError
@@ -190,12 +192,29 @@ def deliver(values: np.ndarray, dtype: str, as_torch: bool):
     """float values that ``dtype`` (float16, bfloat16, float32, float64) holds exactly -> an array
     of that dtype in the caller's library. Every conversion is exact; bfloat16 is built from bits."""
     if dtype == "bfloat16":
-        bits = f32_to_bf16_bits(np.asarray(values).astype(np.float32))
+        v = np.asarray(values)
+        if as_torch and v.dtype in (np.float32, np.float64) and v.dtype.isnative and v.size >= _TORCH_CONVERT:
+            return _torch_bf16(v)
+        bits = f32_to_bf16_bits(v.astype(np.float32))
         if as_torch:
             return torch().from_numpy(bits.view(np.int16)).view(torch().bfloat16)
         return numpy_bf16(bits)
     v = np.ascontiguousarray(np.asarray(values).astype(dtype))
     return torch().from_numpy(v) if as_torch else v
+
+
+_TORCH_CONVERT = 1 << 16  # elements from which torch's threads convert deliver's bfloat16
+
+
+def _torch_bf16(v: np.ndarray):
+    """f32_to_bf16_bits(v.astype(float32)) as a torch bfloat16 tensor, by torch's threads: the same
+    IEEE float64 -> float32 conversion (NaN keeps its sign and high payload bits), then the high
+    half of each float32's bits, the low half dropped."""
+    t = torch()
+    f32 = t.from_numpy(np.ascontiguousarray(v)).reshape(-1).to(t.float32)
+    pairs = f32.view(t.int16).reshape(-1, 2)
+    high = pairs[:, 1] if sys.byteorder == "little" else pairs[:, 0]
+    return high.contiguous().view(t.bfloat16).reshape(v.shape)
 
 
 def same_library(arr: np.ndarray, as_torch: bool):

@@ -99,6 +99,13 @@ def store_dtype(recipe: Recipe, model_dtype: str, scale_dtype: str = "model") ->
     return scale_dtype
 
 
+def model_dtype_free(recipe) -> bool:
+    """True when no step of ``recipe`` depends on the input's dtype: neither the apply step nor the
+    stored scale is rounded to the model dtype (float16's ``apply_float16_to`` aside). A bfloat16
+    input then gets the codes and scales of the same values given in float32."""
+    return isinstance(recipe, Recipe) and recipe.apply_dtype != "model" and recipe.scale_store_dtype != "model"
+
+
 def compute_scale(amax: np.ndarray, recipe: Recipe, fmt: FloatFormat, model_dtype: str, *,
                   scale_dtype: str = "model") -> tuple[np.ndarray, np.ndarray]:
     """(stored scale, operand of the apply step), float32 arrays of amax's shape.

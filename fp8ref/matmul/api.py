@@ -6,12 +6,23 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._arrays import code_input, deliver, dtype_name, float64_values, is_torch, same_library
+from .._arrays import (
+    check_torch,
+    code_input,
+    deliver,
+    dtype_name,
+    float64_values,
+    is_torch,
+    numpy_bf16,
+    same_library,
+    torch,
+)
 from ..codec import encode
 from ..errors import FormatError, InputTypeError, ShapeError
 from ..formats import FORMATS, get_format
 from ..quant import QuantArgs, quantize
-from ..recipes import Recipe
+from ..recipes import Recipe, model_dtype_free
+from ..registry import get_recipe
 from ..rounding import OUT_FORMATS, OutFormat, round_to_format
 from .epilogue import SCALE_RESULT_OPS, _code_out
 from .models import ACCUMULATION_MODELS, Accumulation
@@ -186,11 +197,11 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
     (default ``ACTIVATION_RECIPE``: scale fp32(amax / fmt.max), 1.0 where amax == 0;
     q = encode(fp32(x / s), input_fmt), RNE, saturating). Everything else as ``scaled_mm``.
     """
-    xv = float64_values(x, "x", ("float32", "bfloat16", "float16"))
-    if xv.ndim < 1:
-        raise ShapeError(f"x: expected shape (..., K), got {_shape_text(xv.shape)}")
-    lead, K = xv.shape[:-1], xv.shape[-1]
-    x2 = xv.reshape(-1, K).astype(np.float32)
+    ifmt = get_format(input_fmt)
+    recipe = _input_recipe(input_recipe, ifmt, input_scale is None)
+    x2 = _activations(x, keep_bfloat16=model_dtype_free(recipe))
+    lead, K = x2.shape[:-1], x2.shape[-1]
+    x2 = x2.reshape(-1, K)
     w_codes, w_fmt = weight, fmt
     if isinstance(weight, DecodedCodes):
         w_codes, w_fmt = weight.codes, weight.fmt
@@ -199,7 +210,7 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
         w_fmt = named or fmt
     if not isinstance(w_codes, np.ndarray) or w_codes.ndim != 2 or w_codes.shape[1] != K:
         raise ShapeError(f"weight: got shape {_shape_text(getattr(w_codes, 'shape', ()))}, expected (N, {K}) "
-                         f"to match x of shape {_shape_text(xv.shape)}")
+                         f"to match x of shape {_shape_text((*lead, K))}")
     N = w_codes.shape[0]
     ws = _scale(weight_scale, "weight_scale")
     nb, kb = -(-N // block_n), -(-K // block_k)
@@ -212,7 +223,7 @@ def linear(x, weight, weight_scale, *, input_scale=None, dynamic: str | None = N
     else:
         raise ShapeError(f"weight_scale: got shape {_shape_text(ws.shape)}, expected (), (1,), ({N},), ({N}, 1) "
                          f"or ({nb}, {kb}) ({block_n}x{block_k} blocks)")
-    q, s_x = _quantize_input(x2, input_scale, dynamic, get_format(input_fmt), block_k, input_recipe)
+    q, s_x = _quantize_input(x2, input_scale, dynamic, ifmt, block_k, recipe)
     b = weight.T if isinstance(weight, DecodedCodes) else w_codes.T  # a view: every model takes strided codes
     y = scaled_mm(same_library(q, is_torch(x)), b, s_x, scale_b.astype(np.float32),
                   bias=bias, out_dtype=out_dtype or _default_out(x), fmt_a=get_format(input_fmt), fmt_b=w_fmt,
@@ -243,14 +254,42 @@ def _quantize_input(x2: np.ndarray, input_scale, dynamic, ifmt, block_k: int, re
                              f"got {dynamic!r}")
     else:
         args = QuantArgs(format=ifmt, granularity=dynamic, group_size=block_k if dynamic == "group" else None)
-    if recipe is None:
-        recipe = ACTIVATION_RECIPE
-        if ifmt.name not in recipe.formats:  # a user FloatFormat
-            recipe = replace(recipe, formats=(ifmt.name,))
-        if input_scale is None:
-            recipe = replace(recipe, nonfinite="error")
+    recipe = _input_recipe(recipe, ifmt, input_scale is None)
     q = quantize(x2, args, recipe=recipe, scale=None if input_scale is None else s_x.reshape(1).astype(np.float32))
     return q.codes, np.asarray(q.scale, np.float32)
+
+
+def _input_recipe(recipe: Recipe | str | None, ifmt, dynamic: bool) -> Recipe:
+    """The recipe the activations are quantized with: the one given, else ACTIVATION_RECIPE (for
+    this input format; NaN/Inf refused when the scale comes from x)."""
+    if recipe is not None:
+        return get_recipe(recipe)
+    recipe = ACTIVATION_RECIPE
+    if ifmt.name not in recipe.formats:  # a user FloatFormat
+        recipe = replace(recipe, formats=(ifmt.name,))
+    return replace(recipe, nonfinite="error") if dynamic else recipe
+
+
+def _activations(x, *, keep_bfloat16: bool) -> np.ndarray:
+    """x (..., K) as the quantizer takes it, every value exact: a torch bfloat16 tensor as its own
+    bits (numpy bfloat16: no conversion) when ``keep_bfloat16`` (the recipe does the same arithmetic
+    on them as on their float32 values), else float32 (torch converts a tensor, on its threads)."""
+    dtypes = ("float32", "bfloat16", "float16")
+    if not is_torch(x):
+        xv = float64_values(x, "x", dtypes)
+        if xv.ndim < 1:
+            raise ShapeError(f"x: expected shape (..., K), got {_shape_text(xv.shape)}")
+        return xv.astype(np.float32)
+    name = dtype_name(x)
+    if name not in dtypes:
+        raise InputTypeError(f"x: expected dtype {' or '.join(dtypes)}, got torch {name}")
+    check_torch(x, "x")
+    if x.ndim < 1:
+        raise ShapeError(f"x: expected shape (..., K), got {_shape_text(tuple(x.shape))}")
+    t = x.detach().contiguous()
+    if name == "bfloat16" and keep_bfloat16:
+        return numpy_bf16(t.view(torch().int16).numpy().view(np.uint16))
+    return t.to(torch().float32).numpy()
 
 
 def _default_out(x) -> str:

@@ -247,10 +247,28 @@ def expert_groups(model, per_layer: dict, modes: list[str]) -> list[dict]:
 def refuse_nonfinite(logits: torch.Tensor, what: str) -> None:
     """A mode whose logits hold NaN or Inf has no next-token distribution: every metric against it
     (KL, top-1 agreement, perplexity) would be NaN or, worse, look perfect (argmax of NaN rows agrees)."""
+    if _all_finite(logits):
+        return
     bad = ~torch.isfinite(logits)
     if bad.any():
         raise ModelError(f"{what}: {int(bad.sum())} of {logits.numel()} logits are not finite (NaN or Inf); "
                          f"nothing to compare or evaluate (check the model's config.json and weights)")
+
+
+# dtype -> (the integer type of its bits, the magnitude mask, the magnitude of +Inf)
+_MAGNITUDE = {torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80), torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+              torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000)}
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in ``t``: for bfloat16, float16 and float32 the largest magnitude bit pattern
+    is below +Inf's (NaNs lie above it), one integer max (torch's isfinite on bfloat16 logits takes
+    4x longer)."""
+    spec = _MAGNITUDE.get(t.dtype)
+    if spec is None or t.numel() == 0:
+        return bool(torch.isfinite(t).all())
+    itype, mask, inf = spec
+    return int((t.contiguous().view(itype) & mask).amax()) < inf
 
 
 def evaluate(model, ids: torch.Tensor, mode, *, batch: int = 8, progress: bool = False, executor: str = "local",

@@ -4,9 +4,12 @@ stored values (torch in, Python floats out; JSON-safe: inf/NaN become strings at
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+from .._native import threads
 
 # dtype -> (fraction bits, smallest normal exponent)
 _GRID = {torch.bfloat16: (7, -126), torch.float16: (10, -14), torch.float32: (23, -126)}
@@ -59,16 +62,26 @@ _ROWS = 16  # positions per float64 log-softmax: its temporaries stay small besi
 def perplexity(logits: torch.Tensor, ids: torch.Tensor) -> float:
     """exp(mean next-token negative log-likelihood): logits[:, t] predicts ids[:, t + 1]. The
     log-softmax runs on _ROWS positions at a time (each position's is its own: the same values as
-    on the whole array), so its float64 temporaries do not grow with the tokens."""
+    on the whole array), so its float64 temporaries do not grow with the tokens; the pieces run on
+    the cores (numpy's ufuncs release the GIL; each piece's values do not depend on the thread)."""
     target = ids[:, 1:].numpy()
     B, T = target.shape
     nll = np.empty((B, T, 1))
-    for b in range(B):
-        for t0 in range(0, T, _ROWS):
-            a = _f64(logits[b, t0:min(t0 + _ROWS, T)])
-            la = a - a.max(-1, keepdims=True)
-            la = la - np.log(np.exp(la).sum(-1, keepdims=True))
-            nll[b, t0:t0 + a.shape[0]] = -np.take_along_axis(la, target[b, t0:t0 + a.shape[0], None], axis=-1)
+
+    def piece(b: int, t0: int) -> None:
+        a = _f64(logits[b, t0:min(t0 + _ROWS, T)])
+        la = a - a.max(-1, keepdims=True)
+        la = la - np.log(np.exp(la).sum(-1, keepdims=True))
+        nll[b, t0:t0 + a.shape[0]] = -np.take_along_axis(la, target[b, t0:t0 + a.shape[0], None], axis=-1)
+
+    pieces = [(b, t0) for b in range(B) for t0 in range(0, T, _ROWS)]
+    workers = min(threads(), len(pieces))
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda p: piece(*p), pieces))
+    else:
+        for p in pieces:
+            piece(*p)
     return float(np.exp(nll.mean())) if nll.size else math.nan
 
 
