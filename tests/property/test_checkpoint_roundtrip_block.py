@@ -38,7 +38,8 @@ CASES = [  # (format, layout, recipe)
     # compressed-tensors 0.20: MXFP6A16, MXFP6A8, MXFP4XFP8
     ("compressed-tensors", LayerQuant("mx", None, None, weight_fmt=FP6), "compressed-tensors-mx-0.20"),
     ("compressed-tensors", LayerQuant("mx", None, "mx", weight_fmt=FP6, input_fmt=E4M3), "compressed-tensors-mx-0.20"),
-    ("compressed-tensors", LayerQuant("mx", None, "dynamic-group", 128, weight_fmt=FP4), "compressed-tensors-mx-0.20"),
+    # MXFP4XFP8's weights: 0.20.1 writes MXFP4 codes and scales as 0.19 does (recipe compressed-tensors-mx)
+    ("compressed-tensors", LayerQuant("mx", None, "dynamic-group", 128, weight_fmt=FP4), "compressed-tensors-mx"),
     ("modelopt", LayerQuant("nvfp4", None, "nvfp4", weight_fmt=FP4, global_scale="multiplier", input_fmt=FP4),
      "modelopt-nvfp4"),
     ("modelopt", LayerQuant("mx", None, "mx"), "modelopt-mxfp8"),

@@ -26,7 +26,7 @@ CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoi
 SHAPES = (("mlp.down_proj", (96, 200)), ("self_attn.q_proj", (130, 64)), ("mlp.up_proj", (40, 96)))
 
 
-def plain_layer(layer, weight, recipe=None, input_amax=None, model_dtype="bfloat16", **_):
+def plain_layer(layer, weight, recipe=None, input_amax=None, model_dtype="bfloat16", global_amax=None, **_):
     """verify_layer as plain as it can be written (the computation before the fast path)."""
     from fp8ref.checkpoint import base
     from fp8ref.quant import SELF_SCALED, as_args, quantize
