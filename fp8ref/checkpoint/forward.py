@@ -91,6 +91,16 @@ def quantize_block_input(layer, x):
         raise type(exc)(f"{layer.name}: input: {exc}") from None
 
 
+def _block_input_shape(layer, x, out_dtype) -> tuple[str, tuple, int]:
+    """(output dtype, leading shape, K) of x for an nvfp4 / mx layer; x's K checked against the weight's."""
+    arr, dtype, _ = float_input(x, "x")
+    out = out_dtype or (dtype if dtype in ("bfloat16", "float16", "float32") else "float32")
+    lead, k = arr.shape[:-1], arr.shape[-1]
+    if k != layer.shape[1]:
+        raise CheckpointError(f"{layer.name}: x has {k} features, the weight {layer.shape[1]}")
+    return out, lead, k
+
+
 def _block_scaled_forward(layer, x, out_dtype):
     """nvfp4 / mx reference: the input quantized by ``quantize_block_input``, then the exact sum
     of the exact products, times the global multipliers or divided by the global divisors,
@@ -99,11 +109,7 @@ def _block_scaled_forward(layer, x, out_dtype):
     from ..codec import decode
 
     q = layer.quant
-    arr, dtype, _ = float_input(x, "x")
-    out = out_dtype or (dtype if dtype in ("bfloat16", "float16", "float32") else "float32")
-    lead, k = arr.shape[:-1], arr.shape[-1]
-    if k != layer.shape[1]:
-        raise CheckpointError(f"{layer.name}: x has {k} features, the weight {layer.shape[1]}")
+    out, lead, k = _block_input_shape(layer, x, out_dtype)
     g = 1.0 if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
     bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float64)
     if q.input == "dynamic-group":  # MX weights, FP8 inputs per 1 x group (compressed-tensors 0.20 MXFP4XFP8)
@@ -164,11 +170,7 @@ def _block_scaled_accumulated(layer, x, out_dtype, accumulate: str):
     if why is not None:
         raise CheckpointError(f"{layer.name}: {why}")
     q = layer.quant
-    arr, dtype, _ = float_input(x, "x")
-    out = out_dtype or (dtype if dtype in ("bfloat16", "float16", "float32") else "float32")
-    lead, k = arr.shape[:-1], arr.shape[-1]
-    if k != layer.shape[1]:
-        raise CheckpointError(f"{layer.name}: x has {k} features, the weight {layer.shape[1]}")
+    out, lead, k = _block_input_shape(layer, x, out_dtype)
     block, _, scale_fmt = BLOCK_SCALED[q.weight_strategy]
     g_w = None if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
     bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float32)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from .files import open_regular
-from .safetensors import DTYPES, SINGLE_FILE_READERS, TensorInfo, _bfloat16, pack_nibbles, unpack_nibbles
+from .safetensors import DTYPES, SINGLE_FILE_READERS, TensorFile, TensorInfo, _bfloat16, pack_nibbles, unpack_nibbles
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -183,7 +183,7 @@ def parse(raw: bytes, where: str, file_size: int) -> tuple[int, dict, dict[str, 
     return version, kv, tensors, start
 
 
-class GgufFile:
+class GgufFile(TensorFile):
     """A validated GGUF file read as safetensors-like tensors (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike):
@@ -220,15 +220,6 @@ class GgufFile:
         """GGUF tensors of types fp8ref does not read (kept out of ``tensors``), as 'name (TYPE)'."""
         return [f"{t.name} ({t.type_name})" for t in self.gguf_tensors.values()
                 if t.type_name not in PLAIN and t.type_name != "MXFP4"]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.tensors
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise CheckpointError(f"{self.path}: no tensor {name!r}") from None
 
     def raw(self, name: str) -> np.ndarray:
         """The stored bytes of GGUF tensor ``name`` (any type) as a flat uint8 array."""

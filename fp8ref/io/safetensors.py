@@ -125,7 +125,23 @@ def parse_header(raw: bytes, where: str, data_size: int) -> tuple[dict[str, str]
     return metadata, tensors
 
 
-class SafetensorsFile:
+class TensorFile:
+    """What a single tensor file's reader shares: ``path`` and ``tensors`` (name -> TensorInfo)."""
+
+    path: Path
+    tensors: dict
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise CheckpointError(f"{self.path}: no tensor {name!r}") from None
+
+
+class SafetensorsFile(TensorFile):
     """A validated safetensors file whose tensors are read only when asked for."""
 
     def __init__(self, path: str | os.PathLike, *, max_header_bytes: int = MAX_HEADER_BYTES):
@@ -152,15 +168,6 @@ class SafetensorsFile:
         self.data_size = size - 8 - n
         self.metadata, self.tensors = parse_header(raw, where, self.data_size)
         self.bytes_read = 0  # tensor data bytes read so far (headers excluded)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.tensors
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise CheckpointError(f"{self.path}: no tensor {name!r}") from None
 
     def read_bytes(self, name: str) -> np.ndarray:
         """The tensor's raw bytes as a flat uint8 array (a fresh buffer, not a view of the file)."""
