@@ -65,3 +65,17 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "unknown"
+
+
+# The peer "reading both files": every byte of the given files into one reused 64 MiB buffer, unbuffered;
+# run as `python -c READ_FILES FILE...`, it prints its seconds (bench_models.py, bench_verify.py).
+READ_FILES = r"""
+import sys, time
+t0 = time.perf_counter()
+buf = bytearray(1 << 26)
+for path in sys.argv[1:]:
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+print(time.perf_counter() - t0)
+"""

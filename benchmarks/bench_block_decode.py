@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -30,18 +29,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._util import best_time  # noqa: E402
+from benchmarks._util import best_time, cpu_model  # noqa: E402
 
 SCHEMES = ("MXFP8", "MXFP4", "NVFP4", "FP8_BLOCK")
 NAME = "model.layers.0.mlp.down_proj"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def _checkpoint(work: Path, scheme: str, n: int, k: int):

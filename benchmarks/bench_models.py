@@ -52,6 +52,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._util import READ_FILES as READ  # noqa: E402
 from fp8ref.io.safetensors import SafetensorsWriter, TensorSpec  # noqa: E402
 
 GB = 1e9
@@ -225,17 +226,6 @@ with torch.no_grad():
     model(ids)  # first call: what is read once (pages of the file) is read here
     one = min((lambda t0: (model(ids), time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(repeat))
 print(json.dumps({"one_token": one}))
-"""
-
-READ = r"""
-import sys, time
-t0 = time.perf_counter()
-buf = bytearray(1 << 26)
-for path in sys.argv[1:]:
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-print(time.perf_counter() - t0)
 """
 
 

@@ -34,26 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._util import READ_FILES as READ  # noqa: E402
+from benchmarks._util import cpu_model  # noqa: E402
 from fp8ref.io.safetensors import SafetensorsWriter, TensorSpec  # noqa: E402
-
-READ = r"""
-import sys, time
-t0 = time.perf_counter()
-buf = bytearray(1 << 26)
-for path in sys.argv[1:]:
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-print(time.perf_counter() - t0)
-"""
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def load() -> str:
