@@ -45,6 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 import gpu_wgmma  # noqa: E402
 
+from benchmarks._util import cpu_model  # noqa: E402
 from fp8ref import encode  # noqa: E402
 from fp8ref.formats import get_format  # noqa: E402
 
@@ -110,7 +111,7 @@ def machine(gpu: bool) -> dict:
 
     import fp8ref
 
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cpu": _cpu_model(),
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_model(),
             "fp8ref_loops": fp8ref.build_info(), "cuda": torch.version.cuda}
     if gpu:
         p = torch.cuda.get_device_properties(0)
@@ -121,16 +122,6 @@ def machine(gpu: bool) -> dict:
         except Exception as exc:
             info[pkg] = f"not importable ({type(exc).__name__})"
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # ---------------------------------------------------------------------------------------------- scaled_mm
