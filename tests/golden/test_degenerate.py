@@ -200,6 +200,7 @@ ZERO_BLOCK = {
     "quark-fp8": ("FP8", "weight", 2.0 ** -23, "masked 0 -> eps(fp32), exact in bf16"),
     "quark-mxfp4": ("MXFP4", "weight", 2.0 ** -126, "byte 1 (FINDINGS 4.2)"),
     "ggml-mxfp4": ("MXFP4", "weight", 2.0 ** -127, "byte 0 for amax 0 (gguf 0.19.0 quants.MXFP4)"),
+    "ggml-nvfp4": ("NVFP4", "weight", 0.0, "byte 0 for amax 0 (llama.cpp ggml_fp32_to_ue4m3: !(x > 0) -> 0)"),
     "gpt-oss-mxfp4": ("MXFP4", "weight", 2.0 ** -127, "byte 0: the bits of d = 0 round up to 0"),
     "vllm-dynamic": ("FP8_DYNAMIC", "activation", float(np.float32(1 / 229376)), "scale floor 1/(448*512)"),
     "vllm-group": ("FP8_BLOCK", "activation", float(np.float32(np.float32(1e-10) / np.float32(448))),
