@@ -168,7 +168,7 @@ def ggml_nvfp4_dequantize(codes, scale_bytes) -> np.ndarray:
     kvalues_mxfp4[q] * ggml_ue4m3_to_fp32(s) per 16 elements, so E2M1 code 0x8 gives +0.0 and a
     negative code under a zero scale -0.0 (``codes`` [..., K] unpacked, ``scale_bytes`` [..., K/16])."""
     k = _GGML_KVALUES[np.asarray(codes, np.uint8) & 0x0F]
-    d = np.repeat(ggml_ue4m3_half(scale_bytes), 16, axis=-1)
+    d = expand(ggml_ue4m3_half(scale_bytes), k.shape, "nvfp4").astype(np.float32)
     return (k * d).astype(np.float32)
 
 
@@ -184,7 +184,7 @@ def _ggml_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")
     reject_nonfinite(amax_b, arr, dtype, rec)
     scale_codes = ggml_fp32_to_ue4m3(_f32(amax_b) / np.float32(fmt.max))  # amax / 6.0f in float32
-    d = np.repeat(ggml_ue4m3_half(scale_codes), 16, axis=-1).reshape(x32.shape)
+    d = expand(ggml_ue4m3_half(scale_codes), x32.shape, "nvfp4").astype(np.float32)  # a partial last block too
     codes = np.empty(x32.shape, np.uint8)
     flat_x, flat_d, flat_c = x32.reshape(-1), d.reshape(-1), codes.reshape(-1)
     for lo in range(0, flat_x.size, 1 << 16):  # 16 candidate errors per element: bounded temporaries

@@ -148,7 +148,8 @@ def test_nan_scale_pattern_and_what_each_nvfp4_recipe_stores_for_its_zero_blocks
     # zero-block scale (an E4M3 value) per recipe: CT 0.125 (0x30) and ModelOpt 1.0 (0x38) measured
     # on the tools; fp8ref's exact quotient 0 / (6 * A / 2688) = 0 (0x00)
     measured = {"compressed-tensors-nvfp4": 0x20, "modelopt-nvfp4": 0x38, "fp8ref": 0x00,
-                "te-nvfp4": 0x00, "te-nvfp4-2d": 0x00}  # TE: its declared model, not measured
+                "te-nvfp4": 0x00, "te-nvfp4-2d": 0x00,  # TE: its declared model, not measured
+                "ggml-nvfp4": 0x00}  # llama.cpp's C (tests/fixtures/gguf/nvfp4.gguf)
     assert [float(e4m3.exact_value(b)) for b in (0x20, 0x38, 0x30)] == [0.125, 1.0, 0.5]
     seen = set()
     for c in of("quantize", "nan-scale"):
