@@ -33,8 +33,8 @@ import numpy as np
 from ..errors import CheckpointError, Fp8RefError
 from ..io.gguf import READ_QUANTIZED, RECIPE_KEY, GgufFile, dumps, mxfp4_blocks, nvfp4_blocks
 from ..io.safetensors import TensorStore
-from .base import Defaults, ScaleDecl, register
 from . import layout
+from .base import Defaults, ScaleDecl, register
 from .layout import LayerEntry, LayerQuant, check_scale_values
 
 NAME = "gguf"

@@ -274,3 +274,44 @@ def test_bad_nvfp4_gguf_is_one_error_naming_file_and_tensor_and_nothing_written(
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("fp8ref: error:") and str(path) in err[0], argv
     assert sorted(os.listdir(tmp_path)) == ["bad.gguf", "spec.yaml"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_any_truncation_or_header_byte_change_is_read_or_one_checkpoint_error(tmp_path_factory, data):
+    """A cut anywhere, or up to 3 header or scale bytes overwritten: a CheckpointError or a valid read."""
+    raw = bytearray((FIX / "nvfp4.gguf").read_bytes())
+    f = GgufFile(FIX / "nvfp4.gguf")
+    t = f.gguf_tensors["blk.0.attn_q.weight"]
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        for _ in range(data.draw(st.integers(1, 3))):
+            at = data.draw(st.one_of(st.integers(0, f.data_start - 1),
+                                     st.integers(0, 3).map(lambda i: f.data_start + t.begin + i)))
+            raw[at] = data.draw(st.integers(0, 255))
+    path = tmp_path_factory.mktemp("fuzz") / "x.gguf"
+    path.write_bytes(bytes(raw))
+    try:
+        ckpt = load_checkpoint(path)
+        for name in ckpt:
+            ckpt[name].dequantize("float32", mode="producer")
+    except CheckpointError as exc:
+        assert str(path) in str(exc)
+
+
+def test_mxfp4_producer_mode_is_llama_cpps_too(tmp_path):
+    """GGUF MXFP4 in producer mode: kvalues * 2^(e-128), so code 0x8 gives +0.0 (reference: -0.0)."""
+    name = b"m.weight"
+    info = (struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<2Q", 32, 1)
+            + struct.pack("<IQ", 39, 0))
+    path = tmp_path / "mx.gguf"
+    path.write_bytes(_pad(b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + info) + bytes([127] + [0x98] * 16))
+    layer = load_checkpoint(path)["m"]
+    producer, reference = layer.dequantize("float32", mode="producer"), layer.dequantize("float32")
+    assert producer[0, :16].tolist() == [0.0] * 16 and not np.signbit(producer[0, :16]).any()
+    assert np.signbit(reference[0, :16]).all() and (producer[0, 16:] == -0.5).all()
+    ckpt = load_checkpoint(FIX / "mxfp4.gguf")
+    for module in ckpt:
+        assert np.array_equal(ckpt[module].dequantize("float32", mode="producer").view(np.uint32),
+                              ckpt[module].dequantize("float32").view(np.uint32))
