@@ -119,3 +119,21 @@ def test_all_16_bit_and_random_float32_inputs_match_gfloat(name, mode):
     for sat in (True, False):
         assert np.count_nonzero(gfloat_codes(x, name, MODES[mode], sat) != encode(x, name, saturate=sat,
                                                                                     rounding=mode)) == 0
+
+
+@pytest.mark.parametrize("sat", [True, False])
+@pytest.mark.parametrize("p, name", [(4, "float8_e4m3fnuz"), (3, "float8_e5m2fnuz")])
+def test_the_finite_domain_formats_are_the_fnuz_ones(p, name, sat):
+    """docs/codec.md: binary8p4 / binary8p3 of the finite domain are float8_e4m3fnuz / e5m2fnuz."""
+    from gfloat.types import Domain, Signedness
+
+    fi = format_info_p3109(8, p, Signedness.Signed, Domain.Finite)
+    peer = gfloat.decode_ndarray(fi, np.arange(256))
+    ours = decode(np.arange(256, dtype=np.uint8), name).astype(np.float64)
+    assert np.array_equal(peer, ours, equal_nan=True) and np.array_equal(np.signbit(peer), np.signbit(ours))
+    x = boundary_inputs(f"binary8p{p}")
+    for mode, gm in MODES.items():
+        with np.errstate(invalid="ignore", over="ignore"):
+            rounded = gfloat.round_ndarray(fi, x.astype(np.float64), getattr(gfloat.RoundMode, gm), sat)
+            codes = gfloat.encode_ndarray(fi, rounded).astype(np.uint8)
+        assert np.flatnonzero(codes != encode(x, name, saturate=sat, rounding=mode)).tolist() == [], mode
