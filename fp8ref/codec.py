@@ -117,7 +117,7 @@ def _inf_codes(fmt: FloatFormat, saturate: bool) -> tuple[int, int]:
 def _nan_codes(fmt: FloatFormat) -> tuple[int, int]:
     if fmt.nan_code is None:
         return 0, 0  # unreachable after _reject_unencodable
-    if fmt.specials == "fnuz" or not fmt.signed:
+    if fmt.specials in ("fnuz", "p3109") or not fmt.signed:  # one NaN code, no sign
         return fmt.nan_code, fmt.nan_code
     return fmt.nan_code, fmt.nan_code | fmt.sign_mask
 

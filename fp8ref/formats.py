@@ -11,6 +11,8 @@ Special-value styles (``specials``), following the naming of LLVM/ml_dtypes:
           and the unsigned float8_e8m0fnu (0xFF).
 ``fnuz``  no Inf, no negative zero; the single NaN is the negative-zero code (0x80).
 ``none``  no Inf and no NaN at all: the MX element formats fp4/fp6.
+``p3109`` IEEE P3109's extended domain: no negative zero; the single NaN is the negative-zero
+          code (0x80), +-Inf are the all-ones magnitude codes (0x7F/0xFF): binary8p1..binary8p7.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from functools import cached_property
 
 from .errors import FormatError, UnknownFormatError, did_you_mean
 
-SPECIALS = ("ieee", "fn", "fnuz", "none")
+SPECIALS = ("ieee", "fn", "fnuz", "none", "p3109")
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,9 @@ class FloatFormat:
         if self.specials == "ieee" and (e < 2 or m < 1):
             raise FormatError(f"{where}: 'ieee' specials need exponent_bits >= 2 and "
                               f"mantissa_bits >= 1 to hold both Inf and NaN, got E{e}M{m}")
-        if self.specials == "fnuz" and not self.signed:
-            raise FormatError(f"{where}: 'fnuz' puts NaN at the negative-zero code, so it needs a sign bit")
-        if not self.has_zero and (self.signed or self.specials == "fnuz"):
+        if self.specials in ("fnuz", "p3109") and not self.signed:
+            raise FormatError(f"{where}: {self.specials!r} puts NaN at the negative-zero code, so it needs a sign bit")
+        if not self.has_zero and (self.signed or self.specials in ("fnuz", "p3109")):
             raise FormatError(f"{where}: a format without zero must be unsigned with 'fn' or 'ieee' specials "
                               f"(like float8_e8m0fnu); got signed={self.signed}, specials={self.specials!r}")
         if self.max_code_magnitude < 1:
@@ -92,7 +94,7 @@ class FloatFormat:
 
     @property
     def has_inf(self) -> bool:
-        return self.specials == "ieee"
+        return self.specials in ("ieee", "p3109")
 
     @property
     def has_nan(self) -> bool:
@@ -100,7 +102,7 @@ class FloatFormat:
 
     @property
     def has_negative_zero(self) -> bool:
-        return self.signed and self.has_zero and self.specials != "fnuz"
+        return self.signed and self.has_zero and self.specials not in ("fnuz", "p3109")
 
     # --- special codes ------------------------------------------------------------------
     @property
@@ -109,8 +111,8 @@ class FloatFormat:
         top = self.magnitude_mask
         if self.specials == "ieee":
             return top - (1 << self.mantissa_bits)  # exponent all ones is reserved
-        if self.specials == "fn":
-            return top - 1  # only the all-ones code is NaN
+        if self.specials in ("fn", "p3109"):
+            return top - 1  # only the all-ones code is NaN (fn) or Inf (p3109)
         return top
 
     @property
@@ -120,6 +122,8 @@ class FloatFormat:
     @property
     def inf_code(self) -> int | None:
         """Code of +Inf (OR ``sign_mask`` for -Inf), or None."""
+        if self.specials == "p3109":
+            return self.magnitude_mask
         return (self.magnitude_mask >> self.mantissa_bits) << self.mantissa_bits if self.has_inf else None
 
     @property
@@ -129,7 +133,7 @@ class FloatFormat:
             return self.inf_code | (1 << (self.mantissa_bits - 1))
         if self.specials == "fn":
             return self.magnitude_mask
-        if self.specials == "fnuz":
+        if self.specials in ("fnuz", "p3109"):
             return self.sign_mask
         return None
 
@@ -145,7 +149,7 @@ class FloatFormat:
             return mag > self.inf_code
         if self.specials == "fn":
             return mag == self.magnitude_mask
-        if self.specials == "fnuz":
+        if self.specials in ("fnuz", "p3109"):
             return code == self.sign_mask
         return False
 
@@ -314,8 +318,22 @@ def _registry() -> dict[str, FloatFormat]:
         f("float4_e2m1fn", 2, 1, 1, "none", safetensors_dtype="F4"),
         f("float6_e2m3fn", 2, 3, 1, "none", safetensors_dtype="F6_E2M3"),
         f("float6_e3m2fn", 3, 2, 3, "none", safetensors_dtype="F6_E3M2"),
+        *(p3109_binary8(p) for p in range(1, 8)),
     ]
     return {fmt.name: fmt for fmt in formats}
+
+
+def p3109_binary8(precision: int) -> FloatFormat:
+    """IEEE P3109 binary8p{precision}, signed, extended domain: precision P significand bits (the
+    hidden one included), so 8 - P exponent bits, P - 1 stored mantissa bits and bias 2**(7 - P)
+    (the interim report's 2**(K - P - 1) for K = 8)."""
+    if type(precision) is not int or not 1 <= precision <= 7:
+        raise FormatError(f"binary8p: the signed P3109 binary8 formats have precision 1..7, got {precision!r}")
+    return FloatFormat(f"binary8p{precision}", 8 - precision, precision - 1, 2 ** (7 - precision), "p3109")
+
+
+# Other spellings of the P3109 names: ``p3109_p3`` and gfloat's ``p3109_k8p3se``.
+_ALIASES = {alias.format(p=p): f"binary8p{p}" for p in range(1, 8) for alias in ("p3109_p{p}", "p3109_k8p{p}se")}
 
 
 class _Registry(Mapping):
@@ -326,7 +344,7 @@ class _Registry(Mapping):
 
     def __getitem__(self, name: str) -> FloatFormat:
         try:
-            return self._formats[name]
+            return self._formats[_ALIASES.get(name, name)]
         except (KeyError, TypeError):
             hint = did_you_mean(name, self._formats, n=3, clause=True)
             raise UnknownFormatError(

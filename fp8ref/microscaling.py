@@ -128,11 +128,82 @@ def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float
     return g if np.isfinite(g) and g != 0 else np.float32(1.0)
 
 
+GGML_UE4M3 = "ggml-ue4m3(amax/6)"  # llama.cpp's NVFP4 block scale form (no global scale)
+_GGML_KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)  # 2 * E2M1
+
+
+def ggml_fp32_to_ue4m3(x) -> np.ndarray:
+    """llama.cpp's ggml_fp32_to_ue4m3 on float32 values: <= 0 or NaN -> 0; clamp to 448; below 2^-6
+    round(x * 512) as (int)(x * 512.0f + 0.5f) (float32 operations, then truncation) into 0..7;
+    above, the top three mantissa bits plus the fourth (round half up, carry into the exponent),
+    and every value from 256 up -> 0x7E (448: ggml reserves exponent field 15 for saturation)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(invalid="ignore"):
+        positive = x > 0
+    xc = np.minimum(np.where(positive, x, np.float32(0)), np.float32(448)).astype(np.float32)
+    bits = xc.view(np.uint32)
+    exp = ((bits >> 23) & 0xFF).astype(np.int32) - 127 + 7
+    sub = (xc * np.float32(512) + np.float32(0.5)).astype(np.float32).astype(np.int32)  # float32 ops, truncate
+    sub = np.where(sub < 1, 0, np.minimum(sub, 7))
+    man = ((bits >> 20) & 7).astype(np.int32) + ((bits >> 19) & 1).astype(np.int32)
+    carry = man > 7
+    exp_r, man = exp + carry, np.where(carry, 0, man)
+    normal = np.where(exp_r >= 15, 0x7E, (exp_r << 3) | man)
+    out = np.where(exp <= 0, sub, np.where(exp >= 15, 0x7E, normal))
+    return np.where(positive, out, 0).astype(np.uint8)
+
+
+def ggml_ue4m3_half(codes) -> np.ndarray:
+    """llama.cpp's ggml_ue4m3_to_fp32: half of (1 + m/8) * 2^(e-7) (m * 2^-9 where e = 0) with
+    e = (x >> 3) & 0xF and m = x & 7, so bit 7 is ignored and exponent 15 is finite (0xFF gives 240);
+    only 0x00 and 0x7F give 0."""
+    c = np.asarray(codes, np.uint8).astype(np.int32)
+    exp, man = (c >> 3) & 0xF, (c & 7).astype(np.float32)
+    raw = np.where(exp == 0, np.ldexp(man, -9), np.ldexp(1 + man / np.float32(8), exp - 7))  # exact in float32;
+    return np.where((c == 0) | (c == 0x7F), np.float32(0), raw * np.float32(0.5)).astype(np.float32)  # 0xFF: 240
+
+
+def ggml_nvfp4_dequantize(codes, scale_bytes) -> np.ndarray:
+    """llama.cpp's dequantize_row_nvfp4 (and gguf-py's ``NVFP4.dequantize_blocks``): float32
+    kvalues_mxfp4[q] * ggml_ue4m3_to_fp32(s) per 16 elements, so E2M1 code 0x8 gives +0.0 and a
+    negative code under a zero scale -0.0 (``codes`` [..., K] unpacked, ``scale_bytes`` [..., K/16])."""
+    k = _GGML_KVALUES[np.asarray(codes, np.uint8) & 0x0F]
+    d = expand(ggml_ue4m3_half(scale_bytes), k.shape, "nvfp4").astype(np.float32)
+    return (k * d).astype(np.float32)
+
+
+def _ggml_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
+    """llama.cpp's quantize_row_nvfp4_ref: per 16 elements s = ggml_fp32_to_ue4m3(fp32(amax / 6)),
+    d = ggml_ue4m3_to_fp32(s) (half the scale), and each element the first index i of the smallest
+    float32 |kvalues_mxfp4[i] * d - x| (best_index_mxfp4: ties to the smaller magnitude, never -0).
+    A GGUF stores no global scale: it is 1, so a tensor ``amax`` changes nothing and a given global
+    scale must be 1."""
+    if given is not None and one_number(given, "scale") != 1:
+        raise InputTypeError(f"recipe {rec.name!r}: llama.cpp's NVFP4 has no global scale (1); got scale {given!r}")
+    x32 = _f32(_exact_values(arr, dtype))
+    amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")
+    reject_nonfinite(amax_b, arr, dtype, rec)
+    scale_codes = ggml_fp32_to_ue4m3(_f32(amax_b) / np.float32(fmt.max))  # amax / 6.0f in float32
+    d = expand(ggml_ue4m3_half(scale_codes), x32.shape, "nvfp4").astype(np.float32)  # a partial last block too
+    codes = np.empty(x32.shape, np.uint8)
+    flat_x, flat_d, flat_c = x32.reshape(-1), d.reshape(-1), codes.reshape(-1)
+    for lo in range(0, flat_x.size, 1 << 16):  # 16 candidate errors per element: bounded temporaries
+        xs, ds = flat_x[lo:lo + (1 << 16), None], flat_d[lo:lo + (1 << 16), None]
+        err = np.abs((_GGML_KVALUES * ds).astype(np.float32) - xs).astype(np.float32)
+        flat_c[lo:lo + (1 << 16)] = np.argmin(err, axis=-1)  # the first of equal errors, as the C loop keeps
+    s_blk = decode(scale_codes, NVFP4_SCALE_FORMAT)
+    return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
+                scale_dtype=NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,
+                global_scale=np.array([1.0], np.float32), global_meaning="multiplier", _recipe=rec)
+
+
 def recipe_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     """NVFP4 with a producer's global/block scale steps (BlockRecipe docstring); ``amax`` overrides
     the tensor amax A (a fused group's max); ``given`` is a stored global scale (static, e.g. a
     calibrated input global scale). The global scale returned is what the producer writes: the
     divisor g or the multiplier, per ``global_meaning``."""
+    if rec.block_form == GGML_UE4M3:
+        return _ggml_nvfp4(arr, dtype, qa, rec, fmt, amax, given)
     sfmt = FORMATS[NVFP4_SCALE_FORMAT]
     x32 = _f32(_exact_values(arr, dtype))
     amax_b = reduce_amax(_exact_values(arr, dtype), "nvfp4")

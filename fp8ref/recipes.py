@@ -420,7 +420,8 @@ class BlockRecipe:
     nonfinite: str
     global_meaning: str | None      # None (MX) | divisor | multiplier
     global_dtype: str | None        # None | model | float32
-    block_form: str | None          # None (MX) | global*D(amax/max_elem) | amax/fp32(max_elem*global)
+    block_form: str | None          # None (MX) | global*D(amax/max_elem) | amax/fp32(max_elem*global) |
+    #                                 ggml-ue4m3(amax/6): llama.cpp's whole NVFP4 quantizer (microscaling._ggml_nvfp4)
     block_zero_amax: float | None
     block_min: float | None
     block_zero_stored: float | None
@@ -457,7 +458,7 @@ _BLOCK_CHOICES = {
     "nonfinite": ("error", "propagate"), "global_meaning": (None, "divisor", "multiplier"),
     "global_dtype": (None, "model", "float32"),
     "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)",
-                   "amax*fp32(global*fp32(1/max_elem))"),
+                   "amax*fp32(global*fp32(1/max_elem))", "ggml-ue4m3(amax/6)"),
     "global_rule": ("clamp-amax", "reciprocal", "fp32-max"), "tile_rows": (1, 16),
     "apply_op": ("divide", "multiply_reciprocal"), "encode_ties": ("even", "toward-zero"),
     "apply_dtype": ("float32", "model"), "negative_zero": ("keep", "positive"),

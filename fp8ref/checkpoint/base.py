@@ -105,6 +105,8 @@ class Defaults:
     # dequantize(mode="producer"): (layer, D) -> float32 holding the D weight the producer's own
     # dequantization gives, its signed-zero convention included; None: forward.producer_weight
     producer_dequantize = None
+    # block scales of 0 are valid (llama.cpp's NVFP4 stores 0 for an all-zero block: it dequantizes to 0)
+    zero_block_scales = False
     # the recipes verify tries, in order, when a checkpoint records none (None: every recipe for the
     # layer's granularity and format, the format's recipe_of first)
     known_recipes: tuple[str, ...] | None = None

@@ -312,18 +312,19 @@ OVERFLOW_SLACK = 2.0**-6  # bf16 scales round by up to 2**-8 relative; a few rou
 
 
 def check_scale_values(store: TensorStore, name: str, fmt: str | None = None, *, model_dtype: str | None = None,
-                       elem_fmt: str = "float8_e4m3fn") -> np.ndarray:
+                       elem_fmt: str = "float8_e4m3fn", allow_zero: bool = False) -> np.ndarray:
     """The scale values of tensor ``name`` as float64 (``fmt``: the codes' format, E4M3 or E8M0
     block scales stored as bytes), each checked to be positive and finite and, given the
     ``model_dtype``, small enough that the largest ``elem_fmt`` value times the scale fits in it (a
     k_proj scale of 3.39e38 made 16,251 weights Inf: absurd but finite). ``OVERFLOW_SLACK`` above
     the dtype's max is allowed: a producer whose amax is the dtype's max rounds amax / 448 up by up
-    to half an ulp of the scale's dtype (float16 146.25 * 448 = 65520 rounds to Inf, and is real)."""
+    to half an ulp of the scale's dtype (float16 146.25 * 448 = 65520 rounds to Inf, and is real).
+    ``allow_zero``: +0 is accepted too (a format whose producer stores 0 for an all-zero block)."""
     values = np.asarray(store.get(name))
     if fmt is not None:
         values = decode(values.view(np.uint8), fmt)
     values = values.astype(np.float64)
-    bad = ~np.isfinite(values) | (values <= 0)
+    bad = ~np.isfinite(values) | (values < 0) | ((values == 0) & (not allow_zero or np.signbit(values)))
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0]) if values.ndim else ()
         v = float(values[idx] if values.ndim else values[()])

@@ -95,7 +95,8 @@ class QuantizedLayer:
             values = check_scale_values(self._ckpt.store, name, BLOCK_SCALED[self.quant.weight_strategy][2]
                                         if block else "float8_e8m0fnu" if e8m0 else None,
                                         elem_fmt=self.quant.weight_fmt,
-                                        model_dtype=weight_scale_dtype(self.quant, role, self._ckpt.dtype))
+                                        model_dtype=weight_scale_dtype(self.quant, role, self._ckpt.dtype),
+                                        allow_zero=block and base.get(self.producer).zero_block_scales)
             if role == "weight_global" or (role == "input_scale" and self.quant.input == "nvfp4"):
                 check_global_values(self._ckpt.store, name, values, self.quant, weight=role == "weight_global",
                                     dtype=self._ckpt.dtype)

@@ -14,6 +14,11 @@ are, and each MXFP4 tensor ``T`` [..., out, in] as two views in compressed-tenso
 leading dimensions folded into rows: ``T`` U8 [rows, in/2] (E2M1 pairs, low nibble = even
 element) and ``T_scale`` U8 [rows, in/32] (E8M0 bytes). A GGML MXFP4 block is 17 bytes: the E8M0
 byte, then 16 bytes holding element j in the low nibble and element j + 16 in the high nibble.
+Each NVFP4 tensor ``T`` gives three views: ``T`` U8 [rows, in/2] (E2M1 pairs as above),
+``T_scale`` F8_E4M3 [rows, in/16] (the UE4M3 bytes) and ``T_global`` F32 [] = 1.0 (GGUF stores no
+global scale). A GGML NVFP4 block is 36 bytes for 64 elements: four scale bytes (one per 16
+elements), then four 8-byte groups, group s holding element 16s + j in the low nibble and
+16s + j + 8 in the high nibble.
 Tensors of other GGML types are listed (``unread``) but not read.
 """
 
@@ -37,6 +42,8 @@ MAX_COUNT = 1 << 20      # tensors or key-values in one file
 MAX_STRING = 1 << 20     # bytes in one key or string value
 MAX_DIMS = 4             # GGML_MAX_DIMS
 MXFP4_BLOCK, MXFP4_BYTES = 32, 17
+NVFP4_BLOCK, NVFP4_BYTES, NVFP4_SUB = 64, 36, 16
+READ_QUANTIZED = ("MXFP4", "NVFP4")  # the GGML block types read as fp8ref layers
 RECIPE_KEY = "fp8ref_recipes"  # base.RECIPE_METADATA: which recipe wrote which layers (JSON)
 
 # GGML type id -> (name, block size, bytes per block); ggml.h / gguf-py constants GGML_QUANT_SIZES
@@ -208,6 +215,12 @@ class GgufFile(TensorFile):
                 blocks = t.end - t.begin
                 self._add(t.name, t.name, "codes", "U8", (rows, k // 2), t.begin, t.begin + blocks * 16 // 17)
                 self._add(f"{t.name}_scale", t.name, "scales", "U8", (rows, k // MXFP4_BLOCK), 0, blocks // 17)
+            elif t.type_name == "NVFP4":
+                rows, k = int(np.prod(t.shape[:-1])), t.shape[-1]
+                blocks = (t.end - t.begin) // NVFP4_BYTES
+                self._add(t.name, t.name, "nv-codes", "U8", (rows, k // 2), t.begin, t.begin + blocks * 32)
+                self._add(f"{t.name}_scale", t.name, "nv-scales", "F8_E4M3", (rows, k // NVFP4_SUB), 0, blocks * 4)
+                self._add(f"{t.name}_global", t.name, "one", "F32", (), 0, 4)
         self.bytes_read = 0
 
     def _add(self, shown: str, source: str, role: str, dtype: str, shape, begin: int, end: int) -> None:
@@ -219,7 +232,7 @@ class GgufFile(TensorFile):
     def unread(self) -> list[str]:
         """GGUF tensors of types fp8ref does not read (kept out of ``tensors``), as 'name (TYPE)'."""
         return [f"{t.name} ({t.type_name})" for t in self.gguf_tensors.values()
-                if t.type_name not in PLAIN and t.type_name != "MXFP4"]
+                if t.type_name not in PLAIN and t.type_name not in READ_QUANTIZED]
 
     def raw(self, name: str) -> np.ndarray:
         """The stored bytes of GGUF tensor ``name`` (any type) as a flat uint8 array."""
@@ -244,7 +257,16 @@ class GgufFile(TensorFile):
         tensor is read from this reader's own copy of the file either way)."""
         info = self.info(name)
         source, role = self._views[name]
+        if role == "one":
+            return np.ones((), np.float32)
         raw = self.raw(source)
+        if role.startswith("nv-"):
+            blocks = raw.reshape(-1, NVFP4_BYTES)
+            if role == "nv-scales":
+                return blocks[:, :4].reshape(info.shape).copy()
+            qs = blocks[:, 4:].reshape(-1, NVFP4_BLOCK // NVFP4_SUB, NVFP4_SUB // 2)
+            codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # per 16: elements 0-7, then 8-15
+            return pack_nibbles(codes.reshape(*info.shape[:-1], info.shape[-1] * 2))
         if role == "plain":
             dt = np.dtype(_bfloat16(str(self.path))) if info.dtype == "BF16" else np.dtype(DTYPES[info.dtype].numpy)
             return raw.view(dt).reshape(info.shape)
@@ -260,7 +282,7 @@ class GgufFile(TensorFile):
 
     def view(self, name: str, raw: np.ndarray) -> np.ndarray:
         info = self.info(name)
-        if info.dtype == "U8":
+        if info.dtype in ("U8", "F8_E4M3"):
             return raw.reshape(info.shape)
         return self.get(name)
 
@@ -276,6 +298,17 @@ def mxfp4_blocks(packed: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
     qs = halves[..., 0, :] | (halves[..., 1, :] << 4)
     blocks = np.concatenate([np.asarray(scale_bytes, np.uint8).reshape(*lead, -1, 1), qs], axis=-1)
     return blocks.reshape(*lead, -1).astype(np.uint8)
+
+
+def nvfp4_blocks(packed: np.ndarray, scale_bytes: np.ndarray) -> np.ndarray:
+    """GGML NVFP4 bytes [..., in/64 * 36] from even/odd-packed E2M1 pairs [..., in/2] and UE4M3 bytes
+    [..., in/16] (the inverse of ``GgufFile``'s views)."""
+    codes = unpack_nibbles(np.asarray(packed, np.uint8))
+    lead, k = codes.shape[:-1], codes.shape[-1]
+    halves = codes.reshape(*lead, k // NVFP4_BLOCK, NVFP4_BLOCK // NVFP4_SUB, 2, NVFP4_SUB // 2)
+    qs = (halves[..., 0, :] | (halves[..., 1, :] << 4)).reshape(*lead, k // NVFP4_BLOCK, NVFP4_BLOCK // 2)
+    scales = np.asarray(scale_bytes, np.uint8).reshape(*lead, k // NVFP4_BLOCK, NVFP4_BLOCK // NVFP4_SUB)
+    return np.concatenate([scales, qs], axis=-1).reshape(*lead, -1).astype(np.uint8)
 
 
 def _encode_value(value) -> bytes:

@@ -139,6 +139,8 @@ def _check_codes(codes: np.ndarray, fmt: FloatFormat, what: str) -> bool:
         raise FormatError(f"{what}: {fmt.name} has {fmt.bits}-bit codes (< {fmt.n_codes:#x}), got {bad:#04x}")
     if fmt.specials == "fnuz":  # the one NaN sits at the negative-zero code
         return bool((codes == fmt.sign_mask).any())
+    if fmt.specials == "p3109":  # NaN at the negative-zero code, +-Inf at the top magnitude
+        return bool(((codes == fmt.sign_mask) | ((codes & fmt.magnitude_mask) > fmt.max_code_magnitude)).any())
     if fmt.specials in ("ieee", "fn"):  # Inf/NaN are the magnitudes above the largest finite one
         return bool(((codes & fmt.magnitude_mask) > fmt.max_code_magnitude).any())
     return False

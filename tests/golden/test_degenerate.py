@@ -148,7 +148,8 @@ def test_nan_scale_pattern_and_what_each_nvfp4_recipe_stores_for_its_zero_blocks
     # zero-block scale (an E4M3 value) per recipe: CT 0.125 (0x30) and ModelOpt 1.0 (0x38) measured
     # on the tools; fp8ref's exact quotient 0 / (6 * A / 2688) = 0 (0x00)
     measured = {"compressed-tensors-nvfp4": 0x20, "modelopt-nvfp4": 0x38, "fp8ref": 0x00,
-                "te-nvfp4": 0x00, "te-nvfp4-2d": 0x00}  # TE: its declared model, not measured
+                "te-nvfp4": 0x00, "te-nvfp4-2d": 0x00,  # TE: its declared model, not measured
+                "ggml-nvfp4": 0x00}  # llama.cpp's C (tests/fixtures/gguf/nvfp4.gguf)
     assert [float(e4m3.exact_value(b)) for b in (0x20, 0x38, 0x30)] == [0.125, 1.0, 0.5]
     seen = set()
     for c in of("quantize", "nan-scale"):
@@ -200,6 +201,7 @@ ZERO_BLOCK = {
     "quark-fp8": ("FP8", "weight", 2.0 ** -23, "masked 0 -> eps(fp32), exact in bf16"),
     "quark-mxfp4": ("MXFP4", "weight", 2.0 ** -126, "byte 1 (FINDINGS 4.2)"),
     "ggml-mxfp4": ("MXFP4", "weight", 2.0 ** -127, "byte 0 for amax 0 (gguf 0.19.0 quants.MXFP4)"),
+    "ggml-nvfp4": ("NVFP4", "weight", 0.0, "byte 0 for amax 0 (llama.cpp ggml_fp32_to_ue4m3: !(x > 0) -> 0)"),
     "gpt-oss-mxfp4": ("MXFP4", "weight", 2.0 ** -127, "byte 0: the bits of d = 0 round up to 0"),
     "vllm-dynamic": ("FP8_DYNAMIC", "activation", float(np.float32(1 / 229376)), "scale floor 1/(448*512)"),
     "vllm-group": ("FP8_BLOCK", "activation", float(np.float32(np.float32(1e-10) / np.float32(448))),

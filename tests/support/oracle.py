@@ -66,6 +66,8 @@ def _is_special(mag_code: int, fmt) -> str | None:
         return "inf" if mag_code & ((1 << M) - 1) == 0 else "nan"
     if fmt.specials == "fn" and mag_code == all_ones:
         return "nan"
+    if fmt.specials == "p3109" and mag_code == all_ones:
+        return "inf"
     return None
 
 
@@ -94,10 +96,12 @@ def _grid(key: tuple) -> Grid:
     if specials == "ieee":
         inf_code = ((1 << E) - 1) << M
         nan_code = inf_code | (1 << (M - 1))
+    elif specials == "p3109":  # P3109 extended: +-Inf at 0x7F/0xFF, the one NaN at 0x80
+        inf_code, nan_code = (1 << (E + M)) - 1, sign_mask
     else:
         inf_code = None
         nan_code = {"fn": (1 << (E + M)) - 1, "fnuz": sign_mask, "none": None}[specials]
-    return Grid(sign_mask, nan_code, inf_code, max_code, signed and has_zero and specials != "fnuz",
+    return Grid(sign_mask, nan_code, inf_code, max_code, signed and has_zero and specials not in ("fnuz", "p3109"),
                 tuple(mags), keys, mids)
 
 
@@ -124,7 +128,7 @@ def decode(code: int, fmt):
         raise ValueError(f"code {code} out of range for {bits} bits")
     negative = bool(code & g.sign_mask)
     mag = code & ~g.sign_mask
-    if fmt.specials == "fnuz" and code == g.sign_mask:
+    if fmt.specials in ("fnuz", "p3109") and code == g.sign_mask:
         return None
     kind = _is_special(mag, fmt)
     if kind == "nan":
@@ -271,6 +275,8 @@ def _overflow(neg: bool, fmt, saturate: bool, rounding: str) -> int:
         return g.nan_code | sign
     if fmt.specials == "fnuz":
         return g.nan_code
+    if fmt.specials == "p3109":
+        return g.inf_code | sign
     return to_max  # 'none': only a finite overflow reaches here (NaN/Inf inputs raise first)
 
 

@@ -1,5 +1,6 @@
 """gfloat (graphcore-research/gfloat): ``round_ndarray`` then ``encode_ndarray`` on float64,
-with its rounding modes and ``sat`` flag, for the OCP formats it describes.
+with its rounding modes and ``sat`` flag, for the OCP formats it describes and the IEEE P3109
+binary8p1..p7 formats (``format_info_p3109(8, p)``: signed, extended domain).
 
 fp8ref's stochastic rule (round up iff floor(d * 2**N) + r >= 2**N) is gfloat's
 ``StochasticFastest`` (d + r * 2**-N >= 1); gfloat's ``Stochastic`` rounds d * 2**N to
@@ -15,7 +16,8 @@ from ._common import INPUT_DTYPES, dist_version, missing
 
 _FORMAT_INFO = {"float8_e4m3fn": "format_info_ocp_e4m3", "float8_e5m2": "format_info_ocp_e5m2",
                 "float8_e8m0fnu": "format_info_ocp_e8m0", "float4_e2m1fn": "format_info_ocp_e2m1",
-                "float6_e2m3fn": "format_info_ocp_e2m3", "float6_e3m2fn": "format_info_ocp_e3m2"}
+                "float6_e2m3fn": "format_info_ocp_e2m3", "float6_e3m2fn": "format_info_ocp_e3m2",
+                **{f"binary8p{p}": ("format_info_p3109", 8, p) for p in range(1, 8)}}
 _MODES = {"rne": "TiesToEven", "rna": "TiesToAway", "rtz": "TowardZero", "rup": "TowardPositive",
           "rdown": "TowardNegative", "stochastic": "StochasticFastest"}
 _BITS = {"uint8": 8, "uint16": 16, "uint32": 32}
@@ -39,7 +41,10 @@ class GfloatBackend(Backend):
     def _fi(fmt: str):
         import gfloat.formats
 
-        return getattr(gfloat.formats, _FORMAT_INFO[fmt])
+        info = _FORMAT_INFO[fmt]
+        if isinstance(info, tuple):  # a P3109 format, made by gfloat's own constructor
+            return getattr(gfloat.formats, info[0])(*info[1:])
+        return getattr(gfloat.formats, info)
 
     def encode(self, x, fmt, *, rounding, saturate, random_bits=None):
         import gfloat

@@ -32,9 +32,9 @@ def enc(x, fmt, sat=True, mode="rne", **kw) -> int:
 
 
 def _overflow_code(fmt: FloatFormat, negative: bool) -> int:
-    """Contract: +-Inf for 'ieee', NaN for 'fn' (signed NaN where signed)/'fnuz', +-max for 'none'."""
+    """Contract: +-Inf for 'ieee'/'p3109', NaN for 'fn' (signed NaN where signed)/'fnuz', +-max for 'none'."""
     sign = fmt.sign_mask if negative else 0
-    return {"ieee": (fmt.inf_code or 0) | sign, "fn": (fmt.nan_code or 0) | sign,
+    return {"ieee": (fmt.inf_code or 0) | sign, "fn": (fmt.nan_code or 0) | sign, "p3109": 0x7F | sign,
             "fnuz": fmt.nan_code, "none": fmt.max_code | sign}[fmt.specials]
 
 
@@ -115,7 +115,7 @@ def test_nan(fmt_name, sat):
         return
     want = {"float8_e4m3fn": [0x7F, 0xFF], "float8_e5m2": [0x7E, 0xFE], "float8_e4m3fnuz": [0x80, 0x80],
             "float8_e5m2fnuz": [0x80, 0x80], "float8_e4m3b11fnuz": [0x80, 0x80],
-            "float8_e8m0fnu": [0xFF, 0xFF]}[fmt_name]
+            "float8_e8m0fnu": [0xFF, 0xFF], **{f"binary8p{p}": [0x80, 0x80] for p in range(1, 8)}}[fmt_name]
     for mode in DET:
         assert encode(nans, fmt, saturate=sat, rounding=mode).tolist() == want, mode
         assert [oracle.encode(float(v), fmt, sat, mode) for v in nans] == want
