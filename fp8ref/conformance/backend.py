@@ -52,6 +52,7 @@ BUILTIN = {
     "gguf": "fp8ref.conformance.adapters.gguf_backend:GgufBackend",
     "openvino": "fp8ref.conformance.adapters.openvino_backend:OpenVinoBackend",
     "openvino_fakeconvert": "fp8ref.conformance.adapters.openvino_backend:OpenVinoFakeConvertBackend",
+    "naive_block": "fp8ref.conformance.adapters.naive_block_backend:NaiveBlockBackend",
 }
 
 
