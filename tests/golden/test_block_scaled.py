@@ -281,3 +281,36 @@ def test_conform_lists_why_cases_were_skipped(capsys):
     assert "not implemented, skipped: 4 case(s):" in out  # exact x 2 out_dtypes, fp32 epilogue x 2
     assert "naive_block scaled_mm does not implement scale_order='epilogue'" in out
     assert "naive_block scaled_mm does not implement accumulate='exact'" in out
+
+
+def test_golden_check_judges_a_folder_of_block_cases(tmp_path):
+    """generate, then outputs written by the naive backend (operands-order fp32 cases) and by the
+    blackwell-mxfp4 kernel model (MXFP4 cases): golden check judges them as conform does."""
+    from safetensors.numpy import save_file
+
+    from fp8ref.golden import check, generate, open_golden
+    from fp8ref.golden.accumulation import ModelJudge
+
+    generate(SUITE, tmp_path / "g")
+    naive, kernel = {}, {}
+    for c, _ in open_golden(tmp_path / "g").iter_cases():  # the inputs as read back from the files
+        ins = c.inputs
+        if c.params["accumulate"] == "fp32" and c.params["scale_order"] == "operands":
+            naive[f"{c.name}/out"] = np.asarray(OP.call(NaiveBlockBackend(), c.params, ins)["out"])
+        if c.params["format"] == "float4_e2m1fn" and c.params["scales"] == "block32":
+            kernel[f"{c.name}/out"] = np.asarray(OP.reference({**c.params, "accumulate": "blackwell-mxfp4"},
+                                                              ins)["out"])
+    save_file(naive, str(tmp_path / "naive.safetensors"))
+    save_file(kernel, str(tmp_path / "kernel.safetensors"))
+    results, problems = check(tmp_path / "g", tmp_path / "naive.safetensors", allow_missing=True,
+                              accumulation_order="unspecified")
+    checked = [r for r in results if r.status != "missing"]
+    assert not problems and len(checked) == len(naive)
+    assert {r.params.get("pattern", "random") for r in checked if r.mismatches} == {"scale-extremes"}
+    assert sum(r.in_bound for r in checked) > 0
+    judge = ModelJudge("blackwell-mxfp4")
+    results, problems = check(tmp_path / "g", tmp_path / "kernel.safetensors", allow_missing=True,
+                              accumulation=judge)
+    checked = [r for r in results if r.status != "missing"]
+    assert not problems and checked and not [r for r in checked if r.mismatches or r.status == "error"]
+    assert judge.best().model == "blackwell-mxfp4"
