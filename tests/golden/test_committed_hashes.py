@@ -1,7 +1,7 @@
 """Golden folders are byte-identical on every machine: the tiny suite's and the shipped degenerate
 and block-scaled suites' folders are generated and their files' sha256 compared with the ones
-committed in data/tiny.sha256, data/degenerate.sha256 and data/block-scaled.sha256 (written once; a change of any byte, on any machine,
-with or without the C loops, fails here).
+committed in data/tiny.sha256, data/degenerate.sha256 and data/block-scaled.sha256 (written once;
+a change of any byte, on any machine, with or without the C loops, fails here).
 
 To re-derive after an intended change of bytes: ``python tests/golden/test_committed_hashes.py``.
 """
