@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
+from ..conformance.backend import capability_suites
 from ..conformance.report import (
     SUMMARY_COLUMNS,
     print_results,
@@ -17,7 +18,7 @@ from ..conformance.report import (
     table,
 )
 from ..errors import BackendError
-from ..golden import CAPABILITY_SUITES, DEFAULT_SUITES, capability_suites, load_suite
+from ..golden import CAPABILITY_SUITES, DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
 from ..io import safetensors as st

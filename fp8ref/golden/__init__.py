@@ -15,21 +15,5 @@ DEFAULT_SUITES = ("formats", "fp8-static-w8a8")
 CAPABILITY_SUITES = {"block-scaled": ("scaled_mm", "scales", ("block16", "block32"))}
 
 
-def capability_suites(backend) -> tuple[list[str], list[str]]:
-    """(the capability suites ``backend`` declares, a line per one it does not: why it is skipped).
-    A backend without a ``capabilities`` mapping is given every one (its ``implements`` decides)."""
-    caps = getattr(backend, "capabilities", None)
-    run, skipped = [], []
-    for name, (op, param, wanted) in CAPABILITY_SUITES.items():
-        declared = None if caps is None else caps.get(op)
-        if caps is None or (declared is not None and (param not in declared
-                                                      or any(v in declared[param] for v in wanted))):
-            run.append(name)
-        else:
-            skipped.append(f"suite {name} skipped: backend {backend.name!r} declares no {op} with "
-                           f"{param} {' or '.join(wanted)}")
-    return run, skipped
-
-
-__all__ = ["CAPABILITY_SUITES", "DEFAULT_SUITES", "CaseResult", "Suite", "capability_suites", "check", "generate",
-           "load_suite", "open_golden", "parse_suite", "verify"]
+__all__ = ["CAPABILITY_SUITES", "DEFAULT_SUITES", "CaseResult", "Suite", "check", "generate", "load_suite",
+           "open_golden", "parse_suite", "verify"]

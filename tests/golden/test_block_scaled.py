@@ -14,9 +14,10 @@ import pytest
 from fp8ref.conformance import report
 from fp8ref.conformance.adapters.naive_block_backend import NaiveBlockBackend
 from fp8ref.conformance.adapters.torch_backend import TorchBackend
+from fp8ref.conformance.backend import capability_suites
 from fp8ref.conformance.runner import run
 from fp8ref.formats import get_format
-from fp8ref.golden import capability_suites, load_suite, parse_suite
+from fp8ref.golden import load_suite, parse_suite
 from fp8ref.golden.accumulation import model_outputs
 from fp8ref.golden.ops import OPERATIONS
 from fp8ref.golden.ops.block_gemm import BLOCK_SCALES
