@@ -70,7 +70,7 @@ def fits(fmt: str, scales: str, pattern: str, K: int) -> bool:
 def _scale_values(amax: np.ndarray, fmt: str, scales: str) -> np.ndarray:
     """Per-block float32 scales that hold amax without saturating: E8M0 2**ceil(log2(amax/max)), E4M3
     the value rounded up from amax / max (E4M3 subnormals below 2**-6); 1 where amax is 0."""
-    block, sfmt, _ = BLOCK_SCALES[scales]
+    sfmt = BLOCK_SCALES[scales][1]
     want = np.where(amax > 0, amax / get_format(fmt).max, 1.0)
     if scales == "block32":
         e = np.clip(np.ceil(np.log2(want)), -127, 127)
