@@ -311,3 +311,22 @@ def test_golden_check_judges_a_folder_of_block_cases(tmp_path):
     checked = [r for r in results if r.status != "missing"]
     assert not problems and checked and not [r for r in checked if r.mismatches or r.status == "error"]
     assert judge.best().model == "blackwell-mxfp4"
+
+
+def test_a_backend_declaring_block16_must_take_alpha():
+    from fp8ref.conformance.backend import check_capabilities
+    from fp8ref.errors import BackendError
+
+    class NoAlpha(NaiveBlockBackend):
+        name = "no-alpha"
+
+        def scaled_mm(self, a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order):
+            raise AssertionError("never called")
+
+    with pytest.raises(BackendError, match="scales block16, which pass alpha="):
+        check_capabilities(NoAlpha())
+
+    class MxOnly(NoAlpha):  # MX has no global scale: no alpha needed
+        capabilities = {"scaled_mm": {**NaiveBlockBackend.capabilities["scaled_mm"], "scales": ("block32",)}}
+
+    check_capabilities(MxOnly())
