@@ -7,9 +7,18 @@ import sys
 from pathlib import Path
 
 from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
-from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, results_json, summarize, table
+from ..conformance.backend import capability_suites
+from ..conformance.report import (
+    SUMMARY_COLUMNS,
+    print_results,
+    repro_line,
+    results_json,
+    skipped_lines,
+    summarize,
+    table,
+)
 from ..errors import BackendError
-from ..golden import DEFAULT_SUITES, load_suite
+from ..golden import CAPABILITY_SUITES, DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
 from ..golden.judge import NAN_RULES
 from ..io import safetensors as st
@@ -32,7 +41,8 @@ def register(sub) -> None:
     p = sub.add_parser("conform", help="run golden suites against a backend (torch, ml_dtypes, gfloat, ...)")
     p.add_argument("--backend", help="built-in name, an 'fp8ref.backends' entry point, or module:object")
     p.add_argument("--suite", action="append", help="suite file or shipped name; repeatable "
-                   f"(default: {', '.join(DEFAULT_SUITES)})")
+                   f"(default: {', '.join(DEFAULT_SUITES)}, and {', '.join(CAPABILITY_SUITES)} where the "
+                   "backend declares block-scaled scaled_mm)")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: each suite's level)")
     p.add_argument("--xfails", type=Path, help="known differences file (default: the backend's shipped one)")
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
@@ -70,11 +80,17 @@ def cmd_conform(args) -> int:
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
     if select is not None:
         select.glob = args.case  # named in the verdict when it selects nothing
+    names, skipped = (args.suite, []) if args.suite else capability_suites(backend)
+    if not args.suite:
+        names = [*DEFAULT_SUITES, *names]
+    out = sys.stderr if json_on_stdout(args.json) else sys.stdout
+    for line in skipped:
+        print(line, file=out)
     try:
-        return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)],
+        return conform(backend, args.backend, [load_suite(s) for s in names],
                        level=args.level, xfails=xfails, nan_rule=args.nan_rule, select=select,
                        max_errors=args.max_errors, json_out=args.json, progress=progress_enabled(args),
-                       dump_failing=args.dump_failing, out=sys.stderr if json_on_stdout(args.json) else None,
+                       dump_failing=args.dump_failing, out=out,
                        accumulation=args.accumulation, profile=args.profile)
     except BackendError as exc:  # the backend names itself; say what was typed too (module:object)
         if args.backend in str(exc):
@@ -112,6 +128,8 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
                                     repro=repro, out=out)
         rows = summarize(r.results, r.xfailed)
         print(table(rows, SUMMARY_COLUMNS), file=out)
+        for line in skipped_lines(r.results):
+            print(line, file=out)
         if judge is not None:
             print("\n".join(judge.report_lines()), file=out)
         report.append({"suite": r.suite, "level": r.level, "summary": rows,

@@ -52,6 +52,7 @@ BUILTIN = {
     "gguf": "fp8ref.conformance.adapters.gguf_backend:GgufBackend",
     "openvino": "fp8ref.conformance.adapters.openvino_backend:OpenVinoBackend",
     "openvino_fakeconvert": "fp8ref.conformance.adapters.openvino_backend:OpenVinoFakeConvertBackend",
+    "naive_block": "fp8ref.conformance.adapters.naive_block_backend:NaiveBlockBackend",
 }
 
 
@@ -156,6 +157,24 @@ def check_capabilities(backend) -> None:
         for kw, (param, values) in getattr(row, "conditional_keywords", {}).items():
             if param in caps and any(v in caps[param] for v in values):
                 _check_keyword(backend, op, kw, f"{param} {'/'.join(v for v in values if v in caps[param])}")
+
+
+def capability_suites(backend) -> tuple[list[str], list[str]]:
+    """(the capability suites ``backend`` declares, a line per one it does not: why it is skipped).
+    A backend without a ``capabilities`` mapping is given every one (its ``implements`` decides)."""
+    from ..golden import CAPABILITY_SUITES  # the golden package imports the core: keep this module light
+
+    caps = getattr(backend, "capabilities", None)
+    run, skipped = [], []
+    for name, (op, param, wanted) in CAPABILITY_SUITES.items():
+        declared = None if caps is None else caps.get(op)
+        if caps is None or (declared is not None and (param not in declared
+                                                      or any(v in declared[param] for v in wanted))):
+            run.append(name)
+        else:
+            skipped.append(f"suite {name} skipped: backend {backend.name!r} declares no {op} with "
+                           f"{param} {' or '.join(wanted)}")
+    return run, skipped
 
 
 def _check_method(backend, op: str, signature: str) -> None:

@@ -229,6 +229,22 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
     return unexpected
 
 
+def skipped_lines(results, *, limit: int = 6) -> list[str]:
+    """Why cases were not run: one line per distinct reason, most cases first, at most ``limit``."""
+    reasons: dict[str, int] = {}
+    for r in results:
+        if r.status == "not-implemented":
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    if not reasons:
+        return []
+    ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
+    lines = [f"not implemented, skipped: {sum(reasons.values())} case(s):"]
+    lines += [f"  {n:>5}  {reason}" for reason, n in ranked[:limit]]
+    if len(ranked) > limit:
+        lines.append(f"  ... {len(ranked) - limit} more reason(s) (--json has each case's)")
+    return lines
+
+
 def _max(a, b):
     return b if a is None else (a if b is None else max(a, b))
 

@@ -262,7 +262,7 @@ def check(path: str | Path, outputs_file: str | Path, *, nan_rule: str = "any",
     folder. Returns per-case results and file-level problems (unknown tensor names).
 
     ``accumulation_order="unspecified"``: the backend sums in fp32 in an order it does not
-    declare, so its ``accumulate: fp32`` scaled_mm cases (tensor/row scales) are judged by the
+    declare, so its ``accumulate: fp32`` scaled_mm cases (tensor, row, block16, block32 scales) are judged by the
     fp32-order bound (docs/conformance.md) exactly as the conformance harness judges such a
     backend; every other case stays bit-exact against the stored expected outputs.
 

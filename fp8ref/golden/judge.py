@@ -40,6 +40,7 @@ from ..formats import FloatFormat, get_format
 from ..rounding import round_to
 from ..ulp import ordinal, sign_bit
 from .ops import OPERATIONS
+from .ops.block_gemm import BLOCK_SCALES
 
 ACCUMULATION_ORDERS = ("declared", "unspecified")
 NAN_RULES = ("any", "sign", "exact")
@@ -214,8 +215,9 @@ def bound_applies(params) -> str | None:
     """None when the rule can judge this scaled_mm case, else why not."""
     if params.get("accumulate") != "fp32":
         return f"the fp32-order bound covers accumulate='fp32' only, not {params.get('accumulate')!r}"
-    if params.get("scales") not in ("tensor", "row"):
-        return f"the fp32-order bound covers tensor and row scales only, not {params.get('scales')!r}"
+    if params.get("scales") not in ("tensor", "row", *BLOCK_SCALES):
+        return (f"the fp32-order bound covers tensor, row, block16 and block32 scales only, "
+                f"not {params.get('scales')!r}")
     if params.get("out_dtype") not in _GRID:
         return f"the fp32-order bound covers float outputs only, not {params.get('out_dtype')!r} codes"
     return None
@@ -225,6 +227,8 @@ def bound_interval(params, inputs) -> dict[str, np.ndarray]:
     """Per output element: the exact value ``x`` (float64, within the slack below), the
     bound ``err`` (E plus that slack), the allowed output interval [lo, hi] (on the
     out_dtype grid, as float64) and ``domain`` (True where the bound's preconditions hold)."""
+    if params.get("scales") in BLOCK_SCALES:
+        return _block_bound_interval(params, inputs)
     fmt = params["format"]
     a = codec.decode(inputs["a"], fmt).astype(np.float64)
     b = codec.decode(inputs["b"], fmt).astype(np.float64)
@@ -262,6 +266,48 @@ def bound_interval(params, inputs) -> dict[str, np.ndarray]:
     if params.get("scale_order") == "epilogue":
         tiny = get_format(fmt).min_positive ** 2  # the grid every partial sum of products lies on
         domain &= (s >= _MIN_PRODUCT) & (s * tiny >= _MIN_PRODUCT)
+    return {"x": x, "err": err, "lo": lo, "hi": hi, "domain": np.broadcast_to(domain, x.shape)}
+
+
+def _block_bound_interval(params, inputs) -> dict[str, np.ndarray]:
+    """``bound_interval`` of a block16 / block32 case: x = alpha * sum_k (a_k sa) (b_k sb) + bias with
+    the scales of k's block, E = gamma_{K+4} * |alpha| * sum_k |a_k sa b_k sb| (each term passes at
+    most three roundings of products (a scaled operand or block scale product, the product, alpha)
+    and K - 1 additions, and the bias one), over the domain of both fp32 orders (operands scaled first;
+    per-block sums scaled in the epilogue)."""
+    block = BLOCK_SCALES[params["scales"]][0]
+    fmt = params["format"]
+    a = codec.decode(inputs["a"], fmt).astype(np.float64)
+    b = codec.decode(inputs["b"], fmt).astype(np.float64)
+    K = a.shape[1]
+    sa = np.asarray(inputs["scale_a"], np.float32).astype(np.float64)  # (M, KB)
+    sb = np.asarray(inputs["scale_b"], np.float32).astype(np.float64)  # (KB, N)
+    g = float(np.asarray(inputs["alpha"], np.float32).reshape(-1)[0]) if "alpha" in inputs else 1.0
+    finite_a, finite_b = np.isfinite(a).all(axis=1), np.isfinite(b).all(axis=0)
+    a, b = np.where(np.isfinite(a), a, 0.0), np.where(np.isfinite(b), b, 0.0)
+    A = a * np.repeat(sa, block, axis=1)[:, :K]  # exact: few-bit significands in float64's range
+    B = b * np.repeat(sb, block, axis=0)[:K]
+    bias = inputs.get("bias")
+    bias64 = np.zeros((1, b.shape[1])) if bias is None else np.asarray(bias).astype(np.float64).reshape(1, -1)
+    finite_bias = np.isfinite(bias64)
+    bias64 = np.where(finite_bias, bias64, 0.0)
+    x = g * (A @ B) + bias64
+    mag = g * (np.abs(A) @ np.abs(B))
+    slack = (K + 8) * 2.0 ** -50 * (mag + np.abs(bias64))
+    err = gamma(K + 4) * mag * (1 + 2.0 ** -40) + slack + (K + 4) * 2.0 ** -149
+    lo, hi = _out_round(x - err, params["out_dtype"]), _out_round(x + err, params["out_dtype"])
+    # domain: scaled operands, their products, block-scale products, the smallest nonzero scaled partial
+    # sum and each times alpha stay normal; nothing can overflow (alpha < 1 shrinks, > 1 grows the sums)
+    absA, absB = np.abs(A), np.abs(B)
+    row_ok = finite_a & ((absA == 0) | ((absA >= _MIN_OPERAND) & (absA <= _MAX))).all(axis=1)
+    col_ok = finite_b & ((absB == 0) | ((absB >= _MIN_OPERAND) & (absB <= _MAX))).all(axis=0)
+    amin = np.where(absA > 0, absA, np.inf).min(axis=1, keepdims=True)
+    bmin = np.where(absB > 0, absB, np.inf).min(axis=0, keepdims=True)
+    s = sa[:, :, None] * sb[None, :, :]  # (M, KB, N) block scale products
+    tiny = get_format(fmt).min_positive ** 2
+    scales_ok = ((s * tiny * min(g, 1.0) >= _MIN_PRODUCT) & (s <= _MAX)).all(axis=1)
+    domain = row_ok[:, None] & col_ok[None, :] & finite_bias & (amin * bmin * min(g, 1.0) >= _MIN_PRODUCT)
+    domain &= scales_ok & (2 * max(g, 1.0) * (np.abs(A) @ np.abs(B) + np.abs(bias64)) <= _MAX)
     return {"x": x, "err": err, "lo": lo, "hi": hi, "domain": np.broadcast_to(domain, x.shape)}
 
 

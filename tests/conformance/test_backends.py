@@ -45,8 +45,8 @@ def test_missing_peers_are_unavailable_with_a_reason(name, module):
 
 def test_cli_unknown_backend_and_missing_peer_exit_nonzero(capsys):
     assert run_cli("conform", "--backend", "nope") == 1
-    known = "auto_round, compressed_tensors, gfloat, gguf, ml_dtypes, onnx_reference, onnxruntime, openvino, "
-    known += "openvino_fakeconvert, torch"
+    known = "auto_round, compressed_tensors, gfloat, gguf, ml_dtypes, naive_block, onnx_reference, onnxruntime, "
+    known += "openvino, openvino_fakeconvert, torch"
     assert f"known: {known}" in capsys.readouterr().err
     assert run_cli("conform", "--list-backends") == 0
 

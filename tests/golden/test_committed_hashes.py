@@ -1,7 +1,7 @@
 """Golden folders are byte-identical on every machine: the tiny suite's and the shipped degenerate
-suite's folders are generated and their files' sha256 compared with the ones committed in
-data/tiny.sha256 and data/degenerate.sha256 (written once; a change of any byte, on any machine,
-with or without the C loops, fails here).
+and block-scaled suites' folders are generated and their files' sha256 compared with the ones
+committed in data/tiny.sha256, data/degenerate.sha256 and data/block-scaled.sha256 (written once;
+a change of any byte, on any machine, with or without the C loops, fails here).
 
 To re-derive after an intended change of bytes: ``python tests/golden/test_committed_hashes.py``.
 """
@@ -21,7 +21,8 @@ from fp8ref import _native
 from fp8ref.golden import generate, load_suite
 
 DATA = Path(__file__).parent / "data"
-SUITES = {"tiny": str(DATA / "tiny.yaml"), "degenerate": "degenerate"}  # name -> path or shipped name
+SUITES = {"tiny": str(DATA / "tiny.yaml"), "degenerate": "degenerate",  # name -> path or shipped name
+          "block-scaled": "block-scaled"}
 
 
 def folder_hashes(out: Path, suite: str = "tiny") -> dict[str, str]:

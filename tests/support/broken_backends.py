@@ -410,3 +410,25 @@ class FlipsLastCode(Backend):
         codes = np.array(q.codes)
         codes.reshape(-1)[-1] ^= 1
         return {"codes": codes, "scale": q.scale}
+
+
+# --- block-scaled GEMMs (the block-scaled suite): the naive backend with one rule broken ---
+from fp8ref.conformance.adapters.naive_block_backend import NaiveBlockBackend  # noqa: E402
+
+
+class BlockIgnoresAlpha(NaiveBlockBackend):
+    """NVFP4: the global scales' alpha is never applied."""
+
+    name = "block-ignores-alpha"
+
+    def scaled_mm(self, a, b, scale_a, scale_b, *, alpha=None, **kw):
+        return super().scaled_mm(a, b, scale_a, scale_b, **kw)
+
+
+class BlockScaleShifted(NaiveBlockBackend):
+    """b's block scales are applied one K block late (the last block takes the first's)."""
+
+    name = "block-scale-shifted"
+
+    def scaled_mm(self, a, b, scale_a, scale_b, **kw):
+        return super().scaled_mm(a, b, scale_a, np.roll(scale_b, 1, axis=0), **kw)

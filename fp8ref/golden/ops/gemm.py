@@ -4,7 +4,11 @@ degenerate pattern (``patterns``: fp8ref.golden.degenerate).
 
 An FP8 ``out_dtype`` (codes out) comes with a ``scale_result`` input, neither 1 nor a power of two
 (``degenerate.result_scale``), passed to the backend as ``scale_result=`` (v = result / scale_result,
-then encoded): a backend that declares FP8 out_dtypes takes that keyword."""
+then encoded): a backend that declares FP8 out_dtypes takes that keyword.
+
+``scales: block16`` (NVFP4) and ``block32`` (MXFP4, MXFP8) are the block-scaled cases
+(``block_gemm``): float32 block scales per 1 x 16 / 1 x 32 of K on both operands, and for block16
+an ``alpha`` input (the product of the two global scales) passed as ``alpha=``."""
 
 from __future__ import annotations
 
@@ -20,11 +24,15 @@ from ...scheme import PRESETS
 from .. import degenerate, values
 from ..case import Case, Operation
 from ..fields import at_level, choices, per_level, shapes
+from . import block_gemm
 from .quantize import DTYPES, RECIPES, case_name, fits, with_pattern
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 BLOCK = matmul.SCALE_BLOCK  # scales: block128: a's per 1 x BLOCK group, b's per BLOCK x BLOCK block
 _OUT_DTYPES = ("float32", "bfloat16", "float16", *_FP8)
+_SCALES = ("tensor", "row", "block128", *block_gemm.BLOCK_SCALES)
+_PATTERNS = (degenerate.RANDOM, *degenerate.GEMM_PATTERNS,
+             *(p for p in block_gemm.BLOCK_PATTERNS if p not in degenerate.GEMM_PATTERNS))
 
 
 def _codes(stream, shape, fmt) -> tuple[np.ndarray, np.ndarray]:
@@ -52,25 +60,31 @@ class ScaledMM(Operation):
     outputs = ("out",)
     signature = ("scaled_mm(a, b, scale_a, scale_b, *, bias, fmt, out_dtype, accumulate, scale_order) "
                  "-> out in out_dtype")
+    conditional_keywords = {"alpha": ("scales", ("block16",))}  # NVFP4's global scales, folded
     fields = {
-        "formats": (choices(_FP8), ("float8_e4m3fn",)),
+        "formats": (choices((*_FP8, "float4_e2m1fn")), ("float8_e4m3fn",)),
         "shapes": (per_level(shapes(3)), None),
-        "scales": (choices(("tensor", "row", "block128"), allow_all=False), ("tensor", "row")),
+        "scales": (choices(_SCALES, allow_all=False), ("tensor", "row")),
         "out_dtypes": (choices(_OUT_DTYPES), ("float32",)),
         "accumulate": (choices(matmul.ACCUMULATIONS), ("exact",)),
         "scale_order": (choices(matmul.SCALE_ORDERS, allow_all=False), ("epilogue",)),
         "bias": (choices((False, True), allow_all=False, kind=bool), (False,)),
-        "patterns": (choices((degenerate.RANDOM, *degenerate.GEMM_PATTERNS)), (degenerate.RANDOM,)),
+        "patterns": (choices(_PATTERNS), (degenerate.RANDOM,)),
     }
 
     def expand(self, entry, level):
         f, out = entry.fields, []
         shapes_all = at_level(f["shapes"], level)
         for fmt, scales, od, acc in product(f["formats"], f["scales"], f["out_dtypes"], f["accumulate"]):
+            blocked = scales in block_gemm.BLOCK_SCALES
+            if blocked and (acc not in ("exact", "fp32") or od in _FP8):
+                continue  # block-scaled cases: float outputs, exact and fp32 (kernels rank as models)
             for order in (f["scale_order"] if acc == "fp32" else ("epilogue",)):  # orders matter in fp32 only
                 for bias, pattern, shape in product(f["bias"], f["patterns"], shapes_all):
                     if pattern != degenerate.RANDOM and scales == "block128":
                         continue  # the patterns build per-row scales (K tails of block scales: linear FP8_BLOCK)
+                    if not block_gemm.fits(fmt, scales, pattern, shape[1]):
+                        continue
                     params = with_pattern({"format": fmt, "scales": scales, "out_dtype": od, "accumulate": acc,
                                            "scale_order": order, "bias": bias, "shape": list(shape)}, pattern)
                     prefix = (f"scaled_mm.{fmt}.{scales}.{od}.{acc}" + (f"-{order}" if acc == "fp32" else "")
@@ -81,6 +95,8 @@ class ScaledMM(Operation):
     def make_case(self, name, params, entry, suite, level) -> Case:
         stream = values.Stream(suite.seed, name)
         M, K, N = params["shape"]
+        if params["scales"] in block_gemm.BLOCK_SCALES:
+            return self._block_case(name, params, stream)
         if "pattern" in params:  # tensor and row scales only (expand)
             ops = degenerate.gemm_operands(params["pattern"], stream, M, K, N, params["format"])
             a, sa, bt, sb = ops["a"], ops["sa"], ops["bt"], ops["sb"]
@@ -105,11 +121,26 @@ class ScaledMM(Operation):
             inputs["scale_result"] = np.array([degenerate.result_scale(exact)], np.float32)
         return Case(name, self.name, params, inputs)
 
+    def _block_case(self, name, params, stream) -> Case:
+        M, K, N = params["shape"]
+        inputs = block_gemm.operands(params.get("pattern", degenerate.RANDOM), stream, M, K, N, params["format"],
+                                     params["scales"])
+        if params["scales"] == "block16":
+            inputs["alpha"] = block_gemm.alpha(stream)
+        if params["bias"]:
+            bias = values.heavy_tailed(stream, N)
+            inputs["bias"] = values.from_bits(values.round_to(bias, params["out_dtype"]), params["out_dtype"])
+        return Case(name, self.name, params, inputs)
+
     @staticmethod
     def _result_kw(inputs) -> dict:
-        return {"scale_result": inputs["scale_result"]} if "scale_result" in inputs else {}
+        kw = {"scale_result": inputs["scale_result"]} if "scale_result" in inputs else {}
+        return {**kw, "alpha": inputs["alpha"]} if "alpha" in inputs else kw
 
     def reference(self, params, inputs):
+        if params["scales"] in block_gemm.BLOCK_SCALES:
+            return {"out": values.from_bits(values.round_to(block_gemm.reference(params, inputs).astype(np.float64),
+                                                            params["out_dtype"]), params["out_dtype"])}
         # block_k also sets fp32's K-blocks: given for block cases only (tensor and row cases sum K whole)
         kw = {"block_k": BLOCK, "block_n": BLOCK} if params["scales"] == "block128" else {}
         if "scale_result" in inputs:
@@ -134,6 +165,13 @@ class ScaledMM(Operation):
 
     def operands(self, params, inputs, index):
         m, n = index
+        if params["scales"] in block_gemm.BLOCK_SCALES:
+            out = {f"a[{m}, :]": inputs["a"][m], f"b[:, {n}]": inputs["b"][:, n],
+                   f"scale_a[{m}, :]": inputs["scale_a"][m], f"scale_b[:, {n}]": inputs["scale_b"][:, n]}
+            out.update({k: inputs[k].reshape(-1)[0] for k in ("alpha",) if k in inputs})
+            if "bias" in inputs:
+                out[f"bias[{n}]"] = inputs["bias"][n]
+            return out
         if params["scales"] == "block128":
             nb = n // BLOCK
             out = {f"a[{m}, :]": inputs["a"][m], f"b[:, {n}]": inputs["b"][:, n],
