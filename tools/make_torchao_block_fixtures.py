@@ -16,7 +16,6 @@ dequantized.json: sha256 of torchao's own MXTensor/NVFP4Tensor.dequantize(bfloat
 
 import hashlib
 import json
-import types
 from pathlib import Path
 
 import torch
