@@ -127,7 +127,8 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
     if not plans:
         raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(linear_layers(store))} "
                               f"linear layers of {store.root}")
-    _fuse_nvfp4_globals(store, plans)
+    if module.fuses_nvfp4_globals:
+        _fuse_nvfp4_globals(store, plans)
     for plan in plans.values():
         _plan_input_scale(store, plan)
     clash = [t for p in plans.values() for _, t, _, _ in p.tensors[1:] if t in store]

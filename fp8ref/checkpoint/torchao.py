@@ -153,6 +153,17 @@ def check_layer(store: TensorStore, entry: LayerEntry, *, check_values: bool, dt
 
 
 def cannot_express(quant: LayerQuant) -> str | None:
+    if quant.weight_strategy == "mx":
+        if quant.weight_fmt not in ta.ELEM_NAMES or quant.input != "mx" or quant.input_fmt != quant.weight_fmt:
+            return (f"torchao's MXTensor (MXDynamicActivationMXWeightConfig) holds MX weights with MX inputs of the "
+                    f"same element format ({', '.join(ta.ELEM_NAMES)}); got {quant.describe()}")
+        return None
+    if quant.weight_strategy == "nvfp4":
+        if quant.input is not None or quant.weight_fmt != "float4_e2m1fn":
+            return (f"torchao's NVFP4Tensor stores NVFP4 weights only (its config quantizes inputs at run time with a "
+                    f"dynamic per-tensor scale, which no stored scale declares): give the weights without input "
+                    f"quantization; got {quant.describe()}")
+        return None
     if (quant.weight_strategy not in ("channel", "tensor") or quant.weight_fmt != "float8_e4m3fn"
             or quant.input not in (None, "dynamic-token", "dynamic-tensor")):
         return (f"torchao's Float8Tensor holds per-row or per-tensor float8_e4m3fn weights with dynamic "
@@ -161,34 +172,75 @@ def cannot_express(quant: LayerQuant) -> str | None:
 
 
 def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str):
+    if quant.weight_strategy == "mx":
+        qshape = (out, inp // 2) if quant.weight_fmt == "float4_e2m1fn" else (out, inp)
+        return [("weight", f"{name}{QDATA}", QDATA_DTYPES[quant.weight_fmt], qshape),
+                ("weight_scale", f"{name}{SCALE}", "F8_E8M0", ta.swizzled_shape(out, -(-inp // 32)))]
+    if quant.weight_strategy == "nvfp4":
+        return [("weight", f"{name}{QDATA}", "U8", (out, inp // 2)),
+                ("weight_scale", f"{name}{SCALE}", "F8_E4M3", ta.swizzled_shape(out, -(-inp // 16))),
+                ("weight_global", f"{name}{TENSOR_SCALE}", "F32", ())]
     scale = (out, 1) if quant.weight_strategy == "channel" else (1, 1)
     return [("weight", f"{name}{QDATA}", "F8_E4M3", (out, inp)), ("weight_scale", f"{name}{SCALE}", "F32", scale)]
 
 
-def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False) -> dict:
+def store_block(quant: LayerQuant, codes: np.ndarray, scale_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Element codes and block-scale bytes as torchao stores them: FP4 two a byte (low nibble the even
+    element), FP6 one a byte, FP8 as is; scales swizzled into 128x4 tiles, zero padded."""
+    codes = np.asarray(codes, np.uint8)
+    if quant.weight_fmt == "float4_e2m1fn":
+        codes = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    return codes, ta.swizzle(np.asarray(scale_codes, np.uint8))
+
+
+def _mode(recipe: str | None) -> str:
+    return (recipe.removeprefix("torchao-mx-") if recipe in MX_RECIPES else "rceil").upper()
+
+
+def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False,
+                        recipes: dict[str, str] | None = None) -> dict:
+    """TorchAoConfig(...).to_dict() of the one torchao config every layer was made with. ``recipes``
+    (layer -> recipe, when exporting) gives MX's ScaleCalculationMode (RCEIL, the config's default,
+    without it: a checkpoint written again keeps its own config, ``carry_config``)."""
     if kv:
         raise CheckpointError(f"{NAME}: {KV_REFUSAL}")
-    kinds = {(q.weight_strategy, q.input) for q in layers.values()}
-    if len(kinds) != 1:
-        raise CheckpointError(f"{NAME}: TorchAoConfig holds one Float8 config for every layer; got "
-                              f"{sorted(map(str, kinds))}")
+    kinds = {(q.weight_strategy, q.input, q.weight_fmt) for q in layers.values()}
+    modes = {_mode((recipes or {}).get(n)) for n, q in layers.items() if q.weight_strategy == "mx"}
+    if len(kinds) != 1 or len(modes) > 1:
+        raise CheckpointError(f"{NAME}: TorchAoConfig holds one config for every layer; got "
+                              f"{sorted(map(str, kinds | {('mode', m) for m in modes}))}")
     for q in layers.values():
         why = cannot_express(q)
         if why:
             raise CheckpointError(f"{NAME}: {why}")
-    return ta.quantization_config(*kinds.pop())
+    strategy, inp, fmt = kinds.pop()
+    if strategy == "mx":
+        return ta.mx_quantization_config(fmt, modes.pop())
+    if strategy == "nvfp4":
+        bad = sorted(n for n, r in (recipes or {}).items() if r != NVFP4_RECIPES[0])
+        if bad:
+            raise CheckpointError(f"{NAME}: layer {bad[0]!r}: torchao's NVFP4 export writes the per-tensor scale "
+                                  f"(recipe {NVFP4_RECIPES[0]}), got {recipes[bad[0]]!r}")
+        return ta.nvfp4_quantization_config()
+    return ta.quantization_config(strategy, inp)
 
 
 def shard_metadata(metadata: dict | None, layers: dict, plain: list[str]) -> dict:
-    """A shard's __metadata__ with each written layer's Float8Tensor description (``layers``: name ->
-    (LayerQuant, [out, in], model dtype)), ``{"_type": "Tensor"}`` for each ``plain`` tensor and
+    """A shard's __metadata__ with each written layer's torchao description (``layers``: name ->
+    (LayerQuant, [out, in], model dtype[, recipe])), ``{"_type": "Tensor"}`` for each ``plain`` tensor and
     torchao's ``tensor_names``, as flatten_tensor_state_dict writes them."""
     import json
 
     out = dict(metadata or {})
     for name in plain:
         out.setdefault(name, json.dumps({"_type": "Tensor"}))
-    for name, (quant, (rows, cols), dtype) in layers.items():
+    for name, (quant, (rows, cols), dtype, *recipe) in layers.items():
+        if quant.weight_strategy == "mx":
+            out[f"{name}.weight"] = ta.mx_description(quant.weight_fmt, dtype, _mode(recipe[0] if recipe else None))
+            continue
+        if quant.weight_strategy == "nvfp4":
+            out[f"{name}.weight"] = ta.nvfp4_description(dtype)
+            continue
         block = (1, cols) if quant.weight_strategy == "channel" else (rows, cols)
         out[f"{name}.weight"] = ta.float8_description(block, dtype, quant.input, quant.weight_strategy)
     names = json.loads(out.get("tensor_names", "[]")) if isinstance(out.get("tensor_names"), str) else []
@@ -301,6 +353,13 @@ class TorchAo(Defaults):
     kv_refusal = KV_REFUSAL
     known_recipes = (RECIPE,) + MX_RECIPES + NVFP4_RECIPES
     layer_class = TorchAoBlockLayer
+    nvfp4_global = "multiplier"
+    fuses_nvfp4_globals = False  # each weight's per-tensor scale is its own amax / 2688 (no fused q/k/v, gate/up)
+    config_takes_recipes = True
+
+    def carry_config(self, source: dict | None, qc: dict) -> dict:
+        """Written again: torchao's config as the source holds it (MX's mode lives only there)."""
+        return source if isinstance(source, dict) and source.get("quant_method") == ta.METHOD else qc
 
     def detect(self, store: TensorStore, fp8_layers: list[str]) -> bool:
         return False
@@ -321,6 +380,7 @@ class TorchAo(Defaults):
     check_layer = staticmethod(check_layer)
     cannot_express = staticmethod(cannot_express)
     tensor_plan = staticmethod(tensor_plan)
+    store_block = staticmethod(store_block)
     quantization_config = staticmethod(quantization_config)
     shard_metadata = staticmethod(shard_metadata)
 

@@ -196,7 +196,8 @@ def fused_global_amax(ckpt, original) -> dict[str, float]:
     out = {}
     for n in nv:
         parent, leaf = n.rsplit(".", 1) if "." in n else ("", n)
-        group = next((g for g in FUSED_SIBLINGS if leaf in g), (leaf,))
+        fused = base.get(ckpt[n].producer).fuses_nvfp4_globals
+        group = next((g for g in FUSED_SIBLINGS if leaf in g), (leaf,)) if fused else (leaf,)
         out[n] = max(amax[m] for m in (f"{parent}.{g}" if parent else g for g in group) if m in amax)
     return out
 

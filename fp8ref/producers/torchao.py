@@ -255,6 +255,59 @@ def float8_description(block_size: tuple[int, int], dtype: str, input_mode: str 
                        "_tensor_data_names": ["qdata", "scale"]})
 
 
+def _dtype(name: str) -> dict:
+    return {"_type": "torch.dtype", "_data": name}
+
+
+AUTO = {"_type": "KernelPreference", "_data": "AUTO"}
+ELEM_NAMES = {v: k for k, v in MX_ELEMS.items()}  # fp8ref format -> torchao elem_dtype name
+
+
+def _mx_elem(fmt: str):
+    name = ELEM_NAMES[fmt]
+    return name if name.startswith("fp6") else _dtype(name)  # torchao writes its FP6 kinds as plain strings
+
+
+def mx_description(fmt: str, dtype: str, mode: str) -> str:
+    """``__metadata__["M.weight"]`` of an MXTensor as MXDynamicActivationMXWeightConfig's handler and
+    flatten_tensor_state_dict write it (swizzled scales, activations of the same element dtype)."""
+    act = {"_type": "QuantizeTensorToMXKwargs", "_data": {
+        "elem_dtype": _mx_elem(fmt), "block_size": 32, "scaling_mode": {"_type": "ScaleCalculationMode", "_data": mode},
+        "kernel_preference": AUTO, "is_swizzled_scales": True}}
+    data = {"elem_dtype": _mx_elem(fmt), "block_size": 32, "orig_dtype": _dtype(dtype), "kernel_preference": AUTO,
+            "act_quant_kwargs": act, "is_swizzled_scales": True}
+    return json.dumps({"_type": MX, "_data": data, "_tensor_data_names": ["qdata", "scale"]})
+
+
+def nvfp4_description(dtype: str) -> str:
+    """``__metadata__["M.weight"]`` of an NVFP4Tensor as NVFP4DynamicActivationNVFP4WeightConfig() writes it."""
+    act = {"_type": "QuantizeTensorToNVFP4Kwargs", "_data": {"block_size": 16, "is_swizzled_scales": True,
+                                                            "use_triton_kernel": True,
+                                                            "use_dynamic_per_tensor_scale": True}}
+    data = {"is_swizzled_scales": True, "use_triton_kernel": True, "act_quant_kwargs": act, "block_size": 16,
+            "orig_dtype": _dtype(dtype)}
+    return json.dumps({"_type": NVFP4, "_data": data, "_tensor_data_names": ["per_tensor_scale", "qdata", "scale"]})
+
+
+def _wrap(config: dict) -> dict:
+    return {"quant_method": METHOD, "quant_type": {"default": config}, "modules_to_not_convert": None,
+            "include_input_output_embeddings": False, "untie_embedding_weights": False}
+
+
+def mx_quantization_config(fmt: str, mode: str) -> dict:
+    """TorchAoConfig(MXDynamicActivationMXWeightConfig(activation_dtype=weight_dtype=fmt,
+    scaling_mode=mode)).to_dict()."""
+    return _wrap({"_type": "MXDynamicActivationMXWeightConfig", "_version": 1, "_data": {
+        "block_size": 32, "activation_dtype": _mx_elem(fmt), "weight_dtype": _mx_elem(fmt), "kernel_preference": AUTO,
+        "scaling_mode": {"_type": "ScaleCalculationMode", "_data": mode}}})
+
+
+def nvfp4_quantization_config() -> dict:
+    """TorchAoConfig(NVFP4DynamicActivationNVFP4WeightConfig()).to_dict()."""
+    return _wrap({"_type": "NVFP4DynamicActivationNVFP4WeightConfig", "_version": 1,
+                  "_data": {"use_triton_kernel": True, "use_dynamic_per_tensor_scale": True, "step": None}})
+
+
 def quantization_config(strategy: str, input_mode: str | None) -> dict:
     """TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=...)).to_dict()."""
     g = _granularity(input_mode, strategy)

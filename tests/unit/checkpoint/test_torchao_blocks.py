@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fp8ref import quantize
 from fp8ref.checkpoint import load_checkpoint
@@ -233,3 +235,81 @@ def test_hostile_input_is_one_error_line(tmp_path, capsys, case):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fp8ref: error:") and "model.safetensors" in err[0], err
     assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+def _spec(fmt: str, recipe: str) -> dict:
+    """MX weights and inputs of ``fmt`` (torchao's MX config), or NVFP4 weights (its inputs are dynamic)."""
+    from fp8ref.formats import FORMATS
+    from fp8ref.scheme import PRESETS
+
+    if "nvfp4" in recipe:
+        d = PRESETS["NVFP4"].to_dict()
+        d.update(act_bits=16)
+    else:
+        d = PRESETS["MXFP8"].to_dict()
+        d.update(weight_format=fmt, act_format=fmt, bits=FORMATS[fmt].bits, act_bits=FORMATS[fmt].bits)
+    d.update(recipe=recipe)
+    return {"scheme": d}
+
+
+@pytest.mark.parametrize("folder", sorted(f for f in FOLDERS if f != "nvfp4_no_tensor_scale"))
+def test_export_writes_torchaos_tensors_descriptions_and_config(tmp_path, folder):
+    import fp8ref
+
+    fmt, recipe = FOLDERS[folder]
+    out = fp8ref.export_checkpoint(ORIGINAL, tmp_path / "o", _spec(fmt, recipe), format="torchao")
+    mine, tool = SafetensorsFile(out / "model.safetensors"), SafetensorsFile(FIX / folder / "model.safetensors")
+    assert sorted(mine.tensors) == sorted(tool.tensors)
+    for n in tool.tensors:
+        assert mine.info(n).dtype == tool.info(n).dtype and mine.get(n).tobytes() == tool.get(n).tobytes(), n
+    for key, value in tool.metadata.items():
+        if key == "tensor_names":
+            assert sorted(json.loads(mine.metadata[key])) == sorted(json.loads(value))
+        else:
+            assert mine.metadata[key] == value, key
+    ours = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert ours == json.loads((FIX / folder / "config.json").read_text())["quantization_config"]
+
+
+def test_export_refuses_what_torchao_cannot_hold(tmp_path):
+    import fp8ref
+    from fp8ref.scheme import PRESETS
+
+    d = PRESETS["MXFP6A16"].to_dict()
+    d.update(recipe="torchao-mx-floor")
+    with pytest.raises(CheckpointError, match="MX inputs of the same element format"):
+        fp8ref.export_checkpoint(ORIGINAL, tmp_path / "a", {"scheme": d}, format="torchao")
+    with pytest.raises(CheckpointError, match="per-tensor scale"):
+        fp8ref.export_checkpoint(ORIGINAL, tmp_path / "b", _spec("float4_e2m1fn", "torchao-nvfp4-no-tensor-scale"),
+                                 format="torchao")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), rows=st.integers(1, 140), blocks=st.integers(1, 5),
+       kind=st.sampled_from(sorted({(fmt, rec) for fmt, rec in FOLDERS.values()
+                                    if rec != "torchao-nvfp4-no-tensor-scale"})))
+def test_export_load_export_is_byte_identical(tmp_path_factory, seed, rows, blocks, kind):
+    import ml_dtypes
+
+    import fp8ref
+    from fp8ref.checkpoint import write_checkpoint
+    from fp8ref.io.safetensors import save
+
+    fmt, recipe = kind
+    tmp = tmp_path_factory.mktemp("rt")
+    rng = np.random.default_rng(seed)
+    cols = blocks * 32
+    w = (rng.standard_normal((rows, cols)) * 0.05 * np.exp(rng.standard_normal((rows, 1)))).astype(ml_dtypes.bfloat16)
+    w[rng.integers(0, rows), :16] = 0  # a zero block (NVFP4) or half of one (MX)
+    (tmp / "src").mkdir()
+    save(tmp / "src" / "model.safetensors", {"m.proj.weight": w})
+    (tmp / "src" / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    a = fp8ref.export_checkpoint(tmp / "src", tmp / "a", _spec(fmt, recipe), format="torchao")
+    ckpt = load_checkpoint(a)
+    assert verify(ckpt, load_checkpoint(tmp / "src"))["ok"]
+    b = write_checkpoint(ckpt, tmp / "b")
+    for name in ("model.safetensors", "config.json"):
+        assert (Path(a) / name).read_bytes() == (Path(b) / name).read_bytes(), name
