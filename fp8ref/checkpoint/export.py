@@ -112,7 +112,7 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             def tensors(f=f, fname=fname, by_source=by_source):
                 for tname, raw in prefetched(f):
                     if tname in by_source:
-                        yield from _quantize_layer(store, plans[by_source[tname]], raw, module).items()
+                        yield from _quantize_layer(store, plans[by_source[tname]], raw).items()
                     else:
                         yield tname, raw
                     bar.update(1)
@@ -133,12 +133,12 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     return Path(output)
 
 
-def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray, module=None) -> dict[str, np.ndarray]:
-    """Bytes of the layer's output tensors, by tensor name (``module``: the target format)."""
+def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dict[str, np.ndarray]:
+    """Bytes of the layer's output tensors, by tensor name."""
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
     w = store.file_of(f"{plan.name}.weight").view(f"{plan.name}.weight", raw)
     if plan.quant.weight_strategy in BLOCK_SCALED:
-        return _quantize_block_layer(store, plan, w, roles, getattr(module, "store_block", None))
+        return _quantize_block_layer(store, plan, w, roles, plan.store_block)
     try:
         q = quantize(w, plan.scheme, recipe=plan.recipe)
     except Fp8RefError as exc:

@@ -345,6 +345,16 @@ class TorchAo(Defaults):
                   "D(amax/448) stored as fp32; 0 for an all-zero row (NaN codes, pytorch/ao #4713)"),
         ScaleDecl("tensor (Float8Tensor PerTensor)", "_weight_scale", "multiplier", "F32", "[1, 1]", "-",
                   "D(amax/448) stored as fp32; description JSON in __metadata__[M.weight]"),
+        ScaleDecl("mx (MXTensor)", "_weight_scale", "E8M0 exponent", "F8_E8M0",
+                  "[32 ceil(out/128), 16 ceil(in/128)] (swizzled)", "block_size 32",
+                  "cuBLAS 128x4 tiles, zero padded; ScaleCalculationMode FLOOR/CEIL/RCEIL/EVEN: recipe "
+                  "torchao-mx-<mode>"),
+        ScaleDecl("nvfp4 (NVFP4Tensor)", "_weight_scale", "multiplier", "F8_E4M3",
+                  "[32 ceil(out/128), 16 ceil(in/64)] (swizzled)", "block_size 16",
+                  "E4M3 per 16, clamped below at 2^-6; W = q * fp32(m * s_b)"),
+        ScaleDecl("nvfp4 (NVFP4Tensor)", "_weight_per_tensor_scale", "multiplier", "F32", "[]", "-",
+                  "optional: m = fp32(amax)/2688 (compressed-tensors' global is its inverse, a divisor); "
+                  "absent: 1"),
     )
     methods = (ta.METHOD,)
     detect_rank = 6
