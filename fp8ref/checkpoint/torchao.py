@@ -250,6 +250,10 @@ def shard_metadata(metadata: dict | None, layers: dict, plain: list[str]) -> dic
 
 
 KV_REFUSAL = "TorchAoConfig has no KV-cache scale field"
+# where torchao 0.18.0's F.linear stops on CPU (tools/make_torchao_block_fixtures.py prints it)
+FORWARD_STOPS = {"mx": "MXFP8: torch._scaled_mm 'Invalid scaling configuration'; MXFP4: 'CPU does not support "
+                       "swizzle'; E5M2 / FP6: an AssertionError choosing the kernel",
+                 "nvfp4": "'mslk is required for NVFP4 triton quantization' for its dynamic NVFP4 inputs"}
 
 
 def own_recipe(desc: dict) -> str:
@@ -378,6 +382,10 @@ class TorchAo(Defaults):
         return {"mx": "torchao-mx-rceil", "nvfp4": "torchao-nvfp4"}.get(quant.weight_strategy, RECIPE)
 
     def producer_refusal(self, quant: LayerQuant) -> str | None:
+        if quant.weight_strategy in BLOCK_SCALED:
+            kind = "MXTensor" if quant.weight_strategy == "mx" else "NVFP4Tensor"
+            return (f"no producer emulation for torchao {kind} layers: torchao 0.18's own forward does not run on "
+                    f"CPU ({FORWARD_STOPS[quant.weight_strategy]})")
         return "no producer emulation for torchao checkpoints (its CPU path quantizes activations only on GPU)"
 
     def original_weight(self, layer, store: TensorStore):

@@ -313,3 +313,34 @@ def test_export_load_export_is_byte_identical(tmp_path_factory, seed, rows, bloc
     b = write_checkpoint(ckpt, tmp / "b")
     for name in ("model.safetensors", "config.json"):
         assert (Path(a) / name).read_bytes() == (Path(b) / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("folder", ["mxfp8_floor", "mxfp4_rceil", "nvfp4"])
+def test_producer_forward_names_where_torchaos_cpu_forward_stops(folder):
+    import torch
+
+    layer = load_checkpoint(FIX / folder)["model.layers.0.mlp.down_proj"]
+    x = torch.ones(2, 64, dtype=torch.bfloat16)
+    assert np.asarray(layer.forward(x.float().numpy())).shape == (2, 32)  # fp8ref's reference forward runs
+    with pytest.raises(CheckpointError, match="does not run on CPU"):
+        layer.forward(x, mode="producer")
+
+
+@settings(max_examples=40, deadline=None)
+@given(folder=st.sampled_from(["mxfp6e3m2_rceil", "nvfp4", "mxfp4_even"]), pos=st.integers(0, 10 ** 6),
+       char=st.sampled_from(list('{}[]":,0123456789 tfnxel_')))
+def test_a_mutated_description_loads_or_is_one_checkpoint_error(tmp_path_factory, folder, pos, char):
+    """One character of a weight's JSON replaced: either still a valid description (then it dequantizes
+    or is refused) or a CheckpointError; never another exception."""
+    def mutate(meta):
+        raw = meta[KEY]
+        i = pos % len(raw)
+        meta[KEY] = raw[:i] + char + raw[i + 1:]
+
+    ckpt = _edited(tmp_path_factory.mktemp("m"), folder, mutate)
+    try:
+        c = load_checkpoint(ckpt)
+        for name in c:
+            c[name].dequantize("bfloat16")
+    except CheckpointError as exc:
+        assert "\n" not in str(exc) and "model.safetensors" in str(exc)
