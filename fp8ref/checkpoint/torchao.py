@@ -43,9 +43,12 @@ NVFP4_INPUT_NOTE = ("torchao quantizes this layer's activations to NVFP4 at run 
 
 
 def description(store: TensorStore, module: str) -> dict:
-    """The parsed JSON description of ``module``'s weight (the shard that holds its qdata)."""
-    f = store.file_of(f"{module}{QDATA}")
-    return ta.weight_descriptions({f"{module}.weight": f.metadata[f"{module}.weight"]}, str(f.path))[f"{module}.weight"]
+    """The parsed JSON description of ``module``'s weight, from the shard whose metadata holds it."""
+    key = f"{module}.weight"
+    for f in store.files.values():
+        if key in (f.metadata or {}):
+            return ta.weight_descriptions({key: f.metadata[key]}, str(f.path))[key]
+    raise CheckpointError(f"{store.where(module + QDATA)}: no torchao tensor description in __metadata__ for it")
 
 
 def _block_entry(store: TensorStore, module: str, desc: dict, warnings: list[str]) -> LayerEntry:
