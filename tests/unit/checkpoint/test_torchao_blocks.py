@@ -344,3 +344,39 @@ def test_a_mutated_description_loads_or_is_one_checkpoint_error(tmp_path_factory
             c[name].dequantize("bfloat16")
     except CheckpointError as exc:
         assert "\n" not in str(exc) and "model.safetensors" in str(exc)
+
+
+@pytest.mark.parametrize("folder", ["mxfp8_even", "nvfp4"])
+def test_unswizzled_scales_read_as_torchao_dequantizes_them(tmp_path, folder):
+    """is_swizzled_scales false (MXTensor.to_mx's default): the [out, in/block] scale matrix as is. Made
+    here from the fixture by torchao's own from_blocked layout (row r = 32 i + j, column c at byte
+    16 j + 4 i + c of each 512-byte tile), written out with plain indexing; torchao's dequantize hash holds."""
+    def unblock(stored, rows, cols):
+        out = np.zeros((rows, cols), np.uint8)
+        tiles = stored.reshape(-1)
+        col_tiles = -(-cols // 4)
+        for r in range(rows):
+            for c in range(cols):
+                tile = (r // 128) * col_tiles + c // 4
+                i, j = (r % 128) // 32, r % 32
+                out[r, c] = tiles[tile * 512 + 16 * j + 4 * i + c % 4]
+        return out
+
+    block = 16 if folder == "nvfp4" else 32
+
+    def edit_meta(meta):
+        for key in (f"{UP}.weight", "model.layers.0.mlp.down_proj.weight"):
+            doc = json.loads(meta[key])
+            doc["_data"]["is_swizzled_scales"] = False
+            meta[key] = json.dumps(doc)
+
+    def edit_tensors(t):
+        for m, (rows, cols) in ((UP, (160, 128)), ("model.layers.0.mlp.down_proj", (32, 64))):
+            t[f"{m}._weight_scale"] = unblock(t[f"{m}._weight_scale"], rows, cols // block)
+
+    ckpt = _edited(tmp_path, folder, edit_meta, edit_tensors)
+    want = json.loads((FIX / folder / "dequantized.json").read_text())
+    c = load_checkpoint(ckpt)
+    for name in c:
+        assert _sha(np.asarray(c[name].dequantize("bfloat16"))) == want[f"{name}.weight"], name
+    assert verify(c, load_checkpoint(ORIGINAL))["ok"]
