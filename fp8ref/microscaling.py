@@ -74,7 +74,9 @@ def recipe_mx(arr, dtype, qa, rec: BlockRecipe, fmt) -> dict:
     reject_nonfinite(amax, arr, dtype, rec)
     e = mx_scale_exponent(amax, fmt, rec.mx_rule)
     e = np.where(amax == 0, rec.mx_zero_code - 127, e)
-    y = x * np.ldexp(1.0, -expand(e, x.shape, "mx"))  # exact in float64 (a power of two)
+    k = e if rec.mx_zero_byte == "exact" else np.where(e == -127, {"float32-min-normal": -126, "one": 0}[
+        rec.mx_zero_byte], e)  # torchao: FLT_MIN for the float32 divisor 2**-127 (FLOOR...), or 1 (RCEIL)
+    y = x * np.ldexp(1.0, -expand(k, x.shape, "mx"))  # exact in float64 (a power of two)
     y = round_to(y, dtype if rec.apply_dtype == "model" else "float32")
     codes = _block_encode(y, rec, fmt)
     return dict(codes=codes, scale=e8m0_value(e), format=fmt.name, granularity="mx", recipe=rec.name,
@@ -110,6 +112,10 @@ def nvfp4_producer_global(amax: float, rec: BlockRecipe, dtype: str) -> np.float
     top = np.float32(FORMATS["float4_e2m1fn"].max * FORMATS[NVFP4_SCALE_FORMAT].max)  # 2688
     a32 = np.float32(amax)  # exact: a D value
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if rec.global_rule == "none":  # no per-tensor scale: a multiplier of exactly 1
+            return np.float32(1.0)
+        if rec.global_rule == "zero-to-one":  # torchao per_tensor_amax_to_scale; 0 -> 1 (torchao: 0 and NaN)
+            return np.float32(a32 / top) if a32 > 0 else np.float32(1.0)
         if rec.global_meaning == "multiplier":
             return np.float32(a32 / top)
         if rec.global_rule == "fp32-max":  # TE compute_global_encode_scaling_factor_FP4
@@ -229,6 +235,8 @@ def recipe_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
         elif rec.block_form == "amax*fp32(global*fp32(1/max_elem))":  # TE: the 1/6 folded into the multiplier
             sb = _f32(ab * _f32(_f32(g) * _f32(np.float32(1.0) / np.float32(fmt.max))))
             sb = np.minimum(sb, np.finfo(np.float32).max)
+        elif rec.block_form == "fp32(amax/max_elem)/global":  # torchao: two float32 roundings
+            sb = _f32(_f32(ab / np.float32(fmt.max)) / _f32(g))
         else:
             sb = ab / _f32(np.float32(fmt.max) * g)
         if rec.block_zero_amax is not None:
@@ -246,6 +254,9 @@ def recipe_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
         if rec.apply_op == "multiply_reciprocal":  # TE: x * fminf(1 / (s_b * fp32(1/g)), FLT_MAX)
             m = _f32(np.float32(1.0) / _f32(s_blk * (np.float32(1.0) / _f32(g))))
             m = np.minimum(m, np.finfo(np.float32).max).astype(np.float32)
+            y = _f32(x32 * expand(m, x32.shape, "nvfp4").astype(np.float32))
+        elif rec.apply_op == "multiply_quotient":  # torchao: x * ((1 / m) / s_b), each step in float32
+            m = _f32(_f32(np.float32(1.0) / _f32(g)) / s_blk)
             y = _f32(x32 * expand(m, x32.shape, "nvfp4").astype(np.float32))
         else:
             eff = _f32(s_blk / g) if rec.global_meaning == "divisor" else _f32(s_blk * g)  # fp32, rounded once

@@ -394,18 +394,23 @@ class BlockRecipe:
        ``multiplier`` = fp32(A) / (max_elem*max_scale) in float32 (ModelOpt); ``rule: fp32-max``
        (TE): g = fp32(2688 / A) with no tiny clamp, inf and NaN -> FLT_MAX, A == 0 -> 1;
        ``rule: reciprocal`` (compressed-tensors: torch's python-float / tensor is
-       ``t.reciprocal() * 2688``): g = R(fp32(R(1 / max(A, tiny))) * 2688), two roundings.
+       ``t.reciprocal() * 2688``): g = R(fp32(R(1 / max(A, tiny))) * 2688), two roundings;
+       multiplier ``rule: zero-to-one`` (torchao NVFP4Tensor): fp32(A) / 2688, A == 0 -> 1 (torchao
+       stores 0 and NaN block scales there); ``rule: none``: no per-tensor scale (a multiplier of 1).
     2. ``block_scale``: NVFP4 ``global*D(amax/max_elem)`` (fp32 product of the divisor and the
        D-rounded amax/6), ``amax/fp32(max_elem*global)`` (fp32 quotient by the fp32 product) or
        ``amax*fp32(global*fp32(1/max_elem))`` (TE: the 1/6 folded into the multiplier, capped at
-       FLT_MAX); ``tile_rows: 16`` takes amax over 16x16 tiles (TE's 2-D weights), each row's
+       FLT_MAX), ``fp32(amax/max_elem)/global`` (torchao: the float32 amax/6, then divided by the
+       multiplier in float32); ``tile_rows: 16`` takes amax over 16x16 tiles (TE's 2-D weights), each row's
        1x16 block storing its tile's scale;
        ``zero_amax`` replaces a 0 quotient before the E4M3 rounding, ``min`` clamps it from
        below, ``zero_stored`` replaces a stored 0 after it. MX: the E8M0 exponent by ``rule``
        (``fp8ref.scaling.mx_scale_exponent``), ``zero_code`` the byte of an all-zero block.
     3. ``apply``: NVFP4 x / fp32(effective scale) in float32 (effective = s_b/g or s_b*multiplier,
        rounded to fp32 first), or with ``op: multiply_reciprocal`` (TE) x * min(fp32(1/fp32(s_b *
-       fp32(1/g))), FLT_MAX); MX x * 2**-k, exact, then rounded to ``dtype``; ``+ 0`` if
+       fp32(1/g))), FLT_MAX), or with ``op: multiply_quotient`` (torchao) x * fp32(fp32(1/m) / s_b) for
+       multiplier m; MX x * 2**-k, exact, then rounded to ``dtype`` (``zero_byte``: the factor where
+       k = -127, see ``mx_zero_byte``); ``+ 0`` if
        ``add_zero`` (-0.0 -> +0.0); clamp to +-max_elem.
     4. ``encode``: RNE (``ties: toward-zero``: halfway cases to the smaller magnitude), saturating;
        ``negative_zero`` keep (tiny negatives give the -0 code) or positive.
@@ -441,6 +446,9 @@ class BlockRecipe:
     # even: ties to the even code (RNE) | toward-zero: ties to the smaller magnitude (llama.cpp's
     # best_index_mxfp4 keeps the first of two equal errors)
     encode_ties: str = "even"
+    # MX: what x is scaled by where the E8M0 byte is 0 (2**-127): exact (x * 2**127) | float32-min-normal
+    # (x / 2**-126: torchao FLOOR/CEIL/EVEN clamp the float32 scale to FLT_MIN) | one (x * 1: torchao RCEIL)
+    mx_zero_byte: str = "exact"
 
 
 _BLOCK_STEPS = {
@@ -448,19 +456,20 @@ _BLOCK_STEPS = {
     "block_scale": {"form": "block_form", "zero_amax": "block_zero_amax", "min": "block_min",
                     "zero_stored": "block_zero_stored", "mx_rule": "mx_rule", "zero_code": "mx_zero_code",
                     "tile_rows": "tile_rows"},
-    "apply": {"dtype": "apply_dtype", "add_zero": "add_zero", "op": "apply_op"},
+    "apply": {"dtype": "apply_dtype", "add_zero": "add_zero", "op": "apply_op", "zero_byte": "mx_zero_byte"},
     "encode": {"negative_zero": "negative_zero", "ties": "encode_ties"},
     "dequantize": {"dtype": "dequantize_dtype"},
 }
-_BLOCK_OPTIONAL = ("rule", "tile_rows", "op", "ties")
+_BLOCK_OPTIONAL = ("rule", "tile_rows", "op", "ties", "zero_byte")
 _BLOCK_TOP = ("name", "kind", "summary", "source", "verified", "granularities", "formats", "nonfinite", "steps")
 _BLOCK_CHOICES = {
     "nonfinite": ("error", "propagate"), "global_meaning": (None, "divisor", "multiplier"),
     "global_dtype": (None, "model", "float32"),
     "block_form": (None, "global*D(amax/max_elem)", "amax/fp32(max_elem*global)",
-                   "amax*fp32(global*fp32(1/max_elem))", "ggml-ue4m3(amax/6)"),
-    "global_rule": ("clamp-amax", "reciprocal", "fp32-max"), "tile_rows": (1, 16),
-    "apply_op": ("divide", "multiply_reciprocal"), "encode_ties": ("even", "toward-zero"),
+                   "amax*fp32(global*fp32(1/max_elem))", "ggml-ue4m3(amax/6)", "fp32(amax/max_elem)/global"),
+    "global_rule": ("clamp-amax", "reciprocal", "fp32-max", "zero-to-one", "none"), "tile_rows": (1, 16),
+    "apply_op": ("divide", "multiply_reciprocal", "multiply_quotient"), "encode_ties": ("even", "toward-zero"),
+    "mx_zero_byte": ("exact", "float32-min-normal", "one"),
     "apply_dtype": ("float32", "model"), "negative_zero": ("keep", "positive"),
     "dequantize_dtype": ("exact", "model"),
 }
@@ -470,7 +479,8 @@ def block_recipe_from_document(doc) -> BlockRecipe:
     """Validate a ``kind: block`` recipe document strictly (every key present, nothing else)."""
     data = doc.data
     _exact_keys(doc, (), data, _BLOCK_TOP)
-    values = _header(doc, data, ("mx", "nvfp4"), ("float4_e2m1fn", "float6_e2m3fn", "float8_e4m3fn"))
+    values = _header(doc, data, ("mx", "nvfp4"), ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn", "float8_e4m3fn",
+                                                  "float8_e5m2"))
     if len(values["granularities"]) != 1:
         raise doc.error(("granularities",), "a block recipe is for one of mx, nvfp4")
     _exact_keys(doc, ("steps",), data["steps"], tuple(_BLOCK_STEPS))
@@ -501,6 +511,10 @@ def block_recipe_from_document(doc) -> BlockRecipe:
         raise doc.error(("steps",), "global.rule, block_scale.tile_rows and apply.op are NVFP4 steps")
     if nv and values["global_rule"] == "fp32-max" and values["global_meaning"] != "divisor":
         raise doc.error(_block_path("global_rule"), "fp32-max is a rule for a divisor global (2688 / amax)")
+    if nv and values["global_rule"] in ("zero-to-one", "none") and values["global_meaning"] != "multiplier":
+        raise doc.error(_block_path("global_rule"), f"{values['global_rule']} is a rule for a multiplier global")
+    if nv and values["mx_zero_byte"] != "exact":
+        raise doc.error(_block_path("mx_zero_byte"), "apply.zero_byte is an MX step")
     if not nv:
         if values["mx_rule"] not in MX_SCALE_RULES:
             raise doc.error(_block_path("mx_rule"), f"expected one of {', '.join(MX_SCALE_RULES)}, "

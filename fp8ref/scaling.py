@@ -40,8 +40,11 @@ NVFP4_BLOCK = 16
 # is its older name, kept), rceil (NVIDIA RCEIL, ModelOpt MXFP8), even (AMD Quark 0.13's even_round:
 # a float32 bit trick), ct-round-to-power-2 (compressed-tensors: MXFP4 and MXFP8 alike, MXFP6 its own), round-up
 # (triton_kernels' downcast_to_mxfp_torch ROUND_UP, what transformers' Mxfp4Quantize writes for gpt-oss),
-# log2f-floor (llama.cpp's GGML_TYPE_MXFP4: floorf(log2f(amax)), one float32 rounding before the floor).
-MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even", "round-up", "log2f-floor")
+# log2f-floor (llama.cpp's GGML_TYPE_MXFP4: floorf(log2f(amax)), one float32 rounding before the floor);
+# torchao 0.18's ScaleCalculationMode: FLOOR is ocp-floor, torchao-ceil (CEIL), torchao-even (EVEN), torchao-rceil
+# (RCEIL's CPU path: float32 amax / max_elem, float32 log2, ceil).
+MX_SCALE_RULES = ("floor", "rceil", "ct-round-to-power-2", "ocp-floor", "even", "round-up", "log2f-floor",
+                  "torchao-ceil", "torchao-even", "torchao-rceil")
 
 
 
@@ -191,6 +194,12 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
     round-up (triton_kernels ``downcast_to_mxfp_torch``, DequantScaleRoundingMode.ROUND_UP): the float32
     quotient d = fp32(fp32(amax) / max_elem), then ``(bits(d) + 0x007FFFFF) & 0x7F800000``: any mantissa
     bit carries into the exponent, so 2**e >= d; a subnormal d becomes 2**-126 (byte 1), d == 0 byte 0.
+    torchao-ceil (torchao CEIL: the float32 amax's exponent field, + 1 if any mantissa bit is set): ceil(log2
+    amax) - emax_elem. torchao-even (torchao EVEN): as ``even`` but adding 2**-(elem mantissa bits + 1)
+    of the significand's unit (``1 << (22 - m)``), the element's own mantissa width (``even`` is its
+    E2M1 case). torchao-rceil (torchao RCEIL off sm100 / outside torch.compile): d = fp32(amax /
+    max_elem), then ceil(float32 log2(d)) (``pow2_exponent``'s ceil-fp32-log2; a subnormal d by its
+    float32 log2 too), clipped to -127.
     amax == 0 -> -127 (code 0x00, the smallest scale; gfloat, TE).
     """
     if rule not in MX_SCALE_RULES:
@@ -204,6 +213,20 @@ def mx_scale_exponent(amax: np.ndarray, elem: FloatFormat, rule: str) -> np.ndar
         bits = safe.astype(np.float32).view(np.uint32).astype(np.int64) + (1 << 21)
         field = (bits >> 23) & 0xFF  # a carry out of the mantissa bumps the exponent; 255 is inf
         e = np.where(field == 0, -127, field - 127 - elem.emax)  # 0: log2(0) = -inf, clipped below
+    elif rule == "torchao-ceil":
+        e = _frexp_exponent(safe) + (np.frexp(safe)[0] != 0.5) - elem.emax
+    elif rule == "torchao-even":
+        bits = safe.astype(np.float32).view(np.uint32).astype(np.int64) + (1 << (22 - elem.mantissa_bits))
+        field = (bits >> 23) & 0xFF
+        e = np.where(field == 0, -127, field - 127 - elem.emax)
+    elif rule == "torchao-rceil":
+        d = amax_over_max(safe, elem)  # torch's float32 quotient, rounded once
+        normal = d >= np.float32(2.0**-126)
+        e = pow2_exponent(np.where(normal, d, np.float32(1.0)), "ceil-fp32-log2")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            l2 = np.log2(np.where(normal, np.float32(1.0), d).astype(np.float64)).astype(np.float32)  # float32 log2
+        sub = np.ceil(np.maximum(l2, np.float32(-200.0))).astype(np.int64)  # log2(0) = -inf: clipped below
+        e = np.where(normal, e, np.maximum(sub, -127))
     elif rule == "round-up":
         with np.errstate(over="ignore"):
             d = safe.astype(np.float32) / np.float32(elem.max)  # one float32 rounding, as torch divides

@@ -126,6 +126,8 @@ class Defaults:
     # the producer versions whose config writer it reproduces (quantization_config(..., version=)); () : one
     config_versions: tuple[str, ...] = ()
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
+    fuses_nvfp4_globals = True  # NVFP4 global scales shared across fused siblings (q/k/v, gate/up); torchao: not
+    config_takes_recipes = False  # quantization_config(..., recipes={layer: recipe}) at export (torchao's MX mode)
     pow2_scale_fmt: str | None = None  # the LayerQuant.scale_fmt of layers a power-of-two recipe quantizes
     # KV-cache scales (one K and one V multiplier per attention module), compressed-tensors' by default:
     kv_shape: tuple = (1,)

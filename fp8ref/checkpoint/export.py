@@ -89,6 +89,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
     layers = {n: p.quant for n, p in plans.items()}
     unquantized = [m for m in linear_layers(store) if m not in plans]
+    if module.config_takes_recipes:  # torchao: MX's ScaleCalculationMode is the recipe's
+        options["recipes"] = {n: p.recipe for n, p in plans.items()}
     qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans), **options)
     refuse_collisions(store, qc, module)
     bar = progress_bar(len(store), progress)
@@ -119,8 +121,8 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
 
             meta = base.with_recipes(f.metadata, {layer: plans[layer].recipe for layer in by_source.values()})
             if hasattr(module, "shard_metadata"):  # torchao: a JSON description per written weight
-                meta = module.shard_metadata(meta, {layer: (plans[layer].quant, f.tensors[t].shape, plans[layer].dtype)
-                                                    for t, layer in by_source.items()},
+                meta = module.shard_metadata(meta, {layer: (plans[layer].quant, f.tensors[t].shape, plans[layer].dtype,
+                                                            plans[layer].recipe) for t, layer in by_source.items()},
                                              [t for t in f.tensors if t not in by_source])
             total_size += write_shard(tmp, fname, specs, meta, tensors(), weight_map)
         write_metadata(tmp, store.index is not None, weight_map, total_size, config, qc, module)
@@ -136,7 +138,7 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     roles = {role: (tname, tdtype, shape) for role, tname, tdtype, shape in plan.tensors}
     w = store.file_of(f"{plan.name}.weight").view(f"{plan.name}.weight", raw)
     if plan.quant.weight_strategy in BLOCK_SCALED:
-        return _quantize_block_layer(store, plan, w, roles)
+        return _quantize_block_layer(store, plan, w, roles, plan.store_block)
     try:
         q = quantize(w, plan.scheme, recipe=plan.recipe)
     except Fp8RefError as exc:
@@ -157,9 +159,11 @@ def _quantize_layer(store: TensorStore, plan: LayerPlan, raw: np.ndarray) -> dic
     return out
 
 
-def _quantize_block_layer(store: TensorStore, plan: LayerPlan, w: np.ndarray, roles: dict) -> dict[str, np.ndarray]:
+def _quantize_block_layer(store: TensorStore, plan: LayerPlan, w: np.ndarray, roles: dict,
+                          store_block=None) -> dict[str, np.ndarray]:
     """nvfp4 / mx: element codes (packed two per byte for FP4), E4M3 / E8M0 block-scale bytes, the
-    nvfp4 global weight scale of the fused group's amax and the global input scale of the calibrated amax."""
+    nvfp4 global weight scale of the fused group's amax and the global input scale of the calibrated amax.
+    ``store_block(quant, codes, scale_codes)``: the format's own layout of both (torchao: swizzled scales)."""
     q = plan.quant
     args = QuantArgs(format=q.weight_fmt, granularity=q.weight_strategy)
     try:
@@ -171,8 +175,12 @@ def _quantize_block_layer(store: TensorStore, plan: LayerPlan, w: np.ndarray, ro
         raise CheckpointError(f"{store.where(plan.name + '.weight')}: non-finite values or block scales; "
                               f"a checkpoint cannot hold NaN weights")
     codes = np.asarray(res.codes)
-    out = {roles["weight"][0]: pack_codes(codes, q.weight_fmt) if q.packed else codes,
-           roles["weight_scale"][0]: np.asarray(res.scale_codes, np.uint8).reshape(roles["weight_scale"][2])}
+    if store_block is not None:
+        stored, scales = store_block(q, codes, np.asarray(res.scale_codes, np.uint8))
+        out = {roles["weight"][0]: stored, roles["weight_scale"][0]: scales.reshape(roles["weight_scale"][2])}
+    else:
+        out = {roles["weight"][0]: pack_codes(codes, q.weight_fmt) if q.packed else codes,
+               roles["weight_scale"][0]: np.asarray(res.scale_codes, np.uint8).reshape(roles["weight_scale"][2])}
     if "weight_global" in roles:
         name, _, shape = roles["weight_global"]
         out[name] = np.asarray(res.global_scale, np.float32).reshape(shape)

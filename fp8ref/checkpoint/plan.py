@@ -34,6 +34,7 @@ class LayerPlan:
     amax: float | None = None
     global_amax: float | None = None  # nvfp4: the weight amax of the global scale (its fused group's max)
     input_scale: np.ndarray | None = None  # the stored input scale (or NVFP4 input global), from amax
+    store_block: object = None  # the format's store_block(quant, codes, scale_codes) (torchao's swizzle), or None
 
 
 def layer_config(spec):
@@ -123,11 +124,13 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
                 raise CheckpointError(f"{where}: static input quantization needs this layer's activation "
                                       f"amax; the calibration statistics have none")
             amax = calibration[name]
-        plans[name] = LayerPlan(name, scheme, quant, rec.name, dtype, tensors, amax)
+        plans[name] = LayerPlan(name, scheme, quant, rec.name, dtype, tensors, amax,
+                                store_block=getattr(module, "store_block", None))
     if not plans:
         raise CheckpointError(f"{config.source}: the spec quantizes none of the {len(linear_layers(store))} "
                               f"linear layers of {store.root}")
-    _fuse_nvfp4_globals(store, plans)
+    if module.fuses_nvfp4_globals:
+        _fuse_nvfp4_globals(store, plans)
     for plan in plans.values():
         _plan_input_scale(store, plan)
     clash = [t for p in plans.values() for _, t, _, _ in p.tensors[1:] if t in store]

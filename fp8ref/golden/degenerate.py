@@ -59,9 +59,11 @@ def refused(pattern: str, recipe) -> str | None:
     block quotient is 0 / 0 = NaN (E4M3 scale byte 0x7F) and E2M1 has no NaN code: quantize refuses.
     A float recipe with no rule for a zero amax (no amax or scale minimum, no substitution) stores
     scale 0 for a zero block and computes 0 * (1/0) or 0 / 0 = NaN there, whose sign is the
-    machine's (x86 negative, ARM positive): no bytes that are the same on every machine."""
+    machine's (x86 negative, ARM positive): no bytes that are the same on every machine. (torchao's
+    NVFP4 recipe models the multiplier of a zero tensor as 1, not torchao's 0: no NaN.)"""
     zero = pattern == "zero-tensor" or pattern == "zero-blocks"
-    if pattern == "zero-tensor" and getattr(recipe, "global_meaning", None) == "multiplier":
+    if (pattern == "zero-tensor" and getattr(recipe, "global_meaning", None) == "multiplier"
+            and recipe.global_rule not in ("zero-to-one", "none")):
         return "the global multiplier of an all-zero tensor is 0: block scales 0/0 = NaN, no E2M1 code for NaN"
     no_zero_rule = hasattr(recipe, "zero_amax_scale") and all(
         getattr(recipe, f) is None for f in ("amax_min", "scale_min", "zero_amax_scale", "zero_stored_scale"))

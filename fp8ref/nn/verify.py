@@ -196,17 +196,19 @@ def fused_global_amax(ckpt, original) -> dict[str, float]:
     out = {}
     for n in nv:
         parent, leaf = n.rsplit(".", 1) if "." in n else ("", n)
-        group = next((g for g in FUSED_SIBLINGS if leaf in g), (leaf,))
+        fused = base.get(ckpt[n].producer).fuses_nvfp4_globals
+        group = next((g for g in FUSED_SIBLINGS if leaf in g), (leaf,)) if fused else (leaf,)
         out[n] = max(amax[m] for m in (f"{parent}.{g}" if parent else g for g in group) if m in amax)
     return out
 
 
 def candidate_recipes(layer) -> list[str]:
     """The recipes verify tries on ``layer`` when none is given or recorded: its format's own
-    (``recipe_of``) first, then those of the format's ``known_recipes`` that cover the layer's
+    (the layer scheme's: ``recipe_of``, or what the layer's own description names, torchao's
+    ScaleCalculationMode) first, then those of the format's ``known_recipes`` that cover the layer's
     granularity and weight format, else every recipe that does (by name)."""
     fmt = base.get(layer.producer)
-    own = fmt.recipe_of(layer.quant)
+    own = layer.scheme["recipe"]
     q, recipes = layer.quant, load_recipes()
     names = [n for n in (recipes if fmt.known_recipes is None else fmt.known_recipes)
              if q.weight_strategy in recipes[n].granularities and q.weight_fmt in recipes[n].formats]

@@ -38,7 +38,8 @@ def _round_f32(x: Fraction) -> Fraction:
     return q * ulp
 
 
-def _oracle(a: float, rule: str, emax: int, max_elem: Fraction, ct_threshold: Fraction = Fraction(7, 4)) -> int:
+def _oracle(a: float, rule: str, emax: int, max_elem: Fraction, ct_threshold: Fraction = Fraction(7, 4),
+            mbits: int = 1) -> int:
     """The unbiased exponent, read from the rules' definitions with exact arithmetic (``ct_threshold``:
     the significand at which compressed-tensors' round_to_power_2 rounds up for the element type)."""
     if a != a or a in (float("inf"), float("-inf")):
@@ -58,6 +59,16 @@ def _oracle(a: float, rule: str, emax: int, max_elem: Fraction, ct_threshold: Fr
             return -127
         k = _floor_log2(d)
         k = max(-126, k + (Fraction(2) ** k != d))
+    elif rule == "torchao-ceil":  # ceil(log2 amax) - emax
+        k = fl + (x != Fraction(2) ** fl) - emax
+    elif rule == "torchao-even":  # round up iff the significand is >= 2 - 2**-(m + 1), m the element's mantissa bits
+        k = fl + (x >= (2 - Fraction(1, 2 ** (mbits + 1))) * Fraction(2) ** fl) - emax
+    elif rule == "torchao-rceil":  # ceil of float32 log2 of d = float32(amax / max_elem)
+        d = _round_f32(x / max_elem)
+        if d == 0:
+            return -127
+        k = _floor_log2(d)
+        k += Fraction(2) ** k != d and not _log2f_stays(d, k)
     elif rule == "log2f-floor":  # floorf of log2(amax) rounded to float32: fl + 1 when that rounding reaches it
         k = fl + _log2f_reaches(x, fl + 1) - emax
     else:  # rceil: the smallest k with 2**k * max_elem >= amax
@@ -82,6 +93,20 @@ def _log2f_reaches(x: Fraction, n: int) -> bool:
     return -d <= half
 
 
+def _log2f_stays(x: Fraction, n: int) -> bool:
+    """Does log2(x) = n + d (d > 0, 2**n < x) round to the float32 n? d = log1p(x / 2**n - 1) / ln 2 in
+    double; the float32 neighbour of n on d's side is ulp(n) above a positive n, ulp(|n|) above a
+    negative one (half that where |n| is a power of two, the binade below); ties go to n (even)."""
+    import math
+
+    if n == 0:
+        return False
+    d = math.log1p(float(x / Fraction(2) ** n - 1)) / math.log(2)
+    m = abs(n).bit_length() - 1
+    half = 2.0 ** (m - 24) if n > 0 or abs(n) & (abs(n) - 1) else 2.0 ** (m - 25)
+    return d <= half
+
+
 AMAX = [_f32(f, m) for f in range(255) for m in MANTISSAS] + [float("inf"), float("nan")]
 
 
@@ -92,7 +117,7 @@ def test_rule_matches_the_oracle_on_every_boundary_class(rule, elem):
     got = mx_scale_exponent(np.array(AMAX, np.float64), fmt, rule)
     # compressed-tensors 0.20.1 generate_mx_scales: elem_mantissa 3 for 6 bits, E2M1's 1 otherwise
     threshold = Fraction(31, 16) if elem == "float6_e2m3fn" else Fraction(7, 4)
-    want = [_oracle(a, rule, fmt.emax, Fraction(float(fmt.max)), threshold) for a in AMAX]
+    want = [_oracle(a, rule, fmt.emax, Fraction(float(fmt.max)), threshold, fmt.mantissa_bits) for a in AMAX]
     bad = [(a.hex(), int(g), w) for a, g, w in zip(AMAX, got, want) if g != w]
     assert not bad, bad[:5]
 

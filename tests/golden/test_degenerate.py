@@ -118,6 +118,12 @@ def test_denormal_only_blocks_hold_input_dtype_subnormals_only():
             assert sub.all() if b % 2 == 0 else not sub.all(), (c.name, b)  # odd blocks: heavy-tailed
 
 
+# k-tail cases where a row's block before the tail draws a heavy-tailed value as large as the boosted
+# tail, so both get one scale: case -> how many rows (row 4 here: amax 567.3 beside the tail's 666.3,
+# both scale 2^7 for E2M3 under EVEN's rounding)
+COINCIDENT_TAILS = {"quantize.MXFP6A8.torchao-mx-even.weight.float32.k-tail.8x200": 1}
+
+
 def test_k_tail_cases_have_a_partial_last_block_far_from_the_previous_one():
     assert of("quantize", "k-tail") and of("linear", "k-tail")
     for c in of("quantize", "k-tail"):
@@ -128,7 +134,7 @@ def test_k_tail_cases_have_a_partial_last_block_far_from_the_previous_one():
         out = OPERATIONS["quantize"].reference(c.params, c.inputs)
         s = f64(out["scale"])
         if s.ndim == 2 and s.shape[-1] >= 2:  # the tail's scale is not its neighbour's
-            assert (s[..., -1] != s[..., -2]).all(), c.name
+            assert int((s[..., -1] == s[..., -2]).sum()) == COINCIDENT_TAILS.get(c.name, 0), c.name
     for c in of("linear", "k-tail"):
         assert c.params["scheme"] == "FP8_BLOCK" and c.params["shape"][1] % 128 != 0
 
@@ -149,7 +155,8 @@ def test_nan_scale_pattern_and_what_each_nvfp4_recipe_stores_for_its_zero_blocks
     # on the tools; fp8ref's exact quotient 0 / (6 * A / 2688) = 0 (0x00)
     measured = {"compressed-tensors-nvfp4": 0x20, "modelopt-nvfp4": 0x38, "fp8ref": 0x00,
                 "te-nvfp4": 0x00, "te-nvfp4-2d": 0x00,  # TE: its declared model, not measured
-                "ggml-nvfp4": 0x00}  # llama.cpp's C (tests/fixtures/gguf/nvfp4.gguf)
+                "ggml-nvfp4": 0x00,  # llama.cpp's C (tests/fixtures/gguf/nvfp4.gguf)
+                "torchao-nvfp4": 0x08, "torchao-nvfp4-no-tensor-scale": 0x08}  # 2^-6: tests/fixtures/torchao/nvfp4*
     assert [float(e4m3.exact_value(b)) for b in (0x20, 0x38, 0x30)] == [0.125, 1.0, 0.5]
     seen = set()
     for c in of("quantize", "nan-scale"):
@@ -215,6 +222,10 @@ ZERO_BLOCK = {
     # 16x16 tiles: zero-blocks' 1x16 zero rows are not zero tiles; the all-zero tensor is
     "te-nvfp4-2d": ("NVFP4", "weight", 0.0, "E4M3 of 0: 0x00", "zero-tensor"),
     "vllm-group-ue8m0": ("FP8_BLOCK", "activation", 2.0 ** -42, "amax floor 1e-10, ceil to a power of two"),
+    **{f"torchao-mx-{m}": ("MXFP8", "weight", 2.0 ** -127, "byte 0 (tests/fixtures/torchao/mx*: a zero block)")
+       for m in ("floor", "ceil", "rceil", "even")},
+    "torchao-nvfp4": ("NVFP4", "weight", 2.0 ** -6, "clamped below at 2^-6: 0x08 (tests/fixtures/torchao/nvfp4)"),
+    "torchao-nvfp4-no-tensor-scale": ("NVFP4", "weight", 2.0 ** -6, "clamped below at 2^-6: 0x08"),
 }
 
 

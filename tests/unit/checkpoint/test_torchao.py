@@ -87,11 +87,11 @@ HOSTILE = {
     "malformed JSON": (lambda m: m.update({KEY: "{not json"}), "malformed JSON"),
     "unknown subclass": (lambda m: m.update({KEY: json.dumps({"_type": "os.system", "_data": {}})}),
                          "unknown torchao tensor subclass 'os.system'"),
-    "MXTensor": (lambda m: m.update({KEY: json.dumps({"_type": "MXTensor", "_data": {}})}), "MXTensor is not read"),
+    "MXTensor": (lambda m: m.update({KEY: json.dumps({"_type": "MXTensor", "_data": {}})}), "an MXTensor needs"),
     "bad block size": (lambda m: m.update({KEY: m[KEY].replace('"block_size": [1, 64]', '"block_size": [2, 64]')}),
                        "block_size"),
     "not an object": (lambda m: m.update({KEY: "[1, 2]"}), "expected a JSON object"),
-    "description missing": (lambda m: m.pop(KEY), "no Float8Tensor description"),
+    "description missing": (lambda m: m.pop(KEY), "no torchao tensor description"),
 }
 
 
