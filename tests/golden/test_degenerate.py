@@ -213,6 +213,7 @@ ZERO_BLOCK = {
     # 16x16 tiles: zero-blocks' 1x16 zero rows are not zero tiles; the all-zero tensor is
     "te-nvfp4-2d": ("NVFP4", "weight", 0.0, "E4M3 of 0: 0x00", "zero-tensor"),
     "vllm-group-ue8m0": ("FP8_BLOCK", "activation", 2.0 ** -42, "amax floor 1e-10, ceil to a power of two"),
+    "vllm-block-ue8m0": ("FP8_BLOCK", "weight", 2.0 ** -22, "its amax floor 1e-4, float32 log2 ceil"),
 }
 
 

@@ -47,7 +47,7 @@ def test_requantize_fused_shards_matches_the_oracle(name):
     ckpt = load_checkpoint(ROOT / name)
     _, steps, effects = explain(ckpt, "vllm", target="cuda")
     assert [s.name for s in steps] == ["requantize-fused-shards-to-max-scale", "nvfp4-global-divisor-max-inversion",
-                                       "moe-input-scale-merge"]
+                                       "moe-input-scale-merge", "nvfp4-moe-w13-gate-global"]
     rows = {e.layer: e for e in effects if e.step == "requantize-fused-shards-to-max-scale"}
     assert sorted(rows) == sorted(L + n for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                   "mlp.gate_proj", "mlp.up_proj"))

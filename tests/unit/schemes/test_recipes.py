@@ -22,7 +22,7 @@ BUILTIN = ("fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "fbgemm",
            "compressed-tensors-nvfp4", "compressed-tensors-mx", "modelopt-nvfp4", "modelopt-mxfp8",
            "quark-fp8", "quark-mxfp4", "te-current", "te-current-pow2", "deepgemm-ue8m0", "vllm-group-ue8m0",
            "fbgemm-fp8", "te-nvfp4", "te-nvfp4-2d", "hf-fp8-ue8m0", "gpt-oss-mxfp4", "compressed-tensors-gpu",
-           "onnx", "compressed-tensors-mx-0.20", "ggml-mxfp4", "torchao-float8")
+           "onnx", "compressed-tensors-mx-0.20", "ggml-mxfp4", "torchao-float8", "vllm-block-ue8m0")
 
 
 def test_builtin_recipes_load():
