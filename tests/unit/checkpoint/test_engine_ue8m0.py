@@ -57,10 +57,13 @@ def _oracle(codes: np.ndarray, scale: np.ndarray, engine: str) -> dict:
         sf = torch.tensor([_pow2_ceil(v) for v in sf.flatten().tolist()]).view_as(sf)
     new_q = (view * (1.0 / sf)).to(torch.float8_e4m3fn).view_as(pad)[:m, :k].view(torch.uint8).numpy()
     new_s = sf.view(view.shape[0], view.shape[2]).double().numpy()
-    old = codes.view(FN).astype(np.float64) * np.repeat(np.repeat(np.asarray(scale, np.float64), 128, 0), 128, 1)[:m, :k]
-    new = new_q.view(FN).astype(np.float64) * np.repeat(np.repeat(new_s, 128, 0), 128, 1)[:m, :k]
+    def full(sc):
+        return np.repeat(np.repeat(sc, 128, 0), 128, 1)[:m, :k]
+
+    old = codes.view(FN).astype(np.float64) * full(np.asarray(scale, np.float64))
+    new = new_q.view(FN).astype(np.float64) * full(new_s)
     up = np.array([[_pow2_ceil(v) for v in row] for row in np.asarray(scale, np.float32)], np.float64)
-    kept = codes.view(FN).astype(np.float64) * np.repeat(np.repeat(up, 128, 0), 128, 1)[:m, :k]
+    kept = codes.view(FN).astype(np.float64) * full(up)
     norm = np.sqrt(np.sum(old ** 2))
     return {"codes": int((new_q != codes).sum()), "values": int((new != old).sum()),
             "max": float(np.abs(new - old).max()), "requant_rel_rms": float(np.sqrt(np.sum((new - old) ** 2)) / norm),
