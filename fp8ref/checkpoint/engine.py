@@ -339,11 +339,28 @@ def _fused_rows(ckpt, name: str, layer) -> int:
     return sum(ckpt[prefix + g].shape[0] for g in group if (prefix + g) in ckpt) or layer.shape[0]
 
 
+def _rel_rms(new: np.ndarray, old: np.ndarray) -> float:
+    norm = float(np.sqrt(np.sum(old * old)))
+    return 0.0 if norm == 0 else float(np.sqrt(np.sum((new - old) ** 2)) / norm)
+
+
+def kept_codes_cost(layer) -> dict:
+    """A block-FP8 layer whose codes are kept while each float32 scale is rounded up to a power of two
+    (DeepGEMM's ``ceil_to_ue8m0``, transformers' ``_ceil_to_ue8m0``: what transformers <= 5.16 did on
+    SM100, #47030): every value of a block x ceil(s)/s in [1, 2). The largest factor (over non-zero
+    scales: a zero scale stays a zero block) and the relative RMS against the stored q * s."""
+    s = np.asarray(layer.weight_scale, np.float64)
+    up = ceil_to_ue8m0(s.astype(np.float32)).astype(np.float64)
+    block = tuple(layer.quant.block)
+    old = _values(layer, expand(s, layer.weight_codes.shape, "block", block_shape=block))
+    kept = _values(layer, expand(up, layer.weight_codes.shape, "block", block_shape=block))
+    return {"kept_rel_rms": _rel_rms(kept, old), "kept_max_factor": float(np.max(up[s > 0] / s[s > 0], initial=1.0))}
+
+
 def ue8m0_costs(layer, recipe: str, via: tuple[str, ...]) -> dict:
     """One 128x128 block-FP8 layer under DeepGEMM's UE8M0 scales, two ways, against the stored
     q * s (float64, exact): requantized as the engine does (``quant.requantize``: new codes and
-    power-of-two scales) and with the codes kept and each scale rounded up to a power of two
-    (DeepGEMM's ``ceil_to_ue8m0``, what transformers <= 5.16 did on SM100, #47030)."""
+    power-of-two scales), and with the codes kept (``kept_codes_cost``)."""
     codes = layer.weight_codes
     s = np.asarray(layer.weight_scale, np.float64)
     args = QuantArgs(granularity="block", block_shape=DEEPGEMM_BLOCK)
@@ -352,18 +369,33 @@ def ue8m0_costs(layer, recipe: str, via: tuple[str, ...]) -> dict:
     new_scale = np.asarray(res.scale, np.float64)
     new = decode(np.asarray(res.codes), "float8_e4m3fn").astype(np.float64) * \
         expand(new_scale, codes.shape, "block", block_shape=DEEPGEMM_BLOCK)
-    up = ceil_to_ue8m0(s.astype(np.float32)).astype(np.float64)
-    kept = _values(layer, expand(up, codes.shape, "block", block_shape=DEEPGEMM_BLOCK))
-    norm = float(np.sqrt(np.sum(old * old)))
-
-    def rel(v):
-        return 0.0 if norm == 0 else float(np.sqrt(np.sum((v - old) ** 2)) / norm)
-
     return {"codes": np.asarray(res.codes), "scale": new_scale, "values": new, "old": old,
             "codes_changed": int(np.count_nonzero(np.asarray(res.codes) != codes)),
             "scales_changed": int(np.count_nonzero(new_scale != s)), "blocks": int(s.size),
-            "requant_rel_rms": rel(new), "kept_rel_rms": rel(kept),
-            "kept_max_factor": float(np.max(up[s > 0] / s[s > 0], initial=1.0))}  # a zero scale stays 2**-126
+            "requant_rel_rms": _rel_rms(new, old), **kept_codes_cost(layer)}
+
+
+def transformers_sm100_fp8(ckpt, step: str) -> list[Effect]:
+    """transformers 5.17's FP8Linear on SM100 (hf-fp8 block layers): DeepGEMM with the checkpoint's own
+    UE8M0 scales (``scale_fmt: ue8m0``, loaded as float8_e8m0fnu), exact; float32 scales make
+    ``_assert_sm100_requirements`` raise, ``fp8_linear`` falls back to the Triton kernel, which uses
+    them as stored: nothing changes. The figures say what 5.12 did with them (#47030: codes kept, scales
+    rounded up)."""
+    out = []
+    for name, layer in ckpt.items():
+        q = layer.quant
+        if layer.producer != "hf-fp8" or q.weight_strategy != "block":
+            continue
+        size = int(np.prod(layer.shape))
+        if q.scale_fmt == "ue8m0":
+            out.append(Effect(step, name, 0, 0, size, 0.0, "UE8M0 scales: DeepGEMM with the stored scales, exact"))
+            continue
+        c = kept_codes_cost(layer)
+        out.append(Effect(step, name, 0, 0, size, 0.0,
+                          f"float32 scales: DeepGEMM declined, Triton with the stored scales (unchanged); "
+                          f"transformers 5.12 kept the codes and rounded the scales up: values x up to "
+                          f"{c['kept_max_factor']:.4g}, rel RMS {c['kept_rel_rms']:.3g}", c))
+    return out
 
 
 def _ue8m0_reason(ckpt, name: str, layer, target: str, engine: str) -> str | None:
@@ -492,5 +524,6 @@ OPS = {"fnuz": fnuz, "requantize_max": requantize_max, "nvfp4_global_max": nvfp4
        # SGLang 0.5.23: (q.float() * s).to(bfloat16), then DeepGEMM's per_block_cast_to_fp8 (exact bit rule)
        "ue8m0_requant_bf16": partial(ue8m0_requant, engine="sglang", recipe="deepgemm-ue8m0",
                                      via=("float32", "bfloat16")),
-       "moe_w13_gate_global": partial(moe_w13_global, policy="gate")}
+       "moe_w13_gate_global": partial(moe_w13_global, policy="gate"),
+       "transformers_sm100_fp8": transformers_sm100_fp8}
 TARGET_AWARE = ("ue8m0_requant", "ue8m0_requant_bf16")

@@ -202,3 +202,25 @@ def test_cli_blackwell_json_and_bad_input(capsys, tmp_path):
     assert err.startswith("fp8ref: error:") and err.strip().count("\n") == 0
     with pytest.raises(SystemExit):
         run_cli("explain", ROOT / "hf_fp8_ue8m0", "--target", "b200")
+
+
+def test_transformers_on_blackwell_declines_fp32_scales_and_states_the_5_12_cost(tmp_path):
+    """transformers 5.17 on SM100: float32 block scales go to Triton unchanged; the figures are what
+    5.12 computed (#47030: codes kept, scales rounded up), against the oracle's keep-the-codes cost."""
+    hf = tmp_path / "hf"
+    assert run_cli("convert", ROOT / "llmc_deepseek_v3_fp8_block", hf, "--format", "hf-fp8") == 0
+    ckpt = load_checkpoint(hf)
+    rows = {e.layer: e for e in explain(ckpt, "transformers", target="blackwell")[2]
+            if e.step == "sm100-fp8-linear-scales"}
+    assert len(rows) == 28
+    for name, e in rows.items():
+        layer = ckpt[name]
+        want = _oracle(layer.weight_codes, np.asarray(layer.weight_scale, np.float32), "vllm")
+        assert (e.codes_changed, e.values_changed) == (0, 0) and "DeepGEMM declined" in e.note
+        assert e.figures["kept_max_factor"] == pytest.approx(want["kept_max_factor"], rel=1e-12)
+        assert e.figures["kept_rel_rms"] == pytest.approx(want["kept_rel_rms"], rel=1e-12)
+    assert max(e.figures["kept_max_factor"] for e in rows.values()) > 1.9
+    ue8m0 = [e for e in explain(load_checkpoint(ROOT / "hf_fp8_ue8m0"), "transformers", target="blackwell")[2]
+             if e.step == "sm100-fp8-linear-scales"]
+    assert len(ue8m0) == 2 and all("exact" in e.note and not e.figures for e in ue8m0)
+    assert not any(s.name == "sm100-fp8-linear-scales" for s in explain(ckpt, "transformers")[1])  # cpu
