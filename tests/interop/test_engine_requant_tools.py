@@ -35,7 +35,7 @@ class _Layer:
 
     def __init__(self, codes, scale):
         self.weight_codes, self.weight_scale = codes, scale
-        self.quant = type("Q", (), {"weight_fmt": "float8_e4m3fn"})()
+        self.quant = type("Q", (), {"weight_fmt": "float8_e4m3fn", "block": (128, 128)})()
 
 
 def _block_layers():
