@@ -139,9 +139,7 @@ def requantize_max(ckpt, step: str) -> list[Effect]:
     per_tensor = lambda la: _e4m3_float_scaled(la) and la.quant.weight_strategy == "tensor"  # noqa: E731
     for group in _fused_groups(ckpt, per_tensor):
         scales = [np.float32(np.asarray(la.weight_scale, np.float32).reshape(-1)[0]) for la in group]
-        s_max = max(scales)
-        if all(s == s_max for s in scales):
-            continue  # one shared scale: vLLM skips the requantization
+        s_max = max(scales)  # equal scales too: vLLM skips only a checkpoint that stores the fused weight
         inv = np.float32(np.float32(1.0) / s_max)
         for layer, s in zip(group, scales):
             old = _values(layer, np.float64(s))
