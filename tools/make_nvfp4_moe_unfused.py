@@ -68,7 +68,7 @@ def main(out: Path = OUT) -> None:
             tensors[layer + ".weight_scale_2"] = ("F32", np.asarray(q.global_scale, np.float32).reshape(()))
         if out.exists():
             shutil.rmtree(out)
-        shutil.copytree(exported, out)
+        shutil.copytree(exported, out, ignore=shutil.ignore_patterns(".fp8ref-output.json"))  # not an output now
         write_safetensors(out / "model.safetensors", tensors, {"format": "pt"})
         (out / "fixture.json").write_text(json.dumps({
             "function": "tools/make_nvfp4_moe_unfused.py: fp8ref export (format modelopt, recipe modelopt-nvfp4, "
