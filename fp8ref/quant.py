@@ -388,6 +388,30 @@ def dequantize(q: QuantResult, *, dtype: str | None = None):
     return deliver(out, dtype, as_torch)
 
 
+def requantize(codes, scale, args, *, recipe, via: tuple[str, ...] = ("float32",)) -> QuantResult:
+    """Stored ``codes`` with their ``scale`` (``args``' format and granularity) dequantized as an engine
+    does at load and quantized again by ``recipe``: the exact q * s rounded in turn to each dtype of
+    ``via``, then ``quantize(recipe=recipe)`` on that tensor (its dtype the last of ``via``).
+
+    vLLM's ``requant_weight_ue8m0_inplace``: ``w_q.to(float32) * s`` then ``per_block_cast_to_fp8`` =
+    via ("float32",), recipe vllm-block-ue8m0. SGLang's ``requant_weight_ue8m0``: ``(q.float() *
+    s).to(bfloat16)`` then DeepGEMM's ``per_block_cast_to_fp8`` = via ("float32", "bfloat16"), recipe
+    deepgemm-ue8m0."""
+    qa = as_args(args)
+    codes = np.asarray(to_numpy(codes))
+    if codes.dtype != np.uint8:
+        raise InputTypeError(f"codes: expected uint8 codes, got {codes.dtype}")
+    if not via or any(d not in ("float32", "bfloat16", "float16") for d in via):
+        raise InputTypeError(f"via: expected float32, bfloat16 or float16 steps, got {via!r}")
+    s = expand(np.asarray(to_numpy(scale), np.float64), codes.shape, qa.granularity, group_size=qa.group_size,
+               block_shape=qa.block_shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = decode(codes, qa.format).astype(np.float64) * s  # exact: <= 4 + 24 significant bits
+        for dtype in via:
+            w = round_to(w, dtype)
+    return quantize(deliver(w, via[-1], False), qa, recipe=recipe)
+
+
 def divide_round_once(p: np.ndarray, g: float, dtype: str) -> np.ndarray:
     """p / g rounded once to ``dtype`` (p and g float64 values, g > 0 finite).
 

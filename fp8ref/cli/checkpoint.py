@@ -11,7 +11,7 @@ from dataclasses import asdict
 from ..checkpoint import base as checkpoint_formats
 from ..checkpoint import load_checkpoint
 from ..checkpoint.convert import convert_checkpoint
-from ..checkpoint.engine import explain
+from ..checkpoint.engine import TARGETS, explain
 from ..checkpoint.export import export_checkpoint
 from ..checkpoint.inspect import describe, quantization_error
 from .output import add_json, add_progress_flags, declare_paths, emit_json, progress_enabled, warn
@@ -69,9 +69,12 @@ def register(sub) -> None:
     e = sub.add_parser("explain", help="the load-time steps a serving engine applies to each layer, and how many "
                                        "codes and values each changes")
     e.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
-    e.add_argument("--engine", default="vllm", help="an engine of specs/engines/: vllm (default), transformers")
-    e.add_argument("--target", default=None, choices=("cuda", "rocm-mi300", "cpu"),
-                   help="the device (default: the one most of the engine's steps name: vllm cuda, transformers cpu)")
+    e.add_argument("--engine", default="vllm",
+                   help="an engine of specs/engines/: vllm (default), sglang, transformers")
+    e.add_argument("--target", default=None, choices=TARGETS,
+                   help="the device (default: the one most of the engine's steps name: vllm and sglang cuda, "
+                        "transformers cpu); hopper and blackwell run the cuda steps and their own (DeepGEMM's "
+                        "UE8M0 requantization)")
     add_json(e, "the steps and their effects")
     declare_paths(e, checkpoints=("checkpoint",), files=("json",))
     e.set_defaults(handler=cmd_explain)

@@ -226,6 +226,7 @@ ZERO_BLOCK = {
        for m in ("floor", "ceil", "rceil", "even")},
     "torchao-nvfp4": ("NVFP4", "weight", 2.0 ** -6, "clamped below at 2^-6: 0x08 (tests/fixtures/torchao/nvfp4)"),
     "torchao-nvfp4-no-tensor-scale": ("NVFP4", "weight", 2.0 ** -6, "clamped below at 2^-6: 0x08"),
+    "vllm-block-ue8m0": ("FP8_BLOCK", "weight", 2.0 ** -22, "its amax floor 1e-4, float32 log2 ceil"),
 }
 
 

@@ -18,6 +18,12 @@ tools/make_tool_fixtures.py. Each loader returns None when its tool is absent.
   checkout (``FP8REF_DEEPGEMM``, the repo root). That runs DeepGEMM's host-side cast functions, not its
   CUDA GEMM.
 
+* SGLang 0.5.23 (installed with ``--no-deps``; its modules import sgl_kernel and CUDA code, so nothing of
+  it is imported): the pure-torch functions of ``srt/layers/quantization/fp8_utils.py`` that its
+  ``requant_weight_ue8m0`` runs (``block_quant_dequant``, ``per_block_cast_to_fp8``, ``ceil_to_ue8m0``) and
+  ``ceil_align``/``ceil_div`` of ``srt/utils/common.py``, taken out of the files with ``ast`` and executed
+  as they are (``sglang_fp8_functions``).
+
 * FBGEMM (fbgemm-gpu-genai 1.9.0, installed with ``--no-deps``): ``quantize_fp8_row`` of
   ``fbgemm_gpu/experimental/gemm/triton_gemm/fp8_gemm.py``, whose CPU path is PyTorch (recipe ``fbgemm``).
   The package ``__init__``s of ``fbgemm_gpu``, ``fbgemm_gpu.experimental`` and ``fbgemm_gpu.experimental.gemm``
@@ -137,6 +143,33 @@ def vllm_modules() -> dict | None:
         return set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")))
 
     return {"QuantFP8": QuantFP8, "GroupShape": GroupShape, "fp8_utils": fp8_utils, "context": context}
+
+
+def sglang_fp8_functions() -> dict | None:
+    """SGLang's UE8M0 requantization functions, executed from its files without importing SGLang."""
+    import ast
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.origin:
+        return None
+    root = Path(spec.origin).parent / "srt"
+    wanted = {root / "layers" / "quantization" / "fp8_utils.py": ("block_quant_dequant", "per_block_cast_to_fp8",
+                                                                   "ceil_to_ue8m0"),
+              root / "utils" / "common.py": ("ceil_align", "ceil_div")}
+    import __future__
+
+    import torch
+
+    namespace = {"torch": torch}  # annotations stay strings, as in SGLang's own files (from __future__)
+    for path, names in wanted.items():
+        tree = ast.parse(path.read_text())
+        defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+        if len(defs) != len(names):
+            return None
+        code = compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec",
+                       flags=__future__.annotations.compiler_flag, dont_inherit=True)
+        exec(code, namespace)  # noqa: S102
+    return namespace
 
 
 def fbgemm_fp8_gemm() -> types.ModuleType | None:

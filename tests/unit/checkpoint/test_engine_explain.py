@@ -47,7 +47,7 @@ def test_requantize_fused_shards_matches_the_oracle(name):
     ckpt = load_checkpoint(ROOT / name)
     _, steps, effects = explain(ckpt, "vllm", target="cuda")
     assert [s.name for s in steps] == ["requantize-fused-shards-to-max-scale", "nvfp4-global-divisor-max-inversion",
-                                       "moe-input-scale-merge"]
+                                       "moe-input-scale-merge", "nvfp4-moe-w13-gate-global"]
     rows = {e.layer: e for e in effects if e.step == "requantize-fused-shards-to-max-scale"}
     assert sorted(rows) == sorted(L + n for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                   "mlp.gate_proj", "mlp.up_proj"))
@@ -135,3 +135,21 @@ def test_engine_spec_is_strict():
     assert meta["verified"] is False and all(s.source for s in steps)
     with pytest.raises(Fp8RefError):
         load_engine("nope")
+
+
+def test_equal_shard_scales_are_requantized_too(tmp_path):
+    """vLLM 0.33.0's requantize_with_max_scale skips only a weight stored fused: shards stored apart with
+    equal scales still go through fp16(q * s) * fp32(1 / s), and their rows say what that changes."""
+    group = [L + n for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")]
+
+    def same(t):
+        for n in group[1:]:
+            t[n + ".weight_scale"] = t[group[0] + ".weight_scale"]
+    ckpt = load_checkpoint(_edited(tmp_path, "modelopt_fp8", same))
+    rows = {e.layer: e for e in explain(ckpt, "vllm", target="cuda")[2]
+            if e.step == "requantize-fused-shards-to-max-scale"}
+    store = open_store(tmp_path / "modelopt_fp8" / "model.safetensors")
+    s = np.float32(np.asarray(store.get(group[0] + ".weight_scale")).astype(np.float32))
+    for n in group:
+        want = _requant_oracle(store.get(n + ".weight").view(np.uint8), s, s)
+        assert (rows[n].codes_changed, rows[n].values_changed, rows[n].max_abs_change) == want, n

@@ -23,7 +23,8 @@ BUILTIN = ("fp8ref", "compressed-tensors", "auto-round", "hf-fp8", "fbgemm",
            "quark-fp8", "quark-mxfp4", "te-current", "te-current-pow2", "deepgemm-ue8m0", "vllm-group-ue8m0",
            "fbgemm-fp8", "te-nvfp4", "te-nvfp4-2d", "hf-fp8-ue8m0", "gpt-oss-mxfp4", "compressed-tensors-gpu",
            "onnx", "compressed-tensors-mx-0.20", "ggml-mxfp4", "ggml-nvfp4", "torchao-float8", "torchao-mx-floor",
-           "torchao-mx-ceil", "torchao-mx-rceil", "torchao-mx-even", "torchao-nvfp4", "torchao-nvfp4-no-tensor-scale")
+           "torchao-mx-ceil", "torchao-mx-rceil", "torchao-mx-even", "torchao-nvfp4", "torchao-nvfp4-no-tensor-scale",
+           "vllm-block-ue8m0")
 
 
 def test_builtin_recipes_load():
