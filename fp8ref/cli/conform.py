@@ -31,8 +31,8 @@ from .output import (
 def register(sub) -> None:
     p = sub.add_parser("conform", help="run golden suites against a backend (torch, ml_dtypes, gfloat, ...)")
     p.add_argument("--backend", help="built-in name, an 'fp8ref.backends' entry point, or module:object")
-    p.add_argument("--suite", action="append", help="suite file or shipped name; repeatable "
-                   f"(default: {', '.join(DEFAULT_SUITES)})")
+    p.add_argument("--suite", action="append", help="suite file or shipped name; repeatable (default: the "
+                   f"backend's default_suites, else {', '.join(DEFAULT_SUITES)})")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: each suite's level)")
     p.add_argument("--xfails", type=Path, help="known differences file (default: the backend's shipped one)")
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
@@ -71,7 +71,8 @@ def cmd_conform(args) -> int:
     if select is not None:
         select.glob = args.case  # named in the verdict when it selects nothing
     try:
-        return conform(backend, args.backend, [load_suite(s) for s in (args.suite or DEFAULT_SUITES)],
+        suites = args.suite or tuple(getattr(backend, "default_suites", None) or DEFAULT_SUITES)
+        return conform(backend, args.backend, [load_suite(s) for s in suites],
                        level=args.level, xfails=xfails, nan_rule=args.nan_rule, select=select,
                        max_errors=args.max_errors, json_out=args.json, progress=progress_enabled(args),
                        dump_failing=args.dump_failing, out=sys.stderr if json_on_stdout(args.json) else None,

@@ -45,7 +45,8 @@ def value_text(v) -> str:
 def _decimal(a: np.ndarray) -> str:
     f = float(a)
     if math.isnan(f):
-        return "nan" if not np.signbit(a.astype(np.float64)) else "-nan"
+        with np.errstate(invalid="ignore"):  # a bfloat16 NaN widened
+            return "nan" if not np.signbit(a.astype(np.float64)) else "-nan"
     return repr(a.item()) if a.dtype.name in ("float64", "float32", "float16") else repr(f)
 
 
@@ -110,7 +111,8 @@ def mismatch_line(m: Mismatch, fmt_name: str | None) -> str:
 
 def _is_nan(v) -> bool:
     a = np.asarray(v)
-    return a.dtype.kind not in "uib" and bool(np.isnan(a.astype(np.float64)))
+    with np.errstate(invalid="ignore"):  # a bfloat16 NaN widened
+        return a.dtype.kind not in "uib" and bool(np.isnan(a.astype(np.float64)))
 
 
 def nan_result(m: Mismatch) -> str:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.interop
 SUITES = {"onnxruntime": ("onnxruntime", ("formats", "fp8-static-w8a8", "degenerate", "onnx")),
           "onnx_reference": ("onnx", ("formats", "fp8-static-w8a8", "degenerate", "mxfp4", "onnx")),
           "gguf": ("gguf", ("mxfp4", "degenerate")),
-          "openvino": ("openvino", ("formats", "fp8-static-w8a8")),
+          "openvino": ("openvino", ("formats", "fp8-static-w8a8", "fake-quant")),
           "openvino_fakeconvert": ("openvino", ("formats", "fp8-static-w8a8"))}
 
 

@@ -39,6 +39,7 @@ _NODE = {"quantize": "QuantizeLinear", "dequantize": "DequantizeLinear"}
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
+    default_suites = ("formats", "fp8-static-w8a8", "degenerate", "onnx")
     capabilities = {
         "encode": {"format": _FORMATS, "rounding": ("rne", *_onnx.E8M0_ROUND_MODES), "saturate": (True, False),
                    "dtype": INPUT_DTYPES},
