@@ -290,3 +290,20 @@ def test_openvino_fake_quant_adapter_reports_a_planted_bug(bug):
             last = [m for m in c.mismatches if m.index == (c.elements - 1,)]
             assert last and all("reciprocal" in m.tags for m in last), c.case
     assert len(cases_hit) >= 60
+
+
+# --- the acceptance commands, as a user types them -------------------------------------------------
+@pytest.mark.parametrize("name", ["onnxruntime", "onnx-reference", "openvino", "gguf"])
+def test_conform_cli_runs_the_backends_default_suites_and_passes(name):
+    """``fp8ref conform --backend NAME`` without --suite runs the backend's default_suites, excuses every
+    difference by a shipped xfail entry (none stale) and exits 0."""
+    import subprocess
+    import sys
+
+    backend = _backend(name.replace("-", "_"))
+    proc = subprocess.run([sys.executable, "-m", "fp8ref", "conform", "--backend", name], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    headers = [line for line in proc.stdout.splitlines() if line.startswith("== fp8ref conform")]
+    assert [h.split(" suite ")[1].split(" level")[0] for h in headers] == list(backend.default_suites)
+    assert "stale xfail" not in proc.stdout and "unexpected" not in proc.stdout.split("result:")[-1]
