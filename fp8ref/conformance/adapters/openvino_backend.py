@@ -41,7 +41,7 @@ class OpenVinoBackend(Backend):
         return missing("openvino")
 
     def version(self) -> str:
-        return f"{dist_version('openvino')} (Convert, CPU plugin)"
+        return f"{dist_version('openvino')} (Convert and FakeConvert, CPU plugin)"
 
     def implements(self, op, params):
         reason = super().implements(op, params)
