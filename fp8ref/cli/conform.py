@@ -7,7 +7,15 @@ import sys
 from pathlib import Path
 
 from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
-from ..conformance.report import SUMMARY_COLUMNS, print_results, repro_line, results_json, summarize, table
+from ..conformance.report import (
+    SUMMARY_COLUMNS,
+    print_known,
+    print_results,
+    repro_line,
+    results_json,
+    summarize,
+    table,
+)
 from ..errors import BackendError
 from ..golden import DEFAULT_SUITES, load_suite
 from ..golden.fields import LEVELS
@@ -129,6 +137,11 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     stale = xfails.stale() if xfails and not stopped else []  # a stopped run cannot say what never matches
     for e in stale:
         print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}", file=out)
+    known = []
+    if xfails is not None:
+        known = print_known(xfails, runs, lambda m, r: repro_line(m, backend_spec, r.suite, r.level, accumulation,
+                                                                 r.accumulation.judged_against if r.accumulation
+                                                                 else None), out=out)
     compared = sum(r.compared() for r in runs)
     total = sum(len(r.results) for r in runs)
     code = 0 if unexpected == 0 and compared > 0 and not stopped else 1
@@ -150,7 +163,8 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
         "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
         "profile": profile,
         "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
-        "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1)
+        "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale], "known_differences": known},
+        sort_keys=True, indent=1)
     return code
 
 

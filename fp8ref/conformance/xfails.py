@@ -46,6 +46,7 @@ class Entry:
     line: int
     text: str
     hits: int = 0
+    reason: str = ""  # the comment block above the entry (shared by consecutive entries), joined
 
 
 @dataclass
@@ -77,15 +78,23 @@ class Xfails:
 
 def parse_xfails(text: str, source: str = "<xfails>") -> Xfails:
     out = Xfails(source)
+    comment: list[str] = []  # the comment lines since the last blank line or entry group
+    after_entry = False
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
+            stripped = raw.strip()
+            if after_entry or not stripped:
+                comment, after_entry = [], False
+            if stripped.startswith("#"):
+                comment.append(stripped.lstrip("#").strip())
             continue
+        after_entry = True
         pattern, *tags = line.split()
         for t in tags:
             if t not in TAGS:
                 raise SpecError(f"{source}:{n}: unknown tag {t!r}; expected one of {list(TAGS)}")
-        out.entries.append(Entry(pattern, tuple(tags), n, raw.strip()))
+        out.entries.append(Entry(pattern, tuple(tags), n, raw.strip(), reason=" ".join(comment)))
     return out
 
 

@@ -3,8 +3,8 @@ values in the input's own dtype (the operation FakeConvert-style engines impleme
 
 Form ``fakeconvert`` is OpenVINO's FakeConvert-13 (``fp8ref.fakeconvert``):
 ``(decode(encode(x * scale - shift)) + shift) / scale``, each line evaluated in float32 and rounded
-once to x's dtype, the conversion saturating. Each case holds one scale and one shift (scalars in x's dtype) and inputs x
-chosen so that x * scale - shift lands on every entry of the format's special-value table (every
+once to x's dtype, the conversion saturating. Each case holds one scale and one shift (scalars in
+x's dtype) and inputs x chosen so that x * scale - shift lands on every entry of the format's special-value table (every
 value, midpoint and quarter point, max and the overflow tie, the smallest subnormal and half of it,
 powers of two past both ends) and one ulp of x either side of it, the dtype's own specials (zeros,
 extremes, +-Inf, NaNs with odd payloads) and seeded random values mapped the same way.
