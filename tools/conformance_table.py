@@ -22,7 +22,7 @@ RUNS = (("onnxruntime", "fp8ref", ("formats", "fp8-static-w8a8", "degenerate", "
         ("onnxruntime", "onnx", ("formats",)),
         ("onnx_reference", "fp8ref", ("formats", "fp8-static-w8a8", "degenerate", "mxfp4", "onnx")),
         ("onnx_reference", "onnx", ("formats",)),
-        ("openvino", "fp8ref", ("formats", "fp8-static-w8a8")),
+        ("openvino", "fp8ref", ("formats", "fp8-static-w8a8", "fake-quant")),
         ("openvino_fakeconvert", "fp8ref", ("formats", "fp8-static-w8a8")),
         ("gguf", "fp8ref", ("mxfp4", "degenerate")))
 
@@ -31,6 +31,8 @@ def _what(r) -> str:
     p = r.params
     if "scheme" in p:
         return f"{p['scheme']} (recipe {p['recipe']})"
+    if "form" in p:  # fake_quant: one row per format and dtype, the scales and shifts summed
+        return f"{p['format']} from {p['dtype']}"
     return p.get("format") or "-"
 
 

@@ -10,6 +10,7 @@ from ..conformance import default_xfails, known_backends, load_backend, load_xfa
 from ..conformance.backend import capability_suites
 from ..conformance.report import (
     SUMMARY_COLUMNS,
+    print_known,
     print_results,
     repro_line,
     results_json,
@@ -40,9 +41,9 @@ from .output import (
 def register(sub) -> None:
     p = sub.add_parser("conform", help="run golden suites against a backend (torch, ml_dtypes, gfloat, ...)")
     p.add_argument("--backend", help="built-in name, an 'fp8ref.backends' entry point, or module:object")
-    p.add_argument("--suite", action="append", help="suite file or shipped name; repeatable "
-                   f"(default: {', '.join(DEFAULT_SUITES)}, and {', '.join(CAPABILITY_SUITES)} where the "
-                   "backend declares block-scaled scaled_mm)")
+    p.add_argument("--suite", action="append", help="suite file or shipped name; repeatable (default: the "
+                   f"backend's default_suites, else {', '.join(DEFAULT_SUITES)}; and {', '.join(CAPABILITY_SUITES)} "
+                   "where the backend declares block-scaled scaled_mm)")
     p.add_argument("--level", type=int, choices=LEVELS, help="1 quick, 2 thorough (default: each suite's level)")
     p.add_argument("--xfails", type=Path, help="known differences file (default: the backend's shipped one)")
     p.add_argument("--no-xfails", action="store_true", help="report every difference as unexpected")
@@ -82,7 +83,7 @@ def cmd_conform(args) -> int:
         select.glob = args.case  # named in the verdict when it selects nothing
     names, skipped = (args.suite, []) if args.suite else capability_suites(backend)
     if not args.suite:
-        names = [*DEFAULT_SUITES, *names]
+        names = [*(getattr(backend, "default_suites", None) or DEFAULT_SUITES), *names]
     out = sys.stderr if json_on_stdout(args.json) else sys.stdout
     for line in skipped:
         print(line, file=out)
@@ -146,6 +147,11 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
     stale = xfails.stale() if xfails and not stopped else []  # a stopped run cannot say what never matches
     for e in stale:
         print(f"stale xfail (matched nothing): {xfails.source}:{e.line}: {e.text}", file=out)
+    known = []
+    if xfails is not None:
+        known = print_known(xfails, runs, lambda m, r: repro_line(m, backend_spec, r.suite, r.level, accumulation,
+                                                                 r.accumulation.judged_against if r.accumulation
+                                                                 else None), out=out)
     compared = sum(r.compared() for r in runs)
     total = sum(len(r.results) for r in runs)
     code = 0 if unexpected == 0 and compared > 0 and not stopped else 1
@@ -167,7 +173,8 @@ def conform(backend, backend_spec: str, suites, *, level=None, xfails=None, nan_
         "backend": backend.name, "version": runs[0].backend_version if runs else "", "nan_rule": nan_rule,
         "profile": profile,
         "xfails": xfails.source if xfails else None, "runs": report, "exit_code": code,
-        "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale]}, sort_keys=True, indent=1)
+        "stale_xfails": [{"line": e.line, "entry": e.text} for e in stale], "known_differences": known},
+        sort_keys=True, indent=1)
     return code
 
 

@@ -73,6 +73,8 @@ class Backend:
     name: str = ""
     # op -> {param name -> allowed values}; a case runs only if every listed param matches.
     capabilities: Mapping[str, Mapping[str, Collection]] = {}
+    # the shipped suites ``fp8ref conform`` runs without --suite (empty: fp8ref.golden.DEFAULT_SUITES)
+    default_suites: tuple[str, ...] = ()
 
     def version(self) -> str:
         return ""

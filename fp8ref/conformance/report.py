@@ -45,7 +45,8 @@ def value_text(v) -> str:
 def _decimal(a: np.ndarray) -> str:
     f = float(a)
     if math.isnan(f):
-        return "nan" if not np.signbit(a.astype(np.float64)) else "-nan"
+        with np.errstate(invalid="ignore"):  # a bfloat16 NaN widened
+            return "nan" if not np.signbit(a.astype(np.float64)) else "-nan"
     return repr(a.item()) if a.dtype.name in ("float64", "float32", "float16") else repr(f)
 
 
@@ -110,7 +111,8 @@ def mismatch_line(m: Mismatch, fmt_name: str | None) -> str:
 
 def _is_nan(v) -> bool:
     a = np.asarray(v)
-    return a.dtype.kind not in "uib" and bool(np.isnan(a.astype(np.float64)))
+    with np.errstate(invalid="ignore"):  # a bfloat16 NaN widened
+        return a.dtype.kind not in "uib" and bool(np.isnan(a.astype(np.float64)))
 
 
 def nan_result(m: Mismatch) -> str:
@@ -307,3 +309,35 @@ def results_json(results, is_xfailed, *, examples: int = 20) -> list[dict]:
                     "max_bound_used": _json_float(getattr(r, "max_bound_used", None)),
                     "examples": [mismatch_json(m, is_xfailed(m.case, m.tags)) for m in r.mismatches[:examples]]})
     return out
+
+
+def first_examples(xfails, runs) -> dict[int, tuple]:
+    """Per xfail entry (by line): the first mismatch it excused, simplest first within a case, with its run."""
+    out: dict[int, tuple] = {}
+    for r in runs:
+        for c in r.results:
+            for m in c.mismatches:
+                for e in xfails.matching(m.case, m.tags)[:1]:
+                    out.setdefault(e.line, (m, r))
+    return out
+
+
+def print_known(xfails, runs, repro, out=None) -> list[dict]:
+    """The xfail entries that excused something, each by name: its line, count, reason (the comment above
+    it), its simplest excused mismatch and that mismatch's one-line repro. Returns them for the JSON report."""
+    out = out or sys.stdout
+    examples = first_examples(xfails, runs)
+    hit = [e for e in xfails.entries if e.hits]
+    if hit:
+        print(f"known differences (excused by {xfails.source}):", file=out)
+    rows = []
+    for e in hit:
+        print(f"  line {e.line}: {e.text.split('#', 1)[0].strip()}  ({e.hits} element(s) or case(s))", file=out)
+        if e.reason:
+            print(f"    why: {e.reason}", file=out)
+        if e.line in examples:
+            m, r = examples[e.line]
+            print(f"    e.g. {mismatch_line(m, _fmt_of(m))}", file=out)
+            print(f"    repro: {repro(m, r)}", file=out)
+        rows.append({"line": e.line, "entry": e.text, "hits": e.hits, "reason": e.reason})
+    return rows

@@ -15,6 +15,9 @@ Tags come from the mismatch:
 - ``double-rounding``: a float64 input whose float32 rounding (a float32 input whose float16 rounding)
   changes the result or lands on a tie;
 - ``negative``: x < 0 into an unsigned format;
+- fake_quant only, each given where it reproduces the backend's value bit for bit (fp8ref.fakeconvert's
+  deviations): ``double-rounding`` (the value rounded to float16 before the conversion), ``reciprocal``
+  (multiplied by 1 / scale instead of divided by scale), ``zero`` (-0 + a zero shift kept as -0);
 - ``input-subnormal``: x is subnormal in its own dtype (float64: in float32);
 - ``nan-code``: both NaN, codes differ (only under the exact or sign NaN rule);
 - ``error``: the backend raised on the case, or returned a wrong dtype or shape.
@@ -31,7 +34,7 @@ from pathlib import Path
 from ..errors import SpecError
 from ..io.files import read_text
 
-TAGS = ("overflow", "inf-input", "nan-input", "subnormal", "tie", "double-rounding", "zero", "negative",
+TAGS = ("overflow", "inf-input", "nan-input", "subnormal", "tie", "double-rounding", "reciprocal", "zero", "negative",
         "input-subnormal", "nan-code", "error")
 XFAILS_DIR = Path(__file__).resolve().parent / "xfails"
 
@@ -43,6 +46,7 @@ class Entry:
     line: int
     text: str
     hits: int = 0
+    reason: str = ""  # the comment block above the entry (shared by consecutive entries), joined
 
 
 @dataclass
@@ -74,15 +78,23 @@ class Xfails:
 
 def parse_xfails(text: str, source: str = "<xfails>") -> Xfails:
     out = Xfails(source)
+    comment: list[str] = []  # the comment lines since the last blank line or entry group
+    after_entry = False
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
+            stripped = raw.strip()
+            if after_entry or not stripped:
+                comment, after_entry = [], False
+            if stripped.startswith("#"):
+                comment.append(stripped.lstrip("#").strip())
             continue
+        after_entry = True
         pattern, *tags = line.split()
         for t in tags:
             if t not in TAGS:
                 raise SpecError(f"{source}:{n}: unknown tag {t!r}; expected one of {list(TAGS)}")
-        out.entries.append(Entry(pattern, tuple(tags), n, raw.strip()))
+        out.entries.append(Entry(pattern, tuple(tags), n, raw.strip(), reason=" ".join(comment)))
     return out
 
 

@@ -23,6 +23,9 @@ RANDOM = "random"
 # quantize / dequantize: every block of x is one of these
 QUANT_PATTERNS = ("zero-tensor", "zero-blocks", "single-nonzero", "single-outlier", "denormal-only", "nan-scale",
                   "k-tail")
+# quantize / dequantize patterns for a peer's own edge, named by the suite that needs them (mxfp4: gguf's
+# float32 np.log2 of an amax just below a power of two returns that power), outside the degenerate suite
+EDGE_PATTERNS = ("amax-below-power-of-two",)
 GEMM_PATTERNS = ("zero-blocks", "single-nonzero", "single-outlier", "denormal-only", "scales")
 LINEAR_PATTERNS = ("zero-blocks", "single-outlier", "denormal-only", "k-tail")
 NAN_SCALE_AMAX = 0.5  # tensor amax of the nan-scale pattern: 448 / 0.5 = 896 >= 480
@@ -128,6 +131,12 @@ def quant_values(pattern: str, stream, shape, dtype: str, qa) -> np.ndarray:
         v = np.where(ids % 4 == 0, _signed_zeros(stream, n).reshape(shape), v)
         v = v / np.abs(v).max() * NAN_SCALE_AMAX
         v.reshape(-1)[np.argmax(np.abs(v))] = -NAN_SCALE_AMAX
+    elif pattern == "amax-below-power-of-two":  # each block's amax is the dtype's largest value below 2**k
+        k = stream.integers(int(ids.max()) + 1, 4, 16)[ids]  # a power per block (float16 tops out at 2**16)
+        precision = {"bfloat16": 8, "float16": 11, "float32": 24}[dtype]
+        top = np.ldexp(1.0 - 2.0 ** -precision, k)
+        rest = np.clip(v, -15, 15) * np.ldexp(1.0, k - 4)  # within +-(15/16) 2**k: below the amax
+        v = np.where(_one_per_block(stream, ids), np.copysign(top, v), rest)
     elif pattern == "k-tail":  # the partial last block along K is 2**8 x larger than the others
         g = k_block(qa)
         tail = np.arange(shape[-1]) >= shape[-1] - shape[-1] % g

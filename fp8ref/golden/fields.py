@@ -6,6 +6,7 @@ An operation declares its fields as ``{name: (checker, default)}`` (default None
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from ..io.yaml import YamlDocument
@@ -115,5 +116,24 @@ def one_of(options: tuple) -> Checker:
         if not isinstance(value, str) or value not in options:
             raise doc.error(path, f"expected one of {list(options)}, got {value!r}")
         return value
+
+    return check
+
+
+def numbers(*, positive: bool = False) -> Checker:
+    """A non-empty list of distinct finite numbers (``positive``: each > 0), as floats in the written order."""
+
+    def check(doc: YamlDocument, path: tuple, value):
+        kind = "positive " if positive else ""
+        if not isinstance(value, list) or not value:
+            raise doc.error(path, f"expected a non-empty list of finite {kind}numbers, got {value!r}")
+        out = []
+        for i, v in enumerate(value):
+            if type(v) not in (int, float) or not math.isfinite(v) or (positive and v <= 0):
+                raise doc.error(path + (i,), f"expected a finite {kind}number, got {v!r}")
+            out.append(float(v))
+        if len(set(out)) != len(out):
+            raise doc.error(path, f"duplicate entries in {value!r}")
+        return tuple(out)
 
     return check

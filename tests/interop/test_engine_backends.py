@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fp8ref
+import fp8ref.fakeconvert
 from fp8ref import codec, quant
 from fp8ref.conformance import default_xfails, load_backend, run
 from fp8ref.golden import load_suite
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.interop
 SUITES = {"onnxruntime": ("onnxruntime", ("formats", "fp8-static-w8a8", "degenerate", "onnx")),
           "onnx_reference": ("onnx", ("formats", "fp8-static-w8a8", "degenerate", "mxfp4", "onnx")),
           "gguf": ("gguf", ("mxfp4", "degenerate")),
-          "openvino": ("openvino", ("formats", "fp8-static-w8a8")),
+          "openvino": ("openvino", ("formats", "fp8-static-w8a8", "fake-quant")),
           "openvino_fakeconvert": ("openvino", ("formats", "fp8-static-w8a8"))}
 
 
@@ -77,7 +78,7 @@ class _Planted:
     @staticmethod
     def _nudge(a):
         a = np.array(a)
-        flat = a.reshape(-1).view(np.uint8 if a.dtype.itemsize == 1 else np.uint32)
+        flat = a.reshape(-1).view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
         if flat.size:
             flat[-1] ^= 1
         return a
@@ -225,3 +226,84 @@ def test_openvino_e5m2_just_below_its_smallest_subnormal_is_one_binade_high():
     fake = _backend("openvino_fakeconvert")
     assert fake.encode(x, "float8_e5m2", rounding="rne", saturate=True).tolist() == [0x02, 0x01]
     assert fp8ref.encode(x, "float8_e5m2", rounding="rne", saturate=True).tolist() == [0x01, 0x01]
+
+
+# --- OpenVINO 2026.4.1 FakeConvert with a scale and a shift (fake_quant) ----------------------------
+def _fake(backend, x, scale, shift, fmt="float8_e5m2"):
+    x = np.asarray(x, np.float32)
+    return backend.fake_quant(x, np.array([scale], np.float32), np.array([shift], np.float32), fmt, form="fakeconvert")
+
+
+def test_openvino_fakeconvert_multiplies_by_the_reciprocal_of_the_scale():
+    ov = _backend("openvino")
+    got = _fake(ov, [-1.0], 3.0, 1.5)  # t = -4.5 -> e5m2 -4 (tie to even); (-4 + 1.5) / 3
+    assert got.tolist() == [np.float32(-2.5) * np.float32(1 / 3)] and got[0] != np.float32(-2.5) / np.float32(3)
+    assert fp8ref.fakeconvert.fake_convert(np.float32([-1.0]), 3.0, 1.5, "float8_e5m2")[0] == np.float32(-2.5) / 3
+
+
+def test_openvino_fakeconvert_nan_gives_minus_max_plus_shift_over_scale_and_keeps_minus_zero():
+    ov = _backend("openvino")
+    nan = np.array([0x7FC00000, 0xFFC00000], np.uint32).view(np.float32)
+    assert _fake(ov, nan, 4.0, 1.5, "float8_e4m3fn").tolist() == [(-448 + 1.5) / 4] * 2
+    zero = _fake(ov, [-0.0, -1e-30], 3.0, 0.0, "float8_e4m3fn")
+    assert zero.tolist() == [0.0, 0.0] and np.signbit(zero).all()  # the formula's -0 + 0 is +0
+
+
+def test_openvino_fakeconvert_e5m2_float16_subnormals_one_binade_high():
+    ov = _backend("openvino")
+    x = np.array([7.62939453125e-05], np.float16)  # x * scale = 7.6e-06, below half of e5m2's 2**-16
+    scale, shift = np.array([0.1], np.float16), np.array([0.0], np.float16)
+    got = ov.fake_quant(x, scale, shift, "float8_e5m2", form="fakeconvert")
+    assert got[0] == np.float16(2.0 ** -16 / float(scale[0]))
+    assert fp8ref.fakeconvert.fake_convert(x, scale, shift, "float8_e5m2")[0] == 0
+
+
+class _ScaleInverted:
+    """A plausible adapter bug: FakeConvert fed 1 / scale (a dequantization scale taken for its inverse)."""
+
+    def fake_quant(self, x, scale, shift, fmt, *, form):
+        inverse = (1 / scale.astype(np.float64)).astype(scale.dtype)
+        return super().fake_quant(x, inverse, shift, fmt, form=form)
+
+
+@pytest.mark.parametrize("bug", ["one-ulp", "inverted-scale"])
+def test_openvino_fake_quant_adapter_reports_a_planted_bug(bug):
+    """A broken fake_quant is reported as unexpected fake_quant mismatches, whatever the xfails excuse."""
+    ov = _backend("openvino")
+    if bug == "inverted-scale":
+        broken = type("Broken", (_ScaleInverted, type(ov)), {})()
+    else:
+        broken = type("Broken", (type(ov),), {})()
+        method = broken.fake_quant
+        broken.fake_quant = lambda *a, **k: _Planted._nudge(method(*a, **k))
+    r = run(broken, load_suite("fake-quant"), xfails=default_xfails("openvino"))
+    unexpected = [m for c in r.results for m in c.mismatches if not r.xfailed(m.case, m.tags)]
+    assert unexpected and all(m.op == "fake_quant" for m in unexpected)
+    cases_hit = {m.case for m in unexpected}
+    if bug == "inverted-scale":
+        assert len(cases_hit) == 60  # every case but scale 1's
+        return
+    # every case, except where the nudged last element happens to be what multiplying by a rounded
+    # 1 / scale gives (a documented deviation: that element is excused, rightly)
+    for c in r.results:
+        if c.case not in cases_hit:
+            last = [m for m in c.mismatches if m.index == (c.elements - 1,)]
+            assert last and all("reciprocal" in m.tags for m in last), c.case
+    assert len(cases_hit) >= 60
+
+
+# --- the acceptance commands, as a user types them -------------------------------------------------
+@pytest.mark.parametrize("name", ["onnxruntime", "onnx-reference", "openvino", "gguf"])
+def test_conform_cli_runs_the_backends_default_suites_and_passes(name):
+    """``fp8ref conform --backend NAME`` without --suite runs the backend's default_suites, excuses every
+    difference by a shipped xfail entry (none stale) and exits 0."""
+    import subprocess
+    import sys
+
+    backend = _backend(name.replace("-", "_"))
+    proc = subprocess.run([sys.executable, "-m", "fp8ref", "conform", "--backend", name], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    headers = [line for line in proc.stdout.splitlines() if line.startswith("== fp8ref conform")]
+    assert [h.split(" suite ")[1].split(" level")[0] for h in headers] == list(backend.default_suites)
+    assert "stale xfail" not in proc.stdout and "unexpected" not in proc.stdout.split("result:")[-1]

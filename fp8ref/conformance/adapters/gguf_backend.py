@@ -28,6 +28,7 @@ _DTYPES = ("bfloat16", "float16", "float32")
 
 class GgufBackend(Backend):
     name = "gguf"
+    default_suites = ("mxfp4", "degenerate")  # MXFP4 only: the default suites have none
     capabilities = {
         "quantize": {"scheme": ("MXFP4",), "recipe": ("fp8ref", "ggml-mxfp4"), "dtype": _DTYPES},
         "dequantize": {"scheme": ("MXFP4",), "recipe": ("fp8ref", "ggml-mxfp4"), "dtype": _DTYPES},

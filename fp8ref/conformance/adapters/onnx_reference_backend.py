@@ -24,6 +24,7 @@ _FORMATS = (*_onnx.FP8_FORMATS, "float8_e8m0fnu", "float4_e2m1fn")
 
 class OnnxReferenceBackend(Backend):
     name = "onnx_reference"
+    default_suites = ("formats", "fp8-static-w8a8", "degenerate", "mxfp4", "onnx")
     capabilities = {
         "encode": {"format": _FORMATS, "rounding": ("rne", *_onnx.E8M0_ROUND_MODES), "saturate": (True, False),
                    "dtype": INPUT_DTYPES},

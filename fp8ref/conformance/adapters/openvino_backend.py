@@ -1,5 +1,7 @@
 """OpenVINO (CPU plugin): a one-node ``Convert`` model (``openvino.opset13``) to and from
-``f8e4m3``, ``f8e5m2``, ``f8e8m0`` and ``f4e2m1``, compiled once per format and input dtype.
+``f8e4m3``, ``f8e5m2``, ``f8e8m0`` and ``f4e2m1``, compiled once per format and input dtype; and
+``FakeConvert`` (opset13, experimental upstream) with its scale and shift as inputs of the model
+(fake_quant, form fakeconvert: float32, float16 and bfloat16 data, e4m3fn and e5m2).
 
 OpenVINO's Convert has no saturate flag, one behaviour per type: to f8e4m3 an overflow (and +-Inf)
 gives NaN, to f8e5m2 +-Inf, as OCP's non-saturating mode (declared ``saturate=False``); to f8e8m0 it
@@ -24,9 +26,12 @@ _INPUT_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16"
 
 class OpenVinoBackend(Backend):
     name = "openvino"
+    default_suites = ("formats", "fp8-static-w8a8", "fake-quant")
     capabilities = {
         "encode": {"format": tuple(_TYPES), "rounding": ("rne",), "saturate": (True, False), "dtype": INPUT_DTYPES},
         "decode": {"format": tuple(_TYPES)},
+        "fake_quant": {"form": ("fakeconvert",), "format": ("float8_e4m3fn", "float8_e5m2"),
+                       "dtype": ("float32", "float16", "bfloat16")},
     }
 
     def __init__(self):
@@ -36,7 +41,7 @@ class OpenVinoBackend(Backend):
         return missing("openvino")
 
     def version(self) -> str:
-        return f"{dist_version('openvino')} (Convert, CPU plugin)"
+        return f"{dist_version('openvino')} (Convert and FakeConvert, CPU plugin)"
 
     def implements(self, op, params):
         reason = super().implements(op, params)
@@ -87,6 +92,28 @@ class OpenVinoBackend(Backend):
             out = np.stack([out & 0x0F, out >> 4], axis=-1).reshape(-1)[:flat.size]
         return out.copy().reshape(x.shape)
 
+    def _fake_convert_model(self, src: str, dst: str):
+        """The compiled model ``FakeConvert(x, scale, shift, dst)``, all three inputs of type ``src``."""
+        if ("fake-model", src, dst) not in self._compiled:
+            import openvino as ov
+            import openvino.opset13 as ops
+
+            x, scale, shift = (ops.parameter([-1], getattr(ov.Type, src)) for _ in range(3))
+            model = ov.Model([ops.fake_convert(x, scale, shift, dst)], [x, scale, shift])
+            self._compiled["fake-model", src, dst] = ov.Core().compile_model(model, "CPU",
+                                                                             {"INFERENCE_NUM_THREADS": 1})
+        return self._compiled["fake-model", src, dst]
+
+    def fake_quant(self, x, scale, shift, fmt, *, form):
+        x = np.asarray(x)
+        dtype = _INPUT_TYPES[x.dtype.name]
+        flat = x.reshape(-1)
+        compiled = self._fake_convert_model(dtype, _TYPES[fmt])
+        tensors = [self._tensor(a, dtype, a.size) for a in (flat, np.asarray(scale).reshape(-1),
+                                                           np.asarray(shift).reshape(-1))]
+        out = np.ascontiguousarray(compiled(tensors)[compiled.output(0)]).view(np.uint8).reshape(-1)
+        return out.view(x.dtype).copy().reshape(x.shape)
+
     def decode(self, codes, fmt):
         codes = np.asarray(codes, np.uint8)
         flat = codes.reshape(-1)
@@ -106,6 +133,7 @@ class OpenVinoFakeConvertBackend(OpenVinoBackend):
     values, checked to be exact: a value off the f8 grid fails the case instead of being rounded."""
 
     name = "openvino_fakeconvert"
+    default_suites = ("formats", "fp8-static-w8a8")
     capabilities = {
         "encode": {"format": ("float8_e4m3fn", "float8_e5m2"), "rounding": ("rne",), "saturate": (True,),
                    "dtype": ("float32", "float16", "bfloat16")},

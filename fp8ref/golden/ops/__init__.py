@@ -10,10 +10,11 @@ from __future__ import annotations
 from ..case import Operation
 from .attention import Attention
 from .encode import Decode, Encode
+from .fake_quant import FakeQuant
 from .gemm import Linear, ScaledMM
 from .quantize import Dequantize, Quantize
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (Encode(), Decode(), Quantize(), Dequantize(),
-                                                           ScaledMM(), Linear(), Attention())}
+                                                           ScaledMM(), Linear(), Attention(), FakeQuant())}
 
 __all__ = ["OPERATIONS", "Operation"]

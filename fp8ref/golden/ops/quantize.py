@@ -70,7 +70,7 @@ def _amax(stream, params, x, qa):
 
 class _QuantBase(Operation):
     params = ("scheme", "recipe", "role", "dtype", "pattern", "shape")
-    patterns = (degenerate.RANDOM, *degenerate.QUANT_PATTERNS)
+    patterns = (degenerate.RANDOM, *degenerate.QUANT_PATTERNS, *degenerate.EDGE_PATTERNS)
     fields = {
         "schemes": (choices(tuple(PRESETS)), None),
         "recipes": RECIPES,
