@@ -1,0 +1,88 @@
+"""Per-head attention scales (llm-compressor's attn_head: q_scale [n_heads, 1, 1], k_scale /
+v_scale [n_kv_heads, 1, 1]) checked against config.json's head counts at load: a count that
+disagrees is one ``fp8ref: error:`` line naming the tensor, and nothing is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import fp8ref
+from fp8ref.errors import CheckpointError
+from tests.support.cli import run_cli
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints" / "llmc_fp8_attn_head"
+K0 = "model.layers.0.self_attn.k_scale"
+
+
+def _copy(tmp_path, edit=None, config_edit=None) -> Path:
+    out = tmp_path / "ckpt"
+    shutil.copytree(FIXTURE, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    if edit:
+        edit(tensors)
+        save_file(tensors, str(out / "model.safetensors"))
+    if config_edit:
+        cfg = json.loads((out / "config.json").read_text())
+        config_edit(cfg)
+        (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_the_fixture_loads_with_per_head_scales():
+    ckpt = fp8ref.load_checkpoint(FIXTURE)
+    assert sorted(ckpt.kv_scales) == [f"model.layers.{i}.self_attn.{w}_scale" for i in range(2) for w in "kv"]
+    assert ckpt.tensor(K0).shape == (2, 1, 1)
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 1), (4, 1, 1), (2, 2, 1), (1, 2), (4,)])
+def test_a_head_count_the_config_does_not_have_is_one_error_line(tmp_path, capsys, shape):
+    def edit(t):
+        t[K0] = np.full(shape, 0.01, np.float32)
+
+    out = _copy(tmp_path, edit)
+    before = sorted(p.name for p in out.iterdir())
+    assert run_cli("inspect", out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fp8ref: error: ") and K0 in err[0], err
+    assert "num_key_value_heads 2" in err[0] and "[2, 1, 1]" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_q_scale_is_checked_against_the_attention_heads(tmp_path):
+    def edit(t):
+        t["model.layers.0.self_attn.q_scale"] = np.full((2, 1, 1), 0.01, np.float32)  # 4 heads
+
+    def config_edit(cfg):
+        cfg["quantization_config"]["config_groups"] = {"attention": {
+            "targets": ["LlamaAttention"], "weights": None, "output_activations": None, "format": "dense",
+            "input_activations": dict(cfg["quantization_config"]["kv_cache_scheme"])}}
+
+    out = _copy(tmp_path, edit, config_edit)
+    with pytest.raises(CheckpointError, match=r"q_scale'?: shape \[2, 1, 1\]; config.json has num_attention_heads 4"):
+        fp8ref.load_checkpoint(out)
+
+    def good(t):
+        t["model.layers.0.self_attn.q_scale"] = np.full((4, 1, 1), 0.01, np.float32)
+
+    ckpt = fp8ref.load_checkpoint(_copy(tmp_path / "2", good, config_edit))
+    assert "model.layers.0.self_attn.q_scale" in ckpt.kv_scales
+
+
+def test_a_per_head_scale_needs_a_head_count(tmp_path):
+    out = _copy(tmp_path, config_edit=lambda cfg: [cfg.pop("num_key_value_heads"), cfg.pop("num_attention_heads")])
+    with pytest.raises(CheckpointError, match=r"k_scale'?: shape \[2, 1, 1\], one scale per head, but config.json"):
+        fp8ref.load_checkpoint(out)
+
+
+def test_a_dynamic_or_token_kv_scheme_is_refused(tmp_path):
+    def config_edit(cfg):
+        cfg["quantization_config"]["kv_cache_scheme"]["strategy"] = "token"
+
+    with pytest.raises(CheckpointError, match=r"kv_cache_scheme: expected static per-tensor or per-head"):
+        fp8ref.load_checkpoint(_copy(tmp_path, config_edit=config_edit))
