@@ -487,6 +487,10 @@ class CompressedTensors(Defaults):
         ScaleDecl("mx", "weight_scale", "E8M0 exponent", "U8", "[out, in/32]", "weights.group_size 32 "
                   "(strategy group, scale_dtype torch.uint8)"),
         ScaleDecl("KV cache", "self_attn.{k,v}_scale", "multiplier", "D", "[1]", "-"),
+        ScaleDecl("KV cache, attn_head", "self_attn.{k,v}_scale", "multiplier", "D", "[n_kv_heads, 1, 1]",
+                  "kv_cache_scheme.strategy attn_head", "one scale per KV head"),
+        ScaleDecl("attention input (Q)", "self_attn.q_scale", "multiplier", "D", "[1] or [n_heads, 1, 1]",
+                  "input_activations.strategy tensor / attn_head of a group without weights"),
     )
     methods = ("compressed-tensors",)
     original_names = ct.ORIGINAL_NAMES  # llm-compressor's Mixtral expert renaming
