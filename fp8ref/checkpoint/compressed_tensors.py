@@ -388,7 +388,7 @@ MX_INPUTS = (("float4_e2m1fn", "float4_e2m1fn"), ("float8_e4m3fn", "float8_e4m3f
              ("float6_e2m3fn", "float8_e4m3fn"))
 
 
-def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool = False,
+def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool | str = False,
                         version: str = ct.DEFAULT_CT_VERSION) -> dict:
     """``quantization_config`` of stored layers, written by the one compressed-tensors writer as
     compressed-tensors ``version`` writes it."""
@@ -498,6 +498,7 @@ class CompressedTensors(Defaults):
     scheme_scale_dtype = "model"
     scales_follow_recipe = True
     kv_refusal = None
+    kv_per_head = True  # kv_cache_scheme strategy attn_head: self_attn.{k,v}_scale [n_kv_heads, 1, 1]
     nvfp4_global = "divisor"
     config_versions = ct.CT_VERSIONS
 

@@ -84,3 +84,38 @@ def test_producer_mode_equals_compressed_tensors_reload_here():
     assert torch.equal(want.view(torch.int16), ys["attn.out"].view(torch.int16))
     got = _attention_out(build_model(FIXTURE, mode="producer"), hidden, pos)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.interop
+def test_compressed_tensors_reads_fp8refs_per_head_export(tmp_path):
+    """fp8ref's export with one KV amax per head: compressed-tensors validates the kv_cache_scheme,
+    computes the same [2, 1, 1] scales from the same per-head amax (calculate_qparams), and
+    transformers + compressed-tensors load them without missing or unexpected keys."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import QuantizationConfig
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    from fp8ref.checkpoint import export_checkpoint
+
+    amax = {f"model.layers.{i}.self_attn.{w}_scale": [[0.0, 1.3984375], [3.75, 448.0]][i] for i in range(2)
+            for w in "kv"}
+    original = FIXTURE.parent / "original_bf16"
+    export_checkpoint(original, tmp_path / "out", {"scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]},
+                      calibration=amax, config_version="0.19")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    args = QuantizationConfig.model_validate(qc).kv_cache_scheme
+    assert args.strategy == "attn_head"
+    ckpt = fp8ref.load_checkpoint(tmp_path / "out")
+    for name, a in amax.items():
+        hi = torch.tensor(a, dtype=torch.bfloat16).reshape(2, 1, 1)
+        theirs, _ = calculate_qparams(-hi, hi, args)
+        mine = torch.from_numpy(ckpt.tensor(name).view(np.int16).copy())
+        assert theirs.dtype == torch.bfloat16 and torch.equal(theirs.view(torch.int16).reshape(-1), mine.reshape(-1))
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16,
+                                                                    output_loading_info=True)
+    assert not [k for k in {*info["missing_keys"], *info["unexpected_keys"]} if k.endswith(("k_scale", "v_scale"))]
+    params = dict(model.named_parameters())
+    for name in amax:
+        assert params[name].shape == (2, 1, 1)
+        assert torch.equal(params[name].detach().view(torch.int16).reshape(-1),
+                           torch.from_numpy(ckpt.tensor(name).view(np.int16).copy()).reshape(-1))

@@ -86,3 +86,62 @@ def test_a_dynamic_or_token_kv_scheme_is_refused(tmp_path):
 
     with pytest.raises(CheckpointError, match=r"kv_cache_scheme: expected static per-tensor or per-head"):
         fp8ref.load_checkpoint(_copy(tmp_path, config_edit=config_edit))
+
+
+# --- export: one KV-cache amax per head -------------------------------------------------------
+
+ORIGINAL = FIXTURE.parent / "original_bf16"  # the same tiny Llama, unquantized (2 KV heads)
+SPEC = {"scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]}
+
+
+def _per_head_calibration(values=(1.3984375, 3.75)):
+    return {f"model.layers.{i}.self_attn.{w}_scale": list(values) for i in range(2) for w in "kv"}
+
+
+def test_export_writes_attn_head_scales_and_writes_them_again_byte_for_byte(tmp_path):
+    import ml_dtypes
+
+    from fp8ref.checkpoint import export_checkpoint, write_checkpoint
+
+    export_checkpoint(ORIGINAL, tmp_path / "out", SPEC, calibration=_per_head_calibration())
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc["kv_cache_scheme"]["strategy"] == "attn_head" and qc["kv_cache_scheme"]["dynamic"] is False
+    ckpt = fp8ref.load_checkpoint(tmp_path / "out")
+    # compressed-tensors' rule in a bf16 model: D(fp32(amax) / 448), one per head (ml_dtypes' cast)
+    want = (np.array([1.3984375, 3.75], np.float32) / np.float32(448)).astype(ml_dtypes.bfloat16).astype(np.float32)
+    for n in ckpt.kv_scales:
+        assert ckpt.store.info(n).dtype == "BF16" and list(ckpt.store.info(n).shape) == [2, 1, 1], n
+        assert np.array_equal(np.asarray(ckpt.store.get(n)).astype(np.float32).reshape(-1), want), n
+    write_checkpoint(ckpt, tmp_path / "again")
+    for f in ("config.json", "model.safetensors"):
+        assert (tmp_path / "out" / f).read_bytes() == (tmp_path / "again" / f).read_bytes(), f
+
+
+@pytest.mark.parametrize("calibration, message", [
+    ({"model.layers.0.self_attn.k_scale": [1.0, 2.0, 3.0]}, r"holds 3 amax values; config.json has "
+                                                            r"num_key_value_heads 2"),
+    ({"model.layers.0.self_attn.k_scale": [1.0, 2.0], "model.layers.0.self_attn.v_scale": 2.0},
+     r"holds one amax per head but .* one per tensor"),
+    ({"model.layers.0.self_attn.k_scale": []}, r"an empty list"),
+    ({"model.layers.0.self_attn.k_scale": [1.0, float("nan")]}, r"finite number >= 0"),
+])
+def test_bad_per_head_calibration_is_refused_before_writing(tmp_path, calibration, message):
+    from fp8ref.checkpoint import export_checkpoint
+
+    with pytest.raises(CheckpointError, match=message):
+        export_checkpoint(ORIGINAL, tmp_path / "out", SPEC, calibration=calibration)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "quark"])
+def test_formats_with_one_kv_scale_per_tensor_refuse_per_head(tmp_path, fmt):
+    from fp8ref.checkpoint import export_checkpoint, write_checkpoint
+
+    if fmt == "modelopt":  # (fp8ref writes Quark FP8 with static inputs only: FP8_DYNAMIC stops earlier there)
+        with pytest.raises(CheckpointError, match=r"one amax per head; the modelopt format stores one KV-cache "
+                                                  r"scale per tensor"):
+            export_checkpoint(ORIGINAL, tmp_path / "out", SPEC, format=fmt, calibration=_per_head_calibration())
+    ckpt = fp8ref.load_checkpoint(FIXTURE)
+    with pytest.raises(CheckpointError, match=r"one KV-cache scale per head \(\[2, 1, 1\]\)"):
+        write_checkpoint(ckpt, tmp_path / "w", format=fmt)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
