@@ -9,8 +9,9 @@ Per mode: ``reference``: ``fp8ref.attention.attention`` (the one reference, also
 and bmm2 in a declared float64 order, rounded once to the model dtype); ``backend:NAME``: the
 backend's ``attention`` when it declares one for the case, else the reference; ``producer``: the
 producer's fake-quantize of K and V in the model dtype (compressed-tensors' ``forward_quantize``: D
-division, clamp, e4m3, D product), then transformers' own attention (unquantized K and V for a
-format whose reload drops the scales: auto-round's, ``kv_reload_quantizes``); ``original``:
+division, clamp, e4m3, D product; Q too where a q_scale is stored), then transformers' own attention
+(unquantized K and V for a format whose reload drops the scales: auto-round's,
+``kv_reload_quantizes``); ``original``:
 transformers' attention on unquantized K and V.
 """
 
@@ -140,6 +141,8 @@ def _attention(module, query, key, value, attention_mask=None, *args, **kwargs):
     if mode.kind != "producer" or state.get("producer_quantizes", True):
         key = quantize_kv(key, state["k"], mode)
         value = quantize_kv(value, state["v"], mode)
+        if "q" in state:  # compressed-tensors' QuantizedAttentionImpl: the same forward_quantize of Q
+            query = quantize_kv(query, state["q"], mode)
     return ALL_ATTENTION_FUNCTIONS[state["impl"]](module, query, key, value, attention_mask, *args, **kwargs)
 
 

@@ -119,3 +119,39 @@ def test_compressed_tensors_reads_fp8refs_per_head_export(tmp_path):
         assert params[name].shape == (2, 1, 1)
         assert torch.equal(params[name].detach().view(torch.int16).reshape(-1),
                            torch.from_numpy(ckpt.tensor(name).view(np.int16).copy()).reshape(-1))
+
+
+@pytest.mark.interop
+def test_producer_mode_quantizes_q_per_head_as_compressed_tensors_reload_does(tmp_path):
+    """The fixture with a per-head q_scale [4, 1, 1] added under a weightless attention group (what
+    llm-compressor would write if its q observer ran): transformers + compressed-tensors' reload
+    quantizes Q with it (QuantizedAttentionImpl), and producer mode does the same, bit for bit."""
+    pytest.importorskip("compressed_tensors")
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from fp8ref.nn import build_model
+
+    out = tmp_path / "q"
+    shutil.copytree(FIXTURE, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    for i in range(2):
+        tensors[f"model.layers.{i}.self_attn.q_scale"] = torch.tensor([0.004, 0.02, 0.0009765625, 0.125],
+                                                                      dtype=torch.bfloat16).reshape(4, 1, 1)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    qc["config_groups"] = {"group_0": {"format": "dense", "input_activations": dict(qc["kv_cache_scheme"]),
+                                       "output_activations": None, "targets": ["LlamaAttention"], "weights": None}}
+    (out / "config.json").write_text(json.dumps(cfg))
+    ys = _stored()
+    hidden, pos = ys["attn.hidden"], ys["attn.position_ids"]
+    tool = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        tool(torch.tensor([[1, 2, 3]]))
+    assert hasattr(tool.model.layers[0].self_attn, "q_scale")
+    want = _attention_out(tool, hidden, pos)
+    assert not torch.equal(want, ys["attn.out"])  # Q quantization changes the output
+    got = _attention_out(build_model(out, mode="producer"), hidden, pos)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
