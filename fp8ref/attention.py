@@ -40,6 +40,11 @@ its own scale, and c1 = (q_s[h] * k_s[h // (H / Hkv)]) * sm, c2 = v_s of the hea
   float32 operation: ``sf = G * (vmax * fp32(1/6))``, ``S8 = e4m3(sf)`` (RNE, saturating),
   ``r = 1 / (S8 * fp32(1/G))`` (0 where S8 is 0), codes ``e2m1(x * r)``; k = e2m1 * S8 (exact),
   and the global multiplier 1/G (one float64 division) takes k_s's place in c1 (v_s's in c2).
+- ``"nvfp4_mult"`` (FlashInfer's ``nvfp4_kv_quantize``, which SGLang's NVFP4 KV cache calls): k_scale /
+  v_scale are *multipliers* g; ``sf = fp32(1/g) * (vmax * fp32(1/6))``, ``S8 = e4m3(sf)``,
+  ``r = 1 / (S8 * g)`` where vmax is not 0 (a block whose S8 is 0 but vmax is not gets r = inf
+  there: its codes are not modelled, the reference writes 0; its values are 0 either way), codes
+  ``e2m1(x * r)``; k = e2m1 * S8, and g takes k_s's place.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ _LN2_HI = 6.93147180369123816490e-01
 _LN2_LO = 1.90821492927058770002e-10
 _INV_LN2 = 1.44269504088896338700e+00
 P_FORMAT = get_format("float8_e4m3fn")  # FP8 P: the format FP8 attention kernels feed bmm2
-KV_CACHES = ("fp8", "fp8_per_token_head", "nvfp4")
+KV_CACHES = ("fp8", "fp8_per_token_head", "nvfp4", "nvfp4_mult")
 NVFP4_BLOCK = 16
 _E2M1 = get_format("float4_e2m1fn")
 _E4M3 = get_format("float8_e4m3fn")
@@ -106,9 +111,10 @@ def quantize_per_token_head(x: np.ndarray, fmt="float8_e4m3fn") -> tuple[np.ndar
     return encode(y, f), s
 
 
-def quantize_nvfp4_kv(x: np.ndarray, global_scale) -> tuple[np.ndarray, np.ndarray]:
+def quantize_nvfp4_kv(x: np.ndarray, global_scale, *, multiplier: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The NVFP4 KV-cache write (module docstring): (E2M1 codes (..., d), E4M3 block-scale codes
-    (..., d / 16)) of ``x`` with the encode global scale G (float32)."""
+    (..., d / 16)) of ``x`` with the encode global scale G (float32), or with ``multiplier=True``
+    the decode multiplier g (FlashInfer's nvfp4_kv_quantize)."""
     x32 = np.asarray(x, np.float32)
     d = x32.shape[-1]
     if d % NVFP4_BLOCK:
@@ -117,11 +123,12 @@ def quantize_nvfp4_kv(x: np.ndarray, global_scale) -> tuple[np.ndarray, np.ndarr
     blocks = x32.reshape(*x32.shape[:-1], d // NVFP4_BLOCK, NVFP4_BLOCK)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         vmax = np.abs(blocks).max(axis=-1)
-        sf = (g * (vmax * np.float32(1.0 / 6.0)).astype(np.float32)).astype(np.float32)
+        inv_g = (np.float32(1.0) / g).astype(np.float32)
+        sf = ((inv_g if multiplier else g) * (vmax * np.float32(1.0 / 6.0)).astype(np.float32)).astype(np.float32)
         s8 = encode(sf, _E4M3)
         sv = decode(s8, _E4M3).astype(np.float32)
-        inv_g = np.float32(np.float32(1.0) / g)
-        r = np.where(sv != 0, np.float32(1.0) / (sv * inv_g).astype(np.float32), np.float32(0.0)).astype(np.float32)
+        r = np.float32(1.0) / (sv * (g if multiplier else inv_g)).astype(np.float32)
+        r = np.where(sv != 0, r, np.float32(0.0)).astype(np.float32)
         codes = encode((blocks * r[..., None]).astype(np.float32), _E2M1)
     return codes.reshape(x32.shape), s8
 
@@ -149,10 +156,11 @@ def _cache(x, scale, kv_cache: str, fmt, what: str):
         codes, s = quantize_per_token_head(x, fmt)
         return decode(codes, fmt).astype(np.float64), s.astype(np.float64)[..., None]
     g = _per_head(scale, hkv, f"{what}_scale")
-    codes, s8 = quantize_nvfp4_kv(x, g.reshape(1, -1, 1, 1))
+    mult_given = kv_cache == "nvfp4_mult"
+    codes, s8 = quantize_nvfp4_kv(x, g.reshape(1, -1, 1, 1), multiplier=mult_given)
     blk = np.repeat(decode(s8, _E4M3).astype(np.float64), NVFP4_BLOCK, axis=-1)
     with np.errstate(divide="ignore"):
-        mult = 1.0 / g.astype(np.float64)
+        mult = g.astype(np.float64) if mult_given else 1.0 / g.astype(np.float64)
     return decode(codes, _E2M1).astype(np.float64) * blk, mult.reshape(1, -1, 1, 1)
 
 

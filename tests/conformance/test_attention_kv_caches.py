@@ -3,7 +3,7 @@ a backend running fp8ref.attention with the kv_cache it is passed conforms bit f
 that take one scale for every head, one scale per tensor where one per token and head is asked,
 or the NVFP4 block scales without the global one fail; torch's adapter declares
 none of them. The reference itself is checked against a scalar oracle in
-tests/unit/test_attention_kv_caches.py."""
+tests/unit/test_attention_kv_cache_oracle.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fp8ref.errors import BackendError
 from fp8ref.golden import load_suite
 
 SUITES = {"fp8-attention-head": ("kv-head", "qkv-head"), "fp8-attention-token-head": ("kv-token-head",),
-          "nvfp4-kv-attention": ("kv-nvfp4", "qkv-nvfp4")}
+          "nvfp4-kv-attention": ("kv-nvfp4", "qkv-nvfp4", "kv-nvfp4-mult")}
 ALL = tuple(q for qs in SUITES.values() for q in qs)
 
 
@@ -62,7 +62,7 @@ class NoGlobal(Correct):
     name = "kv-no-global"
 
     def attention(self, q, k, v, k_scale, v_scale, *, q_scale, fmt, causal, kv_cache="fp8"):
-        if kv_cache == "nvfp4":
+        if kv_cache.startswith("nvfp4"):
             k_scale = v_scale = np.ones(1, np.float32)
         return super().attention(q, k, v, k_scale, v_scale, q_scale=q_scale, fmt=fmt, causal=causal,
                                  kv_cache=kv_cache)

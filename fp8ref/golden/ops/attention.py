@@ -37,7 +37,7 @@ TOLERANCE = 2.0 ** -45  # times (d + Tk + 8): the module docstring
 # quantize -> the reference's kv_cache for the KV-cache variants (fp8ref.attention): per-head static
 # scales (llm-compressor attn_head), vLLM's fp8_per_token_head, the NVFP4 KV cache (with FP8 Q or not)
 KV_CACHE_OF = {"kv-head": "fp8", "qkv-head": "fp8", "kv-token-head": "fp8_per_token_head",
-               "kv-nvfp4": "nvfp4", "qkv-nvfp4": "nvfp4"}
+               "kv-nvfp4": "nvfp4", "qkv-nvfp4": "nvfp4", "kv-nvfp4-mult": "nvfp4_mult"}
 QUANTIZE = ("kv", "qkv", "kvp", "qkvp", *KV_CACHE_OF)
 P_SCALE = np.float32(1.0 / 448.0)  # P in [0, 1] onto e4m3fn's full range: 1 -> 448 (saturating)
 
@@ -50,10 +50,11 @@ def _calibrated(stream, shape, dtype, fmt, per_head: bool = False) -> np.ndarray
     return (amax / np.float64(get_format(fmt).max)).astype(np.float32)
 
 
-def _nvfp4_global(stream, shape, dtype) -> np.ndarray:
-    """FlashInfer's encode global scale of a calibration sample, fp32(448 / amax), shape (1,)."""
+def _nvfp4_global(stream, shape, dtype, multiplier: bool = False) -> np.ndarray:
+    """The global scale of a calibration sample, shape (1,): FlashInfer's encode scale
+    fp32(448 / amax), or as a decode multiplier fp32(amax / 448) (nvfp4_kv_quantize's)."""
     calib = np.abs(values.tensor(stream, shape, dtype).astype(np.float64))
-    return np.float32(448.0 / calib.max()).reshape(1)
+    return np.float32(calib.max() / 448.0 if multiplier else 448.0 / calib.max()).reshape(1)
 
 
 class Attention(Operation):
@@ -63,13 +64,15 @@ class Attention(Operation):
     # p_scale is passed to FP8-P cases only, so a backend without them keeps the signature it has
     signature = ("attention(q, k, v, k_scale, v_scale, *, q_scale, fmt, causal) "
                  "-> out (B, H, Tq, d) in q's dtype; quantize kvp / qkvp cases also pass p_scale=, the "
-                 "KV-cache variants (kv-head, qkv-head, kv-token-head, kv-nvfp4, qkv-nvfp4) kv_cache=")
+                 "KV-cache variants (kv-head, qkv-head, kv-token-head, kv-nvfp4, qkv-nvfp4, kv-nvfp4-mult) "
+                 "kv_cache=")
     fields = {
         "formats": (choices(_FP8), ("float8_e4m3fn",)),
         "dtypes": (choices(DTYPES), ("bfloat16",)),
         # kv: K and V in FP8; qkv: Q too; kvp / qkvp: and P, e4m3fn with p_scale = fp32(1/448), before bmm2;
         # kv-head / qkv-head: one scale per head; kv-token-head: vLLM's fp8_per_token_head (no stored
-        # scale); kv-nvfp4 / qkv-nvfp4: the NVFP4 KV cache with global scales (Q per tensor in FP8)
+        # scale); kv-nvfp4 / qkv-nvfp4: the NVFP4 KV cache with encode global scales (Q per tensor in FP8);
+        # kv-nvfp4-mult: the same with decode-multiplier globals (FlashInfer nvfp4_kv_quantize, SGLang)
         "quantize": (choices(QUANTIZE, allow_all=False), ("kv",)),
         "causal": (choices((False, True), allow_all=False, kind=bool), (True,)),
         "shapes": (per_level(shapes(6)), None),  # B, H, Hkv, Tq, Tk, d
@@ -102,8 +105,9 @@ class Attention(Operation):
         inputs = {"q": values.from_bits(values.round_to(qv, dtype), dtype),
                   "k": values.tensor(stream, kv_shape, dtype), "v": values.tensor(stream, kv_shape, dtype)}
         cache = KV_CACHE_OF.get(qz, "fp8")
-        if cache == "nvfp4":
-            inputs["k_scale"], inputs["v_scale"] = (_nvfp4_global(stream, kv_shape, dtype) for _ in "kv")
+        if cache.startswith("nvfp4"):
+            inputs["k_scale"], inputs["v_scale"] = (_nvfp4_global(stream, kv_shape, dtype, cache == "nvfp4_mult")
+                                                    for _ in "kv")
         elif cache == "fp8":
             inputs["k_scale"], inputs["v_scale"] = (_calibrated(stream, kv_shape, dtype, fmt, qz.endswith("-head"))
                                                     for _ in "kv")

@@ -78,17 +78,22 @@ def _fp8_token_head(row):
     return vals, float(s)
 
 
-def _nvfp4(row, g):
+def _nvfp4(row, g, multiplier=False):
     g = F32(g)
     out = []
     for b in range(0, len(row), 16):
         blk = [F32(x) for x in row[b:b + 16]]
         vmax = max(abs(x) for x in blk)
-        sf = F32(g * F32(vmax * F32(1.0 / 6.0)))
-        s8 = _code_value(_e4m3(sf), E4M3)
-        r = F32(0.0) if s8 == 0 else F32(F32(1.0) / F32(F32(s8) * F32(F32(1.0) / g)))
+        if multiplier:  # FlashInfer nvfp4_kv_quantize: g multiplies on the way back
+            sf = F32(F32(F32(1.0) / g) * F32(vmax * F32(1.0 / 6.0)))
+            s8 = _code_value(_e4m3(sf), E4M3)
+            r = F32(0.0) if s8 == 0 else F32(F32(1.0) / F32(F32(s8) * g))
+        else:
+            sf = F32(g * F32(vmax * F32(1.0 / 6.0)))
+            s8 = _code_value(_e4m3(sf), E4M3)
+            r = F32(0.0) if s8 == 0 else F32(F32(1.0) / F32(F32(s8) * F32(F32(1.0) / g)))
         out += [_code_value(oracle.encode(Fraction(float(F32(x * r))), E2M1), E2M1) * s8 for x in blk]
-    return out, 1.0 / float(g)
+    return out, float(g) if multiplier else 1.0 / float(g)
 
 
 def _oracle(q, k, v, kv_cache, ks, vs, qs, causal, dtype):
@@ -104,7 +109,7 @@ def _oracle(q, k, v, kv_cache, ks, vs, qs, causal, dtype):
                 return _fp8_static(row, s[gh])
             if kv_cache == "fp8_per_token_head":
                 return _fp8_token_head(row)
-            return _nvfp4(row, s[gh])
+            return _nvfp4(row, s[gh], multiplier=kv_cache == "nvfp4_mult")
 
         kc = [cache(k, ks, j) for j in range(Tk)]
         vc = [cache(v, vs, j) for j in range(Tk)]
@@ -147,6 +152,8 @@ def _scales(shape, kv_cache, k, v, q):
         return None, None
     if kv_cache == "nvfp4":  # FlashInfer's global: 448 / amax, here per KV head
         return ([F32(448.0 / np.abs(x[:, h]).max()) for h in range(Hkv)] for x in (k, v))
+    if kv_cache == "nvfp4_mult":  # a decode multiplier: amax / 448
+        return ([F32(np.abs(x[:, h]).max() / 448.0) for h in range(Hkv)] for x in (k, v))
     return ([F32(np.abs(x[:, h]).max() / 448.0 * (1.5 if h % 2 else 0.75)) for h in range(Hkv)] for x in (k, v))
 
 
@@ -187,6 +194,9 @@ def test_variants_differ_from_each_other():
     g = [np.float32(448 / np.abs(x).max()) for x in (k, v)]
     fp4 = ref.attention(q, k, v, g[0], g[1], dtype="float32", kv_cache="nvfp4")
     assert not np.array_equal(fp8, pth) and not np.array_equal(fp8, fp4) and not np.array_equal(pth, fp4)
+    # the two NVFP4 conventions with the same global value: G = 448/amax encodes, g = 1/G decodes
+    mult = ref.attention(q, k, v, np.float32(1) / g[0], np.float32(1) / g[1], dtype="float32", kv_cache="nvfp4_mult")
+    assert np.isfinite(mult).all() and not np.array_equal(mult, fp8)
 
 
 def test_per_token_head_scales_and_the_floor():
@@ -214,7 +224,7 @@ def test_nvfp4_kv_zero_block_and_layout():
 @pytest.mark.parametrize("kwargs, message", [
     ({"k_scale": np.ones(3, F32)}, r"k_scale has 3 values; expected 1 or 2 \(one per head\)"),
     ({"q_scale": np.ones(2, F32)}, r"q_scale has 2 values; expected 1 or 4"),
-    ({"kv_cache": "int8"}, r"kv_cache 'int8'; expected one of fp8, fp8_per_token_head, nvfp4"),
+    ({"kv_cache": "int8"}, r"kv_cache 'int8'; expected one of fp8, fp8_per_token_head, nvfp4, nvfp4_mult"),
     ({"kv_cache": "fp8_per_token_head"}, r"computes its scales; k_scale must be None"),
     ({"kv_cache": "nvfp4", "p_scale": F32(1 / 448)}, r"defined for kv_cache 'fp8' only"),
 ])
