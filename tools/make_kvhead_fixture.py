@@ -11,6 +11,11 @@ attention, ``attn.hidden`` (the bf16 input), ``attn.position_ids`` and ``attn.ou
 attention output of transformers + compressed-tensors' own reload (its forward_quantize of q, k, v
 with the stored per-head scales, then transformers' eager attention).
 
+Q is not quantized: with an attn_head input-activation group on LlamaAttention, llm-compressor
+0.14.0.1 (transformers 5.17, CPU) never calls the q observer (the attention modules' config says
+'eager' during calibration, so compressed-tensors' hooked attention holding the query hook is
+bypassed) and saves q_scale from torch.empty, i.e. uninitialised memory.
+
 Usage: /work/venvs/interop/bin/python tools/make_kvhead_fixture.py [--out DIR]
 """
 
