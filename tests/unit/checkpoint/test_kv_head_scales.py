@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 import fp8ref
@@ -145,3 +147,21 @@ def test_formats_with_one_kv_scale_per_tensor_refuse_per_head(tmp_path, fmt):
     with pytest.raises(CheckpointError, match=r"one KV-cache scale per head \(\[2, 1, 1\]\)"):
         write_checkpoint(ckpt, tmp_path / "w", format=fmt)
     assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(amax=st.lists(st.lists(st.floats(0.0, 1e4, allow_nan=False, width=32), min_size=2, max_size=2),
+                     min_size=4, max_size=4))
+def test_per_head_export_load_write_is_byte_identical(tmp_path_factory, amax):
+    """export -> load -> write_checkpoint gives the same bytes for any per-head KV amax (0 included)."""
+    from fp8ref.checkpoint import export_checkpoint, write_checkpoint
+
+    tmp = tmp_path_factory.mktemp("rt")
+    names = [f"model.layers.{i}.self_attn.{w}_scale" for i in range(2) for w in "kv"]
+    export_checkpoint(ORIGINAL, tmp / "out", SPEC, calibration=dict(zip(names, amax)))
+    ckpt = fp8ref.load_checkpoint(tmp / "out")
+    for n, a in zip(names, amax):
+        assert list(ckpt.store.info(n).shape) == [2, 1, 1] and (np.asarray(ckpt.store.get(n)) > 0).all(), (n, a)
+    write_checkpoint(ckpt, tmp / "again")
+    for f in ("config.json", "model.safetensors"):
+        assert (tmp / "out" / f).read_bytes() == (tmp / "again" / f).read_bytes(), f
