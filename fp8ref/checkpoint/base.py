@@ -79,10 +79,11 @@ class CheckpointFormat(Protocol):
     def tensor_plan(self, name: str, quant: LayerQuant, out: int, inp: int, dtype: str) -> Plan:
         """The tensors of one layer (export and rewrite write exactly these)."""
 
-    def quantization_config(self, layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False,
+    def quantization_config(self, layers: dict[str, LayerQuant], unquantized: list[str], kv: bool | str = False,
                             **options) -> dict:
         """The config for ``layers``, ``unquantized`` linear layers left in the model dtype; ``options``:
-        ``version`` for a format in ``config_versions`` (``config_options``)."""
+        ``version`` for a format in ``config_versions`` (``config_options``). ``kv``: KV-cache scales
+        per tensor (True) or, in a ``kv_per_head`` format only, ``"attn_head"``."""
 
     def extra_files(self, qc: dict) -> dict[str, dict]:
         """Files besides config.json that carry the config (file name -> JSON object)."""
