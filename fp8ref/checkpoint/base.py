@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from ..errors import CheckpointError
 from ..io.safetensors import TensorStore
 from .layout import LayerEntry, LayerQuant, weight_shape
@@ -77,10 +79,11 @@ class CheckpointFormat(Protocol):
     def tensor_plan(self, name: str, quant: LayerQuant, out: int, inp: int, dtype: str) -> Plan:
         """The tensors of one layer (export and rewrite write exactly these)."""
 
-    def quantization_config(self, layers: dict[str, LayerQuant], unquantized: list[str], kv: bool = False,
+    def quantization_config(self, layers: dict[str, LayerQuant], unquantized: list[str], kv: bool | str = False,
                             **options) -> dict:
         """The config for ``layers``, ``unquantized`` linear layers left in the model dtype; ``options``:
-        ``version`` for a format in ``config_versions`` (``config_options``)."""
+        ``version`` for a format in ``config_versions`` (``config_options``). ``kv``: KV-cache scales
+        per tensor (True) or, in a ``kv_per_head`` format only, ``"attn_head"``."""
 
     def extra_files(self, qc: dict) -> dict[str, dict]:
         """Files besides config.json that carry the config (file name -> JSON object)."""
@@ -136,15 +139,21 @@ class Defaults:
     # recipe, else compressed-tensors'
     kv_recipe: str | None = None
     kv_shared: bool = False  # K and V of one module store one value, the larger scale (Quark's kv_cache_group)
+    kv_per_head: bool = False  # it can store one K and one V scale per KV head ([n_kv_heads, 1, 1], attn_head)
 
     def kv_name(self, attn: str, which: str) -> str:
         """The tensor holding attention module ``attn``'s ``which`` ("k" / "v") KV-cache scale."""
         return f"{attn}.{which}_scale"
 
     def kv_tensor(self, name: str, shape: tuple) -> tuple[str, tuple]:
-        """(name, shape) a loaded KV-cache scale (any format's name) gets when written in this format."""
+        """(name, shape) a loaded KV-cache scale (any format's name) gets when written in this format;
+        a per-head scale keeps one value per head ([n, 1, 1]) where the format stores them."""
         attn, which = kv_parts(name)
-        return self.kv_name(attn, which), self.kv_shape
+        n = int(np.prod(shape))
+        if n > 1 and not self.kv_per_head:
+            raise CheckpointError(f"{name}: one KV-cache scale per head ({list(shape)}); the {self.name} format "
+                                  f"stores one per tensor")
+        return self.kv_name(attn, which), (n, 1, 1) if n > 1 else self.kv_shape
 
     def recipe_of(self, quant: LayerQuant) -> str:
         """The recipe that reproduces this format's bytes for ``quant`` (the layers' scheme recipe)."""

@@ -147,6 +147,24 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
 # quantize K after RoPE, so the amax of the rotated keys is the faithful value for ``k``.
 KV_KEYS = (("k_scale", "k"), ("v_scale", "v"), ("k_proj.output_amax", "k"), ("v_proj.output_amax", "v"))
 
+def _kv_amax(key: str, value, where: str) -> float | tuple[float, ...]:
+    """A KV-cache amax: one number, or a list of them (one per KV head: a per-head scale)."""
+    per_head = isinstance(value, (list, tuple, np.ndarray)) and not isinstance(value, (str, bytes))
+    items = list(np.asarray(value, dtype=object).reshape(-1)) if per_head else [value]
+    if per_head and not items:
+        raise CheckpointError(f"{where}: {key!r}: an empty list; a per-head KV-cache amax has one number per KV head")
+    out = []
+    for v in items:
+        if (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                or (type(v) is int and abs(v) > 2**1024)):
+            raise CheckpointError(f"{where}: {key!r}: expected a number (KV-cache amax) or a list of them (one "
+                                  f"per KV head), got {shown(value)}")
+        if not np.isfinite(float(v)) or float(v) < 0:
+            raise CheckpointError(f"{where}: {key!r}: a KV-cache amax must be a finite number >= 0, got {v!r:.80}")
+        out.append(float(v))
+    return tuple(out) if per_head else out[0]
+
+
 def split_calibration(calibration: Mapping[str, float], where: str = "calibration"
                       ) -> tuple[dict[str, float], dict[str, dict[str, tuple[str, float]]]]:
     """(layer -> input amax, attention module -> {"k"|"v": (calibration key, amax)})."""
@@ -160,12 +178,7 @@ def split_calibration(calibration: Mapping[str, float], where: str = "calibratio
         if match is None:
             layers[key] = value
             continue
-        if (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
-                or (type(value) is int and abs(value) > 2**1024)):
-            raise CheckpointError(f"{where}: {key!r}: expected a number (KV-cache amax), got {shown(value)}")
-        amax = float(value)
-        if not np.isfinite(amax) or amax < 0:
-            raise CheckpointError(f"{where}: {key!r}: a KV-cache amax must be a finite number >= 0, got {value!r:.80}")
+        amax = _kv_amax(key, value, where)
         attn, which = match
         old = kv.setdefault(attn, {}).setdefault(which, (key, amax))
         if old[1] != amax:

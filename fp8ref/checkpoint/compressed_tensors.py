@@ -3,7 +3,9 @@
 
 Layout (reference §5.2): ``weight`` F8_E4M3 [out, in]; ``weight_scale`` in the model dtype D,
 shaped [1] (tensor), [out, 1] (channel) or [ceil(out/r), ceil(in/c)] (block); ``input_scale``
-D [1] for static inputs; KV-cache ``self_attn.{k,v}_scale`` [1] when ``kv_cache_scheme`` is set.
+D [1] for static inputs; KV-cache ``self_attn.{k,v}_scale`` [1] when ``kv_cache_scheme`` is set,
+[n_kv_heads, 1, 1] with its ``attn_head`` strategy; ``self_attn.q_scale`` [1] or [n_heads, 1, 1]
+from a config group that quantizes an attention module's input (no weights).
 """
 
 from __future__ import annotations
@@ -43,6 +45,18 @@ def _args(args: object, where: str) -> dict:
     if args.get("symmetric", True) is not True:
         raise CheckpointError(f"{where}: symmetric {args.get('symmetric')!r}; FP8 checkpoints are symmetric")
     return args
+
+
+ATTENTION_STRATEGIES = ("tensor", "attn_head")  # static scales of Q, K, V: one, or one per head
+
+
+def _attention_input(args: object, where: str) -> bool:
+    """Whether a group without weights quantizes an attention module's Q: static FP8 input
+    activations of strategy ``attn_head`` (per head, attention only) or ``tensor``."""
+    if args is None:
+        return False
+    a = _args(args, where)
+    return _strategy(a) in ATTENTION_STRATEGIES and a.get("dynamic", False) is False and a.get("num_bits") == 8
 
 
 def _strategy(args: dict) -> str:
@@ -149,8 +163,11 @@ class Config:
         if fmt is not None and not isinstance(fmt, str):  # a group's own format may shadow it: check it anyway
             raise CheckpointError(f"{where}.format: expected a compression format name, got {shown(fmt)}")
         self.groups: dict[str, tuple[list[str | Pattern], LayerQuant]] = {}
+        self.attention_groups: list[str] = []  # groups quantizing an attention module's Q (q_scale)
+        self.kv = qc.get("kv_cache_scheme")
         groups = qc.get("config_groups")
-        if not isinstance(groups, dict) or not groups:
+        # llm-compressor writes "config_groups": {} for a checkpoint whose only scheme is the KV cache's
+        if not isinstance(groups, dict) or (not groups and self.kv is None):
             raise CheckpointError(f"{where}.config_groups: expected a non-empty object, got {groups!r:.100}")
         for gname, g in groups.items():
             at = f"{where}.config_groups.{gname}"
@@ -162,6 +179,9 @@ class Config:
             targets = g.get("targets")
             if not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)):
                 raise CheckpointError(f"{at}.targets: expected a non-empty list of strings, got {targets!r:.100}")
+            if g.get("weights") is None and _attention_input(g.get("input_activations"), f"{at}.input_activations"):
+                self.attention_groups.append(gname)
+                continue
             if g.get("weights") is None:
                 raise CheckpointError(f"{at}.weights: missing; fp8ref loads weight-quantized FP8 layers")
             if g.get("output_activations") is not None:
@@ -180,11 +200,11 @@ class Config:
         if status != "compressed":
             raise CheckpointError(f"{where}.quantization_status: {status!r}; only 'compressed' checkpoints "
                                   f"store FP8 codes")
-        self.kv = qc.get("kv_cache_scheme")
         if self.kv is not None:
             kv = _args(self.kv, f"{where}.kv_cache_scheme")
-            if _strategy(kv) != "tensor" or kv.get("dynamic", False) is not False:
-                raise CheckpointError(f"{where}.kv_cache_scheme: expected static per-tensor, got {self.kv!r:.200}")
+            if _strategy(kv) not in ATTENTION_STRATEGIES or kv.get("dynamic", False) is not False:
+                raise CheckpointError(f"{where}.kv_cache_scheme: expected static per-tensor or per-head "
+                                      f"(attn_head), got {self.kv!r:.200}")
 
     def ignored(self, name: str) -> bool:
         return any(i.match(name) if isinstance(i, Pattern) else i == name for i in self.ignore)
@@ -283,6 +303,8 @@ def layers(qc, store, where, warnings):
                         f"list {module!r}, so compressed-tensors loaders treat it as quantized (transformers "
                         f"initialises missing scales: NaN or huge outputs). Fix: add {module!r} to ignore")
     kv = {}
+    if cfg.attention_groups:
+        kv.update((n, n) for n in store if n.endswith(".q_scale"))
     if cfg.kv is not None:
         for n in store:
             if n.endswith((".k_scale", ".v_scale", ".k_proj.output_scale", ".v_proj.output_scale")):
@@ -366,7 +388,7 @@ MX_INPUTS = (("float4_e2m1fn", "float4_e2m1fn"), ("float8_e4m3fn", "float8_e4m3f
              ("float6_e2m3fn", "float8_e4m3fn"))
 
 
-def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool = False,
+def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool | str = False,
                         version: str = ct.DEFAULT_CT_VERSION) -> dict:
     """``quantization_config`` of stored layers, written by the one compressed-tensors writer as
     compressed-tensors ``version`` writes it."""
@@ -465,6 +487,10 @@ class CompressedTensors(Defaults):
         ScaleDecl("mx", "weight_scale", "E8M0 exponent", "U8", "[out, in/32]", "weights.group_size 32 "
                   "(strategy group, scale_dtype torch.uint8)"),
         ScaleDecl("KV cache", "self_attn.{k,v}_scale", "multiplier", "D", "[1]", "-"),
+        ScaleDecl("KV cache, attn_head", "self_attn.{k,v}_scale", "multiplier", "D", "[n_kv_heads, 1, 1]",
+                  "kv_cache_scheme.strategy attn_head", "one scale per KV head"),
+        ScaleDecl("attention input (Q)", "self_attn.q_scale", "multiplier", "D", "[1] or [n_heads, 1, 1]",
+                  "input_activations.strategy tensor / attn_head of a group without weights"),
     )
     methods = ("compressed-tensors",)
     original_names = ct.ORIGINAL_NAMES  # llm-compressor's Mixtral expert renaming
@@ -472,6 +498,7 @@ class CompressedTensors(Defaults):
     scheme_scale_dtype = "model"
     scales_follow_recipe = True
     kv_refusal = None
+    kv_per_head = True  # kv_cache_scheme strategy attn_head: self_attn.{k,v}_scale [n_kv_heads, 1, 1]
     nvfp4_global = "divisor"
     config_versions = ct.CT_VERSIONS
 

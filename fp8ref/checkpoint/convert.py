@@ -361,6 +361,12 @@ def _global_amax(ckpt, plans: list[_Layer]) -> dict[str, float]:
 
 # --- KV-cache scales --------------------------------------------------------------------------------
 
+def _kv_strategy(ckpt, kv: bool) -> bool | str:
+    """The ``kv`` argument of a config writer: "attn_head" where the KV-cache scales are per head."""
+    per_head = any(int(np.prod(ckpt.store.info(n).shape)) > 1 for n in ckpt.kv_scales.values())
+    return "attn_head" if kv and per_head else kv
+
+
 def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]]:
     """Source KV tensor -> (target name, dtype, shape, values, report row)."""
     if not ckpt.kv_scales:
@@ -374,24 +380,26 @@ def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]
     for n in names:
         attn, which = base.kv_parts(n)
         tname, shape = module.kv_tensor(n, ckpt.store.info(n).shape)
-        value = np.float32(np.asarray(ckpt.store.get(n)).astype(np.float32).reshape(-1)[0])
+        value = np.asarray(ckpt.store.get(n)).astype(np.float32).reshape(-1)  # one, or one per head
         by_attn.setdefault(attn, {})[which] = (n, tname, shape, value)
     for pair in by_attn.values():
-        shared = max(v[3] for v in pair.values()) if module.kv_shared else None
+        shared = max(float(v[3].max()) for v in pair.values()) if module.kv_shared else None
         for n, tname, shape, value in pair.values():
-            want = value if shared is None else shared
+            want = value if shared is None else np.full_like(value, shared)
             store_as = module.kv_store or "model"
             dtype = D_DTYPES[ckpt.dtype] if store_as == "model" else store_as
             if module.name == ckpt.format:
                 dtype = ckpt.store.info(n).dtype
-            r = reexpress(np.array([want], np.float32), dtype)
-            exact = bool(r is not None and want == value)
+            r = reexpress(want, dtype)
+            exact = bool(r is not None and np.array_equal(want, value))
             if r is None:  # requantize: the KV rule of the target on amax = 448 * s
                 rec = get_recipe(module.kv_recipe or "compressed-tensors")
-                r = amax_scale(float(want) * 448.0, rec, "float8_e4m3fn", ckpt.dtype,
-                               "model" if module.kv_store is None else _NAMES[dtype])
-            row = {"name": n, "target": tname, "exact": exact, "source_value": float(value),
-                   "target_value": float(r.reshape(-1)[0])}
+                r = np.concatenate([amax_scale(float(w) * 448.0, rec, "float8_e4m3fn", ckpt.dtype,
+                                               "model" if module.kv_store is None else _NAMES[dtype]) for w in want])
+            one = value.size == 1
+            row = {"name": n, "target": tname, "exact": exact,
+                   "source_value": float(value[0]) if one else value.tolist(),
+                   "target_value": float(r.reshape(-1)[0]) if one else r.reshape(-1).tolist()}
             out[n] = (tname, dtype, tuple(shape), as_stored(r.astype(np.float32), dtype).reshape(shape), row)
     return out
 
@@ -424,8 +432,8 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
         raise CheckpointError(f"{ckpt.path}: converting to {format} is not exact ({len(lossy)} layer(s), "
                               f"{len(lossy_kv)} KV scale(s) would change; {what}); nothing written")
     layers = {p.name: p.target for p in plans}
-    qc = module.quantization_config(layers, [m for m in linear_layers(ckpt.store) if m not in layers], kv=bool(kv),
-                                    **options)
+    qc = module.quantization_config(layers, [m for m in linear_layers(ckpt.store) if m not in layers],
+                                    kv=_kv_strategy(ckpt, bool(kv)), **options)
     store = ckpt.store
     refuse_collisions(store, qc, module)
     by_weight = {p.layer.tensors["weight"]: p for p in plans}
@@ -530,7 +538,8 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
         renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in linear_layers(store) if m not in layers]
-    qc = module.quantization_config(layers, unquantized, kv=bool(checkpoint.kv_scales), **options)
+    qc = module.quantization_config(layers, unquantized, kv=_kv_strategy(checkpoint, bool(checkpoint.kv_scales)),
+                                    **options)
     if fmt == checkpoint.format:
         qc = module.carry_config(checkpoint.quantization_config, qc)
     folder = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent

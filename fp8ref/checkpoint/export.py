@@ -76,10 +76,6 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     if kv_amax and module.kv_refusal:  # before the spec is resolved: the format is the first thing wrong
         plan_kv(store, kv_amax, format, {}, where=where)
     plans = plan_layers(store, spec, format, recipe=recipe, calibration=calibration)
-    kv_plans = plan_kv(store, kv_amax, format, plans, recipe=recipe, where=where)
-    kv_by_file: dict[str, list[KVPlan]] = {}
-    for k in kv_plans:
-        kv_by_file.setdefault(k.file, []).append(k)
     config = {}
     if (folder / "config.json").exists() or (folder / "config.json").is_symlink():  # a FIFO: refused by read_json
         config = read_json(folder / "config.json", "config")
@@ -87,11 +83,16 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
             raise CheckpointError(f"{folder / 'config.json'}: expected a JSON object")
         if config.get("quantization_config") is not None:
             raise CheckpointError(f"{folder / 'config.json'}: the source already has a quantization_config")
+    kv_plans = plan_kv(store, kv_amax, format, plans, recipe=recipe, where=where, config=config)
+    kv_by_file: dict[str, list[KVPlan]] = {}
+    for k in kv_plans:
+        kv_by_file.setdefault(k.file, []).append(k)
     layers = {n: p.quant for n, p in plans.items()}
     unquantized = [m for m in linear_layers(store) if m not in plans]
     if module.config_takes_recipes:  # torchao: MX's ScaleCalculationMode is the recipe's
         options["recipes"] = {n: p.recipe for n, p in plans.items()}
-    qc = module.quantization_config(layers, unquantized, kv=bool(kv_plans), **options)
+    per_head = any(np.size(k.value) > 1 for k in kv_plans)  # kv_cache_scheme strategy attn_head
+    qc = module.quantization_config(layers, unquantized, kv="attn_head" if per_head else bool(kv_plans), **options)
     refuse_collisions(store, qc, module)
     bar = progress_bar(len(store), progress)
     inputs = [folder if source.is_dir() else source] + [p for p in given if isinstance(p, (str, os.PathLike))]

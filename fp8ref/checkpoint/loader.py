@@ -317,9 +317,10 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
         getattr(producer, "check_layer", check_layer)(store, entry, check_values=check_values, dtype=dtype)
     for name in kv.values():
         info = store.info(name)
-        if info.dtype not in ("F32", "BF16", "F16") or len(info.shape) > 1:
+        if info.dtype not in ("F32", "BF16", "F16"):
             raise CheckpointError(f"{store.where(name)}: {info.dtype} {list(info.shape)}; a KV-cache scale is "
                                   f"a float scalar, [1] or [heads]")
+        _check_head_count(store, name, list(info.shape), config)
         if check_values:
             check_scale_values(store, name)
     _check_leftovers(store, entries, kv)
@@ -329,6 +330,22 @@ def load_checkpoint(path: str | os.PathLike, *, check_values: bool = True, symli
         producer.validate(store, entries, warnings)
     warnings.extend(name_warnings(config, list(store), str(folder)))
     return Checkpoint(folder if path.is_dir() else path, fmt, config, qc, store, entries, kv, warnings)
+
+
+def _check_head_count(store, name: str, shape: list[int], config: dict) -> None:
+    """A KV-cache (or Q) scale is one value, or one per head: [n], [n, 1, 1] (llm-compressor's
+    attn_head) with n the config's KV heads (k, v) or attention heads (q)."""
+    if shape in ([], [1]):
+        return
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    key = "num_attention_heads" if name.endswith(".q_scale") else "num_key_value_heads"
+    n = text.get(key, text.get("num_attention_heads"))
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise CheckpointError(f"{store.where(name)}: shape {shape}, one scale per head, but config.json has no "
+                              f"integer {key} to check it against")
+    if shape not in ([n], [n, 1, 1]):
+        raise CheckpointError(f"{store.where(name)}: shape {shape}; config.json has {key} {n}, so a per-head "
+                              f"scale is [{n}, 1, 1] (or [{n}]); one per tensor is [] or [1]")
 
 
 def _only_subfolder_checkpoint(path: Path) -> Path | None:

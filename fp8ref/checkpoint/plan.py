@@ -176,9 +176,35 @@ class KVPlan:
     value: np.ndarray  # the stored tensor, in the format's KV shape
 
 
-def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt: str,
-            plans: Mapping[str, LayerPlan], *, recipe: str | None = None, where: str = "calibration"
-            ) -> list[KVPlan]:
+def _kv_heads(kv, module, fmt: str, config: Mapping | None, where: str) -> int | None:
+    """The KV head count of per-head amax entries (checked: all per head or none, one per head of
+    the config), or None for per-tensor ones."""
+    entries = [(key, a) for d in kv.values() for key, a in d.values()]
+    per_head = [key for key, a in entries if isinstance(a, tuple)]
+    if not per_head:
+        return None
+    if len(per_head) != len(entries):
+        other = next(key for key, a in entries if not isinstance(a, tuple))
+        raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head but {other!r} one per tensor; "
+                              f"a checkpoint's kv_cache_scheme has one strategy: give every KV amax per head or none")
+    if not module.kv_per_head:
+        raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head; the {fmt} format stores one "
+                              f"KV-cache scale per tensor (export to compressed-tensors for per-head scales)")
+    text = (config or {}).get("text_config") if isinstance((config or {}).get("text_config"), dict) else (config or {})
+    n = text.get("num_key_value_heads", text.get("num_attention_heads"))
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head, but the source's config.json "
+                              f"has no num_key_value_heads to check the count against")
+    for key, a in entries:
+        if len(a) != n:
+            raise CheckpointError(f"{where}: {key!r} holds {len(a)} amax values; config.json has "
+                                  f"num_key_value_heads {n}: give one per KV head")
+    return n
+
+
+def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float | tuple[float, ...]]]], fmt: str,
+            plans: Mapping[str, LayerPlan], *, recipe: str | None = None, where: str = "calibration",
+            config: Mapping | None = None) -> list[KVPlan]:
     """KV-cache scales for ``fmt`` from per-attention-module amax; every check runs before writing.
 
     Scale = the recipe's formula on the amax: the format's own KV rule (``kv_recipe``: ModelOpt
@@ -186,6 +212,9 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
     the module's k_proj/v_proj layer, else compressed-tensors'; stored in the format's KV dtype
     (``kv_store``; None: the recipe's, the projection's dtype or float32), name and shape
     (``kv_name``, ``kv_shape``); with ``kv_shared`` (Quark) K and V both hold the larger scale.
+    A per-head amax (a tuple, one per KV head of ``config``'s ``num_key_value_heads``) gives a scale
+    [n_kv_heads, 1, 1] in a format that stores them (``kv_per_head``: compressed-tensors' attn_head);
+    every module then has per-head amax (kv_cache_scheme is one strategy for the whole model).
     """
     if not kv:
         return []
@@ -196,6 +225,7 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
         raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} attention module(s) (e.g. {example!r}), but "
                               f"the {fmt} format cannot express KV-cache scales: {module.kv_refusal}. Export to "
                               f"compressed-tensors, modelopt or quark, or drop the KV-cache entries")
+    heads = _kv_heads(kv, module, fmt, config, where)
     attention = sorted(n[: -len(".k_proj.weight")] for n in store
                        if n.endswith(".k_proj.weight") and n.replace(".k_proj.weight", ".v_proj.weight") in store)
     files = {n: fname for fname, f in store.files.items() for n in f.tensors}
@@ -225,13 +255,15 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float]]], fmt
             store_as = module.kv_store or ("model" if rec.scale_store_dtype == "model" else "F32")
             sdtype = D_DTYPES[dtype] if store_as == "model" else "F32"
             as_dtype = "model" if module.kv_store is None else {v: k for k, v in D_DTYPES.items()}[sdtype]
-            stored = amax_scale(entries[which][1], rec, "float8_e4m3fn", dtype, as_dtype)
+            amax = entries[which][1]
+            stored = (np.concatenate([amax_scale(a, rec, "float8_e4m3fn", dtype, as_dtype) for a in amax])
+                      if heads else amax_scale(amax, rec, "float8_e4m3fn", dtype, as_dtype))
             if not (np.isfinite(stored).all() and (stored > 0).all()):
                 raise CheckpointError(f"{where}: {entries[which][0]!r} = {entries[which][1]!r}: recipe {rec.name!r} "
                                       f"gives the scale {float(stored[0])!r} in {dtype}; a KV-cache scale must be "
                                       f"finite and > 0")
             pair.append(KVPlan(name, files[f"{proj}.weight"], sdtype,
-                               as_stored(stored, sdtype).reshape(module.kv_shape)))
+                               as_stored(stored, sdtype).reshape((heads, 1, 1) if heads else module.kv_shape)))
         if module.kv_shared:  # both hold the larger scale (the values are exact in their common dtype)
             big = max(pair, key=lambda p: float(np.asarray(p.value, np.float32).reshape(-1)[0]))
             for p in pair:

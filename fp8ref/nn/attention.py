@@ -9,8 +9,9 @@ Per mode: ``reference``: ``fp8ref.attention.attention`` (the one reference, also
 and bmm2 in a declared float64 order, rounded once to the model dtype); ``backend:NAME``: the
 backend's ``attention`` when it declares one for the case, else the reference; ``producer``: the
 producer's fake-quantize of K and V in the model dtype (compressed-tensors' ``forward_quantize``: D
-division, clamp, e4m3, D product), then transformers' own attention (unquantized K and V for a
-format whose reload drops the scales: auto-round's, ``kv_reload_quantizes``); ``original``:
+division, clamp, e4m3, D product; Q too where a q_scale is stored), then transformers' own attention
+(unquantized K and V for a format whose reload drops the scales: auto-round's,
+``kv_reload_quantizes``); ``original``:
 transformers' attention on unquantized K and V.
 """
 
@@ -36,17 +37,16 @@ _SUFFIXES = {"k": (".k_proj.k_scale", ".k_scale", ".k_proj.output_scale"),
 
 
 def kv_scales(ckpt) -> dict[str, dict[str, np.ndarray]]:
-    """attention module name -> {"k": scale, "v": scale[, "q": scale]} (float32 scalars) from the checkpoint."""
+    """attention module name -> {"k": scale, "v": scale[, "q": scale]} from the checkpoint: float32
+    scalars, or float32 (heads,) for per-head scales (llm-compressor's attn_head; the loader has
+    checked their count against config.json)."""
     out: dict[str, dict[str, np.ndarray]] = {}
     for name in ckpt.kv_scales:
         for which, suffixes in _SUFFIXES.items():
             for suffix in suffixes:
                 if name.endswith(suffix):
                     s = np.asarray(ckpt.tensor(name)).astype(np.float32).reshape(-1)
-                    if s.size != 1:
-                        raise ModelError(f"{ckpt.store.where(name)}: {s.size} KV-cache scales; the reference "
-                                         f"attention takes one per tensor")
-                    out.setdefault(name[: -len(suffix)], {})[which] = s[0]
+                    out.setdefault(name[: -len(suffix)], {})[which] = s[0] if s.size == 1 else s
                     break
     for attn, d in out.items():
         if not {"k", "v"} <= set(d):
@@ -62,11 +62,13 @@ def quantize_kv(x: torch.Tensor, scale: np.float32, mode) -> torch.Tensor:
         return x
     dtype = dtype_name(x)
     x32 = x.detach().to(torch.float32).numpy()
+    # (B, Hkv, T, d): a per-head scale broadcasts over heads, as compressed-tensors' [Hkv, 1, 1] does
+    s = np.asarray(scale, np.float32).reshape(-1, 1, 1) if np.ndim(scale) else np.float32(scale)
     if mode.kind == "producer":
-        y = qdq(x32, np.float32(scale), dtype, d_division=True, positive_zero=True)
+        y = qdq(x32, s, dtype, d_division=True, positive_zero=True)
     else:
-        codes = quantize_per_tensor(x32, scale)
-        y = round_to(decode(codes, "float8_e4m3fn").astype(np.float64) * np.float64(scale), dtype)
+        codes = quantize_per_tensor(x32, s)
+        y = round_to(decode(codes, "float8_e4m3fn").astype(np.float64) * s.astype(np.float64), dtype)
     return torch.from_numpy(np.ascontiguousarray(np.asarray(y, np.float32))).to(x.dtype)
 
 
@@ -93,9 +95,9 @@ def reference_attention(module, query, key, value, attention_mask, scaling, stat
     q_scale = state.get("q")
     if backend is not None and mask is None:
         f32 = np.float32
-        out = backend.attention(numpy_of(query), numpy_of(key), numpy_of(value), np.array([state["k"]], f32),
-                                np.array([state["v"]], f32),
-                                q_scale=None if q_scale is None else np.array([q_scale], f32),
+        out = backend.attention(numpy_of(query), numpy_of(key), numpy_of(value), np.array(state["k"], f32).reshape(-1),
+                                np.array(state["v"], f32).reshape(-1),
+                                q_scale=None if q_scale is None else np.array(q_scale, f32).reshape(-1),
                                 fmt="float8_e4m3fn", causal=causal)
         out = np.asarray(out).astype(np.float32)
     else:
@@ -109,6 +111,8 @@ def _backend_for(state, module, query, attention_mask):
     mode = state["mode"]
     if mode.kind != "backend" or attention_mask is not None:
         return None  # a backend's attention takes a causal flag, not a mask
+    if any(np.ndim(state[w]) for w in "kvq" if w in state):
+        return None  # the backend protocol passes one scale per tensor; per-head scales run the reference
     be = state["backends"].get(mode.arg)
     if be is None:
         raise ModelError(f"mode {mode} needs its backend object; have {sorted(state['backends']) or 'none'}")
@@ -137,6 +141,8 @@ def _attention(module, query, key, value, attention_mask=None, *args, **kwargs):
     if mode.kind != "producer" or state.get("producer_quantizes", True):
         key = quantize_kv(key, state["k"], mode)
         value = quantize_kv(value, state["v"], mode)
+        if "q" in state:  # compressed-tensors' QuantizedAttentionImpl: the same forward_quantize of Q
+            query = quantize_kv(query, state["q"], mode)
     return ALL_ATTENTION_FUNCTIONS[state["impl"]](module, query, key, value, attention_mask, *args, **kwargs)
 
 

@@ -235,7 +235,7 @@ def to_ct_config(config: LayerConfig, layer_names: Iterable[str] | None = None, 
                                version=version)
 
 
-def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: bool = False,
+def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: bool | str = False,
                       version: str = DEFAULT_CT_VERSION) -> dict:
     """``quantization_config`` for ``{layer: scheme or None (unquantized)}``: one distinct group
     becomes a single ``Linear`` group plus an ``ignore`` list of the unquantized layers (what
@@ -260,18 +260,20 @@ def group(s: QuantizationScheme, targets: list[str], version: str = DEFAULT_CT_V
             "output_activations": None, "targets": targets, "weights": to_ct_args(s, "weights", version)}
 
 
-def quantization_config(groups: list[dict], ignore: list[str], *, kv: bool = False,
+def quantization_config(groups: list[dict], ignore: list[str], *, kv: bool | str = False,
                         version: str = DEFAULT_CT_VERSION) -> dict:
     """The ONE compressed-tensors ``quantization_config`` writer: the top-level keys compressed-tensors
     ``version`` writes (0.19.0: nine; 0.20.1 adds ``moe_sparsity_config``; ``version`` itself left out:
     fp8ref is not compressed-tensors), groups named ``group_0``... in order, ``kv_cache_scheme`` static
-    per-tensor FP8 when ``kv``."""
+    FP8 when ``kv``: per tensor (True), or ``kv="attn_head"``: one scale per KV head."""
     check_ct_version(version)
     formats = {g["format"] for g in groups}
     out = {"config_groups": {f"group_{i}": g for i, g in enumerate(groups)},
            "format": formats.pop() if len(formats) == 1 else "mixed-precision",
            "global_compression_ratio": None, "ignore": list(ignore),
-           "kv_cache_scheme": as_written(dict(KV_CACHE_SCHEME, observer_kwargs={}), version) if kv else None,
+           "kv_cache_scheme": as_written(dict(KV_CACHE_SCHEME, observer_kwargs={},
+                                              strategy="attn_head" if kv == "attn_head" else "tensor"), version)
+           if kv else None,
            "quant_method": NAME, "quantization_status": "compressed",
            "sparsity_config": {}, "transform_config": {}}
     if version != "0.19":

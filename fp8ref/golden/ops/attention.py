@@ -34,14 +34,27 @@ from .quantize import DTYPES
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 TOLERANCE = 2.0 ** -45  # times (d + Tk + 8): the module docstring
-QUANTIZE = ("kv", "qkv", "kvp", "qkvp")
+# quantize -> the reference's kv_cache for the KV-cache variants (fp8ref.attention): per-head static
+# scales (llm-compressor attn_head), vLLM's fp8_per_token_head, the NVFP4 KV cache (with FP8 Q or not)
+KV_CACHE_OF = {"kv-head": "fp8", "qkv-head": "fp8", "kv-token-head": "fp8_per_token_head",
+               "kv-nvfp4": "nvfp4", "qkv-nvfp4": "nvfp4", "kv-nvfp4-mult": "nvfp4_mult"}
+QUANTIZE = ("kv", "qkv", "kvp", "qkvp", *KV_CACHE_OF)
 P_SCALE = np.float32(1.0 / 448.0)  # P in [0, 1] onto e4m3fn's full range: 1 -> 448 (saturating)
 
 
-def _calibrated(stream, shape, dtype, fmt) -> np.ndarray:
-    """fp32(amax of a separate calibration sample / fmt max), shape (1,): some values clip."""
-    calib = values.tensor(stream, shape, dtype).astype(np.float64)
-    return (np.abs(calib).max() / np.float64(get_format(fmt).max)).astype(np.float32).reshape(1)
+def _calibrated(stream, shape, dtype, fmt, per_head: bool = False) -> np.ndarray:
+    """fp32(amax of a separate calibration sample / fmt max), shape (1,) or one per head (axis 1):
+    some values clip."""
+    calib = np.abs(values.tensor(stream, shape, dtype).astype(np.float64))
+    amax = calib.max(axis=(0, 2, 3)) if per_head else calib.max().reshape(1)
+    return (amax / np.float64(get_format(fmt).max)).astype(np.float32)
+
+
+def _nvfp4_global(stream, shape, dtype, multiplier: bool = False) -> np.ndarray:
+    """The global scale of a calibration sample, shape (1,): FlashInfer's encode scale
+    fp32(448 / amax), or as a decode multiplier fp32(amax / 448) (nvfp4_kv_quantize's)."""
+    calib = np.abs(values.tensor(stream, shape, dtype).astype(np.float64))
+    return np.float32(calib.max() / 448.0 if multiplier else 448.0 / calib.max()).reshape(1)
 
 
 class Attention(Operation):
@@ -50,11 +63,16 @@ class Attention(Operation):
     outputs = ("out",)
     # p_scale is passed to FP8-P cases only, so a backend without them keeps the signature it has
     signature = ("attention(q, k, v, k_scale, v_scale, *, q_scale, fmt, causal) "
-                 "-> out (B, H, Tq, d) in q's dtype; quantize kvp / qkvp cases also pass p_scale=")
+                 "-> out (B, H, Tq, d) in q's dtype; quantize kvp / qkvp cases also pass p_scale=, the "
+                 "KV-cache variants (kv-head, qkv-head, kv-token-head, kv-nvfp4, qkv-nvfp4, kv-nvfp4-mult) "
+                 "kv_cache=")
     fields = {
         "formats": (choices(_FP8), ("float8_e4m3fn",)),
         "dtypes": (choices(DTYPES), ("bfloat16",)),
-        # kv: K and V in FP8; qkv: Q too; kvp / qkvp: and P, e4m3fn with p_scale = fp32(1/448), before bmm2
+        # kv: K and V in FP8; qkv: Q too; kvp / qkvp: and P, e4m3fn with p_scale = fp32(1/448), before bmm2;
+        # kv-head / qkv-head: one scale per head; kv-token-head: vLLM's fp8_per_token_head (no stored
+        # scale); kv-nvfp4 / qkv-nvfp4: the NVFP4 KV cache with encode global scales (Q per tensor in FP8);
+        # kv-nvfp4-mult: the same with decode-multiplier globals (FlashInfer nvfp4_kv_quantize, SGLang)
         "quantize": (choices(QUANTIZE, allow_all=False), ("kv",)),
         "causal": (choices((False, True), allow_all=False, kind=bool), (True,)),
         "shapes": (per_level(shapes(6)), None),  # B, H, Hkv, Tq, Tk, d
@@ -62,7 +80,7 @@ class Attention(Operation):
     tolerance_rule = "float64-order tolerance"
     # keyword -> (case parameter, values): passed only to those cases; a backend that declares one
     # of the values must take the keyword (checked at load)
-    conditional_keywords = {"p_scale": ("quantize", ("kvp", "qkvp"))}
+    conditional_keywords = {"p_scale": ("quantize", ("kvp", "qkvp")), "kv_cache": ("quantize", tuple(KV_CACHE_OF))}
 
     def expand(self, entry, level):
         f, out = entry.fields, []
@@ -82,24 +100,31 @@ class Attention(Operation):
         B, H, Hkv, Tq, Tk, d = params["shape"]
         dtype, fmt = params["dtype"], params["format"]
         qv = values.heavy_tailed(stream, B * H * Tq * d, outlier_rate=0.0).reshape(B, H, Tq, d)
+        qz = params["quantize"]
+        kv_shape = (B, Hkv, Tk, d)
         inputs = {"q": values.from_bits(values.round_to(qv, dtype), dtype),
-                  "k": values.tensor(stream, (B, Hkv, Tk, d), dtype),
-                  "v": values.tensor(stream, (B, Hkv, Tk, d), dtype),
-                  "k_scale": _calibrated(stream, (B, Hkv, Tk, d), dtype, fmt),
-                  "v_scale": _calibrated(stream, (B, Hkv, Tk, d), dtype, fmt)}
-        if params["quantize"] in ("kvp", "qkvp"):
+                  "k": values.tensor(stream, kv_shape, dtype), "v": values.tensor(stream, kv_shape, dtype)}
+        cache = KV_CACHE_OF.get(qz, "fp8")
+        if cache.startswith("nvfp4"):
+            inputs["k_scale"], inputs["v_scale"] = (_nvfp4_global(stream, kv_shape, dtype, cache == "nvfp4_mult")
+                                                    for _ in "kv")
+        elif cache == "fp8":
+            inputs["k_scale"], inputs["v_scale"] = (_calibrated(stream, kv_shape, dtype, fmt, qz.endswith("-head"))
+                                                    for _ in "kv")
+        if qz in ("kvp", "qkvp"):
             inputs["p_scale"] = P_SCALE.reshape(1)
-        if params["quantize"].startswith("qkv"):
-            inputs["q_scale"] = (np.abs(qv).max() / np.float64(get_format(fmt).max)).astype(np.float32).reshape(1)
+        if qz.startswith("qkv"):
+            amax = np.abs(qv).max(axis=(0, 2, 3)) if qz.endswith("-head") else np.abs(qv).max().reshape(1)
+            inputs["q_scale"] = (amax / np.float64(get_format(fmt).max)).astype(np.float32)
         return Case(name, self.name, params, inputs)
 
     @staticmethod
     def _run(params, inputs, v=None, unrounded=False):
-        return ref.attention(inputs["q"], inputs["k"], inputs["v"] if v is None else v, inputs["k_scale"][0],
-                             inputs["v_scale"][0], dtype=params["dtype"], fmt=params["format"],
-                             q_scale=inputs["q_scale"][0] if "q_scale" in inputs else None,
-                             causal=params["causal"], unrounded=unrounded,
-                             p_scale=inputs["p_scale"][0] if "p_scale" in inputs else None)
+        return ref.attention(inputs["q"], inputs["k"], inputs["v"] if v is None else v, inputs.get("k_scale"),
+                             inputs.get("v_scale"), dtype=params["dtype"], fmt=params["format"],
+                             q_scale=inputs.get("q_scale"), causal=params["causal"], unrounded=unrounded,
+                             p_scale=inputs["p_scale"][0] if "p_scale" in inputs else None,
+                             kv_cache=KV_CACHE_OF.get(params["quantize"], "fp8"))
 
     def reference(self, params, inputs):
         out = self._run(params, inputs)
@@ -107,7 +132,10 @@ class Attention(Operation):
 
     def call(self, backend, params, inputs):
         p = {"p_scale": inputs["p_scale"]} if "p_scale" in inputs else {}
-        return {"out": backend.attention(inputs["q"], inputs["k"], inputs["v"], inputs["k_scale"], inputs["v_scale"],
+        if params["quantize"] in KV_CACHE_OF:
+            p["kv_cache"] = KV_CACHE_OF[params["quantize"]]
+        k_scale, v_scale = inputs.get("k_scale"), inputs.get("v_scale")  # None for kv-token-head
+        return {"out": backend.attention(inputs["q"], inputs["k"], inputs["v"], k_scale, v_scale,
                                          q_scale=inputs.get("q_scale"), fmt=params["format"],
                                          causal=params["causal"], **p)}
 
@@ -128,6 +156,8 @@ class Attention(Operation):
         if params.get("quantize") in ("kvp", "qkvp"):
             return ("the float64-order tolerance does not cover an FP8 P (a P that differs in its last bits "
                     "can round to another e4m3 code)")
+        if params.get("quantize") in KV_CACHE_OF:
+            return "the float64-order tolerance is derived for per-tensor KV scales only"
         return None
 
     def bound_interval(self, params, inputs) -> dict[str, np.ndarray]:
