@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .._native import threads
+from ..io.files import json_safe  # noqa: F401  (the report's JSON rule, here for the nn callers)
 
 # dtype -> (fraction bits, smallest normal exponent)
 _GRID = {torch.bfloat16: (7, -126), torch.float16: (10, -14), torch.float32: (23, -126)}
@@ -83,14 +84,3 @@ def perplexity(logits: torch.Tensor, ids: torch.Tensor) -> float:
         for p in pieces:
             piece(*p)
     return float(np.exp(nll.mean())) if nll.size else math.nan
-
-
-def json_safe(v):
-    """inf / NaN as the strings "inf", "-inf", "nan" (JSON has no such numbers)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, dict):
-        return {k: json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [json_safe(x) for x in v]
-    return v
