@@ -57,7 +57,7 @@ def recipe_names() -> tuple[str, ...]:
     return tuple(sorted(path.stem for path in RECIPES_DIR.glob("*.yaml")))
 
 
-_LOADING = threading.Lock()  # threads that ask for a recipe at once parse its file once
+_LOADING = threading.RLock()  # threads that ask for a recipe at once parse its file once
 
 
 @functools.cache
