@@ -89,6 +89,13 @@ class QuantizedLayer:
         """(the stored tensor of ``role`` as its property gives it, its dtype name), None where the
         layer has none; ``bf16_bits``: a BF16 tensor as its uint16 bit patterns, dtype 'bfloat16'
         (ml_dtypes not imported)."""
+        own = getattr(type(self), role, None)
+        if isinstance(own, property) and own is not getattr(QuantizedLayer, role, None):
+            t = own.fget(self)  # a layer class's own reading of it (e.g. block scales it unswizzles)
+            if t is None:
+                return None
+            t = np.asarray(t)
+            return (t.view(np.uint16), "bfloat16") if t.dtype.name == "bfloat16" else (t, t.dtype.name)
         t = self._tensor(role, bf16_bits=bf16_bits)
         if t is None:
             return None

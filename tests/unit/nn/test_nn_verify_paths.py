@@ -188,3 +188,24 @@ def test_verify_command_imports_neither_torch_nor_ml_dtypes(fixture, original, r
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3]).stdout
     assert out.strip().splitlines()[-1] == f"{rc} False False"
+
+
+def test_read_tensor_gives_bf16_bits_and_a_layer_class_own_reading():
+    """QuantizedLayer.read_tensor (what verify compares): a BF16 scale as its bit patterns, the same
+    bytes as the ``weight_scale`` property's ml_dtypes array; a layer class with its own
+    ``weight_scale`` property (torchao's unswizzled block scales) is read through it."""
+    ckpt = fp8ref.load_checkpoint(CKPTS / "llmc_fp8")
+    layer = ckpt[next(iter(ckpt))]
+    bits, dtype = layer.read_tensor("weight_scale", bf16_bits=True)
+    assert dtype == "bfloat16" and bits.dtype == np.uint16
+    assert bits.tobytes() == np.asarray(layer.weight_scale).tobytes()
+    assert layer.read_tensor("bias", bf16_bits=True) is None
+
+    class OwnScale(type(layer)):
+        @property
+        def weight_scale(self):
+            return np.full((3, 1), 2.0, ml_dtypes.bfloat16)
+
+    layer.__class__ = OwnScale
+    bits, dtype = layer.read_tensor("weight_scale", bf16_bits=True)
+    assert dtype == "bfloat16" and bits.tolist() == [[0x4000]] * 3
