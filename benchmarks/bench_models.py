@@ -17,12 +17,14 @@ Parts (``--skip`` any of them):
   load 2.5-4.3 and 0.92x at load 7-11 before the edge work of issue 21; after it 1.10x, 1.26x, 1.27x
   in three rounds at load 3.5-4.2 (at load 13-17 the peer got 0.09 cores and was stopped).
 * ``decode``: one 1-token forward of the fp8ref model in reference mode (every linear at M = 1)
-  against a transformers float64 forward of that token (best of --repeat; target <= 2x).
+  against a transformers float64 forward of that token (best of --repeat; target <= 2x); the CPU time
+  of the same steps too (the ratio a loaded machine moves least).
 * ``compare``: ``fp8ref compare --original --modes reference,original`` peak RSS against checkpoint
   bytes + the largest layer's original bytes + 1.5 GB.
 * ``verify``: the whole ``fp8ref verify --original`` process against reading every byte of both
   checkpoints' files (a process reading them into one 64 MiB buffer, timed from its first read; warm page
-  cache), alternated --verify-repeat times: min and median of each, both ratios (target <= 1.5x).
+  cache), alternated --verify-repeat times: min and median of each, both ratios (target <= 1.5x), and
+  the same ratios of the two processes' CPU time (verify's imports included, the reader's start too).
 The float64 peer needs 8 bytes per parameter (10 GB at 1B): it is skipped (said so) when the
 machine has less memory available than that plus 2 GB. Shapes: ``1b`` Llama-3.2-1B, ``3b``
 Llama-3.2-3B, ``8b`` Llama-3.1-8B; at 3b and 8b the default parts are eval's memory only (the
@@ -210,9 +212,11 @@ with torch.no_grad():
         cores = (time.process_time() - c0) / full
     else:
         full = cores = None
-    one = min((lambda t0: (model(ids[:1, :1]), time.perf_counter() - t0)[1])(time.perf_counter())
-              for _ in range(repeat))
-print(json.dumps({"forward": full, "cores": cores, "one_token": one, "threads": torch.get_num_threads()}))
+    steps = [(lambda t0, c0: (model(ids[:1, :1]), time.perf_counter() - t0, time.process_time() - c0)[1:])(
+        time.perf_counter(), time.process_time()) for _ in range(repeat)]
+one, one_cpu = min(steps)
+print(json.dumps({"forward": full, "cores": cores, "one_token": one, "one_token_cpu": one_cpu,
+                  "threads": torch.get_num_threads()}))
 """
 
 DECODE = r"""
@@ -224,8 +228,10 @@ model = build_model(ckpt, mode="reference")
 ids = torch.tensor([[128000]])
 with torch.no_grad():
     model(ids)  # first call: what is read once (pages of the file) is read here
-    one = min((lambda t0: (model(ids), time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(repeat))
-print(json.dumps({"one_token": one}))
+    steps = [(lambda t0, c0: (model(ids), time.perf_counter() - t0, time.process_time() - c0)[1:])(
+        time.perf_counter(), time.process_time()) for _ in range(repeat)]
+one, one_cpu = min(steps)
+print(json.dumps({"one_token": one, "one_token_cpu": one_cpu}))
 """
 
 
@@ -286,7 +292,7 @@ def main() -> None:
             fwd = (f"forward of {a.tokens} {out['forward']:.2f} s ({out['cores']:.2f} cores busy on average), "
                    if out["forward"] is not None else "")
             print(f"  transformers float64: {fwd}one token {out['one_token'] * 1e3:.1f} ms "
-                  f"({out['threads']} threads; {load()})")
+                  f"({out['one_token_cpu'] * 1e3:.1f} ms CPU; {out['threads']} threads; {load()})")
             return out
 
         if "eval" not in skip:
@@ -313,10 +319,13 @@ def main() -> None:
             peer = run_peer(False)
         if "decode" not in skip:
             r = run([py, "-c", DECODE, str(paths["quant"]), str(a.repeat)], a.min_free, "decode")
-            one = json.loads(r["out"].strip().splitlines()[-1])["one_token"]
-            print(f"  fp8ref reference 1-token forward: {one * 1e3:.1f} ms, peak RSS {r['rss'] / GB:.2f} GB ({load()})")
+            step = json.loads(r["out"].strip().splitlines()[-1])
+            one = step["one_token"]
+            print(f"  fp8ref reference 1-token forward: {one * 1e3:.1f} ms ({step['one_token_cpu'] * 1e3:.1f} ms CPU), "
+                  f"peak RSS {r['rss'] / GB:.2f} GB ({load()})")
             if peer is not None:
                 lines.append(ratio_line("1-token step / transformers float64 1-token", one / peer["one_token"], 2.0))
+                lines.append(ratio_line("  the same in CPU time", step["one_token_cpu"] / peer["one_token_cpu"], 2.0))
         if "compare" not in skip:
             r = run([py, "-m", "fp8ref", "compare", str(paths["quant"]), "--original", str(paths["orig"]),
                      "--modes", "reference,original", "--random", a.compare_tokens, "--no-progress"],
@@ -330,13 +339,15 @@ def main() -> None:
         if "verify" not in skip:
             files = [str(f) for d in (paths["quant"], paths["orig"]) for f in sorted(d.glob("*.safetensors"))]
             run([py, "-c", READ, *files], a.min_free, "read")  # the page cache warmed for both sides
-            reads, walls, rss, codes = [], [], 0, set()
+            reads, walls, rss, codes, cpus, read_cpus = [], [], 0, set(), [], []
             for i in range(a.verify_repeat):
                 reader = run([py, "-c", READ, *files], a.min_free, "read")
                 reads.append(float(reader["out"].strip()))
                 r = run([py, "-m", "fp8ref", "verify", str(paths["quant"]), "--original", str(paths["orig"]),
                          "--no-progress"], a.min_free, "verify")
                 walls.append(r["wall"])
+                cpus.append(r["cpu"])
+                read_cpus.append(reader["cpu"])
                 rss, codes = max(rss, r["rss"]), codes | {r["rc"]}
                 print(f"  verify run {i + 1}: {r['wall']:.2f} s ({r['cpu']:.2f} s CPU), reading both files "
                       f"{reads[-1]:.2f} s (its process {reader['cpu']:.2f} s CPU) ({load()})")
@@ -346,6 +357,9 @@ def main() -> None:
             lines.append(ratio_line("verify time / reading both files (min / min)", min(walls) / min(reads), 1.5))
             lines.append(ratio_line("verify time / reading both files (median / median)",
                                     float(np.median(walls) / np.median(reads)), 1.5))
+            lines.append(ratio_line("  in CPU time, whole processes (min / min)", min(cpus) / min(read_cpus), 1.5))
+            lines.append(ratio_line("  in CPU time, whole processes (median / median)",
+                                    float(np.median(cpus) / np.median(read_cpus)), 1.5))
         print("ratios:")
         print("\n".join(lines))
     finally:

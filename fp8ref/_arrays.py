@@ -117,6 +117,19 @@ def float_input(x, what: str = "x") -> tuple[np.ndarray, str, bool]:
     raise InputTypeError(f"{what}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
 
 
+def bits_input(arr: np.ndarray, dtype: str, what: str = "x") -> tuple[np.ndarray, str, bool]:
+    """``float_input`` of numpy values whose dtype is named apart: ``dtype`` 'bfloat16' takes ``arr``
+    as its uint16 bit patterns (what ``TensorStore.get(bf16_bits=True)`` reads: no ml_dtypes import),
+    any other float dtype must be ``arr``'s own."""
+    if dtype not in FLOAT_DTYPES:
+        raise InputTypeError(f"{what}: expected float16, bfloat16, float32 or float64, got numpy {dtype}")
+    want = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
+    if not isinstance(arr, np.ndarray) or arr.dtype != want:
+        raise InputTypeError(f"{what}: {dtype} values expected as numpy {np.dtype(want).name}, got "
+                             f"{getattr(arr, 'dtype', type(arr).__name__)}")
+    return np.ascontiguousarray(numpy_input(arr, what)), dtype, False
+
+
 def float64_values(x, what: str, dtypes: tuple[str, ...]) -> np.ndarray:
     """float64 numpy copy (exact) of a numpy/torch float array whose dtype is one of ``dtypes``;
     a Python number where float32 is allowed must be a float32 value."""

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import _native
-from ._quant_inputs import as_rows, reduction_values
+from ._quant_inputs import as_rows
 from .codec import _c_encode_params, _c_rne_params
 from .errors import ShapeError
 from .formats import FloatFormat
@@ -65,7 +65,7 @@ def c_amax(arr: np.ndarray, dtype: str, qa) -> np.ndarray | None:
         part = p.reshape(p.shape[:-2] + (p.shape[-2] // bh, bh, ng)).max(axis=-2)
     else:
         part = part.reshape(arr.shape[:-1] + (ng,))
-    return magnitudes_to_f64(part, np.dtype(np.float32) if wide else reduction_values(arr[:0], dtype).dtype)
+    return magnitudes_to_f64(part, np.dtype(np.float32) if wide else dtype)
 
 
 def _operand_offsets(shape: tuple, qa, sshape: tuple) -> tuple[np.ndarray, int]:
@@ -139,9 +139,8 @@ def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarra
     """compute_scale's operand for every 15-bit magnitude of a 16-bit dtype, as _c_operands gives
     it (compute_scale is elementwise: looking an amax up here is computing it)."""
     mags = np.arange(1 << 15, dtype=np.uint16)
-    vdtype = reduction_values(mags[:0], dtype).dtype if dtype == "bfloat16" else np.dtype(dtype)
     with np.errstate(invalid="ignore"):  # signalling NaN patterns widen to quiet NaN
-        amax = magnitudes_to_f64(mags, vdtype)
+        amax = magnitudes_to_f64(mags, dtype)
     ops, usable = _c_operands(compute_scale(amax, rec, fmt, dtype)[1], rec)
     ops.setflags(write=False)
     return ops, usable
@@ -170,5 +169,5 @@ def c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate
     bits = np.empty(bands * -(-shape[-1] // job.g), np.uint16)
     job.table, job.amax = table.ctypes.data, bits.ctypes.data
     _native.parallel("fp8ref_quant_fused", job, bands, work=arr.size, keep=(arr, codes, table, bits))
-    amax = magnitudes_to_f64(bits, reduction_values(arr[:0], dtype).dtype).reshape(sshape)
+    amax = magnitudes_to_f64(bits, dtype).reshape(sshape)
     return amax, bool(usable[bits].all())

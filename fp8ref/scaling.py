@@ -129,8 +129,10 @@ def reduce_amax(x: np.ndarray, granularity: str, *, group_size: int | None = Non
     return magnitudes_to_f64(r, x.dtype).reshape(out_shape)
 
 
-def magnitudes_to_f64(bits: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if dtype.name == "bfloat16":  # the top half of a float32: exact, no bfloat16 arithmetic
+def magnitudes_to_f64(bits: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """float64 values of magnitude bit patterns of ``dtype`` (a dtype or its name: 'bfloat16'
+    needs no ml_dtypes)."""
+    if getattr(dtype, "name", dtype) == "bfloat16":  # the top half of a float32: exact, no bfloat16 arithmetic
         return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
     return bits.view(dtype).astype(np.float64)
 

@@ -78,7 +78,7 @@ def _check_extra_held(cfg: ar.Config, store: TensorStore, where: str, found: int
 def validate(store: TensorStore, entries: list[LayerEntry], warnings: list[str]) -> None:
     for e in entries:
         name = e.tensors["input_scale"]
-        if name in store and np.all(store.get(name).astype(np.float64) == 1.0):
+        if name in store and np.all(store.float_values(name) == 1.0):
             warnings.append(f"{store.where(e.tensors['input_scale'])}: exactly 1.0, the value auto-round "
                             f"writes for a layer that saw no calibration data (intel/auto-round #1390). "
                             f"Fix: calibrate this layer or re-export with its activation amax")

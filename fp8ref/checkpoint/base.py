@@ -377,12 +377,29 @@ def original_weight(layer, store: TensorStore, *, mapped: bool = False):
     hook = getattr(fmt, "original_weight", None)
     if hook is not None:
         return hook(layer, store)
+    return store.get(_original_key(layer, fmt, store), mapped=mapped)
+
+
+def original_values(layer, store: TensorStore, *, mapped: bool = False) -> tuple[np.ndarray, str]:
+    """``original_weight`` as (array, dtype name), a BF16 tensor as its uint16 bit patterns with
+    dtype 'bfloat16' (ml_dtypes not imported: ``fp8ref.quant.quantize_bits`` takes them so)."""
+    fmt = get(layer.producer)
+    hook = getattr(fmt, "original_weight", None)
+    if hook is not None:
+        w = np.asarray(hook(layer, store))
+        return (w.view(np.uint16), "bfloat16") if w.dtype.name == "bfloat16" else (w, w.dtype.name)
+    key = _original_key(layer, fmt, store)
+    w = store.get(key, mapped=mapped, bf16_bits=True)
+    return w, "bfloat16" if store.info(key).dtype == "BF16" else w.dtype.name
+
+
+def _original_key(layer, fmt: CheckpointFormat, store: TensorStore) -> str:
     key = original_name(fmt, f"{layer.name}.weight", store)
     if key is None:
         renamed = " (nor under the names its producer renamed it from)" if fmt.original_names else ""
         raise CheckpointError(f"{store.root}: no tensor {layer.name + '.weight'!r} for the quantized layer "
                               f"{layer.name!r}{renamed}")
-    return store.get(key, mapped=mapped)
+    return key
 
 
 def refuse_fused(checkpoint, layer, fmt: CheckpointFormat) -> None:

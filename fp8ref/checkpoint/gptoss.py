@@ -74,14 +74,14 @@ class ExpertsLayer(QuantizedLayer):
     def weight_scale_codes(self) -> np.ndarray:
         return self._ckpt.store.get(self.tensors["weight_scale"]).reshape(self.shape[0], -1)
 
-    def _tensor(self, role: str):
+    def _tensor(self, role: str, *, bf16_bits: bool = False):
         name = self.tensors.get(role)
         if name is None:
             return None
         if role == "weight_scale":  # E8M0 values (0xFF, NaN, refused), exact in float32
             values = check_scale_values(self._ckpt.store, name, "float8_e8m0fnu")
             return values.astype(np.float32).reshape(self.shape[0], -1)
-        return self._ckpt.store.get(name)
+        return self._ckpt.store.get(name, bf16_bits=bf16_bits)
 
     def experts_weight(self, dtype: str = "bfloat16") -> np.ndarray:
         """The dequantized weight in the model's layout [E, in, out] (decode(q) * 2**k rounded once to

@@ -320,9 +320,10 @@ def check_scale_values(store: TensorStore, name: str, fmt: str | None = None, *,
     the dtype's max is allowed: a producer whose amax is the dtype's max rounds amax / 448 up by up
     to half an ulp of the scale's dtype (float16 146.25 * 448 = 65520 rounds to Inf, and is real).
     ``allow_zero``: +0 is accepted too (a format whose producer stores 0 for an all-zero block)."""
-    values = np.asarray(store.get(name))
     if fmt is not None:
-        values = decode(values.view(np.uint8), fmt)
+        values = decode(np.asarray(store.get(name, bf16_bits=True)).view(np.uint8), fmt)
+    else:
+        values = np.asarray(store.float_values(name))
     values = values.astype(np.float64)
     bad = ~np.isfinite(values) | (values < 0) | ((values == 0) & (not allow_zero or np.signbit(values)))
     if bad.any():

@@ -85,7 +85,24 @@ class QuantizedLayer:
                                   f"{int(codes[idx]):#04x}); a quantized weight must be finite")
         return codes
 
-    def _tensor(self, role: str) -> np.ndarray | None:
+    def read_tensor(self, role: str, *, bf16_bits: bool = False) -> tuple[np.ndarray, str] | None:
+        """(the stored tensor of ``role`` as its property gives it, its dtype name), None where the
+        layer has none; ``bf16_bits``: a BF16 tensor as its uint16 bit patterns, dtype 'bfloat16'
+        (ml_dtypes not imported)."""
+        own = getattr(type(self), role, None)
+        if isinstance(own, property) and own is not getattr(QuantizedLayer, role, None):
+            t = own.fget(self)  # a layer class's own reading of it (e.g. block scales it unswizzles)
+            if t is None:
+                return None
+            t = np.asarray(t)
+            return (t.view(np.uint16), "bfloat16") if t.dtype.name == "bfloat16" else (t, t.dtype.name)
+        t = self._tensor(role, bf16_bits=bf16_bits)
+        if t is None:
+            return None
+        bf16 = t.dtype == np.uint16 and bf16_bits and self._ckpt.store.info(self.tensors[role]).dtype == "BF16"
+        return t, "bfloat16" if bf16 else t.dtype.name
+
+    def _tensor(self, role: str, *, bf16_bits: bool = False) -> np.ndarray | None:
         name = self.tensors.get(role)
         if name is None:
             return None
@@ -102,7 +119,7 @@ class QuantizedLayer:
                                     dtype=self._ckpt.dtype)
             if block or e8m0:  # E4M3 / E8M0 values are exact in float32
                 return values.astype(np.float32)
-        return self._ckpt.store.get(name)
+        return self._ckpt.store.get(name, bf16_bits=bf16_bits)
 
     @property
     def weight_scale(self) -> np.ndarray:

@@ -101,7 +101,8 @@ def validate(store: TensorStore, entries: list[LayerEntry], warnings: list[str])
     kv = sorted(n for n in store if n.endswith(KV_SUFFIXES))
     by_attn: dict[str, list[float]] = {}
     for n in kv:
-        by_attn.setdefault(n.rsplit(".", 2)[0], []).append(float(np.asarray(store.get(n), np.float32).reshape(-1)[0]))
+        value = np.asarray(store.float_values(n), np.float32).reshape(-1)[0]
+        by_attn.setdefault(n.rsplit(".", 2)[0], []).append(float(value))
     for attn, values in by_attn.items():
         if len(set(values)) > 1:
             warnings.append(f"{store.root}: {attn}.k_proj.output_scale and v_proj.output_scale differ ({values}); "

@@ -132,8 +132,8 @@ def cmd_compare(args) -> int:
               **report}
     json_on_stdout = bool(args.json) and write_json(report, args.json)
     if args.html:
+        from ..io.files import json_safe
         from ..nn.html import render
-        from ..nn.metrics import json_safe
 
         write_out(args.html, render(json_safe(report), ckpt))
     if not json_on_stdout:

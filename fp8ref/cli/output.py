@@ -11,7 +11,7 @@ from ..checkpoint.loader import files_read
 from ..errors import GoldenError
 from ..golden.accumulation import check_name
 from ..io.atomic import check_output_folder
-from ..io.files import write_bytes
+from ..io.files import json_safe, write_bytes
 from ..io.outputs import refuse_overlaps
 
 
@@ -137,8 +137,6 @@ def write_out(target: str, text: str) -> bool:
 
 def write_json(report: dict, out: str) -> bool:
     """The report to ``out`` by the output rule; True when stdout now holds it."""
-    from ..nn.metrics import json_safe  # the nn layer (torch) only when a report is written
-
     return write_out(out, json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n")
 
 

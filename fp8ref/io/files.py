@@ -5,6 +5,7 @@ JSON keys and deep nesting refused), reading bytes, and writing them by the outp
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -94,6 +95,17 @@ def parse_json(text: str | bytes, where: str, what: str = "JSON", *,
     if _depth(data) > MAX_DEPTH:
         raise error(f"{where}: {what} is nested deeper than {MAX_DEPTH} levels")
     return data
+
+
+def json_safe(v):
+    """inf / NaN as the strings "inf", "-inf", "nan" (JSON has no such numbers)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
 
 
 def _depth(data: object) -> int:

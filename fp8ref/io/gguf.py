@@ -252,9 +252,9 @@ class GgufFile(TensorFile):
         self.bytes_read += out.size
         return out
 
-    def get(self, name: str, *, mapped: bool = False) -> np.ndarray:
+    def get(self, name: str, *, mapped: bool = False, bf16_bits: bool = False) -> np.ndarray:
         """The tensor as safetensors' reader gives it (``mapped``: accepted for TensorStore's sake; a GGUF
-        tensor is read from this reader's own copy of the file either way)."""
+        tensor is read from this reader's own copy of the file either way; ``bf16_bits``: BF16 as uint16)."""
         info = self.info(name)
         source, role = self._views[name]
         if role == "one":
@@ -268,7 +268,8 @@ class GgufFile(TensorFile):
             codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # per 16: elements 0-7, then 8-15
             return pack_nibbles(codes.reshape(*info.shape[:-1], info.shape[-1] * 2))
         if role == "plain":
-            dt = np.dtype(_bfloat16(str(self.path))) if info.dtype == "BF16" else np.dtype(DTYPES[info.dtype].numpy)
+            dt = (np.dtype(np.uint16) if bf16_bits else np.dtype(_bfloat16(str(self.path)))) if info.dtype == "BF16" \
+                else np.dtype(DTYPES[info.dtype].numpy)
             return raw.view(dt).reshape(info.shape)
         blocks = raw.reshape(-1, MXFP4_BYTES)
         if role == "scales":
@@ -278,13 +279,13 @@ class GgufFile(TensorFile):
         return pack_nibbles(codes.reshape(*info.shape[:-1], info.shape[-1] * 2))
 
     def read_bytes(self, name: str) -> np.ndarray:
-        return np.ascontiguousarray(self.get(name)).reshape(-1).view(np.uint8)
+        return np.ascontiguousarray(self.get(name, bf16_bits=True)).reshape(-1).view(np.uint8)
 
-    def view(self, name: str, raw: np.ndarray) -> np.ndarray:
+    def view(self, name: str, raw: np.ndarray, *, bf16_bits: bool = False) -> np.ndarray:
         info = self.info(name)
         if info.dtype in ("U8", "F8_E4M3"):
             return raw.reshape(info.shape)
-        return self.get(name)
+        return self.get(name, bf16_bits=bf16_bits)
 
 
 # --- writing ---------------------------------------------------------------------------------

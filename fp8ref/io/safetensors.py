@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._arrays import bf16_bits_to_f32
 from ..errors import CheckpointError, Fp8RefError
 from ..formats import SAFETENSORS_DTYPES
 from ..limits import MAX_DIM, MAX_NAME, int_in, shown
@@ -229,14 +230,15 @@ class SafetensorsFile(TensorFile):
         self.bytes_read += size
         return out
 
-    def get(self, name: str, *, mapped: bool = False) -> np.ndarray:
+    def get(self, name: str, *, mapped: bool = False, bf16_bits: bool = False) -> np.ndarray:
         """The tensor as a numpy array: float8 dtypes as uint8 codes, BF16 as ml_dtypes.bfloat16,
         F4 as one uint8 code per element (low nibble first). F6 packing has no single convention,
         so F6 tensors are available through ``read_bytes`` only. ``mapped``: the bytes not copied but
-        mapped (``map_bytes``): a read-only array (F4: unpacked into a new one)."""
-        return self.view(name, self.map_bytes(name) if mapped else self.read_bytes(name))
+        mapped (``map_bytes``): a read-only array (F4: unpacked into a new one). ``bf16_bits``: BF16
+        as its uint16 bit patterns (ml_dtypes not imported: half a second of CPU)."""
+        return self.view(name, self.map_bytes(name) if mapped else self.read_bytes(name), bf16_bits=bf16_bits)
 
-    def view(self, name: str, raw: np.ndarray) -> np.ndarray:
+    def view(self, name: str, raw: np.ndarray, *, bf16_bits: bool = False) -> np.ndarray:
         """``get`` for bytes already read with ``read_bytes``."""
         info = self.info(name)
         dt = DTYPES[info.dtype]
@@ -246,6 +248,8 @@ class SafetensorsFile(TensorFile):
             raise CheckpointError(f"{self.path}: tensor {name!r}: {info.dtype} has no agreed element "
                                   f"packing; use read_bytes() for the raw bytes")
         if dt.name == "BF16":
+            if bf16_bits:
+                return raw.view(np.uint16).reshape(info.shape)
             return raw.view(_bfloat16(f"{self.path}: tensor {name!r}")).reshape(info.shape)
         return raw.view(np.dtype(dt.numpy)).reshape(info.shape)
 
@@ -320,8 +324,13 @@ class TensorStore:
     def info(self, name: str) -> TensorInfo:
         return self.file_of(name).info(name)
 
-    def get(self, name: str, *, mapped: bool = False) -> np.ndarray:
-        return self.file_of(name).get(name, mapped=mapped)
+    def get(self, name: str, *, mapped: bool = False, bf16_bits: bool = False) -> np.ndarray:
+        return self.file_of(name).get(name, mapped=mapped, bf16_bits=bf16_bits)
+
+    def float_values(self, name: str) -> np.ndarray:
+        """``get`` with a BF16 tensor as its exact float32 values (ml_dtypes not imported)."""
+        a = self.get(name, bf16_bits=True)
+        return bf16_bits_to_f32(a) if self.info(name).dtype == "BF16" else a
 
     def where(self, name: str) -> str:
         """``file:tensor`` for error messages."""

@@ -64,8 +64,8 @@ class ExpertSlice(QuantizedLayer):
         packed = self._ckpt.store.get(self.tensors["weight"])  # [E, out, in/32, 16]
         return unpack_nibbles(np.ascontiguousarray(packed[self.expert]).reshape(n, k // 2))
 
-    def _tensor(self, role: str):
-        v = self._fused._tensor(role)
+    def _tensor(self, role: str, *, bf16_bits: bool = False):
+        v = self._fused._tensor(role, bf16_bits=bf16_bits)
         if v is None:
             return None
         if role == "bias":

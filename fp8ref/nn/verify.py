@@ -14,14 +14,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from .._arrays import bits_view
+from .._arrays import bf16_bits_to_f32, bits_view
 from ..checkpoint import base, load_checkpoint
+from ..checkpoint.base import original_values as values_from_store
 from ..checkpoint.base import original_weight as from_store
 from ..checkpoint.calibration_file import amax_values
 from ..errors import Fp8RefError, ModelError
 from ..executor import run_all
 from ..formats import FORMATS
-from ..quant import SELF_SCALED, as_args, quantize
+from ..quant import SELF_SCALED, as_args, quantize_bits
 from ..recipes import compute_scale
 from ..registry import get_recipe, load_recipes
 from ..scaling import reduce_amax
@@ -63,16 +64,35 @@ def _mismatches(mask: np.ndarray) -> tuple[int, list[int] | None]:
     return n, [int(i) for i in np.unravel_index(flat, mask.shape)]
 
 
-def _compare_scales(derived: np.ndarray, stored: np.ndarray) -> dict:
-    """Mismatch count and first index of two scale arrays, bit for bit; a bf16/fp16 derived scale
-    is compared widened to a float32 stored one (exact: a writer may store it so, fp8ref's export does)."""
-    orig_dtype = derived.dtype
-    widened = stored.dtype == np.float32 and derived.dtype.itemsize < 4
+def _as_bits(values: np.ndarray) -> tuple[np.ndarray, str]:
+    """(array, dtype name) of an array, an ml_dtypes bfloat16 one as its uint16 bit patterns (viewed:
+    ml_dtypes is not imported)."""
+    values = np.asarray(values)
+    return (values.view(np.uint16), "bfloat16") if values.dtype.name == "bfloat16" else (values, values.dtype.name)
+
+
+def _derived_scale(q) -> tuple[np.ndarray, str]:
+    """``_as_bits`` of a ``quantize_bits`` result's scale (a bfloat16 one comes as uint16 bits)."""
+    s = np.asarray(q.scale)
+    return (s, "bfloat16") if q.scale_dtype == "bfloat16" and s.dtype == np.uint16 else _as_bits(s)
+
+
+def _widen(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Exact float32 values of bfloat16 bits or float16 values."""
+    return bf16_bits_to_f32(np.ascontiguousarray(values)) if dtype == "bfloat16" else values.astype(np.float32)
+
+
+def _compare_scales(derived: np.ndarray, derived_dtype: str, stored: np.ndarray, stored_dtype: str) -> dict:
+    """Mismatch count and first index of two scale arrays (each with its dtype's name: bfloat16 as
+    uint16 bits), bit for bit; a bf16/fp16 derived scale is compared widened to a float32 stored one
+    (exact: a writer may store it so, fp8ref's export does)."""
+    orig_dtype = derived_dtype
+    widened = stored_dtype == "float32" and derived_dtype in ("bfloat16", "float16")
     if widened:
-        derived = derived.astype(np.float32)
-    if derived.dtype != stored.dtype or derived.size != stored.size:
+        derived, derived_dtype = _widen(derived, derived_dtype), "float32"
+    if derived_dtype != stored_dtype or derived.size != stored.size:
         return {"mismatches": int(stored.size), "first": None,
-                "note": f"derived {orig_dtype} {list(derived.shape)}, stored {stored.dtype} {list(stored.shape)}"}
+                "note": f"derived {orig_dtype} {list(derived.shape)}, stored {stored_dtype} {list(stored.shape)}"}
     n, first = _mismatches(_bits(derived.reshape(stored.shape)) != _bits(stored))
     out = {"mismatches": n, "first": first}
     if widened:
@@ -85,7 +105,7 @@ def _input_scale(layer, amax: float, recipe: str, model_dtype: str) -> str:
     export writes it) against the stored input_scale, compared as float32 values (both exact)."""
     derived, _ = compute_scale(np.array([amax], np.float64), get_recipe(recipe), FORMATS[layer.quant.weight_fmt],
                                model_dtype)
-    stored = np.asarray(layer.input_scale).astype(np.float32).reshape(-1)
+    stored = _widen(*layer.read_tensor("input_scale", bf16_bits=True)).reshape(-1)
     same = _bits(np.asarray(derived, np.float32).reshape(-1)) == _bits(stored)
     return "ok" if stored.size == 1 and bool(same.all()) else (
         f"mismatch: stored {float(stored[0])!r}, derived {float(np.asarray(derived).reshape(-1)[0])!r}")
@@ -107,12 +127,14 @@ class Scratch:
 
 def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_amax: float | None = None,
                  model_dtype: str = "bfloat16", global_amax: float | None = None, *,
-                 scratch: Scratch | None = None) -> dict:
+                 scratch: Scratch | None = None, dtype: str | None = None) -> dict:
     """One layer's report: its codes and weight scales re-derived from ``weight`` (the original, [out, in])
     with ``recipe`` (the amax the producer took: max|W| per the scheme's granularity) and compared with
     the stored bytes. ``global_amax``: an NVFP4 layer's tensor amax for its global scale (the max over
     its fused siblings, as the tools share one global across q/k/v and gate/up; None: the layer's own).
-    ``scratch``: where the derived codes go."""
+    ``scratch``: where the derived codes go. ``dtype``: weight's dtype where ``weight`` holds bit
+    patterns ('bfloat16': uint16, as ``original_values`` reads it); None: weight's own."""
+    weight, dtype = _as_bits(weight) if dtype is None else (weight, dtype)
     qa = as_args(layer.scheme)
     if tuple(weight.shape) != tuple(layer.shape):
         raise ModelError(f"{layer.name}: original weight {list(weight.shape)}, checkpoint {list(layer.shape)}")
@@ -127,27 +149,30 @@ def verify_layer(layer, weight: np.ndarray, recipe: str | None = None, input_ama
         # passes more); the two calls differ only in an error's message: on an error, the call with amax=
         # runs below and its error (or result) is the answer, as before
         try:
-            q = quantize(weight, scheme, recipe=recipe, out=None if scratch is None else scratch.codes(weight.shape))
+            q = quantize_bits(weight, dtype, scheme, recipe=recipe,
+                              out=None if scratch is None else scratch.codes(weight.shape))
         except Fp8RefError:
-            amax = reduce_amax(weight, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
+            amax = reduce_amax(_values(weight, dtype), qa.granularity, group_size=qa.group_size,
+                               block_shape=qa.block_shape)
     elif qa.granularity == "nvfp4" and global_amax is not None:
         amax = global_amax  # the fused siblings' tensor amax, the producer's global scale's
     # FP8 codes are read once, from the mapped file; packed FP4 codes are unpacked into a new array anyway
     stored = layer.weight_codes if self_scaled else layer.read_weight_codes(mapped=True)
     try:
         if q is None:
-            q = quantize(weight, scheme, recipe=recipe, amax=amax)
+            q = quantize_bits(weight, dtype, scheme, recipe=recipe, amax=amax)
     except Fp8RefError as exc:  # the recipe cannot have produced this layer: every byte unexplained
-        n = int(np.asarray(layer.weight_scale).size)
+        n = int(layer.read_tensor("weight_scale", bf16_bits=True)[0].size)
         return {"name": layer.name, "recipe": recipe or layer.scheme["recipe"], "codes": int(stored.size),
                 "code_mismatches": int(stored.size), "first_code_mismatch": None, "scales": n,
                 "scale_mismatches": n, "first_scale_mismatch": None, "error": str(exc)}
     codes = np.asarray(q.codes)
     n_bad, first_bad = (0, None) if _same_bytes(codes, stored) else _mismatches(codes != stored)
-    c = _compare_scales(np.asarray(q.scale), np.asarray(layer.weight_scale))
+    stored_scale, stored_dtype = layer.read_tensor("weight_scale", bf16_bits=True)
+    c = _compare_scales(*_derived_scale(q), stored_scale, stored_dtype)
     out = {"name": layer.name, "recipe": recipe or layer.scheme["recipe"], "codes": int(stored.size),
            "code_mismatches": n_bad, "first_code_mismatch": first_bad,
-           "scales": int(np.asarray(layer.weight_scale).size), "scale_mismatches": c["mismatches"],
+           "scales": int(stored_scale.size), "scale_mismatches": c["mismatches"],
            "first_scale_mismatch": c["first"], **({"scale_note": c["note"]} if "note" in c else {})}
     if layer.quant.global_scale is not None:  # the NVFP4 global weight scale, bit for bit
         stored_g = np.asarray(layer.weight_global, np.float32).reshape(-1)
@@ -179,11 +204,25 @@ def original_weight(layer, original, *, mapped: bool = False) -> np.ndarray:
         raise ModelError(str(exc)) from None
 
 
+def original_values(layer, original) -> tuple[np.ndarray, str]:
+    """``fp8ref.checkpoint.base.original_values`` (mapped: bfloat16 as uint16 bits, no ml_dtypes import)
+    from a loaded original Checkpoint, as a ModelError."""
+    try:
+        return values_from_store(layer, original.store, mapped=True)
+    except Fp8RefError as exc:
+        raise ModelError(str(exc)) from None
+
+
+def _values(a: np.ndarray, dtype: str) -> np.ndarray:
+    """Values to reduce: bfloat16 bits as their exact float32 values, else ``a``."""
+    return bf16_bits_to_f32(a) if dtype == "bfloat16" else a
+
+
 def _verify_task(ckpt_path: str, original_path: str, name: str, recipe, amax, global_amax=None) -> dict:
     """One layer, from the two folders (a task of ``fp8ref.executor``: it may run on another machine)."""
     ckpt, original = worker_checkpoint(ckpt_path), worker_checkpoint(original_path)
-    return verify_layer(ckpt[name], original_weight(ckpt[name], original, mapped=True), recipe, amax, ckpt.dtype,
-                        global_amax)
+    weight, dtype = original_values(ckpt[name], original)
+    return verify_layer(ckpt[name], weight, recipe, amax, ckpt.dtype, global_amax, dtype=dtype)
 
 
 def fused_global_amax(ckpt, original) -> dict[str, float]:
@@ -192,7 +231,7 @@ def fused_global_amax(ckpt, original) -> dict[str, float]:
     from ..checkpoint.plan import FUSED_SIBLINGS
 
     nv = [n for n in ckpt if ckpt[n].quant.weight_strategy == "nvfp4"]
-    amax = {n: float(reduce_amax(np.asarray(original_weight(ckpt[n], original)), "tensor")[0]) for n in nv}
+    amax = {n: float(reduce_amax(_values(*original_values(ckpt[n], original)), "tensor")[0]) for n in nv}
     out = {}
     for n in nv:
         parent, leaf = n.rsplit(".", 1) if "." in n else ("", n)
@@ -279,8 +318,8 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
 
         def task(_c, _o, name, rec, a, g):
             scratch = mine.__dict__.setdefault("scratch", Scratch())  # one per thread
-            return verify_layer(ckpt[name], original_weight(ckpt[name], original, mapped=True), rec, a, ckpt.dtype,
-                                g, scratch=scratch)
+            weight, dtype = original_values(ckpt[name], original)
+            return verify_layer(ckpt[name], weight, rec, a, ckpt.dtype, g, scratch=scratch, dtype=dtype)
     else:
         task = _verify_task
 
@@ -322,8 +361,8 @@ def _compare_unquantized(ckpt, original) -> tuple[list[str], list[str]]:
         if key is None:
             missing.append(name)
             continue
-        a, b = ckpt.store.get(name, mapped=True), original.store.get(key, mapped=True)
-        if a.dtype != b.dtype or a.shape != b.shape or not _same_bytes(a, b):
+        a, b = ckpt.store.get(name, mapped=True, bf16_bits=True), original.store.get(key, mapped=True, bf16_bits=True)
+        if ckpt.store.info(name).dtype != original.store.info(key).dtype or a.shape != b.shape or not _same_bytes(a, b):
             bad.append(name)
     return bad, missing
 

@@ -45,3 +45,20 @@ def test_refusal_counts_as_before():
     with pytest.raises(ModelError, match=r"^eval: x: 2 of 12 logits are not finite"):
         refuse_nonfinite(logits, "eval: x")
     refuse_nonfinite(torch.ones(2, 2, dtype=torch.bfloat16), "never")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_pieces_find_a_nonfinite_value_wherever_it_is(dtype, monkeypatch):
+    """The check runs in pieces (its buffer bounded, not a second array the size of the logits):
+    a NaN or Inf at either end of any piece, in the last short piece or in a non-contiguous view
+    is found, and all-finite logits pass."""
+    import fp8ref.nn.compare as compare
+
+    monkeypatch.setattr(compare, "_FINITE_PIECE", 7)
+    logits = torch.linspace(-3.0, 3.0, 50).to(dtype).reshape(5, 10)
+    assert _all_finite(logits) and _all_finite(logits.t())
+    for i in range(logits.numel()):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            t = logits.clone()
+            t.view(-1)[i] = bad
+            assert not _all_finite(t) and not _all_finite(t.t()), (i, bad)

@@ -26,12 +26,16 @@ CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoi
 SHAPES = (("mlp.down_proj", (96, 200)), ("self_attn.q_proj", (130, 64)), ("mlp.up_proj", (40, 96)))
 
 
-def plain_layer(layer, weight, recipe=None, input_amax=None, model_dtype="bfloat16", global_amax=None, **_):
-    """verify_layer as plain as it can be written (the computation before the fast path)."""
+def plain_layer(layer, weight, recipe=None, input_amax=None, model_dtype="bfloat16", global_amax=None, *,
+                dtype=None, **_):
+    """verify_layer as plain as it can be written (the computation before the fast path): bfloat16
+    through ml_dtypes' dtype and the public quantize."""
     from fp8ref.checkpoint import base
     from fp8ref.quant import SELF_SCALED, as_args, quantize
     from fp8ref.scaling import reduce_amax
 
+    if dtype == "bfloat16":  # verify reads a BF16 original as its bit patterns
+        weight = np.asarray(weight).view(ml_dtypes.bfloat16)
     qa = as_args(layer.scheme)
     if tuple(weight.shape) != tuple(layer.shape):
         raise ModelError(f"{layer.name}: original weight {list(weight.shape)}, checkpoint {list(layer.shape)}")
@@ -49,7 +53,7 @@ def plain_layer(layer, weight, recipe=None, input_amax=None, model_dtype="bfloat
                 "code_mismatches": int(stored.size), "first_code_mismatch": None, "scales": n,
                 "scale_mismatches": n, "first_scale_mismatch": None, "error": str(exc)}
     bad = np.argwhere(np.asarray(q.codes) != stored)
-    c = engine._compare_scales(np.asarray(q.scale), np.asarray(layer.weight_scale))
+    c = engine._compare_scales(*engine._as_bits(q.scale), *engine._as_bits(layer.weight_scale))
     out = {"name": layer.name, "recipe": recipe or layer.scheme["recipe"], "codes": int(stored.size),
            "code_mismatches": len(bad), "first_code_mismatch": [int(i) for i in bad[0]] if len(bad) else None,
            "scales": int(np.asarray(layer.weight_scale).size), "scale_mismatches": c["mismatches"],
@@ -167,10 +171,41 @@ def test_same_bytes():
     assert engine._same_bytes(x, x.copy()) and not engine._same_bytes(x, np.array([np.nan, 0.0], np.float32))
 
 
-def test_verify_command_does_not_import_torch():
+@pytest.mark.parametrize("fixture, original, rc", [
+    ("llmc_fp8", "original_bf16", 0),  # BF16 per-channel weight scales
+    ("llmc_fp8_block", "original_bf16", 0),
+    ("autoround_fp8_static", "original_bf16", 0),  # BF16 input scales
+    ("quark_fp8", "original_bf16", 1),  # BF16 KV output scales (made from another original: mismatches)
+    ("llmc_nvfp4", "original_fp4_mx_bf16", 0),
+    ("llmc_mxfp8", "original_fp4_mx_bf16", 0),
+])
+def test_verify_command_imports_neither_torch_nor_ml_dtypes(fixture, original, rc):
+    """BF16 originals and scales are read as their bit patterns: importing ml_dtypes was a quarter of
+    verify's CPU at 1B, and torch would be more; --json too (its writer was in the torch layer)."""
     code = ("import sys; from fp8ref.cli import main; "
-            f"rc = main(['verify', {str(CKPTS / 'llmc_fp8')!r}, '--original', {str(CKPTS / 'original_bf16')!r}]); "
-            "print(rc, 'torch' in sys.modules)")
+            f"rc = main(['verify', {str(CKPTS / fixture)!r}, '--original', {str(CKPTS / original)!r}, "
+            "'--json', '-']); print(rc, 'torch' in sys.modules, 'ml_dtypes' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3]).stdout
-    assert out.strip().splitlines()[-1] == "0 False"
+    assert out.strip().splitlines()[-1] == f"{rc} False False"
+
+
+def test_read_tensor_gives_bf16_bits_and_a_layer_class_own_reading():
+    """QuantizedLayer.read_tensor (what verify compares): a BF16 scale as its bit patterns, the same
+    bytes as the ``weight_scale`` property's ml_dtypes array; a layer class with its own
+    ``weight_scale`` property (torchao's unswizzled block scales) is read through it."""
+    ckpt = fp8ref.load_checkpoint(CKPTS / "llmc_fp8")
+    layer = ckpt[next(iter(ckpt))]
+    bits, dtype = layer.read_tensor("weight_scale", bf16_bits=True)
+    assert dtype == "bfloat16" and bits.dtype == np.uint16
+    assert bits.tobytes() == np.asarray(layer.weight_scale).tobytes()
+    assert layer.read_tensor("bias", bf16_bits=True) is None
+
+    class OwnScale(type(layer)):
+        @property
+        def weight_scale(self):
+            return np.full((3, 1), 2.0, ml_dtypes.bfloat16)
+
+    layer.__class__ = OwnScale
+    bits, dtype = layer.read_tensor("weight_scale", bf16_bits=True)
+    assert dtype == "bfloat16" and bits.tolist() == [[0x4000]] * 3
