@@ -396,12 +396,14 @@ static __attribute__((noinline)) uint16_t tab_run(const uint16_t *restrict x, ui
  * v4's object: on Zen 4 a 512-bit vector costs two 256-bit ones). 42 instructions a step where the
  * compiler's tab_run takes ~90 (its byte shifts, eight threshold compares and blends, spills): the
  * 2^M steps over m by three 16-byte lookups (win_*), (E - E_b) and the slow test from one wrapping
- * byte difference, overflow by min and the sign by OR (tab_build's avx2 conditions). Returns how
- * many of its 32-input words hold inputs it does not take: word slow_w[i], inputs slow_at[i]. */
+ * byte difference, overflow by min and the sign by OR (tab_build's avx2 conditions). Runs x0 + r *
+ * stride, r < rows, of n inputs (a block tile in one call, as tab_run_vbmi). Returns how many of its
+ * 32-input words hold inputs it does not take: word slow_w[i] (r * ceil(n / 32) + k / 32), inputs
+ * slow_at[i]. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
-#define TAB_AVX2_WORDS (TAB_CHUNK / 32 + 1)
-static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x, uint8_t *restrict dst, int64_t n,
-                                                  int64_t ahead, const bf16_tab *t, uint32_t *restrict slow_at,
+static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
+                                                  int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
+                                                  const bf16_tab *t, uint32_t *restrict slow_at,
                                                   int32_t *restrict slow_w) {
     /* in each 128-bit lane: the low bytes of its eight inputs, then their high bytes */
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8,
@@ -416,6 +418,10 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x, ui
     const __m256i s80 = _mm256_set1_epi8((char)0x80), zero_v = _mm256_setzero_si256();
     const __m128i sh = _mm_cvtsi32_si128(t->shift);
     int hits = 0;
+    const int32_t per_run = (int32_t)((n + 31) / 32);
+    for (int64_t r = 0; r < rows; r++) {
+    const uint16_t *x = x0 + r * stride;
+    uint8_t *dst = dst0 + r * dst_stride;
     int64_t k = 0;
     for (; k + 32 <= n; k += 32) {
         __m256i h0 = _mm256_loadu_si256((const __m256i *)(x + k)), h1 = _mm256_loadu_si256((const __m256i *)(x + k + 16));
@@ -439,18 +445,18 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x, ui
         uint32_t bits = (uint32_t)_mm256_movemask_epi8(slow);
         if (bits) /* back to input order */
             slow_at[hits] = (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u),
-            slow_w[hits++] = (int32_t)(k / 32);
+            slow_w[hits++] = (int32_t)(r * per_run + k / 32);
     }
     uint32_t tail = 0;
     for (int64_t i = k; i < n; i++) tail |= (uint32_t)(tab_run_scalar(x + i, dst + i, 1, t) != 0) << (i - k);
-    if (tail) slow_at[hits] = tail, slow_w[hits++] = (int32_t)(k / 32);
+    if (tail) slow_at[hits] = tail, slow_w[hits++] = (int32_t)(r * per_run + k / 32);
+    }
     return hits;
 }
 #define HAVE_TAB_AVX2 1
 #else
 #define HAVE_TAB_AVX2 0
-#define TAB_AVX2_WORDS 1
-#define tab_run_avx2(x, dst, n, ahead, t, slow_at, slow_w) 0
+#define tab_run_avx2(x, dst, n, rows, stride, dst_stride, ahead, t, slow_at, slow_w) 0
 #endif
 
 /* tab_run with AVX-512 VBMI, 64 inputs per step: the code of (E_b, m) from a 128-byte table
@@ -558,20 +564,32 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
                     int64_t len = n - k0 < piece ? n - k0 : piece, at = lo + r0 * stride + k0;
                     const uint16_t *x = (const uint16_t *)src + at;
+                    if (!vbmi && HAVE_TAB_AVX2 && tab->avx2) { /* the runs that fit in buf per call */
+                        const int buffered2 = c->stream && CAN_STREAM;
+                        const int64_t grp = buffered2 ? TAB_CHUNK / len : nr, lw = (len + 31) / 32;
+                        uint32_t at32[2 * TAB_WORDS]; /* nr * lw <= 2 TAB_WORDS (per above) */
+                        int32_t w32[2 * TAB_WORDS];
+                        for (int64_t r1 = 0; r1 < nr; r1 += grp) {
+                            const int64_t g = nr - r1 < grp ? nr - r1 : grp, os = buffered2 ? len : stride;
+                            const uint16_t *xg = x + r1 * stride;
+                            uint8_t *og = buffered2 ? buf : dst + at + r1 * stride;
+                            int hits = tab_run_avx2(xg, og, len, g, stride, os, ahead, tab, at32, w32);
+                            for (int i = 0; i < hits; i++) /* only the inputs it does not take */
+                                for (uint32_t b = at32[i]; b; b &= b - 1) {
+                                    int64_t r = w32[i] / lw, k = 32 * (w32[i] % lw) + __builtin_ctz(b);
+                                    segment(xg + r * stride, og + r * os, k, k + 1, sv, c, kind, exact, mode, mul,
+                                            model);
+                                }
+                            for (int64_t r = 0; buffered2 && r < g; r++)
+                                stream_copy(dst + at + (r1 + r) * stride, buf + r * len, len);
+                        }
+                        continue;
+                    }
                     if (!vbmi) { /* streamed through buf: the compiler's vector stores are normal ones */
                         for (int64_t r = 0; r < nr; r++) {
                             const uint16_t *xr = x + r * stride;
                             uint8_t *dr = dst + at + r * stride, *o = c->stream && CAN_STREAM ? buf : dr;
-                            if (HAVE_TAB_AVX2 && tab->avx2) {
-                                uint32_t at32[TAB_AVX2_WORDS];
-                                int32_t w32[TAB_AVX2_WORDS];
-                                int hits = tab_run_avx2(xr, o, len, ahead, tab, at32, w32);
-                                for (int i = 0; i < hits; i++) /* only the inputs it does not take */
-                                    for (uint32_t b = at32[i]; b; b &= b - 1) {
-                                        int64_t k = 32 * (int64_t)w32[i] + __builtin_ctz(b);
-                                        segment(xr, o, k, k + 1, sv, c, kind, exact, mode, mul, model);
-                                    }
-                            } else if (tab_run(xr, o, len, ahead, tab)) /* only the inputs it does not take */
+                            if (tab_run(xr, o, len, ahead, tab)) /* only the inputs it does not take */
                                 for (int64_t k = 0; k < len; k++) {
                                     const uint16_t a = xr[k] & 0x7FFFu;
                                     if (a != 0 && (a < tab->lo || a >= tab->hi))
