@@ -260,9 +260,10 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     t->lo = (uint16_t)(eb << 7), t->hi = (uint16_t)(top << 7), t->eb = (uint16_t)eb, t->base = (uint16_t)base;
     t->shift = (uint16_t)M, t->maxmag = (uint16_t)p->maxmag, t->signbit = (uint16_t)p->signbit;
     t->ovf_p = out[131], t->ovf_n = out[132], t->zero_p = out[129], t->zero_n = out[130];
-    /* The AVX2 loop's windows. Between consecutive t_i the quotient (or y) moves by half a step of
-     * the format, which is more than 8 bfloat16 steps of m (docs/performance.md), so a window of 16
-     * holds at most two; checked here all the same. Overflow: min(c, ovf_p) is the old rule where
+    /* The AVX2 loop's windows. Between consecutive t_i (midpoints) the exact quotient moves by one
+     * step of the format, more than 8 units of m (x/s < 2^(e+1) within the binade puts the step
+     * s 2^(e-3) above 2^(E-4)), so a window of 16 holds at most two; checked here for every recipe (a
+     * producer's rounding to the model dtype may move a t_i by one). Overflow: min(c, ovf_p) is the old rule where
      * ovf_p is maxmag (saturating) or maxmag + 1 (Inf/NaN), and the negative one that | 0x80. */
     int win_ok = !c->vbmi && (t->ovf_p == p->maxmag || t->ovf_p == p->maxmag + 1) && t->ovf_n == (t->ovf_p | 0x80u);
     for (int j = 0; j < 8 && win_ok; j++) {
@@ -424,7 +425,8 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, u
     uint8_t *dst = dst0 + r * dst_stride;
     int64_t k = 0;
     for (; k + 32 <= n; k += 32) {
-        __m256i h0 = _mm256_loadu_si256((const __m256i *)(x + k)), h1 = _mm256_loadu_si256((const __m256i *)(x + k + 16));
+        __m256i h0 = _mm256_loadu_si256((const __m256i *)(x + k));
+        __m256i h1 = _mm256_loadu_si256((const __m256i *)(x + k + 16));
         if (ahead) _mm_prefetch((const char *)(x + k + ahead), _MM_HINT_T1); /* the next unit's line, into L2 */
         h0 = _mm256_shuffle_epi8(h0, split), h1 = _mm256_shuffle_epi8(h1, split);
         /* byte order of lo, hi and every vector after: inputs 0-7, 16-23 | 8-15, 24-31 */
@@ -436,7 +438,8 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, u
         steps = _mm256_sub_epi8(steps, _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(wb2, j)));
         const __m256i u = _mm256_sub_epi8(E, eb); /* E - E_b, wrapping: >= span exactly outside [E_b, top) */
         /* min(u, 128 >> M) << M stays in its byte; base + steps <= maxmag, so c > maxmag only by d */
-        const __m256i c = _mm256_adds_epu8(_mm256_add_epi8(steps, base), _mm256_sll_epi16(_mm256_min_epu8(u, dmax), sh));
+        const __m256i c = _mm256_adds_epu8(_mm256_add_epi8(steps, base),
+                                           _mm256_sll_epi16(_mm256_min_epu8(u, dmax), sh));
         const __m256i zero = _mm256_cmpeq_epi8(_mm256_or_si256(E, m), zero_v);
         __m256i code = _mm256_or_si256(_mm256_min_epu8(c, opv), sign);
         code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(zp, zn, sign), zero);
