@@ -1,6 +1,7 @@
 """quantize into ``out=`` and encode, per instruction-set level, against ``copy_`` in the same run.
 
     python benchmarks/bench_isa.py [--rows 8192 --cols 8192] [--n 67108864] [--repeat 7] [--threads 2,1]
+                                   [--cpu-rows 512]
 
 The per-ISA loops (docs/build.md) are bound to each level this CPU runs in turn, in one process
 (``fp8ref._native.use_level``, what ``FP8REF_ISA`` does at load), so that one run compares them
@@ -13,6 +14,8 @@ Rows per level, each ``min / median`` over the rounds (rounds interleave every l
 the peer, the order of the levels rotating, so that all face the same load; the copy_ each ratio
 divides by is the one timed beside it):
 
+* CPU time per input of each quantize case, one thread, on a cache-resident weight (``--cpu-rows``):
+  the loops' own cost whatever the load, against the 0.19 ns per input that 0.8 of copy_ needs.
 * quantize 8192x8192 bfloat16 into ``out=`` (default 'fp8ref' recipe; per channel, 128x128 blocks,
   per tensor): bandwidth counted as the minimum traffic (the input read once, the codes written:
   3 bytes per element) / ``copy_``'s on the same weight (bf16 into an existing tensor: 4 bytes per
@@ -113,6 +116,40 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int) -> None:
         print(f"  {label:18}" + "".join(f"{c:>19}" for c in cells))
 
 
+def cpu_per_input(rows: int, cols: int, repeat: int) -> None:
+    """CPU time (``time.process_time``: robust to other processes' load) per input of each quantize
+    case on one thread, on a weight that stays in the last-level cache (``--cpu-rows`` x ``--cols``
+    bfloat16: 8 MiB by default, its codes 4 MiB, inside a 32 MiB L3), so that the loops' own cost is
+    measured, not the memory's (the codes stay in the cache too: not streamed, as they are at
+    8192x8192; streamed, each call also waits on memory for its writes). 0.8 of a one-thread
+    ``copy_`` of 20 GB/s needs <= 0.19 ns per input (3 bytes per input at 16 GB/s)."""
+    torch.set_num_threads(1)
+    w = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
+    codes = torch.zeros(rows, cols, dtype=torch.uint8)
+    chosen = configs()
+    calls = max(1, int(2e8 // w.numel()))  # ~0.05 s of work per cell
+    times = {c[0]: {k: [] for k in QUANTIZE} for c in chosen}
+    for config in chosen:
+        bind(config)
+        for qa in QUANTIZE.values():
+            quantize(w, qa, out=codes)
+    for r in range(repeat):
+        for config in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
+            bind(config)
+            for name, qa in QUANTIZE.items():
+                t0 = time.process_time()
+                for _ in range(calls):
+                    quantize(w, qa, out=codes)
+                times[config[0]][name].append((time.process_time() - t0) / calls / w.numel() * 1e9)
+    os.environ.pop("FP8REF_NO_VBMI", None)
+    _native.use_level(_native.runnable_levels()[0])
+    print(f"\n1 thread, CPU time per input (ns), quantize bf16 {rows}x{cols} into out= (cache-resident), "
+          f"{calls} calls per cell; each cell min / median over the rounds")
+    print(f"  {'level':18}" + "".join(f"{k:>19}" for k in QUANTIZE))
+    for label, t in times.items():
+        print(f"  {label:18}" + "".join(f"{min(v):.3f} / {statistics.median(v):.3f}".rjust(19) for v in t.values()))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=8192)
@@ -120,6 +157,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=64 * 2**20, help="elements to encode")
     p.add_argument("--repeat", type=int, default=7, help="rounds")
     p.add_argument("--threads", default=f"{torch.get_num_threads()},1", help="thread counts, comma-separated")
+    p.add_argument("--cpu-rows", type=int, default=512, help="rows of the cache-resident CPU-time weight (0: skip)")
     a = p.parse_args()
     if not _native.kernels_available():
         raise SystemExit(f"the C loops are not available: {_native.describe()}")
@@ -127,7 +165,9 @@ def main() -> None:
     print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; load average {load_average()} (start)")
     print(f"torch {torch.__version__}; fp8ref {_native.describe()}; levels compared: "
           f"{', '.join(c[0] for c in configs())} (this CPU's best: {info['isa']})")
-    for threads in dict.fromkeys(int(t) for t in a.threads.split(",")):
+    if a.cpu_rows:
+        cpu_per_input(a.cpu_rows, a.cols, a.repeat)
+    for threads in dict.fromkeys(int(t) for t in a.threads.split(",") if t):
         run(threads, a.rows, a.cols, a.n, a.repeat)
     print(f"\nload average {load_average()} (end)")
 

@@ -181,6 +181,12 @@ typedef struct {
     int8_t tm1[8];      /* and t_i - 1 (t_i <= 128: signed bytes compare with m <= 127) */
     uint8_t steps[128]; /* the VBMI loop's tables: the code of (E_b, m) = base + #{i : m >= t_i}, */
     uint8_t shl[64];    /* and min(d 2^M, 255) */
+    /* the AVX2 loop's (tab_run_avx2, x86-64-v3 and v4 without VBMI): m = 16 j + l, j < 8, and
+     * #{i : m >= t_i} = win_a[j] + (l >= win_b1[j]) + (l >= win_b2[j]): every window of 16 holds at
+     * most two t_i (they lie more than 8 apart: see tab_build); bytes 8-15 are never indexed */
+    uint8_t win_a[16], win_b1m1[16], win_b2m1[16]; /* the b's less one, 15: none */
+    int avx2;                                      /* those tables are valid and the overflow and
+                                                    * sign rules fit its min and OR (tab_build) */
 } bf16_tab;
 
 /* elements per operand worth a build; inputs per VBMI call (at most, where the codes go through a
@@ -206,7 +212,7 @@ FP8REF_INLINE int y_finite(uint16_t a, float sv, const consts *c, int exact, int
 }
 
 FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, int mul, int model) {
-    t->key = bits_of(sv), t->built = 1, t->ok = 0;
+    t->key = bits_of(sv), t->built = 1, t->ok = 0, t->avx2 = 0;
     const enc_params *p = &c->p;
     int M = p->M;
     double maxval = ldexp(1.0 + (double)(p->maxmag & ((1u << M) - 1u)) / (double)(1u << M),
@@ -254,6 +260,24 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     t->lo = (uint16_t)(eb << 7), t->hi = (uint16_t)(top << 7), t->eb = (uint16_t)eb, t->base = (uint16_t)base;
     t->shift = (uint16_t)M, t->maxmag = (uint16_t)p->maxmag, t->signbit = (uint16_t)p->signbit;
     t->ovf_p = out[131], t->ovf_n = out[132], t->zero_p = out[129], t->zero_n = out[130];
+    /* The AVX2 loop's windows. Between consecutive t_i (midpoints) the exact quotient moves by one
+     * step of the format, more than 8 units of m (x/s < 2^(e+1) within the binade puts the step
+     * s 2^(e-3) above 2^(E-4)), so a window of 16 holds at most two; checked here for every recipe (a
+     * producer's rounding to the model dtype may move a t_i by one). Overflow: min(c, ovf_p) is the old rule where
+     * ovf_p is maxmag (saturating) or maxmag + 1 (Inf/NaN), and the negative one that | 0x80. */
+    int win_ok = !c->vbmi && (t->ovf_p == p->maxmag || t->ovf_p == p->maxmag + 1) && t->ovf_n == (t->ovf_p | 0x80u);
+    for (int j = 0; j < 8 && win_ok; j++) {
+        int below = 0, nb = 0, b[3] = {16, 16, 16};
+        for (int i = 0; i < 8; i++) {
+            int ti = t->t[i] - 16 * j;
+            if (ti <= 0) below++;
+            else if (ti < 16) b[nb < 2 ? nb++ : (win_ok = 0, 2)] = ti;
+        }
+        t->win_a[j] = t->win_a[j + 8] = (uint8_t)below;
+        t->win_b1m1[j] = t->win_b1m1[j + 8] = (uint8_t)(b[0] - 1);
+        t->win_b2m1[j] = t->win_b2m1[j + 8] = (uint8_t)(b[1] - 1);
+    }
+    t->avx2 = win_ok;
     t->ok = 1;
 }
 
@@ -369,6 +393,75 @@ static __attribute__((noinline)) uint16_t tab_run(const uint16_t *restrict x, ui
     return any;
 }
 
+/* tab_run's rules in AVX2 intrinsics, 32 inputs per step, for the CPUs without VBMI (x86-64-v3, and
+ * v4's object: on Zen 4 a 512-bit vector costs two 256-bit ones). 42 instructions a step where the
+ * compiler's tab_run takes ~90 (its byte shifts, eight threshold compares and blends, spills): the
+ * 2^M steps over m by three 16-byte lookups (win_*), (E - E_b) and the slow test from one wrapping
+ * byte difference, overflow by min and the sign by OR (tab_build's avx2 conditions). Runs x0 + r *
+ * stride, r < rows, of n inputs (a block tile in one call, as tab_run_vbmi). Returns how many of its
+ * 32-input words hold inputs it does not take: word slow_w[i] (r * ceil(n / 32) + k / 32), inputs
+ * slow_at[i]. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
+static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
+                                                  int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
+                                                  const bf16_tab *t, uint32_t *restrict slow_at,
+                                                  int32_t *restrict slow_w) {
+    /* in each 128-bit lane: the low bytes of its eight inputs, then their high bytes */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8,
+                                           10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i wa = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_a));
+    const __m256i wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1));
+    const __m256i wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
+    const __m256i eb = _mm256_set1_epi8((char)t->eb), span = _mm256_set1_epi8((char)((t->hi >> 7) - t->eb));
+    const __m256i dmax = _mm256_set1_epi8((char)(128u >> t->shift)), base = _mm256_set1_epi8((char)t->base);
+    const __m256i opv = _mm256_set1_epi8((char)t->ovf_p), zp = _mm256_set1_epi8((char)t->zero_p);
+    const __m256i zn = _mm256_set1_epi8((char)t->zero_n), m7f = _mm256_set1_epi8(0x7F), m0f = _mm256_set1_epi8(0x0F);
+    const __m256i s80 = _mm256_set1_epi8((char)0x80), zero_v = _mm256_setzero_si256();
+    const __m128i sh = _mm_cvtsi32_si128(t->shift);
+    int hits = 0;
+    const int32_t per_run = (int32_t)((n + 31) / 32);
+    for (int64_t r = 0; r < rows; r++) {
+    const uint16_t *x = x0 + r * stride;
+    uint8_t *dst = dst0 + r * dst_stride;
+    int64_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+        __m256i h0 = _mm256_loadu_si256((const __m256i *)(x + k));
+        __m256i h1 = _mm256_loadu_si256((const __m256i *)(x + k + 16));
+        if (ahead) _mm_prefetch((const char *)(x + k + ahead), _MM_HINT_T1); /* the next unit's line, into L2 */
+        h0 = _mm256_shuffle_epi8(h0, split), h1 = _mm256_shuffle_epi8(h1, split);
+        /* byte order of lo, hi and every vector after: inputs 0-7, 16-23 | 8-15, 24-31 */
+        const __m256i lo = _mm256_unpacklo_epi64(h0, h1), hi = _mm256_unpackhi_epi64(h0, h1);
+        const __m256i m = _mm256_and_si256(lo, m7f), e7 = _mm256_and_si256(hi, m7f), sign = _mm256_and_si256(hi, s80);
+        const __m256i E = _mm256_sub_epi8(_mm256_add_epi8(e7, e7), _mm256_cmpgt_epi8(zero_v, lo)); /* + lo's bit 7 */
+        const __m256i j = _mm256_and_si256(_mm256_srli_epi16(m, 4), m0f), l = _mm256_and_si256(lo, m0f);
+        __m256i steps = _mm256_sub_epi8(_mm256_shuffle_epi8(wa, j), _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(wb1, j)));
+        steps = _mm256_sub_epi8(steps, _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(wb2, j)));
+        const __m256i u = _mm256_sub_epi8(E, eb); /* E - E_b, wrapping: >= span exactly outside [E_b, top) */
+        /* min(u, 128 >> M) << M stays in its byte; base + steps <= maxmag, so c > maxmag only by d */
+        const __m256i c = _mm256_adds_epu8(_mm256_add_epi8(steps, base),
+                                           _mm256_sll_epi16(_mm256_min_epu8(u, dmax), sh));
+        const __m256i zero = _mm256_cmpeq_epi8(_mm256_or_si256(E, m), zero_v);
+        __m256i code = _mm256_or_si256(_mm256_min_epu8(c, opv), sign);
+        code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(zp, zn, sign), zero);
+        const __m256i slow = _mm256_andnot_si256(zero, _mm256_cmpeq_epi8(_mm256_max_epu8(u, span), u));
+        _mm256_storeu_si256((__m256i *)(dst + k), _mm256_permute4x64_epi64(code, 0xD8));
+        uint32_t bits = (uint32_t)_mm256_movemask_epi8(slow);
+        if (bits) /* back to input order */
+            slow_at[hits] = (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u),
+            slow_w[hits++] = (int32_t)(r * per_run + k / 32);
+    }
+    uint32_t tail = 0;
+    for (int64_t i = k; i < n; i++) tail |= (uint32_t)(tab_run_scalar(x + i, dst + i, 1, t) != 0) << (i - k);
+    if (tail) slow_at[hits] = tail, slow_w[hits++] = (int32_t)(r * per_run + k / 32);
+    }
+    return hits;
+}
+#define HAVE_TAB_AVX2 1
+#else
+#define HAVE_TAB_AVX2 0
+#define tab_run_avx2(x, dst, n, rows, stride, dst_stride, ahead, t, slow_at, slow_w) 0
+#endif
+
 /* tab_run with AVX-512 VBMI, 64 inputs per step: the code of (E_b, m) from a 128-byte table
  * (vpermi2b), (E - E_b) 2^M from a 64-byte table (saturating at 255 > maxmag: an overflow), the
  * rest as masks. Same rules and result as tab_run (tests compare both with the segment loop). Runs
@@ -474,6 +567,27 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
                     int64_t len = n - k0 < piece ? n - k0 : piece, at = lo + r0 * stride + k0;
                     const uint16_t *x = (const uint16_t *)src + at;
+                    if (!vbmi && HAVE_TAB_AVX2 && tab->avx2) { /* the runs that fit in buf per call */
+                        const int buffered2 = c->stream && CAN_STREAM;
+                        const int64_t grp = buffered2 ? TAB_CHUNK / len : nr, lw = (len + 31) / 32;
+                        uint32_t at32[2 * TAB_WORDS]; /* nr * lw <= 2 TAB_WORDS (per above) */
+                        int32_t w32[2 * TAB_WORDS];
+                        for (int64_t r1 = 0; r1 < nr; r1 += grp) {
+                            const int64_t g = nr - r1 < grp ? nr - r1 : grp, os = buffered2 ? len : stride;
+                            const uint16_t *xg = x + r1 * stride;
+                            uint8_t *og = buffered2 ? buf : dst + at + r1 * stride;
+                            int hits = tab_run_avx2(xg, og, len, g, stride, os, ahead, tab, at32, w32);
+                            for (int i = 0; i < hits; i++) /* only the inputs it does not take */
+                                for (uint32_t b = at32[i]; b; b &= b - 1) {
+                                    int64_t r = w32[i] / lw, k = 32 * (w32[i] % lw) + __builtin_ctz(b);
+                                    segment(xg + r * stride, og + r * os, k, k + 1, sv, c, kind, exact, mode, mul,
+                                            model);
+                                }
+                            for (int64_t r = 0; buffered2 && r < g; r++)
+                                stream_copy(dst + at + (r1 + r) * stride, buf + r * len, len);
+                        }
+                        continue;
+                    }
                     if (!vbmi) { /* streamed through buf: the compiler's vector stores are normal ones */
                         for (int64_t r = 0; r < nr; r++) {
                             const uint16_t *xr = x + r * stride;

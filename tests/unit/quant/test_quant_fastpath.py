@@ -313,6 +313,41 @@ def test_table_loop_on_every_bf16_pattern(monkeypatch, loop, recipe, fmt):
             assert_same(*both(monkeypatch, xs, args, into=into, recipe=recipe, scale=ss))
 
 
+def _window_scales() -> list[float]:
+    """Scales that move the table's 2^M steps over the mantissa (the AVX2 loop's windows of 16,
+    its three lookups) through many phases: 40 log-uniform draws and 16 mantissas of one binade;
+    and scales that put the largest finite bfloat16 just below, at and just above the e4m3 maximum
+    448 and the 464 midpoint past it (saturation and overflow). Every bfloat16 pattern meets each, so
+    the inputs also fill the formats' subnormal range and its boundary."""
+    rng = np.random.default_rng(26)
+    draws = [float(np.float32(2.0 ** e)) for e in rng.uniform(-140.0, 120.0, 40)]
+    phases = [float(np.float32(1.0 + i / 16)) for i in range(16)]
+    big = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    edges = [float(v) for t in (448.0, 464.0) for s in [np.float32(big / t)]
+             for v in (np.nextafter(s, np.float32(0)), s, np.nextafter(s, np.float32(np.inf)))]
+    return draws + phases + edges
+
+
+@pytest.mark.parametrize("loop", ["portable", "portable-stream"])
+@pytest.mark.parametrize("recipe,fmt", [(r, f) for r in ("fp8ref", "compressed-tensors", "hf-fp8")
+                                        for f in ("float8_e4m3fn", "float8_e5m2") if f in _recipe_formats(r)])
+def test_table_windows_on_every_bf16_pattern(monkeypatch, loop, recipe, fmt):
+    """The table loop without VBMI (AVX2 on x86-64-v3 and v4: tab_run_avx2) on all 65,536 bfloat16
+    patterns x 62 scales, saturating or not, against the numpy path."""
+    into = _loop(monkeypatch, loop)
+    x = all_patterns("bfloat16", finite_only=recipe == "fp8ref")
+    scales = np.array([[s] for s in _window_scales()], np.float32)
+    x = np.repeat(x, len(scales), axis=0)
+    from fp8ref.registry import get_recipe
+
+    grans = get_recipe(recipe).granularities
+    gran = {"granularity": "channel"} if not grans or "channel" in grans else \
+        {"granularity": "block", "block_shape": (1, x.shape[1])}
+    for saturate in (True, False):
+        args = QuantArgs(format=fmt, dynamic=False, saturate=saturate, **gran)
+        assert_same(*both(monkeypatch, x, args, into=into, recipe=recipe, scale=scales))
+
+
 def _takes(recipe, gran):
     from fp8ref.registry import get_recipe
 
