@@ -97,9 +97,15 @@ class ParallelBuildExt(build_ext):
         for level in sorted(dropped):
             warn(f"fp8ref: the {level} loops did not compile (errors above); the other levels are built")
         objects = [obj for (src, level, _), obj in results if obj is not None and level not in dropped]
-        # nothing left to compile: distutils links the objects (unless its output is newer than every source)
+        # nothing left to compile: distutils links the objects. Always: a cached object (say, of a source
+        # edited and then reverted) can be older than the library it must replace, so mtimes cannot decide.
         ext.depends, ext.sources, ext.extra_objects = ext.sources + ext.depends, [], objects
-        super().build_extension(ext)
+        force = self.force, self.compiler.force
+        self.force = self.compiler.force = True
+        try:
+            super().build_extension(ext)
+        finally:
+            self.force, self.compiler.force = force
         print(f"fp8ref: C loops built in {time.perf_counter() - started:.1f} s", flush=True)
 
     def _compile_one(self, ext: Extension, src: str, level: str | None, flags: list[str]):
