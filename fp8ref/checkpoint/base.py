@@ -131,6 +131,7 @@ class Defaults:
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
     fuses_nvfp4_globals = True  # NVFP4 global scales shared across fused siblings (q/k/v, gate/up); torchao: not
     config_takes_recipes = False  # quantization_config(..., recipes={layer: recipe}) at export (torchao's MX mode)
+    nvfp4_global_optional = False  # an NVFP4 layer may store no global scale (torchao's NVFP4Tensor without one)
     pow2_scale_fmt: str | None = None  # the LayerQuant.scale_fmt of layers a power-of-two recipe quantizes
     # KV-cache scales (one K and one V multiplier per attention module), compressed-tensors' by default:
     kv_shape: tuple = (1,)

@@ -118,6 +118,11 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
             elif role == "weight_scale" and not block and scale_dtype == "F8_E8M0":
                 tdtype = scale_dtype
             tensors.append((role, tname, tdtype, shape))
+        if getattr(rec, "global_rule", None) == "none" and any(t[0] == "weight_global" for t in tensors):
+            if not module.nvfp4_global_optional:
+                raise CheckpointError(f"{where}: recipe {rec.name!r} makes no per-tensor scale; the {fmt} format "
+                                      f"stores one for every NVFP4 layer")
+            tensors = [t for t in tensors if t[0] != "weight_global"]
         amax = None
         if quant.input in ("static", "nvfp4"):
             if calibration is None or name not in calibration:
