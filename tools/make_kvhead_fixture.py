@@ -16,6 +16,11 @@ Q is not quantized: with an attn_head input-activation group on LlamaAttention, 
 'eager' during calibration, so compressed-tensors' hooked attention holding the query hook is
 bypassed) and saves q_scale from torch.empty, i.e. uninitialised memory.
 
+Also writes tests/fixtures/interop/checkpoints/llmc_fp8_attn_head_q/: what llm-compressor writes for
+Q (the layout fp8ref's per-head Q export follows): FP8_DYNAMIC Linear layers plus an attn_head group on
+LlamaAttention. Only config.json and fixture.json (with every scale tensor's name, dtype and shape) are
+kept: the q_scale values are uninitialised memory, as above.
+
 Usage: /work/venvs/interop/bin/python tools/make_kvhead_fixture.py [--out DIR]
 """
 
@@ -60,6 +65,33 @@ def export(folder: Path) -> dict:
     return {"tool": "llmcompressor", "function": "llmcompressor.oneshot + model.save_pretrained(save_compressed=True)",
             "arguments": {"recipe": f"QuantizationModifier(kv_cache_scheme={ATTN_HEAD})",
                           "calibration": "4 random token batches of 16 tokens (seed 77), datasets.Dataset.from_dict"}}
+
+
+def export_with_query(folder: Path) -> dict:
+    """FP8_DYNAMIC Linear layers and an attn_head group on LlamaAttention (q, k and v scales per head)."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from safetensors import safe_open
+
+    model = mif.saved_tiny_llama(folder.parent / "base_q")
+    attention = QuantizationScheme(targets=["LlamaAttention"], input_activations=QuantizationArgs(**ATTN_HEAD))
+    groups = {"linear": preset_name_to_scheme("FP8_DYNAMIC", ["Linear"]), "attention": attention}
+    ids = [b[0].tolist() for b in mif.calib_batches()]
+    oneshot(model=model, recipe=QuantizationModifier(ignore=["lm_head"], config_groups=groups),
+            dataset=Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(r) for r in ids]}),
+            num_calibration_samples=len(ids), max_seq_length=len(ids[0]), processor=mif.tiny_tokenizer())
+    model.save_pretrained(str(folder), save_compressed=True)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        scales = mif.describe({k: f.get_tensor(k) for k in f.keys() if k.endswith("_scale")})
+    return {"tool": "llmcompressor", "function": "llmcompressor.oneshot + model.save_pretrained(save_compressed=True)",
+            "arguments": {"recipe": "QuantizationModifier(ignore=['lm_head'], config_groups={'linear': "
+                                    "preset_name_to_scheme('FP8_DYNAMIC', ['Linear']), 'attention': QuantizationScheme("
+                                    f"targets=['LlamaAttention'], input_activations={ATTN_HEAD})}})",
+                          "calibration": "4 random token batches of 16 tokens (seed 77), datasets.Dataset.from_dict"},
+            "kept": "config.json only: the q_scale values are torch.empty memory (the q observer never runs)",
+            "scale_tensors": scales}
 
 
 def reload_attention(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -118,6 +150,15 @@ def main(argv: list[str] | None = None) -> int:
                      "weight_edit_seed": 4321}
     (dest / "fixture.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     print(f"wrote {dest}: {sorted(x.name for x in dest.iterdir())}")
+    dest_q = a.out / (NAME + "_q")
+    with tempfile.TemporaryDirectory() as work:
+        meta = export_with_query(Path(work) / "export")
+        shutil.rmtree(dest_q, ignore_errors=True)
+        dest_q.mkdir(parents=True)
+        shutil.copy2(Path(work) / "export" / "config.json", dest_q / "config.json")
+    meta["versions"] = mif.versions()
+    (dest_q / "fixture.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {dest_q}: {sorted(x.name for x in dest_q.iterdir())}")
     return 0
 
 

@@ -131,6 +131,7 @@ class Defaults:
     nvfp4_global: str | None = None  # how it stores NVFP4 global scales: divisor, multiplier (None: no NVFP4)
     fuses_nvfp4_globals = True  # NVFP4 global scales shared across fused siblings (q/k/v, gate/up); torchao: not
     config_takes_recipes = False  # quantization_config(..., recipes={layer: recipe}) at export (torchao's MX mode)
+    nvfp4_global_optional = False  # an NVFP4 layer may store no global scale (torchao's NVFP4Tensor without one)
     pow2_scale_fmt: str | None = None  # the LayerQuant.scale_fmt of layers a power-of-two recipe quantizes
     # KV-cache scales (one K and one V multiplier per attention module), compressed-tensors' by default:
     kv_shape: tuple = (1,)
@@ -140,6 +141,7 @@ class Defaults:
     kv_recipe: str | None = None
     kv_shared: bool = False  # K and V of one module store one value, the larger scale (Quark's kv_cache_group)
     kv_per_head: bool = False  # it can store one K and one V scale per KV head ([n_kv_heads, 1, 1], attn_head)
+    kv_query: bool = False  # it can store the query's scale (ATTN.q_scale: compressed-tensors' attention group)
 
     def kv_name(self, attn: str, which: str) -> str:
         """The tensor holding attention module ``attn``'s ``which`` ("k" / "v") KV-cache scale."""
@@ -149,6 +151,9 @@ class Defaults:
         """(name, shape) a loaded KV-cache scale (any format's name) gets when written in this format;
         a per-head scale keeps one value per head ([n, 1, 1]) where the format stores them."""
         attn, which = kv_parts(name)
+        if which == "q" and not self.kv_query:
+            raise CheckpointError(f"{name}: a query scale; the {self.name} format stores none (compressed-tensors "
+                                  f"does, in an attention config group)")
         n = int(np.prod(shape))
         if n > 1 and not self.kv_per_head:
             raise CheckpointError(f"{name}: one KV-cache scale per head ({list(shape)}); the {self.name} format "
@@ -194,15 +199,16 @@ class Defaults:
 _FORMATS: dict[str, CheckpointFormat] = {}
 # every format's KV-cache scale names: compressed-tensors' ATTN.k_scale, ModelOpt's ATTN.k_proj.k_scale,
 # Quark's (and old compressed-tensors') ATTN.k_proj.output_scale
-_KV_NAMES = (re.compile(r"^(.+)\.([kv])_proj\.(?:output_scale|\2_scale)$"), re.compile(r"^(.+)\.([kv])_scale$"))
+_KV_NAMES = (re.compile(r"^(.+)\.([kv])_proj\.(?:output_scale|\2_scale)$"), re.compile(r"^(.+)\.([kvq])_scale$"))
 
 
 def kv_parts(name: str) -> tuple[str, str]:
-    """(attention module, "k" | "v") of a KV-cache scale tensor name in any format's vocabulary."""
+    """(attention module, "k" | "v" | "q") of a KV-cache (or query) scale tensor name in any format's
+    vocabulary."""
     m = _KV_NAMES[0].match(name) or _KV_NAMES[1].match(name)
     if m is None:
-        raise CheckpointError(f"{name}: not a K or V cache scale (ATTN.k_scale, ATTN.k_proj.k_scale or "
-                              "ATTN.k_proj.output_scale); query scales have no home in these formats")
+        raise CheckpointError(f"{name}: not a K, V or Q scale (ATTN.k_scale, ATTN.k_proj.k_scale, "
+                              "ATTN.k_proj.output_scale or ATTN.q_scale)")
     return m.group(1), m.group(2)
 
 

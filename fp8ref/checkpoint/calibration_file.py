@@ -78,13 +78,14 @@ def write_calibration(path: str | os.PathLike, input_amax: Mapping, *, kv_amax: 
     """Write the calibration file ``export_checkpoint``/``fp8ref quantize --calibration`` read: per
     layer the activation amax (numbers, one-element arrays, or the ``AmaxState`` values
     ``observe_linear_inputs`` returns), and per attention module the KV-cache amax under
-    ``ATTN.k_scale``/``ATTN.v_scale`` or ``ATTN.{k,v}_proj.output_amax``. The file says what it
+    ``ATTN.k_scale``/``ATTN.v_scale`` or ``ATTN.{k,v}_proj.output_amax`` and the query's under
+    ``ATTN.q_scale``: a number, or a list of them, one per head (attn_head). The file says what it
     holds (amax, with this fp8ref's version), so a file of scales is never taken for one. Scales
     (``calibrate_input_scales``' result, ``finalize``'s ``DequantScale``) are refused: pass
     ``calibrate_input_scales(...).amax``."""
     path = path_arg(path)
     layers = amax_values(input_amax, f"{path}: input_amax")
-    kv = amax_values(kv_amax or {}, f"{path}: kv_amax")
+    kv = _kv_values(refuse_scales(kv_amax or {}, f"{path}: kv_amax"), f"{path}: kv_amax")
     _check_kv_split(path, layers, kv)
     doc = {"format": CALIBRATION_FORMAT, "holds": "amax", "fp8ref_version": __version__,
            "input_amax": dict(sorted(layers.items())), "kv_amax": dict(sorted(kv.items()))}
@@ -92,11 +93,21 @@ def write_calibration(path: str | os.PathLike, input_amax: Mapping, *, kv_amax: 
     return path
 
 
+def _kv_values(kv: Mapping, where: str) -> dict[str, float | list[float]]:
+    """KV-cache (and Q) amax by key: one number (see ``amax_number``), or a list of numbers, one per
+    head (a list, or an array of more than one element)."""
+    out = {}
+    for k, v in kv.items():
+        per_head = isinstance(v, (list, tuple)) or (isinstance(v, np.ndarray) and v.size > 1)
+        out[str(k)] = (list(_kv_amax(str(k), v, where)) if per_head else amax_number(v, f"{where}[{k!r}]"))
+    return out
+
+
 def _check_kv_split(where, layers: Mapping, kv: Mapping) -> None:
     not_kv = [k for k in kv if k in split_calibration({k: kv[k]}, str(where))[0]]
     if not_kv:
         raise CheckpointError(f"{where}: kv_amax[{not_kv[0]!r}]: expected a KV-cache key (ATTN.k_scale, ATTN.v_scale, "
-                              "ATTN.k_proj.output_amax or ATTN.v_proj.output_amax)")
+                              "ATTN.k_proj.output_amax, ATTN.v_proj.output_amax) or the query's ATTN.q_scale")
     is_kv = [k for k in layers if not split_calibration({k: layers[k]}, str(where))[0]]
     if is_kv:
         raise CheckpointError(f"{where}: input_amax[{is_kv[0]!r}]: a KV-cache key; put it under kv_amax")
@@ -117,6 +128,9 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
         raw = {}
         for name in store:
             values = np.asarray(store.get(name)).astype(np.float64).reshape(-1)
+            if values.size > 1 and not split_calibration({name: 0.0}, str(path))[0]:  # a KV/Q amax per head
+                raw[name] = list(_kv_amax(name, values.tolist(), store.where(name)))
+                continue
             if values.size != 1:
                 raise CheckpointError(f"{store.where(name)}: an activation amax is one number, got shape "
                                       f"{list(store.info(name).shape)}")
@@ -136,7 +150,8 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
         value = data.get(key, None if required else {})
         if not isinstance(value, dict):
             raise CheckpointError(f"{path}: \"{key}\": expected an object of name -> amax, got {shown(value)}")
-        sections[key] = {k: amax_number(v, f"{path}: {key}[{k!r}]") for k, v in value.items()}
+        sections[key] = (_kv_values(value, f"{path}: {key}") if key == "kv_amax"
+                         else {k: amax_number(v, f"{path}: {key}[{k!r}]") for k, v in value.items()})
     _check_kv_split(path, sections["input_amax"], sections["kv_amax"])
     return {**sections["input_amax"], **sections["kv_amax"]}
 
@@ -144,8 +159,10 @@ def load_calibration(path: str | os.PathLike) -> dict[str, float]:
 # Calibration keys that carry the amax of an attention module's cached keys/values: the
 # compressed-tensors tensor names, or the k/v projection's output amax (the ``.input_amax`` convention
 # applied to outputs; what a forward hook on k_proj/v_proj records). vLLM and compressed-tensors
-# quantize K after RoPE, so the amax of the rotated keys is the faithful value for ``k``.
-KV_KEYS = (("k_scale", "k"), ("v_scale", "v"), ("k_proj.output_amax", "k"), ("v_proj.output_amax", "v"))
+# quantize K after RoPE, so the amax of the rotated keys is the faithful value for ``k``. ``ATTN.q_scale``
+# is the query's amax (after RoPE, as compressed-tensors' attention hook sees it; compressed-tensors only).
+KV_KEYS = (("k_scale", "k"), ("v_scale", "v"), ("k_proj.output_amax", "k"), ("v_proj.output_amax", "v"),
+           ("q_scale", "q"))
 
 def _kv_amax(key: str, value, where: str) -> float | tuple[float, ...]:
     """A KV-cache amax: one number, or a list of them (one per KV head: a per-head scale)."""
@@ -167,7 +184,7 @@ def _kv_amax(key: str, value, where: str) -> float | tuple[float, ...]:
 
 def split_calibration(calibration: Mapping[str, float], where: str = "calibration"
                       ) -> tuple[dict[str, float], dict[str, dict[str, tuple[str, float]]]]:
-    """(layer -> input amax, attention module -> {"k"|"v": (calibration key, amax)})."""
+    """(layer -> input amax, attention module -> {"k"|"v"|"q": (calibration key, amax)})."""
     layers: dict[str, float] = {}
     kv: dict[str, dict[str, tuple[str, float]]] = {}
     for key, value in calibration.items():

@@ -389,11 +389,28 @@ MX_INPUTS = (("float4_e2m1fn", "float4_e2m1fn"), ("float8_e4m3fn", "float8_e4m3f
 
 
 def quantization_config(layers: dict[str, LayerQuant], ignore: list[str], kv: bool | str = False,
-                        version: str = ct.DEFAULT_CT_VERSION) -> dict:
+                        version: str = ct.DEFAULT_CT_VERSION, attention: list[str] | None = None) -> dict:
     """``quantization_config`` of stored layers, written by the one compressed-tensors writer as
-    compressed-tensors ``version`` writes it."""
+    compressed-tensors ``version`` writes it; ``attention``: the attention group's targets where Q
+    is quantized (``attention_targets``)."""
     resolved = {name: to_scheme(q, NAME) for name, q in layers.items()} | dict.fromkeys(ignore)
-    return ct.config_for_layers(resolved, kv=kv, version=version)
+    return ct.config_for_layers(resolved, kv=kv, version=version, attention=attention)
+
+
+def attention_targets(config: dict, modules: list[str], source_qc: dict | None = None) -> list[str]:
+    """Targets of the attention group that quantizes Q: those of the source's own attention groups
+    (a compressed-tensors checkpoint written again), else the attention class llm-compressor's
+    examples target, ``<Arch>Attention`` of ``architectures: [<Arch>ForCausalLM]``, else the
+    attention modules by name (compressed-tensors matches both narrowly)."""
+    if isinstance(source_qc, dict) and source_qc.get("quant_method") == NAME:
+        cfg = Config(source_qc, "quantization_config")
+        targets = [t for g in cfg.attention_groups for t in source_qc["config_groups"][g]["targets"]]
+        if targets:
+            return list(dict.fromkeys(targets))
+    arch = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(arch, list) and len(arch) == 1 and isinstance(arch[0], str) and arch[0].endswith("ForCausalLM"):
+        return [arch[0].removesuffix("ForCausalLM") + "Attention"]
+    return sorted(modules)
 
 
 def _emulate_block(layer, w: np.ndarray, x32: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -499,6 +516,7 @@ class CompressedTensors(Defaults):
     scales_follow_recipe = True
     kv_refusal = None
     kv_per_head = True  # kv_cache_scheme strategy attn_head: self_attn.{k,v}_scale [n_kv_heads, 1, 1]
+    kv_query = True  # self_attn.q_scale from an attention group ([1], or [n_heads, 1, 1] per head)
     nvfp4_global = "divisor"
     config_versions = ct.CT_VERSIONS
 
@@ -525,6 +543,7 @@ class CompressedTensors(Defaults):
     cannot_express = staticmethod(cannot_express)
     tensor_plan = staticmethod(tensor_plan)
     quantization_config = staticmethod(quantization_config)
+    attention_targets = staticmethod(attention_targets)
     emulate = staticmethod(emulate)
     emulate_experts = staticmethod(emulate_experts)
 

@@ -367,6 +367,13 @@ def _kv_strategy(ckpt, kv: bool) -> bool | str:
     return "attn_head" if kv and per_head else kv
 
 
+def _attention_option(ckpt, module, options: dict) -> None:
+    """Where the checkpoint holds query scales: the target format's attention group targets."""
+    query = sorted(n.rsplit(".", 1)[0] for n in ckpt.kv_scales.values() if n.endswith(".q_scale"))
+    if query:
+        options["attention"] = module.attention_targets(ckpt.config, query, ckpt.quantization_config)
+
+
 def _plan_kv(ckpt, module) -> dict[str, tuple[str, str, tuple, np.ndarray, dict]]:
     """Source KV tensor -> (target name, dtype, shape, values, report row)."""
     if not ckpt.kv_scales:
@@ -424,6 +431,7 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
                               f"fp8ref quantize)")
     plans = plan_conversion(ckpt, format)
     kv = _plan_kv(ckpt, module)
+    _attention_option(ckpt, module, options)
     lossy = [p for p in plans if not p.exact]
     lossy_kv = [row for *_, row in kv.values() if not row["exact"]]
     if exact_only and (lossy or lossy_kv):
@@ -531,11 +539,14 @@ def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | Non
             if role in layer.tensors:
                 renames[layer.tensors[role]] = (tname, shape)
     for kname in sorted(checkpoint.kv_scales.values()):
-        if module.kv_refusal or kname.endswith(".q_scale"):
-            why = module.kv_refusal or "compressed-tensors' kv_cache_scheme has no query scale"
+        if module.kv_refusal:
             raise CheckpointError(f"{store.where(kname)}: a KV-cache scale, but the {fmt} format cannot express "
-                                  f"it: {why}")
-        renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
+                                  f"it: {module.kv_refusal}")
+        try:
+            renames[kname] = module.kv_tensor(kname, store.info(kname).shape)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{store.where(kname)}: {str(exc).removeprefix(kname + ': ')}") from None
+    _attention_option(checkpoint, module, options)
     layers = {n: layer.quant for n, layer in checkpoint.items()}
     unquantized = [m for m in linear_layers(store) if m not in layers]
     qc = module.quantization_config(layers, unquantized, kv=_kv_strategy(checkpoint, bool(checkpoint.kv_scales)),

@@ -43,8 +43,10 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
 
     calibration: per-layer activation amax (a mapping, or a JSON/safetensors path), required for
     layers with static inputs; KV-cache amax entries (``<attn>.k_scale``/``v_scale`` or
-    ``<attn>.{k,v}_proj.output_amax``) add ``<attn>.{k,v}_scale`` and ``kv_cache_scheme``
-    (compressed-tensors only; other formats raise CheckpointError before writing). recipe:
+    ``<attn>.{k,v}_proj.output_amax``) add ``<attn>.{k,v}_scale`` and ``kv_cache_scheme``, a number
+    each or a list with one per head (attn_head); ``<attn>.q_scale`` entries add the query's scale and
+    an attention group (compressed-tensors only; where a format cannot store them, CheckpointError
+    before writing). recipe:
     overrides each scheme's recipe. Every non-quantized tensor and every other file of the source
     folder is copied unchanged; config.json gets the format's ``quantization_config``. Refuses an
     existing ``output`` unless ``force``. ``symlinks_out``: accept source files that link out of
@@ -91,6 +93,9 @@ def export_checkpoint(source: str | os.PathLike, output: str | os.PathLike, spec
     unquantized = [m for m in linear_layers(store) if m not in plans]
     if module.config_takes_recipes:  # torchao: MX's ScaleCalculationMode is the recipe's
         options["recipes"] = {n: p.recipe for n, p in plans.items()}
+    query = sorted(k.name.rsplit(".", 1)[0] for k in kv_plans if k.name.endswith(".q_scale"))
+    if query:  # an attention group quantizing Q (compressed-tensors)
+        options["attention"] = module.attention_targets(config, query)
     per_head = any(np.size(k.value) > 1 for k in kv_plans)  # kv_cache_scheme strategy attn_head
     qc = module.quantization_config(layers, unquantized, kv="attn_head" if per_head else bool(kv_plans), **options)
     refuse_collisions(store, qc, module)

@@ -118,6 +118,11 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
             elif role == "weight_scale" and not block and scale_dtype == "F8_E8M0":
                 tdtype = scale_dtype
             tensors.append((role, tname, tdtype, shape))
+        if getattr(rec, "global_rule", None) == "none" and any(t[0] == "weight_global" for t in tensors):
+            if not module.nvfp4_global_optional:
+                raise CheckpointError(f"{where}: recipe {rec.name!r} makes no per-tensor scale; the {fmt} format "
+                                      f"stores one for every NVFP4 layer")
+            tensors = [t for t in tensors if t[0] != "weight_global"]
         amax = None
         if quant.input in ("static", "nvfp4"):
             if calibration is None or name not in calibration:
@@ -176,30 +181,51 @@ class KVPlan:
     value: np.ndarray  # the stored tensor, in the format's KV shape
 
 
-def _kv_heads(kv, module, fmt: str, config: Mapping | None, where: str) -> int | None:
-    """The KV head count of per-head amax entries (checked: all per head or none, one per head of
-    the config), or None for per-tensor ones."""
-    entries = [(key, a) for d in kv.values() for key, a in d.values()]
-    per_head = [key for key, a in entries if isinstance(a, tuple)]
+def _kv_heads(kv, module, fmt: str, config: Mapping | None, where: str) -> dict[str, int] | None:
+    """Heads per scale ({"k": n_kv, "v": n_kv, "q": n_heads}) of per-head amax entries (checked: all per
+    head or none, one per head of the config), or None for per-tensor ones."""
+    entries = [(which, key, a) for d in kv.values() for which, (key, a) in d.items()]
+    per_head = [key for _, key, a in entries if isinstance(a, tuple)]
     if not per_head:
         return None
     if len(per_head) != len(entries):
-        other = next(key for key, a in entries if not isinstance(a, tuple))
+        other = next(key for _, key, a in entries if not isinstance(a, tuple))
         raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head but {other!r} one per tensor; "
                               f"a checkpoint's kv_cache_scheme has one strategy: give every KV amax per head or none")
     if not module.kv_per_head:
         raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head; the {fmt} format stores one "
                               f"KV-cache scale per tensor (export to compressed-tensors for per-head scales)")
     text = (config or {}).get("text_config") if isinstance((config or {}).get("text_config"), dict) else (config or {})
-    n = text.get("num_key_value_heads", text.get("num_attention_heads"))
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head, but the source's config.json "
-                              f"has no num_key_value_heads to check the count against")
-    for key, a in entries:
-        if len(a) != n:
+    heads = {}
+    for which, key in (("k", "num_key_value_heads"), ("v", "num_key_value_heads"), ("q", "num_attention_heads")):
+        n = text.get(key, text.get("num_attention_heads"))
+        if any(w == which for w, _, _ in entries) and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head, but the source's config.json "
+                                  f"has no {key} to check the count against")
+        heads[which] = n
+    for which, key, a in entries:
+        if len(a) != heads[which]:
+            what = "num_attention_heads" if which == "q" else "num_key_value_heads"
             raise CheckpointError(f"{where}: {key!r} holds {len(a)} amax values; config.json has "
-                                  f"num_key_value_heads {n}: give one per KV head")
-    return n
+                                  f"{what} {heads[which]}: give one per {'attention' if which == 'q' else 'KV'} head")
+    return heads
+
+
+def _check_query(kv, module, fmt: str, where: str) -> bool:
+    """Whether the query is quantized (an ``ATTN.q_scale`` amax): then for every attention module,
+    beside its K and V, and only where the format stores a query scale."""
+    with_q = sorted(a for a, d in kv.items() if "q" in d)
+    if not with_q:
+        return False
+    if not module.kv_query:
+        raise CheckpointError(f"{where}: {kv[with_q[0]]['q'][0]!r}: a query amax; the {fmt} format stores no query "
+                              f"scale (compressed-tensors does, in an attention config group)")
+    without = sorted(a for a in kv if a not in with_q)
+    if without:
+        raise CheckpointError(f"{where}: a query amax for {len(with_q)} of {len(kv)} attention modules; none for "
+                              f"{without[:3]}. compressed-tensors' attention group quantizes Q in every attention "
+                              f"module (a missing q_scale would be loaded uninitialised): give {without[0]}.q_scale")
+    return True
 
 
 def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float | tuple[float, ...]]]], fmt: str,
@@ -226,6 +252,7 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float | tuple
                               f"the {fmt} format cannot express KV-cache scales: {module.kv_refusal}. Export to "
                               f"compressed-tensors, modelopt or quark, or drop the KV-cache entries")
     heads = _kv_heads(kv, module, fmt, config, where)
+    query = _check_query(kv, module, fmt, where)
     attention = sorted(n[: -len(".k_proj.weight")] for n in store
                        if n.endswith(".k_proj.weight") and n.replace(".k_proj.weight", ".v_proj.weight") in store)
     files = {n: fname for fname, f in store.files.items() for n in f.tensors}
@@ -238,7 +265,7 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float | tuple
                                   f"(one with k_proj and v_proj weights; found {len(attention)}, e.g. "
                                   f"{attention[:2]})")
         pair = []
-        for which in ("k", "v"):
+        for which in ("k", "v") + (("q",) if query else ()):
             if which not in entries:
                 raise CheckpointError(f"{where}: {attn!r} has a {'v' if which == 'k' else 'k'} amax but no "
                                       f"{which} amax (key {attn}.{which}_scale); the {fmt} format scales "
@@ -247,7 +274,8 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float | tuple
             if name in store:
                 raise CheckpointError(f"{store.where(name)}: the source already has the KV-cache scale the "
                                       f"{fmt} export would write")
-            proj = f"{attn}.{which}_proj"
+            proj = f"{attn}.{which}_proj"  # Q: q_proj's recipe and dtype (k_proj's where Q is fused elsewhere)
+            proj = proj if f"{proj}.weight" in store else f"{attn}.k_proj"
             rec = get_recipe(module.kv_recipe or (recipe if recipe is not None else
                                                   plans[proj].recipe if proj in plans else "compressed-tensors"))
             weight = store.info(f"{proj}.weight")
@@ -255,23 +283,31 @@ def plan_kv(store: TensorStore, kv: dict[str, dict[str, tuple[str, float | tuple
             store_as = module.kv_store or ("model" if rec.scale_store_dtype == "model" else "F32")
             sdtype = D_DTYPES[dtype] if store_as == "model" else "F32"
             as_dtype = "model" if module.kv_store is None else {v: k for k, v in D_DTYPES.items()}[sdtype]
-            amax = entries[which][1]
-            stored = (np.concatenate([amax_scale(a, rec, "float8_e4m3fn", dtype, as_dtype) for a in amax])
-                      if heads else amax_scale(amax, rec, "float8_e4m3fn", dtype, as_dtype))
-            if not (np.isfinite(stored).all() and (stored > 0).all()):
-                raise CheckpointError(f"{where}: {entries[which][0]!r} = {entries[which][1]!r}: recipe {rec.name!r} "
-                                      f"gives the scale {float(stored[0])!r} in {dtype}; a KV-cache scale must be "
-                                      f"finite and > 0")
-            pair.append(KVPlan(name, files[f"{proj}.weight"], sdtype,
-                               as_stored(stored, sdtype).reshape((heads, 1, 1) if heads else module.kv_shape)))
-        if module.kv_shared:  # both hold the larger scale (the values are exact in their common dtype)
-            big = max(pair, key=lambda p: float(np.asarray(p.value, np.float32).reshape(-1)[0]))
-            for p in pair:
+            pair.append(_scale_plan(name, files[f"{proj}.weight"], entries[which], rec, dtype, sdtype, as_dtype,
+                                    (heads[which], 1, 1) if heads else module.kv_shape, where))
+        if module.kv_shared:  # K and V both hold the larger scale (the values are exact in their common dtype)
+            big = max(pair[:2], key=lambda p: float(np.asarray(p.value, np.float32).reshape(-1)[0]))
+            for p in pair[:2]:
                 p.value, p.dtype = big.value, big.dtype
         out += pair
     missing = [a for a in attention if a not in kv]
+    if query and missing:
+        raise CheckpointError(f"{where}: a query amax for {len(kv)} of {len(attention)} attention modules; none for "
+                              f"{missing[:3]}: give every attention module's q_scale, k_scale and v_scale")
     if missing:
         raise CheckpointError(f"{where}: KV-cache amax for {len(kv)} of {len(attention)} attention modules; "
                               f"none for {missing[:3]}. The {fmt} format's KV-cache config covers every "
                               f"attention module, and a missing scale becomes 1.0 in vLLM")
     return out
+
+
+def _scale_plan(name: str, file: str, entry: tuple, rec, dtype: str, sdtype: str, as_dtype: str, shape: tuple,
+                where: str) -> KVPlan:
+    """One attention scale (K, V or Q) from its (calibration key, amax or per-head amax) entry."""
+    key, amax = entry
+    stored = (np.concatenate([amax_scale(a, rec, "float8_e4m3fn", dtype, as_dtype) for a in amax])
+              if isinstance(amax, tuple) else amax_scale(amax, rec, "float8_e4m3fn", dtype, as_dtype))
+    if not (np.isfinite(stored).all() and (stored > 0).all()):
+        raise CheckpointError(f"{where}: {key!r} = {amax!r}: recipe {rec.name!r} gives the scale "
+                              f"{float(stored.reshape(-1)[0])!r} in {dtype}; a KV-cache scale must be finite and > 0")
+    return KVPlan(name, file, sdtype, as_stored(stored, sdtype).reshape(shape))

@@ -220,11 +220,12 @@ def quantization_config(layers: dict[str, LayerQuant], unquantized: list[str], k
     if strategy == "mx":
         return ta.mx_quantization_config(fmt, modes.pop())
     if strategy == "nvfp4":
-        bad = sorted(n for n, r in (recipes or {}).items() if r != NVFP4_RECIPES[0])
-        if bad:
-            raise CheckpointError(f"{NAME}: layer {bad[0]!r}: torchao's NVFP4 export writes the per-tensor scale "
-                                  f"(recipe {NVFP4_RECIPES[0]}), got {recipes[bad[0]]!r}")
-        return ta.nvfp4_quantization_config()
+        used = sorted(set((recipes or {}).values()) or {NVFP4_RECIPES[0]})
+        if len(used) > 1 or used[0] not in NVFP4_RECIPES:
+            raise CheckpointError(f"{NAME}: TorchAoConfig holds one NVFP4 config for every layer (with the "
+                                  f"per-tensor scale, recipe {NVFP4_RECIPES[0]}, or without, {NVFP4_RECIPES[1]}); "
+                                  f"got recipes {used}")
+        return ta.nvfp4_quantization_config(per_tensor_scale=used[0] == NVFP4_RECIPES[0])
     return ta.quantization_config(strategy, inp)
 
 
@@ -242,7 +243,8 @@ def shard_metadata(metadata: dict | None, layers: dict, plain: list[str]) -> dic
             out[f"{name}.weight"] = ta.mx_description(quant.weight_fmt, dtype, _mode(recipe[0] if recipe else None))
             continue
         if quant.weight_strategy == "nvfp4":
-            out[f"{name}.weight"] = ta.nvfp4_description(dtype)
+            with_m = (recipe or [None])[0] != NVFP4_RECIPES[1]  # rewritten: descriptions are copied, not made
+            out[f"{name}.weight"] = ta.nvfp4_description(dtype, per_tensor_scale=with_m)
             continue
         block = (1, cols) if quant.weight_strategy == "channel" else (rows, cols)
         out[f"{name}.weight"] = ta.float8_description(block, dtype, quant.input, quant.weight_strategy)
@@ -373,6 +375,7 @@ class TorchAo(Defaults):
     nvfp4_global = "multiplier"
     fuses_nvfp4_globals = False  # each weight's per-tensor scale is its own amax / 2688 (no fused q/k/v, gate/up)
     config_takes_recipes = True
+    nvfp4_global_optional = True  # NVFP4Tensor(per_tensor_scale=None): recipe torchao-nvfp4-no-tensor-scale
 
     def carry_config(self, source: dict | None, qc: dict) -> dict:
         """Written again: torchao's config as the source holds it (MX's mode lives only there)."""

@@ -236,7 +236,7 @@ def to_ct_config(config: LayerConfig, layer_names: Iterable[str] | None = None, 
 
 
 def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: bool | str = False,
-                      version: str = DEFAULT_CT_VERSION) -> dict:
+                      version: str = DEFAULT_CT_VERSION, attention: list[str] | None = None) -> dict:
     """``quantization_config`` for ``{layer: scheme or None (unquantized)}``: one distinct group
     becomes a single ``Linear`` group plus an ``ignore`` list of the unquantized layers (what
     llm-compressor writes), several become groups of exact layer names, so the result does not
@@ -251,7 +251,7 @@ def config_for_layers(resolved: Mapping[str, QuantizationScheme | None], *, kv: 
         groups = [group(next(iter(by_group.values()))[0], ["Linear"], version)]
     else:
         groups = [group(s, names, version) for s, names in by_group.values()]
-    return quantization_config(groups, ignore, kv=kv, version=version)
+    return quantization_config(groups, ignore, kv=kv, version=version, attention=attention)
 
 
 def group(s: QuantizationScheme, targets: list[str], version: str = DEFAULT_CT_VERSION) -> dict:
@@ -261,19 +261,29 @@ def group(s: QuantizationScheme, targets: list[str], version: str = DEFAULT_CT_V
 
 
 def quantization_config(groups: list[dict], ignore: list[str], *, kv: bool | str = False,
-                        version: str = DEFAULT_CT_VERSION) -> dict:
+                        version: str = DEFAULT_CT_VERSION, attention: list[str] | None = None) -> dict:
     """The ONE compressed-tensors ``quantization_config`` writer: the top-level keys compressed-tensors
     ``version`` writes (0.19.0: nine; 0.20.1 adds ``moe_sparsity_config``; ``version`` itself left out:
     fp8ref is not compressed-tensors), groups named ``group_0``... in order, ``kv_cache_scheme`` static
-    FP8 when ``kv``: per tensor (True), or ``kv="attn_head"``: one scale per KV head."""
+    FP8 when ``kv``: per tensor (True), or ``kv="attn_head"``: one scale per KV head.
+
+    ``attention`` (targets: the attention class or modules): Q is quantized too, as llm-compressor
+    0.14 writes an attention group (tools/make_kvhead_fixture.py, fixture llmc_fp8_attn_head_q): it
+    comes first (compressed-tensors names groups in module order, and an attention module precedes its
+    projections), ``format: dense``, no weights, the KV args as input activations with the observer
+    llm-compressor fills in ("minmax"), and ``kv_cache_scheme`` is those same args. The top-level
+    format leaves the dense group out (compressed-tensors' ``infer_model_format``)."""
     check_ct_version(version)
-    formats = {g["format"] for g in groups}
+    args = dict(KV_CACHE_SCHEME, observer_kwargs={}, strategy="attn_head" if kv == "attn_head" else "tensor")
+    if attention:
+        args["observer"] = "minmax"
+        groups = [{"format": "dense", "input_activations": as_written(args, version), "output_activations": None,
+                   "targets": list(attention), "weights": None}] + list(groups)
+    formats = {g["format"] for g in groups if g["format"] != "dense"} or {"dense"}
     out = {"config_groups": {f"group_{i}": g for i, g in enumerate(groups)},
            "format": formats.pop() if len(formats) == 1 else "mixed-precision",
            "global_compression_ratio": None, "ignore": list(ignore),
-           "kv_cache_scheme": as_written(dict(KV_CACHE_SCHEME, observer_kwargs={},
-                                              strategy="attn_head" if kv == "attn_head" else "tensor"), version)
-           if kv else None,
+           "kv_cache_scheme": as_written(args, version) if kv or attention else None,
            "quant_method": NAME, "quantization_status": "compressed",
            "sparsity_config": {}, "transform_config": {}}
     if version != "0.19":

@@ -279,14 +279,16 @@ def mx_description(fmt: str, dtype: str, mode: str) -> str:
     return json.dumps({"_type": MX, "_data": data, "_tensor_data_names": ["qdata", "scale"]})
 
 
-def nvfp4_description(dtype: str) -> str:
-    """``__metadata__["M.weight"]`` of an NVFP4Tensor as NVFP4DynamicActivationNVFP4WeightConfig() writes it."""
+def nvfp4_description(dtype: str, per_tensor_scale: bool = True) -> str:
+    """``__metadata__["M.weight"]`` of an NVFP4Tensor as NVFP4DynamicActivationNVFP4WeightConfig() writes it
+    (``per_tensor_scale=False``: with use_dynamic_per_tensor_scale=False, no per_tensor_scale tensor)."""
     act = {"_type": "QuantizeTensorToNVFP4Kwargs", "_data": {"block_size": 16, "is_swizzled_scales": True,
                                                             "use_triton_kernel": True,
-                                                            "use_dynamic_per_tensor_scale": True}}
+                                                            "use_dynamic_per_tensor_scale": per_tensor_scale}}
     data = {"is_swizzled_scales": True, "use_triton_kernel": True, "act_quant_kwargs": act, "block_size": 16,
             "orig_dtype": _dtype(dtype)}
-    return json.dumps({"_type": NVFP4, "_data": data, "_tensor_data_names": ["per_tensor_scale", "qdata", "scale"]})
+    names = ["per_tensor_scale", "qdata", "scale"] if per_tensor_scale else ["qdata", "scale"]
+    return json.dumps({"_type": NVFP4, "_data": data, "_tensor_data_names": names})
 
 
 def _wrap(config: dict) -> dict:
@@ -302,10 +304,11 @@ def mx_quantization_config(fmt: str, mode: str) -> dict:
         "scaling_mode": {"_type": "ScaleCalculationMode", "_data": mode}}})
 
 
-def nvfp4_quantization_config() -> dict:
-    """TorchAoConfig(NVFP4DynamicActivationNVFP4WeightConfig()).to_dict()."""
+def nvfp4_quantization_config(per_tensor_scale: bool = True) -> dict:
+    """TorchAoConfig(NVFP4DynamicActivationNVFP4WeightConfig(use_dynamic_per_tensor_scale=...)).to_dict()."""
     return _wrap({"_type": "NVFP4DynamicActivationNVFP4WeightConfig", "_version": 1,
-                  "_data": {"use_triton_kernel": True, "use_dynamic_per_tensor_scale": True, "step": None}})
+                  "_data": {"use_triton_kernel": True, "use_dynamic_per_tensor_scale": per_tensor_scale,
+                            "step": None}})
 
 
 def quantization_config(strategy: str, input_mode: str | None) -> dict:

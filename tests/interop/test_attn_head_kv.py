@@ -155,3 +155,51 @@ def test_producer_mode_quantizes_q_per_head_as_compressed_tensors_reload_does(tm
     assert not torch.equal(want, ys["attn.out"])  # Q quantization changes the output
     got = _attention_out(build_model(out, mode="producer"), hidden, pos)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.interop
+def test_compressed_tensors_reloads_fp8refs_per_head_query_export(tmp_path):
+    """fp8ref's export with per-head Q, K and V amax from a calibration file: compressed-tensors 0.19
+    validates the config and computes the same q/k/v scales per head (calculate_qparams);
+    transformers + compressed-tensors load every scale (no missing or unexpected key) as stored,
+    quantize Q with it, and fp8ref's producer mode gives the same attention output bit for bit."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import QuantizationConfig
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    from fp8ref.checkpoint import export_checkpoint
+    from fp8ref.checkpoint.calibration_file import write_calibration
+    from fp8ref.nn import build_model
+
+    amax = {f"model.layers.{i}.self_attn.{w}_scale": ([0.0, 1.3984375] if w != "q" else [0.5, 3.0, 7.5, 448.0])
+            for i in range(2) for w in "qkv"}
+    cal = write_calibration(tmp_path / "cal.json", {}, kv_amax=amax)
+    out = tmp_path / "out"
+    export_checkpoint(FIXTURE.parent / "original_bf16", out, {"scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]},
+                      calibration=cal, config_version="0.19")
+    qc = QuantizationConfig.model_validate(json.loads((out / "config.json").read_text())["quantization_config"])
+    attention = qc.config_groups["group_0"]
+    assert attention.weights is None and attention.input_activations.strategy == "attn_head"
+    ckpt = fp8ref.load_checkpoint(out)
+    for name, a in amax.items():
+        hi = torch.tensor(a, dtype=torch.bfloat16).reshape(-1, 1, 1)
+        theirs, _ = calculate_qparams(-hi, hi, attention.input_activations)
+        mine = torch.from_numpy(ckpt.tensor(name).view(np.int16).copy())
+        assert torch.equal(theirs.view(torch.int16).reshape(-1), mine.reshape(-1)), name
+    tool, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.bfloat16,
+                                                                   output_loading_info=True)
+    assert not [k for k in {*info["missing_keys"], *info["unexpected_keys"]} if k.endswith("_scale")], info
+    params = dict(tool.named_parameters())
+    for name in amax:
+        assert torch.equal(params[name].detach().view(torch.int16).reshape(-1),
+                           torch.from_numpy(ckpt.tensor(name).view(np.int16).copy()).reshape(-1)), name
+    tool.eval()
+    with torch.no_grad():
+        tool(torch.tensor([[1, 2, 3]]))  # compressed-tensors' decompress hook
+    ys = _stored()
+    hidden, pos = ys["attn.hidden"], ys["attn.position_ids"]
+    want = _attention_out(tool, hidden, pos)
+    got = _attention_out(build_model(out, mode="producer"), hidden, pos)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    plain = _attention_out(build_model(out, mode="producer", kv_cache=False), hidden, pos)
+    assert not torch.equal(plain, want)  # Q, K and V quantization changed the output: the check can fail

@@ -165,3 +165,123 @@ def test_per_head_export_load_write_is_byte_identical(tmp_path_factory, amax):
     write_checkpoint(ckpt, tmp / "again")
     for f in ("config.json", "model.safetensors"):
         assert (tmp / "out" / f).read_bytes() == (tmp / "again" / f).read_bytes(), f
+
+
+# --- the query: q_scale [n_heads, 1, 1] in an attention group ------------------------------------
+
+TOOL_Q = FIXTURE.parent / "llmc_fp8_attn_head_q"  # llm-compressor 0.14.0.1's own config for this layout
+ATTN_NAMES = [f"model.layers.{i}.self_attn.{w}_scale" for i in range(2) for w in "qkv"]
+
+
+def _qkv_amax(q=(0.5, 1.25, 3.0, 7.5), kv=(1.3984375, 3.75)):
+    return {n: list(q if n.endswith("q_scale") else kv) for n in ATTN_NAMES}
+
+
+def test_a_per_head_query_amax_exports_llm_compressors_layout_and_rewrites_byte_for_byte(tmp_path):
+    """From a calibration file: the config equals the one llm-compressor wrote for FP8_DYNAMIC plus an
+    attn_head group on LlamaAttention (its 'version' key aside), every scale tensor has the tool's
+    name, dtype and shape, q_scale holds compressed-tensors' rule per head, and a rewrite is byte-identical."""
+    import ml_dtypes
+
+    from fp8ref.checkpoint import export_checkpoint, write_checkpoint
+    from fp8ref.checkpoint.calibration_file import write_calibration
+
+    amax = _qkv_amax()
+    cal = write_calibration(tmp_path / "cal.json", {}, kv_amax=amax)
+    export_checkpoint(ORIGINAL, tmp_path / "out", SPEC, calibration=cal, config_version="0.19")
+    tool = json.loads((TOOL_Q / "config.json").read_text())["quantization_config"]
+    tool.pop("version")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"] == tool
+    ckpt = fp8ref.load_checkpoint(tmp_path / "out")
+    layout = json.loads((TOOL_Q / "fixture.json").read_text())["scale_tensors"]
+    mine = {n: {"dtype": {"BF16": "bfloat16"}[ckpt.store.info(n).dtype], "shape": list(ckpt.store.info(n).shape)}
+            for n in ckpt.store if n.endswith("_scale")}
+    assert mine == layout
+    assert sorted(ckpt.kv_scales) == sorted(ATTN_NAMES)
+    for n, a in amax.items():
+        want = (np.array(a, np.float32) / np.float32(448)).astype(ml_dtypes.bfloat16).astype(np.float32)
+        assert np.array_equal(np.asarray(ckpt.store.get(n)).astype(np.float32).reshape(-1), want), n
+    write_checkpoint(ckpt, tmp_path / "again")
+    for f in ("config.json", "model.safetensors"):
+        assert (tmp_path / "out" / f).read_bytes() == (tmp_path / "again" / f).read_bytes(), f
+
+
+def test_a_safetensors_calibration_file_holds_per_head_amax(tmp_path):
+    from fp8ref.checkpoint.calibration_file import CALIBRATION_FORMAT, load_calibration
+
+    amax = _qkv_amax()
+    tensors = {n: np.array(a, np.float32) for n, a in amax.items()}
+    tensors["model.layers.0.mlp.up_proj"] = np.ones(1, np.float32)
+    save_file(tensors, str(tmp_path / "cal.safetensors"), metadata={"format": CALIBRATION_FORMAT, "holds": "amax"})
+    got = load_calibration(tmp_path / "cal.safetensors")
+    assert {n: got[n] for n in amax} == amax and got["model.layers.0.mlp.up_proj"] == 1.0
+
+
+@pytest.mark.parametrize("edit, fmt, message", [
+    (lambda a: a.update({"model.layers.0.self_attn.q_scale": [1.0, 2.0, 3.0]}), "compressed-tensors",
+     r"q_scale' holds 3 amax values; config.json has num_attention_heads 4: give one per attention head"),
+    (lambda a: a.pop("model.layers.1.self_attn.q_scale"), "compressed-tensors",
+     r"a query amax for 1 of 2 attention modules; none for \['model.layers.1.self_attn'\]"),
+    (lambda a: a.update({"model.layers.0.self_attn.q_scale": 2.0}), "compressed-tensors",
+     r"one amax per head but 'model.layers.0.self_attn.q_scale' one per tensor"),
+    (lambda a: [a.update({n: 2.0}) for n in a if not n.endswith("q_scale")], "compressed-tensors",
+     r"one amax per head but .* one per tensor"),
+    (lambda a: a.update({n: 2.0 for n in a}), "modelopt", r"a query amax; the modelopt format stores no query scale"),
+])
+def test_bad_query_calibration_is_refused_before_writing(tmp_path, edit, fmt, message):
+    from fp8ref.checkpoint import export_checkpoint
+
+    amax = _qkv_amax()
+    edit(amax)
+    with pytest.raises(CheckpointError, match=message):
+        export_checkpoint(ORIGINAL, tmp_path / "out", SPEC, format=fmt, calibration=amax)
+    assert not (tmp_path / "out").exists()
+
+
+def test_per_tensor_query_and_kv_scales_export_with_strategy_tensor(tmp_path):
+    from fp8ref.checkpoint import export_checkpoint, write_checkpoint
+
+    export_checkpoint(ORIGINAL, tmp_path / "out", SPEC, calibration={n: 2.0 for n in ATTN_NAMES})
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc["kv_cache_scheme"]["strategy"] == "tensor"
+    assert qc["config_groups"]["group_0"]["targets"] == ["LlamaAttention"]
+    ckpt = fp8ref.load_checkpoint(tmp_path / "out")
+    assert all(list(ckpt.store.info(n).shape) == [1] for n in ATTN_NAMES)
+    write_checkpoint(ckpt, tmp_path / "again")
+    assert (tmp_path / "out" / "config.json").read_bytes() == (tmp_path / "again" / "config.json").read_bytes()
+    with pytest.raises(CheckpointError, match=r"q_scale'?: a query scale; the modelopt format stores none"):
+        write_checkpoint(ckpt, tmp_path / "m", format="modelopt")
+    assert not (tmp_path / "m").exists()
+
+
+def test_without_an_architecture_the_attention_group_targets_the_modules(tmp_path):
+    from fp8ref.checkpoint import export_checkpoint
+
+    src = tmp_path / "src"
+    shutil.copytree(ORIGINAL, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("architectures")
+    (src / "config.json").write_text(json.dumps(cfg))
+    export_checkpoint(src, tmp_path / "out", SPEC, calibration=_qkv_amax())
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc["config_groups"]["group_0"]["targets"] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(amax=st.lists(st.lists(st.floats(0.0, 1e4, allow_nan=False, width=32), min_size=4, max_size=4),
+                     min_size=6, max_size=6),
+       version=st.sampled_from(["0.19", "0.20"]))
+def test_per_head_qkv_export_load_write_is_byte_identical(tmp_path_factory, amax, version):
+    """export -> load -> write_checkpoint with per-head Q, K and V amax (0 included), either config writer."""
+    from fp8ref.checkpoint import export_checkpoint, write_checkpoint
+
+    tmp = tmp_path_factory.mktemp("rt")
+    cal = {n: a if n.endswith("q_scale") else a[:2] for n, a in zip(ATTN_NAMES, amax)}
+    export_checkpoint(ORIGINAL, tmp / "out", SPEC, calibration=cal, config_version=version)
+    ckpt = fp8ref.load_checkpoint(tmp / "out")
+    for n in ATTN_NAMES:
+        assert list(ckpt.store.info(n).shape) == [4 if n.endswith("q_scale") else 2, 1, 1], n
+        assert (np.asarray(ckpt.store.get(n)).astype(np.float32) > 0).all(), n
+    write_checkpoint(ckpt, tmp / "again")
+    for f in ("config.json", "model.safetensors"):
+        assert (tmp / "out" / f).read_bytes() == (tmp / "again" / f).read_bytes(), f
