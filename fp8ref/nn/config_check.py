@@ -177,5 +177,19 @@ def _check_against_checkpoint(model, ckpt, where: str) -> None:
                              f"with the weights")
     held = sum(math.prod(store.info(n).shape) for n in store)
     if total > 2 * held:
+        lacking = _unheld(model, store)
         raise ModelError(f"{where}: the model it describes has {total} parameters, more than the checkpoint's "
-                         f"{held} stored elements can fill")
+                         f"{held} stored elements can fill"
+                         + (f"; the checkpoint holds nothing for {lacking[0]}"
+                            + (f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else "") if lacking else ""))
+
+
+def _unheld(model, store) -> list[str]:
+    """The model's parameters for whose module the checkpoint holds no tensor at all (a layer's
+    experts left out, say): what the user would look for. A module counts as held if any stored
+    name starts with its path (per-expert tensors fill fused experts; packed tensors a weight)."""
+    prefixes = set()
+    for n in store:
+        parts = n.split(".")
+        prefixes.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return [n for n, _ in model.named_parameters() if n not in store and n.rpartition(".")[0] not in prefixes]
