@@ -51,6 +51,18 @@ def is_gguf(path: str | os.PathLike) -> bool:
     return Path(path).suffix == ".gguf" and not Path(path).is_dir()
 
 
+def _output_file(output: str | os.PathLike, force: bool) -> Path:
+    """The GGUF file to write, checked before any work: a GGUF is recognised by its suffix alone (it
+    has no config.json), so a file written under another name could not be read back."""
+    out = Path(output)
+    if not is_gguf(out):
+        raise CheckpointError(f"{out}: a GGUF is one file named *.gguf (fp8ref and llama.cpp know it by that "
+                              f"suffix); name the output {out.name}.gguf")
+    if out.exists() and not force:
+        raise CheckpointError(f"{out}: exists; give --force to replace it")
+    return out
+
+
 def gguf_files(store: TensorStore) -> list[GgufFile]:
     return [f for f in store.files.values() if isinstance(f, GgufFile)]
 
@@ -137,9 +149,7 @@ def export(source: str | os.PathLike, output: str | os.PathLike, spec, *, recipe
     from .layout import from_scheme
     from .plan import layer_config
 
-    out = Path(output)
-    if out.exists() and not force:
-        raise CheckpointError(f"{out}: exists; give --force to replace it")
+    out = _output_file(output, force)
     store, kv = _source(source)
     cfg = layer_config(spec)
     candidates = [n[: -len(".weight")] for n in store
@@ -191,9 +201,7 @@ def rewrite(checkpoint: str | os.PathLike, output: str | os.PathLike, *, force: 
     codes and scale bytes): byte-identical to a file fp8ref wrote."""
     from ..io.atomic import atomic_file
 
-    out = Path(output)
-    if out.exists() and not force:
-        raise CheckpointError(f"{out}: exists; give --force to replace it")
+    out = _output_file(output, force)
     f = GgufFile(checkpoint)
     if f.unread():
         raise CheckpointError(f"{f.path}: holds tensors of GGML types fp8ref does not read ({f.unread()[0]})")

@@ -39,9 +39,12 @@ def cmd_verify(args) -> int:
                 for key in ("input_scale", "global_scale"):
                     if x.get(key, "").startswith("mismatch"):
                         notes.append(f"{key.replace('_', ' ')} {x[key]}")
-                print(f"{x['name']}: recipe {x['recipe']!r}: {x['code_mismatches']}/{x['codes']} codes differ "
-                      f"(first at {x['first_code_mismatch']}), {x['scale_mismatches']} scales differ (first weight "
-                      f"scale at {x['first_scale_mismatch']} of {x['scales']}){''.join('; ' + n for n in notes)}")
+                codes = f"{x['code_mismatches']}/{x['codes']} codes differ" + (
+                    f" (first at {x['first_code_mismatch']})" if x["code_mismatches"] else "")
+                scales = f"{x['scale_mismatches']} scales differ" + (  # weight, global and input scales
+                    f" (first weight scale at {x['first_scale_mismatch']} of {x['scales']})"
+                    if x["first_scale_mismatch"] is not None else "")
+                print(f"{x['name']}: recipe {x['recipe']!r}: {codes}, {scales}{''.join('; ' + n for n in notes)}")
         for name in res["unquantized"]["mismatched"]:
             print(f"{name}: unquantized tensor differs from the original")
         static = sum(x.get("input_scale", "").startswith("not") for x in res["layers"])

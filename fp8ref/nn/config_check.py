@@ -36,6 +36,12 @@ BOUNDS = {
 hidden 16,384 and vocab 262,144 are among the largest; products are bounded by step 3."""
 
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim")
+MOE_SHAPE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size",
+                  "shared_expert_intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim")
+"""the config keys that set a parameter's shape, named when one disagrees with the checkpoint (the
+MoE / MLA ones where the model's config has them: a router's rows are the expert count)"""
 ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function")
 DTYPE_KEYS = ("dtype", "torch_dtype")
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
@@ -145,13 +151,18 @@ def _meta_model(tf, model_type: str, cfg: dict, where: str):
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError, OverflowError,
             RuntimeError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else ""
+        text = text.split(". Should contain one of")[0]  # not transformers' list of ~400 model types
+        text = text if len(text) <= 300 else text[:300] + " ..."
         raise ModelError(f"{where}: transformers {tf.__version__} cannot build a {model_type!r} model from it "
-                         f"({type(exc).__name__}: {text[:300]})") from None
+                         f"({type(exc).__name__}: {text})") from None
 
 
 def _check_against_checkpoint(model, ckpt, where: str) -> None:
     """Steps 2 and 3: shapes of the parameters both hold, then the total."""
     store = ckpt.store
+    aliases = getattr(model.config, "attribute_map", {})  # Qwen3-MoE's num_experts is num_local_experts
+    keys = SHAPE_KEYS + tuple(k for k in MOE_SHAPE_KEYS
+                              if k not in aliases and getattr(model.config, k, None) is not None)
     total = 0
     for name, p in model.named_parameters():
         total += p.numel()
@@ -162,9 +173,23 @@ def _check_against_checkpoint(model, ckpt, where: str) -> None:
             stored = tuple(store.info(name).shape)
         if stored is not None and stored != tuple(p.shape):
             raise ModelError(f"{where}: the model it describes has {name} of shape {list(p.shape)}, the "
-                             f"checkpoint's is {list(stored)}: hidden_size, intermediate_size, vocab_size, "
-                             f"num_attention_heads, num_key_value_heads or head_dim disagree with the weights")
+                             f"checkpoint's is {list(stored)}: {', '.join(keys[:-1])} or {keys[-1]} disagree "
+                             f"with the weights")
     held = sum(math.prod(store.info(n).shape) for n in store)
     if total > 2 * held:
+        lacking = _unheld(model, store)
         raise ModelError(f"{where}: the model it describes has {total} parameters, more than the checkpoint's "
-                         f"{held} stored elements can fill")
+                         f"{held} stored elements can fill"
+                         + (f"; the checkpoint holds nothing for {lacking[0]}"
+                            + (f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else "") if lacking else ""))
+
+
+def _unheld(model, store) -> list[str]:
+    """The model's parameters for whose module the checkpoint holds no tensor at all (a layer's
+    experts left out, say): what the user would look for. A module counts as held if any stored
+    name starts with its path (per-expert tensors fill fused experts; packed tensors a weight)."""
+    prefixes = set()
+    for n in store:
+        parts = n.split(".")
+        prefixes.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return [n for n, _ in model.named_parameters() if n not in store and n.rpartition(".")[0] not in prefixes]

@@ -178,6 +178,19 @@ def test_cli_inspect_verify_quantize(tmp_path, capsys):
     assert run_cli("verify", tmp_path / "o.gguf", "--original", FIX / "original.gguf") == 0
 
 
+def test_quantize_refuses_an_output_not_named_gguf_before_writing(tmp_path, capsys):
+    """A GGUF is known by its suffix: written as OUT it could not be read back (quantize used to write
+    it, then fail reading it as safetensors)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("scheme: {bits: 4, group_size: 32, data_type: mx_fp, act_bits: 16, recipe: ggml-mxfp4}\n")
+    capsys.readouterr()
+    assert run_cli("quantize", FIX / "original.gguf", tmp_path / "o", "--spec", spec, "--format", "gguf") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == (f"fp8ref: error: {tmp_path / 'o'}: a GGUF is one file named *.gguf (fp8ref "
+                                        "and llama.cpp know it by that suffix); name the output o.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["spec.yaml"]
+
+
 # --- hostile files ---------------------------------------------------------------------------
 
 def _header(n_tensors=1, n_kv=0, version=3) -> bytes:

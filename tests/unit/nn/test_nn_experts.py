@@ -191,4 +191,18 @@ def test_a_config_naming_an_unknown_architecture(tmp_path, capsys, config, messa
     assert run_cli("compare", bad, "--modes", "reference,producer", "--json", out, "--no-progress") == 1
     err = capsys.readouterr().err
     assert err.startswith("fp8ref: error: ") and err.count("\n") == 1 and message in err and "config.json" in err
+    assert "Should contain one of" not in err and len(err) < 400  # not transformers' list of every model type
     assert not out.exists()
+
+
+@pytest.mark.parametrize("count", [3, 8])
+def test_a_config_whose_expert_count_disagrees_with_the_router(tmp_path, capsys, count):
+    """num_local_experts other than the checkpoint's 4: the router's rows disagree, and the line names
+    the router's tensor and the expert-count key (not only the dense model's keys)."""
+    bad = rewrite(QWEN, tmp_path / "bad", config={"num_local_experts": count})
+    out = tmp_path / "r.json"
+    assert run_cli("compare", bad, "--modes", "reference,producer", "--json", out, "--no-progress") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fp8ref: error: ") and err.count("\n") == 1 and not out.exists()
+    assert f"model.layers.0.mlp.gate.weight of shape [{count}, 128], the checkpoint's is [4, 128]" in err
+    assert "num_local_experts or moe_intermediate_size disagree" in err and "num_experts," not in err

@@ -211,6 +211,28 @@ def test_verify_original_on_the_tool_made_moe_checkpoints(fixture, original, cap
     assert capsys.readouterr().out.rstrip().endswith(": OK")
 
 
+def test_verify_original_names_the_expert_whose_code_differs(tmp_path, capsys):
+    """One FP8 code of one Mixtral expert flipped: verify (originals under w1/w3/w2) exits 1, names that
+    expert with the one code and where it is, and the closest recipe with its mismatch count."""
+    from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
+    from tests.support.cli import run_cli
+
+    src = CKPTS / "llmc_mixtral_fp8_dynamic"
+    f = SafetensorsFile(src / "model.safetensors")
+    tensors = {n: (f.info(n).dtype, np.array(f.get(n))) for n in f.tensors}
+    name = "model.layers.1.block_sparse_moe.experts.2.up_proj"
+    tensors[f"{name}.weight"][1].view(np.uint8)[0, 5] ^= 1
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    write_safetensors(bad / "model.safetensors", tensors)
+    (bad / "config.json").write_bytes((src / "config.json").read_bytes())
+    assert run_cli("verify", bad, "--original", CKPTS / "moe_mixtral_bf16") == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{name}: recipe 'compressed-tensors': 1/8192 codes differ (first at [0, 5]), 0 scales differ"
+    assert "no known recipe reproduces the bytes, 'compressed-tensors' comes closest (1 mismatches)" in lines[-1]
+    assert lines[-1].endswith("MISMATCH in 1 layers")
+
+
 def test_original_experts_are_read_per_block_not_held():
     """compare --original's MoE experts as dense layers: building reads no original expert tensor (the
     headers are checked), a forward in mode original reads each expert of the block it runs, and

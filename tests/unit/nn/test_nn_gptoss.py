@@ -122,6 +122,31 @@ def test_experts_that_disagree_with_the_config_stay_unplaced(tmp_path):
         build_model(MXFP4, mode="original")
 
 
+def test_a_router_without_experts_names_the_experts(tmp_path, capsys):
+    """The second layer's MXFP4 experts left out, its router kept: one line naming the experts module's
+    tensor the checkpoint lacks (here the parameter count check fires first: the experts are half the
+    model), and compare writes nothing."""
+    import shutil
+
+    from fp8ref.io.safetensors import SafetensorsFile, write_safetensors
+    from tests.support.cli import run_cli
+
+    f = SafetensorsFile(MXFP4 / "model.safetensors")
+    kept = {n: (f.info(n).dtype, np.array(f.get(n))) for n in f.tensors
+            if not n.startswith("model.layers.1.mlp.experts.")}
+    assert "model.layers.1.mlp.router.weight" in kept
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    write_safetensors(bad / "model.safetensors", kept)
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(MXFP4 / name, bad)
+    out = tmp_path / "r.json"
+    assert run_cli("compare", bad, "--modes", "reference,producer", "--json", out, "--no-progress") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fp8ref: error: ") and err.count("\n") == 1 and not out.exists()
+    assert "the checkpoint holds nothing for model.layers.1.mlp.experts.gate_up_proj (and 3 more)" in err
+
+
 def test_compare_reports_per_expert_rows_grouped_per_block():
     """Each routed expert's gate_up and down projection is a row of compare (as for dense MoE models),
     grouped per experts module; the model's producer / original logits stay transformers' forward."""
