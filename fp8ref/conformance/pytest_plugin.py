@@ -19,8 +19,6 @@ package import (numpy and the codec) and nothing else: no peer library, no suite
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 
@@ -112,8 +110,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if deselected:
         write(f"fp8ref: {sum(deselected.values())} case(s) not implemented by {state['backend'].name}, "
               "not run:")
-        for reason, n in sorted(deselected.items(), key=lambda kv: -kv[1]):
-            write(f"  {n:5d}  {reason}")
+        from .report import reason_lines
+
+        for line in reason_lines(deselected, limit=len(deselected)):  # as conform words them, every one
+            write(line)
     xfails = state["xfails"]
     if xfails is not None:
         for entry in xfails.stale():  # an entry for cases this run did not include is not judged
@@ -149,8 +149,7 @@ def _items(collector, backend, spec: str, config):
             asked = under(params, model) if model and covers(op) else params  # what run_case asks for
             reason = guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, asked)
             if reason:
-                generic = re.sub(r"=.*", "", reason)  # one line per missing parameter, not per case
-                deselected[generic] = deselected.get(generic, 0) + 1
+                deselected[reason] = deselected.get(reason, 0) + 1
                 continue
             yield _CaseItem.from_parent(collector, name=f"{suite.name}::{name}", backend=backend, spec=spec,
                                         op=op, entry=entry, case=name, params=params, suite=suite, level=level,
