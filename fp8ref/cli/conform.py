@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..conformance import default_xfails, known_backends, load_backend, load_xfails, run
-from ..conformance.backend import capability_suites
+from ..conformance.backend import suites_for
 from ..conformance.report import (
     SUMMARY_COLUMNS,
     print_known,
@@ -81,9 +81,7 @@ def cmd_conform(args) -> int:
     select = (lambda name: fnmatch.fnmatchcase(name, args.case)) if args.case else None
     if select is not None:
         select.glob = args.case  # named in the verdict when it selects nothing
-    names, skipped = (args.suite, []) if args.suite else capability_suites(backend)
-    if not args.suite:
-        names = [*(getattr(backend, "default_suites", None) or DEFAULT_SUITES), *names]
+    names, skipped = suites_for(backend, args.suite)
     out = sys.stderr if json_on_stdout(args.json) else sys.stdout
     for line in skipped:
         print(line, file=out)

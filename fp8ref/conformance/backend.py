@@ -179,6 +179,25 @@ def capability_suites(backend) -> tuple[list[str], list[str]]:
     return run, skipped
 
 
+def suites_for(backend, asked=None) -> tuple[list[str], list[str]]:
+    """(the suites a run against ``backend`` uses, a line per capability suite it skips and why).
+
+    ``asked`` (``--suite`` / ``--fp8ref-suite``) is used as given. Without it: the backend's
+    ``default_suites`` (else fp8ref.golden.DEFAULT_SUITES), then the capability suites it declares
+    (``capability_suites``). ``fp8ref conform`` and the pytest plugin both choose through here."""
+    if asked:
+        return list(asked), []
+    from ..golden import DEFAULT_SUITES
+
+    name = getattr(backend, "name", "?")
+    own = guarded(name, "reading default_suites", lambda: getattr(backend, "default_suites", None))
+    if own and (isinstance(own, (str, bytes)) or not isinstance(own, Collection)
+                or not all(isinstance(s, str) and s for s in own)):
+        raise BackendError(f"backend {name!r}: default_suites: expected a list of suite names, got {own!r:.80}")
+    extra, skipped = capability_suites(backend)
+    return list(dict.fromkeys([*(own or DEFAULT_SUITES), *extra])), skipped
+
+
 def _check_method(backend, op: str, signature: str) -> None:
     """The method must accept the call the contract makes (``fp8ref.golden.ops`` signatures):
     its positional arguments and its keyword-only ones, by name."""

@@ -1,5 +1,7 @@
 """pytest plugin (entry point ``pytest11``: ``fp8ref``): ``pytest --fp8ref-backend=NAME`` runs
-the conformance suites inside a backend project's own test run.
+the conformance suites inside a backend project's own test run: the suites ``fp8ref conform``
+runs (``suites_for``: the backend's ``default_suites``, and ``block-scaled`` where it declares
+block16/block32 scaled_mm), or those ``--fp8ref-suite`` names.
 
 One test item per suite case the backend implements (xfailed when all its differences are in
 the backend's xfails file; the cases it does not implement are counted in the terminal
@@ -17,8 +19,6 @@ package import (numpy and the codec) and nothing else: no peer library, no suite
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 
@@ -27,7 +27,9 @@ def pytest_addoption(parser) -> None:
     group.addoption("--fp8ref-backend", default=None, help="run fp8ref's conformance suites against this backend "
                     "(built-in name, 'fp8ref.backends' entry point, or module:object)")
     group.addoption("--fp8ref-suite", action="append", default=None,
-                    help="suite file or shipped name (repeatable; default: formats, fp8-static-w8a8)")
+                    help="suite file or shipped name (repeatable; default: the backend's default_suites, else "
+                    "formats, fp8-static-w8a8; and block-scaled where it declares block16/block32 scaled_mm: "
+                    "the suites `fp8ref conform` runs)")
     group.addoption("--fp8ref-level", type=int, default=None, help="suite level (1 quick, 2 thorough)")
     group.addoption("--fp8ref-xfails", default=None, help="xfails file (default: the backend's shipped one)")
     group.addoption("--fp8ref-nan-rule", default="any", choices=("any", "sign", "exact"))
@@ -50,7 +52,7 @@ def pytest_configure(config) -> None:
     from ..errors import Fp8RefError
     from .backend import BackendUnavailable, load_backend
 
-    config._fp8ref = {"backend": None, "unavailable": None, "deselected": {}, "xfails": None}
+    config._fp8ref = {"backend": None, "unavailable": None, "deselected": {}, "xfails": None, "skipped_suites": []}
     model = config.getoption("fp8ref_accumulation", None)
     if model is not None:
         from ..golden.accumulation import BEST, check_name
@@ -95,18 +97,23 @@ def pytest_report_header(config):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """Cases the backend does not implement (deselected, one line per reason, not one skip each)
-    and xfails entries that matched nothing this run (stale: delete them)."""
+    """Capability suites the backend does not declare, cases it does not implement (deselected, one
+    line per reason, not one skip each) and xfails entries that matched nothing this run (stale:
+    delete them)."""
     state = getattr(config, "_fp8ref", None)
     if not state or state["backend"] is None:
         return
     write = terminalreporter.write_line
+    for line in state["skipped_suites"]:
+        write(f"fp8ref: {line}")
     deselected = state["deselected"]
     if deselected:
         write(f"fp8ref: {sum(deselected.values())} case(s) not implemented by {state['backend'].name}, "
               "not run:")
-        for reason, n in sorted(deselected.items(), key=lambda kv: -kv[1]):
-            write(f"  {n:5d}  {reason}")
+        from .report import reason_lines
+
+        for line in reason_lines(deselected, limit=len(deselected)):  # as conform words them, every one
+            write(line)
     xfails = state["xfails"]
     if xfails is not None:
         for entry in xfails.stale():  # an entry for cases this run did not include is not judged
@@ -120,11 +127,11 @@ class _Collector(pytest.Collector):
 
 
 def _items(collector, backend, spec: str, config):
-    from ..golden import DEFAULT_SUITES, load_suite
+    from ..golden import load_suite
     from ..golden.accumulation import covers, under
     from ..golden.ops import OPERATIONS
     from ..golden.suite import cases
-    from .backend import guarded
+    from .backend import guarded, suites_for
     from .xfails import default_xfails, load_xfails
 
     path = config.getoption("fp8ref_xfails")
@@ -135,14 +142,14 @@ def _items(collector, backend, spec: str, config):
     nan_rule = config.getoption("fp8ref_nan_rule")
     model = config.getoption("fp8ref_accumulation")
     encode_params = []
-    for suite in map(load_suite, config.getoption("fp8ref_suite") or DEFAULT_SUITES):
+    names, config._fp8ref["skipped_suites"] = suites_for(backend, config.getoption("fp8ref_suite"))
+    for suite in map(load_suite, names):
         level = level_opt or suite.level
         for op, entry, name, params in cases(suite, level):
             asked = under(params, model) if model and covers(op) else params  # what run_case asks for
             reason = guarded(backend.name, f"implements({op.name!r}, ...)", backend.implements, op.name, asked)
             if reason:
-                generic = re.sub(r"=.*", "", reason)  # one line per missing parameter, not per case
-                deselected[generic] = deselected.get(generic, 0) + 1
+                deselected[reason] = deselected.get(reason, 0) + 1
                 continue
             yield _CaseItem.from_parent(collector, name=f"{suite.name}::{name}", backend=backend, spec=spec,
                                         op=op, entry=entry, case=name, params=params, suite=suite, level=level,

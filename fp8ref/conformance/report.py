@@ -12,6 +12,7 @@ A mismatch line, TestFloat style::
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Iterable
 
@@ -232,16 +233,41 @@ def print_results(results, *, header: str, is_xfailed, repro=None, max_errors: i
 
 
 def skipped_lines(results, *, limit: int = 6) -> list[str]:
-    """Why cases were not run: one line per distinct reason, most cases first, at most ``limit``."""
+    """Why cases were not run (``reason_lines``), under a count of them."""
     reasons: dict[str, int] = {}
     for r in results:
         if r.status == "not-implemented":
             reasons[r.reason] = reasons.get(r.reason, 0) + 1
     if not reasons:
         return []
-    ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
-    lines = [f"not implemented, skipped: {sum(reasons.values())} case(s):"]
-    lines += [f"  {n:>5}  {reason}" for reason, n in ranked[:limit]]
+    return [f"not implemented, skipped: {sum(reasons.values())} case(s):", *reason_lines(reasons, limit=limit)]
+
+
+# Backend.implements' words for what ``capabilities`` leaves out: "NAME does not implement OP" and
+# "NAME OP does not implement KEY=VALUE"
+_UNDECLARED = re.compile(r"(?P<what>\S+ (\w+ )?does not implement \w+)(=(?P<value>.+))?")
+
+
+def reason_lines(reasons: dict[str, int], *, limit: int = 6) -> list[str]:
+    """One line per reason, at most ``limit``: first the backend's own words (a peer's missing kernel,
+    an operator's rounding modes), most cases first, then the values it does not declare, one line
+    per parameter listing them (one value keeps its reason as it was written)."""
+    stated: dict[str, int] = {}
+    undeclared: dict[str, dict[str, int]] = {}
+    for reason, n in reasons.items():
+        m = _UNDECLARED.fullmatch(reason)
+        if m is None:
+            stated[reason] = n
+        else:
+            values = undeclared.setdefault(m["what"], {})
+            values[m["value"]] = values.get(m["value"], 0) + n  # value None: the whole operation
+    ranked = sorted(stated.items(), key=lambda kv: -kv[1])
+    for what, values in sorted(undeclared.items(), key=lambda kv: -sum(kv[1].values())):
+        names = [v for v, _ in sorted(values.items(), key=lambda kv: -kv[1]) if v is not None]
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        listed = f"={', '.join(names[:3])}{more}" if names else ""
+        ranked.append((what + listed, sum(values.values())))
+    lines = [f"  {n:>5}  {reason}" for reason, n in ranked[:limit]]
     if len(ranked) > limit:
         lines.append(f"  ... {len(ranked) - limit} more reason(s) (--json has each case's)")
     return lines

@@ -190,3 +190,35 @@ def test_an_output_that_cannot_be_converted_says_so():
     suite = parse_suite("suite: d\nseed: 1\noperations:\n  - op: decode\n    formats: [float8_e4m3fn]\n", source="d")
     r = run(Unconvertible(), suite).results[0]
     assert r.status == "error" and "cannot convert the backend's output (Weird) to a numpy array" in r.reason
+
+
+def test_suites_for_a_backend_are_its_own_defaults_and_the_capability_suites_it_declares():
+    """One choice for `fp8ref conform` and the pytest plugin (fp8ref.conformance.backend.suites_for)."""
+    from fp8ref.conformance.adapters.naive_block_backend import NaiveBlockBackend
+    from fp8ref.conformance.adapters.torch_backend import TorchBackend
+    from fp8ref.conformance.backend import suites_for
+
+    torch_skip = "suite block-scaled skipped: backend 'torch' declares no scaled_mm with scales block16 or block32"
+    assert suites_for(TorchBackend()) == (["formats", "fp8-static-w8a8"], [torch_skip])
+    assert suites_for(TorchBackend(), ["onnx"]) == (["onnx"], [])  # what was asked, as given
+    assert suites_for(NaiveBlockBackend()) == (["formats", "fp8-static-w8a8", "block-scaled"], [])
+
+    class OwnDefaults(NaiveBlockBackend):
+        default_suites = ("block-scaled", "degenerate")
+
+    assert suites_for(OwnDefaults()) == (["block-scaled", "degenerate"], [])  # each suite once
+
+    class NotAList(NaiveBlockBackend):
+        default_suites = "degenerate"
+
+    with pytest.raises(BackendError, match=r"'naive_block': default_suites: expected a list of suite names, "
+                                           r"got 'degenerate'"):
+        suites_for(NotAList())
+
+    class Raises(NaiveBlockBackend):
+        @property
+        def default_suites(self):
+            raise RuntimeError("no config")
+
+    with pytest.raises(BackendError, match=r"reading default_suites failed: RuntimeError: no config"):
+        suites_for(Raises())

@@ -1,6 +1,12 @@
 """The pytest plugin, run as a backend project would: ``pytest -p ... --fp8ref-backend=NAME``
 (installed, the ``pytest11`` entry point loads it without ``-p``)."""
 
+import json
+import re
+
+import pytest
+
+from tests.support.cli import run_cli
 from tests.support.plugin import pytest_in
 
 SUITE = """\
@@ -76,3 +82,63 @@ def test_stale_xfails_are_reported(tmp_path):
     assert code == 0, out
     assert f"xf.txt:{n + 1}: 'encode.float8_e5m2.rne.sat.* tie' matched nothing in this run" in out
     assert f"xf.txt:{n + 2}" not in out  # about cases this run did not include
+
+
+# --- which suites: the plugin chooses as `fp8ref conform` does (fp8ref.conformance.backend.suites_for) ---
+
+OWN_BACKEND = """\
+from fp8ref.conformance.adapters.torch_backend import TorchBackend
+
+
+class Own(TorchBackend):  # torch's arithmetic and shipped xfails, with suites of its own
+    default_suites = ({suite!r},)
+"""
+
+_VERDICT = re.compile(r"^(PASSED|FAILED|XFAIL) ::fp8ref-conformance::([^:\s]+)::(\S+)", re.M)
+
+
+def _plugin_verdicts(out: str) -> dict[tuple[str, str], str]:
+    """(suite, case) -> passed/failed/xfailed from pytest's -rA summary; the hypothesis items left out."""
+    return {(suite, case): status.lower().replace("xfail", "xfailed")
+            for status, suite, case in _VERDICT.findall(out) if suite != "hypothesis"}
+
+
+def _conform_verdicts(spec: str, tmp_path, capsys) -> tuple[dict[tuple[str, str], str], str]:
+    """(suite, case) -> verdict of every case `fp8ref conform --backend SPEC` (no --suite) compared, and its text."""
+    run_cli("conform", "--backend", spec, "--quiet", "--json", tmp_path / "conform.json")
+    text = capsys.readouterr().out
+    runs = json.loads((tmp_path / "conform.json").read_text())["runs"]
+    verdicts = {}
+    for run in runs:
+        for c in run["cases"]:
+            if c["status"] == "not-implemented":
+                continue
+            unexpected = c["status"] == "error" or c["mismatches"]
+            verdicts[run["suite"], c["case"]] = "failed" if unexpected else "xfailed" if c["xfailed"] else "passed"
+    return verdicts, text
+
+
+@pytest.mark.parametrize("spec", ["naive_block", "tests.support.broken_backends:BlockScaleShifted", "own_backend:Own"])
+def test_the_plugin_runs_what_conform_runs_with_the_same_verdicts(tmp_path, monkeypatch, capsys, spec):
+    """No --fp8ref-suite: the backend's default_suites (own_backend: a suite of its own instead of the
+    defaults) and block-scaled where it declares block16/block32 scaled_mm (naive_block and its broken
+    variant; not torch). Every case `fp8ref conform` compares is a test item with the same verdict."""
+    (tmp_path / "plug.yaml").write_text(SUITE)
+    (tmp_path / "own_backend.py").write_text(OWN_BACKEND.format(suite=str(tmp_path / "plug.yaml")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out = pytest_in(tmp_path, f"--fp8ref-backend={spec}", "--fp8ref-max-examples=5", "-rA")
+    plugin = _plugin_verdicts(out)
+    conform, conform_text = _conform_verdicts(spec, tmp_path, capsys)
+    assert plugin and plugin == conform, out[-3000:]
+    suites = {suite for suite, _ in plugin}
+    failed = {case for (_, case), v in plugin.items() if v == "failed"}
+    if spec == "own_backend:Own":
+        assert suites == {"plug"} and code == 0 and "xfailed" in plugin.values()  # torch's e4m3 nosat overflow
+        skipped = "suite block-scaled skipped: backend 'torch' declares no scaled_mm with scales block16 or block32"
+        assert f"fp8ref: {skipped}" in out and skipped in conform_text
+        return
+    assert suites == {"block-scaled"} and code == 1
+    assert "passed" in plugin.values() and "skipped:" not in out
+    # naive_block leaves float32's range only at the E8M0 2**+-127 scales; the shifted scales fail random blocks
+    random_failed = {case for case in failed if ".scale-extremes." not in case}
+    assert failed and (not random_failed if spec == "naive_block" else random_failed)

@@ -115,3 +115,32 @@ def test_dump_failing_saves_each_failing_case(tmp_path, capsys):
     t = st.load(tmp_path / "d" / files[0])
     assert set(t) == {"input/a", "input/b", "input/scale_a", "input/scale_b", "expected/out", "got/out"}
     assert np.isnan(t["got/out"][0, 0].astype(np.float64)) and not np.isnan(t["expected/out"][0, 0].astype(np.float64))
+
+
+def test_skipped_reasons_put_the_backends_own_words_first_and_group_undeclared_values():
+    """A peer's missing kernel (the backend's own words, 10 cases) is printed under 7 parameters the
+    backend does not declare (thousands of cases, 40 values), never folded into '... more reason(s)'."""
+    from fp8ref.conformance import Backend, report
+    from fp8ref.golden.judge import CaseResult
+
+    class Declares(Backend):  # Backend.implements writes the undeclared reasons
+        name = "torch"
+        capabilities = {"quantize": {"recipe": ("fp8ref",)}, "encode": {"rounding": ("rne",)}}
+
+    backend = Declares()
+    recipes = [f"r{i}" for i in range(40)]
+    reasons = [backend.implements("quantize", {"recipe": r}) for r in recipes for _ in range(recipes.index(r) + 1)]
+    for op in ("linear", "attention", "fake_quant", "kv_cache", "matmul", "quantize_kv"):
+        reasons += [f"torch does not implement {op}"] * 100
+    reasons += ["torch has no CPU kernel for X with FLOAT4E2M1"] * 10
+    results = [CaseResult(case=f"c{i}", op="x", params={}, status="not-implemented", reason=why)
+               for i, why in enumerate(reasons)]
+    lines = report.skipped_lines(results)
+    assert lines[0] == f"not implemented, skipped: {len(reasons)} case(s):"
+    assert lines[1] == "     10  torch has no CPU kernel for X with FLOAT4E2M1"
+    assert lines[2] == "    820  torch quantize does not implement recipe='r39', 'r38', 'r37' and 37 more"
+    assert len(lines) == 8 and lines[-1] == "  ... 2 more reason(s) (--json has each case's)"
+    # one value: the reason as Backend.implements wrote it
+    one = report.skipped_lines([CaseResult(case="c", op="x", params={}, status="not-implemented",
+                                           reason=backend.implements("encode", {"rounding": "rtz"}))])
+    assert one[1] == "      1  torch encode does not implement rounding='rtz'"

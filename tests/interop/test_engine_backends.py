@@ -18,6 +18,7 @@ import fp8ref.fakeconvert
 from fp8ref import codec, quant
 from fp8ref.conformance import default_xfails, load_backend, run
 from fp8ref.golden import load_suite
+from fp8ref.golden.suite import cases
 from fp8ref.scheme import PRESETS
 
 pytestmark = pytest.mark.interop
@@ -307,3 +308,52 @@ def test_conform_cli_runs_the_backends_default_suites_and_passes(name):
     headers = [line for line in proc.stdout.splitlines() if line.startswith("== fp8ref conform")]
     assert [h.split(" suite ")[1].split(" level")[0] for h in headers] == list(backend.default_suites)
     assert "stale xfail" not in proc.stdout and "unexpected" not in proc.stdout.split("result:")[-1]
+
+
+def _ort_refuses_fp4(node: str) -> str:
+    """onnxruntime's own answer to a one-node FLOAT4E2M1 graph at opset 25 on the CPU provider (built here,
+    not by the adapter): its NOT_IMPLEMENTED message, or '' when it has a kernel."""
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    fp4, f32 = TensorProto.FLOAT4E2M1, TensorProto.FLOAT
+    src, dst = {"Cast": (f32, fp4), "QuantizeLinear": (f32, fp4), "DequantizeLinear": (fp4, f32)}[node]
+    inits = [] if node == "Cast" else [helper.make_tensor("s", f32, [], [1.0]), helper.make_tensor("z", fp4, [], [0.0])]
+    attrs = {"to": dst} if node == "Cast" else {}
+    made = helper.make_node(node, ["x", "s", "z"][:1 + 2 * bool(inits)], ["y"], **attrs)
+    graph = helper.make_graph([made], "g", [helper.make_tensor_value_info("x", src, [32])],
+                              [helper.make_tensor_value_info("y", dst, [32])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)])
+    try:
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own (pybind) exception types
+        return str(exc) if "NOT_IMPLEMENTED" in str(exc) else ""
+    return ""
+
+
+def test_conform_names_onnxruntimes_missing_fp4_kernels_once_per_suite():
+    """onnxruntime 1.32's CPU provider has no FLOAT4E2M1 Cast, QuantizeLinear or DequantizeLinear (asked
+    of onnxruntime itself). `fp8ref conform --backend onnxruntime` says so in each suite that has such
+    cases: one plain line, with as many cases as the adapter declines for that reason, never folded
+    into '... more reason(s)'."""
+    import subprocess
+    import sys
+
+    for node in ("Cast", "QuantizeLinear", "DequantizeLinear"):
+        assert f"Could not find an implementation for {node}(25)" in _ort_refuses_fp4(node)
+    backend = _backend("onnxruntime")
+    proc = subprocess.run([sys.executable, "-m", "fp8ref", "conform", "--backend", "onnxruntime", "--quiet"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    printed = dict(zip(backend.default_suites, proc.stdout.split("== fp8ref conform")[1:], strict=True))
+    named = 0
+    for suite_name, text in printed.items():
+        declined: dict[str, int] = {}
+        for op, _, _, params in cases(load_suite(suite_name), 1):
+            reason = backend.implements(op.name, params)
+            if reason and ("FLOAT4E2M1" in reason or "float4_e2m1fn" in reason):
+                declined[reason] = declined.get(reason, 0) + 1
+        for reason, n in declined.items():
+            assert "no CPU" in reason and text.count(reason) == 1 and f"  {n:>5}  {reason}\n" in text, (reason, text)
+        named += len(declined)
+    assert named >= 2  # formats: Cast; degenerate: DequantizeLinear (MXFP4 / NVFP4 codes)
