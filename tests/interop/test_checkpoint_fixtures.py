@@ -41,6 +41,8 @@ FIXTURES_QUARK = ["quark_fp8", "quark_mxfp4"]
 UE8M0 = "hf_fp8_ue8m0"  # tools/make_fixture_ue8m0.py; read by test_checkpoint_fixture_ue8m0.py
 # tools/make_nvfp4_moe_unfused.py (fp8ref's own export, gate/up globals per expert); read by test_engine_ue8m0.py
 NVFP4_MOE_UNFUSED = "fp8ref_nvfp4_moe_unfused"
+# per-head KV / Q scales: read by tests/interop/test_attn_head_kv.py and tests/unit/checkpoint/test_kv_head_scales.py
+ATTN_HEAD = ["llmc_fp8_attn_head", "llmc_fp8_attn_head_q"]
 ORIGINAL = "original_bf16"  # the unquantized tiny Llama the tools were given (verify, compare --original)
 # tools/make_ct020_fixtures.py: compressed-tensors 0.20.1, read by test_ct020_fixtures.py; and the original of
 # every FP4 / MX fixture (verify --original, test_verify_block_fixtures.py)
@@ -67,7 +69,7 @@ def _layer_cases():
 def test_all_fixtures_present():
     assert sorted(p.name for p in ROOT.iterdir() if p.is_dir()) == sorted(
         FIXTURES + FIXTURES_FP4_MX + FIXTURES_QUARK + FIXTURES_MOE + FIXTURES_CT020
-        + [UE8M0, ORIGINAL, ORIGINAL_FP4_MX, NVFP4_MOE_UNFUSED])
+        + ATTN_HEAD + [UE8M0, ORIGINAL, ORIGINAL_FP4_MX, NVFP4_MOE_UNFUSED])
     assert load_checkpoint(ROOT / ORIGINAL).format == "unquantized"
 
 

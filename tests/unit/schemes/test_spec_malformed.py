@@ -74,7 +74,7 @@ CASES = [
     ('rounding_unknown', 'scheme: {scheme: FP8, rounding: nearest_even}\n',
      "x.yaml:1: scheme.rounding: expected one of rne, rna, rtz, rup, rdown, rto, stochastic, got 'nearest_even'"),
     ('format_unknown', 'scheme: {weight_format: float8_e4m3}\n',
-     "x.yaml:1: scheme.weight_format: expected one of float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e4m3b11fnuz, float8_e8m0fnu, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got 'float8_e4m3' (did you mean 'float8_e4m3fn'?)"),
+     "x.yaml:1: scheme.weight_format: expected one of float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e4m3b11fnuz, float8_e8m0fnu, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, binary8p1, binary8p2, binary8p3, binary8p4, binary8p5, binary8p6, binary8p7, got 'float8_e4m3' (did you mean 'float8_e4m3fn'?)"),
     ('merge_key', 'base: &b {bits: 8}\nscheme:\n  <<: *b\n',
      "x.yaml:3: scheme: merge keys ('<<') are not supported; write the keys out"),
     ('python_tag', "scheme: !!python/object/apply:os.system ['true']\n",
