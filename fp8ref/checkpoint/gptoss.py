@@ -306,6 +306,10 @@ class GptOss(Defaults):
             return {**qc, "modules_to_not_convert": source["modules_to_not_convert"]}
         return qc
 
+    def original_key(self, layer: ExpertsLayer) -> str:
+        """The original's tensor of ``layer``: the model-layout [E, in, out] ``M.P`` itself."""
+        return layer.name
+
     def original_weight(self, layer: ExpertsLayer, store: TensorStore) -> np.ndarray:
         """The original of ``layer`` in its [E * out, in] rows: the model-layout [E, in, out] tensor
         ``M.P`` of an unquantized gpt-oss checkpoint, transposed."""

@@ -279,5 +279,5 @@ def test_verify_finds_a_recipe_per_layer(tmp_path, capsys):
     assert {x["name"].rpartition(".")[2]: x["recipe"] for x in r["layers"]} == {"down_proj": "fp8ref",
                                                                                "gate_up_proj": "gpt-oss-mxfp4"}
     assert run_cli("verify", q, "--original", orig) == 0
-    assert ("recipe 'fp8ref' for 1 layers (found among the format's known recipes); recipe 'gpt-oss-mxfp4' for 1 "
-            "layers (found among the format's known recipes)") in capsys.readouterr().out
+    assert ("recipe 'fp8ref' for 1 layer (found among the format's known recipes); recipe 'gpt-oss-mxfp4' for 1 "
+            "layer (found among the format's known recipes)") in capsys.readouterr().out
