@@ -275,7 +275,8 @@ def cannot_express(quant: LayerQuant) -> str | None:
 
 def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str):
     raise CheckpointError(f"{NAME}: {name}: gpt-oss holds fused [experts, out, in] projections, not linear layers; "
-                          f"write them with fp8ref quantize --format gpt-oss, or rewrite a gpt-oss checkpoint")
+                          f"write them with fp8ref quantize --format gpt-oss, or rewrite a gpt-oss checkpoint (fp8ref "
+                          f"convert CKPT OUT --format gpt-oss)")
 
 
 class GptOss(Defaults):
