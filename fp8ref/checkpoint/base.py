@@ -375,6 +375,17 @@ def original_name(fmt: CheckpointFormat, name: str, store: TensorStore) -> str |
     return None
 
 
+def original_key(layer, store: TensorStore) -> str | None:
+    """The original tensor ``original_weight`` reads for checkpoint ``layer`` (the format's own
+    ``original_key`` where it maps the weight itself: gpt-oss's fused experts), None if absent."""
+    fmt = get(layer.producer)
+    hook = getattr(fmt, "original_key", None)
+    if hook is not None:
+        key = hook(layer)
+        return key if key in store else None
+    return original_name(fmt, f"{layer.name}.weight", store)
+
+
 def original_weight(layer, store: TensorStore, *, mapped: bool = False):
     """The original (unquantized) weight of checkpoint ``layer`` in ``store``, as [out, in] rows like its
     codes: the format's own mapping where it has one (gpt-oss's fused [E, in, out] experts), else

@@ -429,6 +429,9 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
     if not len(ckpt):
         raise CheckpointError(f"{ckpt.path}: no quantized layers to convert (to quantize original weights: "
                               f"fp8ref quantize)")
+    if hasattr(module, "layer_plan"):  # fused experts (gpt-oss): their own format's checkpoints, rewritten
+        return _rewrite_fused(ckpt, output, format, force=force, symlinks_out=symlinks_out,
+                              config_version=config_version)
     plans = plan_conversion(ckpt, format)
     kv = _plan_kv(ckpt, module)
     _attention_option(ckpt, module, options)
@@ -504,6 +507,20 @@ def convert_checkpoint(checkpoint, output: str | os.PathLike, *, format: str, ex
 
 
 __all__ = ["ConvertReport", "LayerCost", "convert_checkpoint", "reexpress", "target_quant"]
+
+
+def _rewrite_fused(ckpt, output, fmt: str, **options) -> ConvertReport:
+    """A format of fused [E, out, in] experts (gpt-oss): a checkpoint of it written again exactly
+    (``write_checkpoint``); per-expert linear layers of another format are not fused into it."""
+    if ckpt.format != fmt:
+        raise CheckpointError(f"{ckpt.path}: a {ckpt.format} checkpoint; the {fmt} format holds fused experts, so "
+                              f"convert --format {fmt} rewrites {fmt} checkpoints only (from the original weights: "
+                              f"fp8ref quantize --format {fmt})")
+    write_checkpoint(ckpt, output, **options)
+    store = ckpt.store
+    costs = [LayerCost(n, True, layer.quant.describe(), layer.quant.describe(), None, "", prod(layer.shape),
+                       scales=prod(store.info(layer.tensors["weight_scale"]).shape)) for n, layer in ckpt.items()]
+    return ConvertReport(str(ckpt.path), str(output), ckpt.format, fmt, costs)
 
 
 def write_checkpoint(checkpoint, output: str | os.PathLike, *, format: str | None = None,

@@ -275,7 +275,8 @@ def cannot_express(quant: LayerQuant) -> str | None:
 
 def tensor_plan(name: str, quant: LayerQuant, out: int, inp: int, dtype: str):
     raise CheckpointError(f"{NAME}: {name}: gpt-oss holds fused [experts, out, in] projections, not linear layers; "
-                          f"write them with fp8ref quantize --format gpt-oss, or rewrite a gpt-oss checkpoint")
+                          f"write them with fp8ref quantize --format gpt-oss, or rewrite a gpt-oss checkpoint (fp8ref "
+                          f"convert CKPT OUT --format gpt-oss)")
 
 
 class GptOss(Defaults):
@@ -305,6 +306,10 @@ class GptOss(Defaults):
         if isinstance(source, dict) and "modules_to_not_convert" in source:
             return {**qc, "modules_to_not_convert": source["modules_to_not_convert"]}
         return qc
+
+    def original_key(self, layer: ExpertsLayer) -> str:
+        """The original's tensor of ``layer``: the model-layout [E, in, out] ``M.P`` itself."""
+        return layer.name
 
     def original_weight(self, layer: ExpertsLayer, store: TensorStore) -> np.ndarray:
         """The original of ``layer`` in its [E * out, in] rows: the model-layout [E, in, out] tensor

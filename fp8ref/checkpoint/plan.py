@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import CheckpointError, RecipeError
 from ..io.safetensors import TensorStore
 from ..recipes import BlockRecipe, store_dtype
-from ..registry import get_recipe
+from ..registry import DEFAULT_RECIPE, get_recipe
 from ..scaling import reduce_amax
 from ..spec import LayerConfig, load_spec, load_spec_dict
 from . import base
@@ -47,6 +47,17 @@ def layer_config(spec):
     raise CheckpointError(f"spec: expected a YAML path, a mapping or a LayerConfig, got {type(spec).__name__}")
 
 
+def block_default(module, quant: LayerQuant, rec):
+    """The recipe of a block-scaled (MX, NVFP4) layer whose scheme names fp8ref's (the presets' default,
+    an element-scale recipe with no block arithmetic a format's stored meaning is defined for): the
+    format's own block recipe (``recipe_of``: compressed-tensors-mx, modelopt-nvfp4, ...); ``rec`` for
+    other layers, or where the format has none."""
+    if quant.weight_strategy not in BLOCK_SCALED or isinstance(rec, BlockRecipe):
+        return rec
+    own = get_recipe(module.recipe_of(quant))
+    return own if isinstance(own, BlockRecipe) else rec
+
+
 def linear_layers(store: TensorStore) -> list[str]:
     """Modules with a 2-D float ``.weight``: the linear layers a spec can quantize."""
     out = []
@@ -75,6 +86,8 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         where = f"{config.source}: layer {name!r}"
         quant = from_scheme(scheme, where, module.nvfp4_global)
         rec = get_recipe(scheme.recipe if recipe is None else recipe)
+        if recipe is None and rec.name == DEFAULT_RECIPE:
+            rec = block_default(module, quant, rec)
         pow2 = getattr(rec, "scale_pow2", None) is not None
         if pow2 and module.pow2_scale_fmt:
             quant = replace(quant, scale_fmt=module.pow2_scale_fmt)
@@ -97,7 +110,10 @@ def plan_layers(store: TensorStore, spec, fmt: str, *, recipe: str | None = None
         dtype = {v: k for k, v in D_DTYPES.items()}[info.dtype]
         block = quant.weight_strategy in BLOCK_SCALED
         if block != isinstance(rec, BlockRecipe):
-            raise CheckpointError(f"{where}: recipe {rec.name!r} is not a {quant.weight_strategy} recipe")
+            own = block_default(module, quant, rec) if block else rec
+            hint = (f" (leave --recipe out for the {fmt} format's own, {own.name!r})"
+                    if isinstance(own, BlockRecipe) else "")
+            raise CheckpointError(f"{where}: recipe {rec.name!r} is not a {quant.weight_strategy} recipe{hint}")
         scale_dtype = "F32"  # block-scaled formats: the format's own scale codes, planned by the format
         if not block:
             try:

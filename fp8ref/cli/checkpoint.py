@@ -92,9 +92,13 @@ def cmd_quantize(args) -> int:
                             recipe=args.recipe, force=args.force, symlinks_out=args.symlinks_out,
                             progress=progress_enabled(args), config_version=args.ct_version)
     ckpt = load_checkpoint(out)
+    recorded = checkpoint_formats.recorded_recipes(ckpt.store)
+    recipes = {r: sum(v == r for v in recorded.values()) for r in sorted(set(recorded.values()))}
     if not emit_json(args.json, {"output": str(out), "format": ckpt.format, "layers": sorted(ckpt),
-                                 "warnings": ckpt.warnings}):
-        print(f"wrote {out}: {ckpt.format}, {len(ckpt)} quantized layers")
+                                 "recipes": recipes, "warnings": ckpt.warnings}):
+        used = "; ".join(f"recipe {r!r} for {n} layer{'s' if n != 1 else ''}" for r, n in recipes.items())
+        print(f"wrote {out}: {ckpt.format}, {len(ckpt)} quantized layer{'s' if len(ckpt) != 1 else ''}"
+              f"{'; ' + used if used else ''}")
         for w in ckpt.warnings:
             warn(w)
     return 0

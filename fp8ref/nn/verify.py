@@ -298,7 +298,10 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
     the first of ``candidate_recipes`` that reproduces its bytes (the report names it; where none
     does, the closest). Original tensors are found by name, through the producer's renaming table.
     calibration: layer name -> activation amax (``fp8ref.checkpoint.load_calibration``), to re-derive
-    static input scales too. executor: ``local`` or ``ray`` (one task per layer, same report)."""
+    static input scales too. executor: ``local`` or ``ray`` (one task per layer, same report).
+    Every original tensor must be in the checkpoint, quantized or not (``missing``: those it lacks,
+    ``missing_layers``: by module); unquantized ones (biases too) equal the original's bytes or its
+    cast to their float dtype (``unquantized.cast``)."""
     if calibration is not None:  # numbers (AmaxState values too); scales refused
         calibration = amax_values(calibration, "calibration")
     names = list(ckpt)
@@ -328,7 +331,7 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
         return run_all(task, items, executor=executor, progress=progress, desc="verify", threads=threads) \
             if items else []
 
-    with ThreadPoolExecutor(1) as side:  # the unquantized tensors meanwhile; their errors come after the layers'
+    with ThreadPoolExecutor(1) as side:  # the unquantized and missing tensors meanwhile; their errors come after
         plain = side.submit(_compare_unquantized, ckpt, original)
         recorded = {} if recipe is not None else base.recorded_recipes(ckpt.store)
         results: dict[str, dict] = {}
@@ -336,7 +339,7 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
         for n, r in zip(fixed, _run_each(run, fixed, lambda n: recipe or recorded[n])):
             results[n] = {**r, "recipe_source": "given" if recipe is not None else "recorded"}
         results.update(_choose_recipes([n for n in names if n not in results], ckpt, run))
-        plain_bad, plain_missing = plain.result()
+        plain = plain.result()
     layers = [results[n] for n in names]
     bad = [x["name"] for x in layers if x["code_mismatches"] or x["scale_mismatches"]]
     used = sorted({x["recipe"] for x in layers})
@@ -346,25 +349,78 @@ def verify(ckpt, original, *, recipe: str | None = None, calibration=None, progr
                                                                        for r in used},
             "recipe_source": sources[0] if len(sources) == 1 else "mixed", "layers": layers,
             "mismatched_layers": bad,
-            "unquantized": {"checked": len(ckpt.unquantized) - len(plain_missing), "mismatched": plain_bad,
-                            "missing_in_original": plain_missing},
-            "ok": not bad and not plain_bad}
+            "unquantized": {k: plain[k] for k in ("checked", "mismatched", "why", "cast", "missing_in_original")},
+            "missing": plain["absent"], "missing_layers": _by_module(plain["absent"]),
+            "ok": not bad and not plain["mismatched"] and not plain["absent"]}
 
 
-def _compare_unquantized(ckpt, original) -> tuple[list[str], list[str]]:
-    """(names that differ from the original's bytes, names the original lacks) of the unquantized tensors."""
-    from ..checkpoint import base
+# float dtypes a producer may cast an unquantized tensor between (llama.cpp's convert_hf_to_gguf stores
+# norms and other 1-D tensors as F32; any tool loading the model in another torch_dtype writes that dtype)
+_FLOATS = ("F64", "F32", "F16", "BF16")
 
-    bad, missing = [], []
-    for name in ckpt.unquantized:
-        key = base.original_name(base.get(ckpt.format), name, original.store)
+
+def _plain_verdict(ckpt_store, name: str, orig_store, key: str) -> str | None:
+    """How checkpoint tensor ``name`` stands to original tensor ``key``: None (the same dtype, shape and
+    bytes), ``"cast A to B"`` (another float dtype whose bytes are exactly the original's cast to it,
+    round to nearest even, as torch's ``.to`` and llama.cpp's converter cast), else what differs."""
+    a, b = ckpt_store.info(name), orig_store.info(key)
+    if a.shape != b.shape:
+        return f"shape {list(a.shape)}, the original's {list(b.shape)}"
+    if a.dtype == b.dtype:
+        same = _same_bytes(ckpt_store.get(name, mapped=True, bf16_bits=True),
+                           orig_store.get(key, mapped=True, bf16_bits=True))
+        return None if same else "bytes differ"
+    if a.dtype in _FLOATS and b.dtype in _FLOATS:  # rare: ml_dtypes (BF16) is imported only here
+        mine = np.asarray(ckpt_store.get(name))
+        if _same_bytes(mine, np.asarray(orig_store.get(key)).astype(mine.dtype)):
+            return f"cast {b.dtype} to {a.dtype}"
+        return f"{a.dtype}, not the original's {b.dtype} cast to it"
+    return f"dtype {a.dtype}, the original's {b.dtype}"
+
+
+def _tied_embeddings(*configs) -> bool:
+    """Whether a config ties lm_head to the embeddings (transformers then writes no lm_head.weight)."""
+    for c in configs:
+        for d in (c or {}, (c or {}).get("text_config") or {}):
+            if isinstance(d, dict) and d.get("tie_word_embeddings"):
+                return True
+    return False
+
+
+def _compare_unquantized(ckpt, original) -> dict:
+    """The checkpoint's unquantized tensors (the quantized layers' biases too) against the original's
+    (``_plain_verdict``), and the original tensors the checkpoint holds neither quantized nor
+    unquantized (names mapped through the producer's renaming; a tied lm_head is not missing)."""
+    fmt = base.get(ckpt.format)
+    plain = list(ckpt.unquantized) + [ckpt[n].tensors["bias"] for n in ckpt if "bias" in ckpt[n].tensors]
+    used = {base.original_key(ckpt[n], original.store) for n in ckpt}
+    bad, missing, cast = [], [], {}
+    for name in plain:
+        key = base.original_name(fmt, name, original.store)
         if key is None:
             missing.append(name)
             continue
-        a, b = ckpt.store.get(name, mapped=True, bf16_bits=True), original.store.get(key, mapped=True, bf16_bits=True)
-        if ckpt.store.info(name).dtype != original.store.info(key).dtype or a.shape != b.shape or not _same_bytes(a, b):
-            bad.append(name)
-    return bad, missing
+        used.add(key)
+        verdict = _plain_verdict(ckpt.store, name, original.store, key)
+        if verdict is None:
+            continue
+        if verdict.startswith("cast "):
+            cast[name] = verdict
+        else:
+            bad.append({"name": name, "why": verdict})
+    tied = _tied_embeddings(ckpt.config, original.config)
+    absent = [n for n in original.store if n not in used and not (tied and n == "lm_head.weight")]
+    return {"checked": len(plain) - len(missing), "mismatched": [x["name"] for x in bad], "why": bad,
+            "cast": cast, "missing_in_original": missing, "absent": sorted(absent)}
+
+
+def _by_module(names: list[str]) -> dict[str, list[str]]:
+    """Tensor names grouped by their module (``M.weight``, ``M.bias`` -> ``M: [weight, bias]``)."""
+    out: dict[str, list[str]] = {}
+    for n in names:
+        module, _, leaf = n.rpartition(".")
+        out.setdefault(module or n, []).append(leaf if module else n)
+    return out
 
 
 def _run_each(run, names: list[str], recipe_of) -> list[dict]:

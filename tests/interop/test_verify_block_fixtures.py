@@ -32,7 +32,8 @@ def test_verify_reproduces_every_byte_and_names_the_recipe(name, tmp_path, capsy
     assert main(["verify", str(ROOT / name), "--original", str(ORIGINAL), "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["ok"] and res["recipes"] == {RECIPE[name]: 7}
-    assert res["unquantized"] == {"checked": 5, "mismatched": [], "missing_in_original": []}
+    assert res["unquantized"] == {"checked": 5, "mismatched": [], "why": [], "cast": {}, "missing_in_original": []}
+    assert res["missing"] == [] and res["missing_layers"] == {}
     for layer in res["layers"]:
         assert layer["code_mismatches"] == layer["scale_mismatches"] == 0
         assert layer["recipe_source"] == "discovered"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from tests.support.cli import run_cli
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 M = "model.layers.0.mlp.experts"
+FIXTURES_CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "interop" / "checkpoints"
 
 
 def e2m1_oracle(v: np.ndarray) -> np.ndarray:
@@ -266,6 +268,45 @@ def test_fused_experts_are_not_converted_to_a_linear_format(tmp_path, capsys):
     assert not (tmp_path / "ct").exists() and not (tmp_path / "ct2").exists()
 
 
+def test_convert_rewrites_a_gpt_oss_checkpoint_byte_for_byte(tmp_path, capsys):
+    """``fp8ref convert Q OUT --format gpt-oss`` (what the fused-experts error suggests) writes the hand-made
+    ROUND_UP checkpoint again: every tensor's bytes and the config as they were, each layer reported
+    exact, the dequantized experts unchanged; converting the output again gives the same file; the
+    Python write_checkpoint writes the very same bytes."""
+    from fp8ref.io.safetensors import open_store
+
+    orig, tensors, config = _original(tmp_path)
+    q = write(tmp_path / "q", *gptoss_quantized(tensors, config, round_up_oracle))
+    assert run_cli("convert", q, tmp_path / "out", "--format", "gpt-oss", "--exact-only") == 0
+    out = capsys.readouterr().out
+    assert f"  {M}.down_proj: exact" in out and "result: exact; 2 layers" in out
+    src, dst = open_store(q), open_store(tmp_path / "out")
+    assert sorted(src) == sorted(dst)
+    for n in src:
+        assert (src.info(n).dtype, src.info(n).shape) == (dst.info(n).dtype, dst.info(n).shape), n
+        assert np.asarray(src.get(n, bf16_bits=True)).tobytes() == np.asarray(dst.get(n, bf16_bits=True)).tobytes(), n
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == json.loads((q / "config.json").read_text())
+    a, b = fp8ref.load_checkpoint(q), fp8ref.load_checkpoint(tmp_path / "out")
+    for n in a:
+        assert np.array_equal(np.asarray(a[n].experts_weight("float32")), np.asarray(b[n].experts_weight("float32")))
+    assert run_cli("convert", tmp_path / "out", tmp_path / "again", "--format", "gpt-oss") == 0
+    write_checkpoint(a, tmp_path / "api")
+    body = (tmp_path / "out" / "model.safetensors").read_bytes()
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == body
+    assert (tmp_path / "api" / "model.safetensors").read_bytes() == body
+    assert run_cli("verify", tmp_path / "out", "--original", orig, "--recipe", "gpt-oss-mxfp4") == 0
+
+
+def test_convert_to_gpt_oss_from_per_expert_linears_is_refused(tmp_path, capsys):
+    ckpt = FIXTURES_CKPTS / "llmc_mxfp4"
+    assert run_cli("convert", ckpt, tmp_path / "out", "--format", "gpt-oss") == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"fp8ref: error: {ckpt}: a compressed-tensors checkpoint; the gpt-oss format holds fused experts, "
+                   f"so convert --format gpt-oss rewrites gpt-oss checkpoints only (from the original weights: fp8ref "
+                   f"quantize --format gpt-oss)")
+    assert not (tmp_path / "out").exists()
+
+
 def test_verify_finds_a_recipe_per_layer(tmp_path, capsys):
     """gate_up_proj by ROUND_UP, down_proj by the OCP floor rule: each layer gets the recipe that made it."""
     orig, tensors, config = _original(tmp_path, seed=5)
@@ -279,5 +320,5 @@ def test_verify_finds_a_recipe_per_layer(tmp_path, capsys):
     assert {x["name"].rpartition(".")[2]: x["recipe"] for x in r["layers"]} == {"down_proj": "fp8ref",
                                                                                "gate_up_proj": "gpt-oss-mxfp4"}
     assert run_cli("verify", q, "--original", orig) == 0
-    assert ("recipe 'fp8ref' for 1 layers (found among the format's known recipes); recipe 'gpt-oss-mxfp4' for 1 "
-            "layers (found among the format's known recipes)") in capsys.readouterr().out
+    assert ("recipe 'fp8ref' for 1 layer (found among the format's known recipes); recipe 'gpt-oss-mxfp4' for 1 "
+            "layer (found among the format's known recipes)") in capsys.readouterr().out

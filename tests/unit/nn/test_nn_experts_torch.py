@@ -228,9 +228,9 @@ def test_verify_original_names_the_expert_whose_code_differs(tmp_path, capsys):
     (bad / "config.json").write_bytes((src / "config.json").read_bytes())
     assert run_cli("verify", bad, "--original", CKPTS / "moe_mixtral_bf16") == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{name}: recipe 'compressed-tensors': 1/8192 codes differ (first at [0, 5]), 0 scales differ"
-    assert "no known recipe reproduces the bytes, 'compressed-tensors' comes closest (1 mismatches)" in lines[-1]
-    assert lines[-1].endswith("MISMATCH in 1 layers")
+    assert lines[0] == f"{name}: recipe 'compressed-tensors': 1 code of 8192 differs (first at [0, 5]), 0 scales differ"
+    assert "no known recipe reproduces the bytes, 'compressed-tensors' comes closest (1 mismatch)" in lines[-1]
+    assert lines[-1].endswith("MISMATCH in 1 layer")
 
 
 def test_original_experts_are_read_per_block_not_held():
