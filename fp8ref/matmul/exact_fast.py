@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import threading
 from contextlib import contextmanager
+from functools import lru_cache
 
 import numpy as np
 
@@ -48,6 +49,9 @@ _GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it
 _REPAIR_BYTES = 1 << 25  # bytes of repair products (numpy) or terms per repair step
 _DOT_MAX_M = 8  # rows of a the on-the-fly product takes (DOT_MAX_M of _csrc/kernels.h)
 _SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop
+# codes x rows of an M <= 8 product below which it runs on the calling thread: waking the OpenMP team
+# and joining it costs more than the product here (docs/models.md, "The 1-token step")
+_DOT_PARALLEL_MIN = 1 << 23
 
 
 class _NonFinite(Exception):
@@ -60,13 +64,7 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
     record = cb if isinstance(cb, DecodedCodes) else None
     cb = cb.codes if record is not None else cb
     M, K = ca.shape
-    every = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
-    try:
-        pieces = _piece_count(_span(fa, every[0]), _span(fb, every[1]), fa.mantissa_bits, fb.mantissa_bits,
-                              min(bk, K))
-    except ShapeError:
-        return None
-    if pieces != (1, 1):
+    if not _one_piece(fa, fb, min(bk, K)):
         return None
     finite_bias = None if bias is None else np.where(np.isfinite(bias), bias, 0.0)
     try:
@@ -79,6 +77,18 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
     if bias is not None and not np.isfinite(bias).all():  # a non-finite bias is the sum (IEEE)
         result = np.where(~np.isfinite(bias), bias + np.zeros((M, 1)), result)
     return result
+
+
+@lru_cache(maxsize=64)
+def _one_piece(fa: FloatFormat, fb: FloatFormat, k: int) -> bool:
+    """One integer piece per operand suffices for the formats' whole code spans and K-blocks of k
+    (per formats and k, not per call: a decode step makes hundreds of calls)."""
+    every = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
+    try:
+        return _piece_count(_span(fa, every[0]), _span(fb, every[1]), fa.mantissa_bits, fb.mantissa_bits,
+                            k) == (1, 1)
+    except ShapeError:
+        return False
 
 
 # --- operands ------------------------------------------------------------------------------------------
@@ -109,12 +119,15 @@ _WORKSPACE = _Workspace()
 _PARTS = _Workspace()  # the blocked path's per-group GEMM results
 
 
+@lru_cache(maxsize=32)
 def _lut(fmt: FloatFormat) -> np.ndarray:
     """256 float32 values (every value of a format float32 holds is exact there); NaN for NaN/Inf
-    codes and codes past 2**bits, so the decode flags a row that holds one."""
+    codes and codes past 2**bits, so the decode flags a row that holds one. Made once per format
+    (read-only)."""
     v = _code_values(fmt)
     table = np.full(256, np.nan, np.float32)
     table[:fmt.n_codes] = np.where(np.isfinite(v), v, np.nan)
+    table.setflags(write=False)
     return table
 
 
@@ -207,18 +220,20 @@ def _lut_product(A: np.ndarray, cb: np.ndarray, fb: FloatFormat) -> np.ndarray |
     flags = np.empty(w.shape[0], np.uint8)
     table = _lut(fb)
     job = dot_job(A.ctypes.data, w.ctypes.data, table.ctypes.data, T.ctypes.data, flags.ctypes.data, M, K,
-                  w.shape[0], w.strides[0], int(_sign_symmetric(table)))
+                  w.shape[0], w.strides[0], int(_sign_symmetric(fb)))
     parallel("fp8ref_lut_dot", job, w.shape[0], work=w.size * M, split=_SPLIT * threads(),
-             keep=(A, w, table, T, flags))
+             keep=(A, w, table, T, flags), min_work=_DOT_PARALLEL_MIN)
     if flags.any():
         _check_codes(cb, fb, "b")  # codes past 2**bits: FormatError, as on the general path
         raise _NonFinite
     return T
 
 
-def _sign_symmetric(table: np.ndarray) -> bool:
-    """table[c | 0x80] is table[c] with the sign bit flipped for every c < 128 (both NaN counts:
-    the lookup still gives a NaN, which is flagged)."""
+@lru_cache(maxsize=32)
+def _sign_symmetric(fmt: FloatFormat) -> bool:
+    """_lut(fmt)[c | 0x80] is _lut(fmt)[c] with the sign bit flipped for every c < 128 (both NaN
+    counts: the lookup still gives a NaN, which is flagged)."""
+    table = _lut(fmt)
     lo, hi = table[:128], table[128:]
     return bool(np.all((hi.view(np.uint32) == lo.view(np.uint32) ^ np.uint32(0x80000000))
                        | (np.isnan(lo) & np.isnan(hi))))
