@@ -62,7 +62,7 @@ epi_job = _struct("epi_job", [(n, _vp) for n in ("t", "out", "unsure", "sa", "sb
 bsum_job = _struct("bsum_job", [(n, _vp) for n in ("a", "aT", "b", "va", "vb", "mi", "ni", "sums")]
                    + [(n, _i64) for n in ("M", "K", "E", "bk", "b_rs", "b_cs")])
 dot_job = _struct("dot_job", [(n, _vp) for n in ("a", "w", "lut", "t", "flags")]
-                  + [(n, _i64) for n in ("M", "K", "N", "w_rs", "sym")])
+                  + [(n, _i64) for n in ("M", "K", "N", "w_rs", "sym", "bk")])
 _STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job, dec_job, epi_job, bsum_job,
             dot_job)
 

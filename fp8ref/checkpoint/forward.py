@@ -60,7 +60,7 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
                               f"{list(layer.shape)}")
     # the layer's scales, bias and input recipe: read once per record (a decode step calls every layer
     # once per token: re-reading them from the file was a fixed cost of every call), else per call
-    parts = _linear_parts(layer) if weight is None else weight.cached(("layer_parts",), lambda: _linear_parts(layer))
+    parts = _linear_parts(layer) if weight is None else weight.noted("layer_parts", lambda: _linear_parts(layer))
     weight_scale, input_scale, bias, recipe = parts
     if recipe is not None:
         mm_options = {"input_recipe": recipe, **mm_options}

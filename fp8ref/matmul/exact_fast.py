@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -354,8 +354,9 @@ def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.nd
     the undecided elements exactly (module docstring)."""
     M, K = ca.shape
     kb = sa.shape[1]
+    ca = np.ascontiguousarray(ca)
     a_norms = np.zeros((M, kb))
-    A = _values(np.ascontiguousarray(ca), fa, "a", (sa, 1, bk), (a_norms, 1, bk))  # a' = a * sa: exact
+    A = _values(ca, fa, "a", (sa, 1, bk), (a_norms, 1, bk))  # a' = a * sa: exact
     gk = max(1, _GROUP_K // bk) * bk  # K of each GEMM: whole scale blocks
     # |y - x| <= gamma_n (|bias| + S), n = gk + ng + 1 (gk products and additions per GEMM, any
     # order, FMA or not; the ng GEMM results and the bias added); S <= norm (Cauchy-Schwarz per scale
@@ -363,8 +364,16 @@ def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.nd
     # bound itself are below the exact ones by a relative (bk + kb + 8) u at most: the factor
     # 1 + 4 (n + bk + kb + 8) u covers both
     n = min(gk, K) + -(-K // gk) + 1
+    lut = _lut_block_parts(ca, fa, cb, fb, record, sa, sb, bk)
+    if lut is not None:  # kb parts, each rounded once, and the bias added: gamma_(kb + 2) covers them too
+        n = max(n, kb + 2)
     slack = n * 2.0 ** -53 * (1 + 4 * (n + bk + kb + 8) * 2.0 ** -53)
-    with _b_values(cb, fb, record, bk, sb) as (B, b_norms), _group_products(A, B, gk) as parts:  # b' = b * sb
+    with ExitStack() as held:
+        if lut is not None:
+            parts, b_norms = lut
+        else:
+            B, b_norms = held.enter_context(_b_values(cb, fb, record, bk, sb))  # b' = b * sb
+            parts = held.enter_context(_group_products(A, B, gk))
         norm = _gemm(np.sqrt(a_norms), np.sqrt(b_norms))
         if kernels() is not None and not isinstance(out, CodeOut):
             c, unsure = _epilogue(parts, 1, out, finite_bias, norm=norm, slack=slack)  # sums the parts too
@@ -380,6 +389,42 @@ def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.nd
         unsure = np.nonzero(~sure)
         c[unsure] = _overflow(_repair(ca, fa, cb, fb, sa, sb, bk, finite_bias, unsure, out), out)
     return c
+
+
+def _lut_block_parts(ca, fa, cb, fb, record, sa, sb, bk: int):
+    """(parts, b_norms) of the blocked model for a few rows (M <= DOT_MAX_M: a decode step) of a
+    weight held in a ``DecodedCodes`` record (its transposed view, (N, K) codes row-major), without
+    decoding the weight: parts[blk] = fl(sa[:, blk] sb[blk] T_blk), T_blk the K-block's sum of
+    products of the unscaled values (the lookup loop, each row's blocks in turn: exact, one piece
+    per K-block, any order),
+    the scale product exact, so each part is within u of its exact value; b's block norms are
+    per weight and scales, made once and kept on the record. None where it does not apply."""
+    M, K = ca.shape
+    w = cb.T
+    if (record is None or kernels() is None or not 0 < M <= _DOT_MAX_M or not w.flags.c_contiguous
+            or not cb.size):
+        return None
+    kb, N = sa.shape[1], w.shape[0]
+    A = _values(ca, fa, "a")
+    T = np.empty((kb, M, N))
+    flags = np.empty(N, np.uint8)
+    table = _lut(fb)
+    job = dot_job(A.ctypes.data, w.ctypes.data, table.ctypes.data, T.ctypes.data, flags.ctypes.data, M, K, N,
+                  w.strides[0], int(_sign_symmetric(fb)), bk)
+    parallel("fp8ref_lut_dot", job, N, work=w.size * M, split=_SPLIT * threads(), keep=(A, w, table, T, flags),
+             min_work=_DOT_PARALLEL_MIN)
+    if flags.any():
+        _check_codes(cb, fb, "b")  # codes past 2**bits: FormatError, as on the general path
+        raise _NonFinite
+    T *= np.asarray(sa).T[:, :, None] * np.asarray(sb)[:, None, :]  # the scale products: exact
+    return T, record.cached(("b_norms", bk, sb.tobytes()), lambda: _b_norms(cb, fb, bk, sb))
+
+
+def _b_norms(cb, fb, bk: int, sb) -> np.ndarray:
+    """b's (KB, N) squared block norms of b * sb, as _decode_b computes them (the values decoded
+    into the workspace and dropped)."""
+    with _WORKSPACE.take(cb.size) as buf:
+        return np.ascontiguousarray(_decode_b(cb, fb, bk, sb, buf)[1])
 
 
 @contextmanager
