@@ -49,9 +49,10 @@ _GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it
 _REPAIR_BYTES = 1 << 25  # bytes of repair products (numpy) or terms per repair step
 _DOT_MAX_M = 8  # rows of a the on-the-fly product takes (DOT_MAX_M of _csrc/kernels.h)
 _SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop
-# codes x rows of an M <= 8 product below which it runs on the calling thread: waking the OpenMP team
-# and joining it costs more than the product here (docs/models.md, "The 1-token step")
-_DOT_PARALLEL_MIN = 1 << 23
+# codes x rows of an M <= 8 product below which it runs on the calling thread (a 512 x 2048 k_proj):
+# on a loaded machine waking and joining the OpenMP team costs more than such a product; larger ones
+# gain from the team (docs/models.md, "The 1-token step")
+_DOT_PARALLEL_MIN = 1 << 21
 
 
 class _NonFinite(Exception):
