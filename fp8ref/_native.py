@@ -62,7 +62,7 @@ epi_job = _struct("epi_job", [(n, _vp) for n in ("t", "out", "unsure", "sa", "sb
 bsum_job = _struct("bsum_job", [(n, _vp) for n in ("a", "aT", "b", "va", "vb", "mi", "ni", "sums")]
                    + [(n, _i64) for n in ("M", "K", "E", "bk", "b_rs", "b_cs")])
 dot_job = _struct("dot_job", [(n, _vp) for n in ("a", "w", "lut", "t", "flags")]
-                  + [(n, _i64) for n in ("M", "K", "N", "w_rs", "sym")])
+                  + [(n, _i64) for n in ("M", "K", "N", "w_rs", "sym", "bk")])
 _STRUCTS = (enc_params, rne_params, ew_job, amax_job, quant_job, mm_job, hw_job, dec_job, epi_job, bsum_job,
             dot_job)
 
@@ -299,11 +299,12 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def parallel(task: str, job: ctypes.Structure, n: int, *, work: int | None = None, split: int | None = None,
-             keep=None) -> None:
+             keep=None, min_work: int = _PARALLEL_MIN) -> None:
     """Run the C task ``task(job, lo, hi)`` over units [0, n), in ``split`` pieces (default: one per
-    thread) once ``work`` (default n) reaches the threshold. ``keep``: arrays the job points into."""
+    thread) once ``work`` (default n) reaches ``min_work``; below it on the calling thread.
+    ``keep``: arrays the job points into."""
     lib = kernels()
-    w = threads() if (n if work is None else work) >= _PARALLEL_MIN else 1
+    w = threads() if (n if work is None else work) >= min_work else 1
     pieces = max(1, min(n, split or w))
     fn = getattr(lib, task)
     if w > 1 and pieces > 1 and openmp_runtime() is not None:

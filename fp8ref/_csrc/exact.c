@@ -134,65 +134,77 @@ void fp8ref_decode_f64(const dec_job *j, size_t lo, size_t hi) {
 /* Every product and every partial sum is an integer times 2**g below 2**53 (the fast path's
  * condition), so the sum is exact in any order, fused or not: the bytes of t equal the GEMM's on the
  * decoded weight. Per row n of w, K codes are read once (1 byte each, not 8 of a float64 copy). */
-static int dot_row(const dot_job *j, int64_t n, int64_t k0) {
+/* out[m, n] += the sum over k in [k0, k1) of row n (m < M); 1 where a looked-up value is NaN. */
+static int dot_tail(const dot_job *j, int64_t n, int64_t k0, int64_t k1, double *out) {
     const uint8_t *w = j->w + n * j->w_rs;
     int bad = 0;
     for (int64_t m = 0; m < j->M; m++) {
         const double *a = j->a + m * j->K;
         double s = 0.0;
-        for (int64_t k = k0; k < j->K; k++) {
+        for (int64_t k = k0; k < k1; k++) {
             double v = j->lut[w[k]];
             bad |= v != v;
             s += a[k] * v;
         }
-        j->t[m * j->N + n] += s;
+        out[m * j->N + n] += s;
     }
     return bad;
 }
 
+/* K-block length of the job: its sums are kept apart per block (t's leading axis). */
+FP8REF_INLINE int64_t dot_block(const dot_job *j) { return j->bk > 0 && j->bk < j->K ? j->bk : j->K; }
+
 #if defined(__x86_64__) && defined(__GNUC__)
 /* 16 codes per step, looked up as decode_row_avx512 does (permutes and a blend tree, no gathers);
- * a table symmetric in the sign bit (sym) needs half the permutes: the magnitude, then the sign. */
+ * a table symmetric in the sign bit (sym) needs half the permutes: the magnitude, then the sign.
+ * Each row's K-blocks one after the other: the row's codes are read once, in order. */
 __attribute__((target("avx512f"))) static void dot_rows_avx512(const dot_job *j, int64_t n0, int64_t n1) {
     __m512 t[16];
     for (int p = 0; p < 16; p++) t[p] = _mm512_loadu_ps(j->lut + 16 * p);
-    const int64_t M = j->M, K16 = j->K - j->K % 16;
+    const int64_t M = j->M, L = dot_block(j);
     const int sym = j->sym != 0;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *w = j->w + n * j->w_rs;
-        __m512d acc[DOT_MAX_M];
-        for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_pd();
-        __mmask16 nan = 0;
-        for (int64_t k = 0; k < K16; k += 16) {
-            __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k)));
-            __m512 r8[8], v;
-            __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
-            __mmask16 b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
-            if (sym) { /* the magnitude's 128 entries, then bit 7 moved to the float's sign */
-                for (int p = 0; p < 4; p++) r8[p] = _mm512_permutex2var_ps(t[2 * p], idx, t[2 * p + 1]);
-                r8[0] = _mm512_mask_blend_ps(b5, r8[0], r8[1]);
-                r8[1] = _mm512_mask_blend_ps(b5, r8[2], r8[3]);
-                __m512i sign = _mm512_slli_epi32(_mm512_and_si512(idx, _mm512_set1_epi32(128)), 24);
-                v = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mask_blend_ps(b6, r8[0], r8[1])),
-                                                         sign));
-            } else {
-                for (int p = 0; p < 8; p++) r8[p] = _mm512_permutex2var_ps(t[2 * p], idx, t[2 * p + 1]);
-                __mmask16 b7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
-                for (int p = 0; p < 4; p++) r8[p] = _mm512_mask_blend_ps(b5, r8[2 * p], r8[2 * p + 1]);
-                for (int p = 0; p < 2; p++) r8[p] = _mm512_mask_blend_ps(b6, r8[2 * p], r8[2 * p + 1]);
-                v = _mm512_mask_blend_ps(b7, r8[0], r8[1]);
+        int bad = 0;
+        for (int64_t b0 = 0, blk = 0; b0 < j->K || b0 == 0; b0 += L, blk++) {
+            const int64_t b1 = j->K - b0 < L ? j->K : b0 + L, e16 = b0 + (b1 - b0) / 16 * 16;
+            double *out = j->t + blk * M * j->N;
+            __m512d acc[DOT_MAX_M];
+            for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_pd();
+            __mmask16 nan = 0;
+            for (int64_t k = b0; k < e16; k += 16) {
+                __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k)));
+                __m512 r8[8], v;
+                __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+                __mmask16 b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
+                if (sym) { /* the magnitude's 128 entries, then bit 7 moved to the float's sign */
+                    for (int p = 0; p < 4; p++) r8[p] = _mm512_permutex2var_ps(t[2 * p], idx, t[2 * p + 1]);
+                    r8[0] = _mm512_mask_blend_ps(b5, r8[0], r8[1]);
+                    r8[1] = _mm512_mask_blend_ps(b5, r8[2], r8[3]);
+                    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(idx, _mm512_set1_epi32(128)), 24);
+                    v = _mm512_castsi512_ps(_mm512_xor_si512(
+                        _mm512_castps_si512(_mm512_mask_blend_ps(b6, r8[0], r8[1])), sign));
+                } else {
+                    for (int p = 0; p < 8; p++) r8[p] = _mm512_permutex2var_ps(t[2 * p], idx, t[2 * p + 1]);
+                    __mmask16 b7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
+                    for (int p = 0; p < 4; p++) r8[p] = _mm512_mask_blend_ps(b5, r8[2 * p], r8[2 * p + 1]);
+                    for (int p = 0; p < 2; p++) r8[p] = _mm512_mask_blend_ps(b6, r8[2 * p], r8[2 * p + 1]);
+                    v = _mm512_mask_blend_ps(b7, r8[0], r8[1]);
+                }
+                nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+                __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+                for (int64_t m = 0; m < M; m++) {
+                    const double *a = j->a + m * j->K + k;
+                    acc[m] = _mm512_fmadd_pd(d0, _mm512_loadu_pd(a), acc[m]);
+                    acc[m] = _mm512_fmadd_pd(d1, _mm512_loadu_pd(a + 8), acc[m]);
+                }
             }
-            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-            __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-            for (int64_t m = 0; m < M; m++) {
-                const double *a = j->a + m * j->K + k;
-                acc[m] = _mm512_fmadd_pd(d0, _mm512_loadu_pd(a), acc[m]);
-                acc[m] = _mm512_fmadd_pd(d1, _mm512_loadu_pd(a + 8), acc[m]);
-            }
+            for (int64_t m = 0; m < M; m++) out[m * j->N + n] = _mm512_reduce_add_pd(acc[m]);
+            bad |= (nan != 0) | dot_tail(j, n, e16, b1, out);
+            if (j->K == 0) break;
         }
-        for (int64_t m = 0; m < M; m++) j->t[m * j->N + n] = _mm512_reduce_add_pd(acc[m]);
-        j->flags[n] = (uint8_t)((nan != 0) | dot_row(j, n, K16));
+        j->flags[n] = (uint8_t)bad;
     }
 }
 #endif
@@ -205,9 +217,16 @@ void fp8ref_lut_dot(const dot_job *j, size_t lo, size_t hi) {
         return;
     }
 #endif
+    const int64_t L = dot_block(j);
     for (size_t n = lo; n < hi; n++) {
-        for (int64_t m = 0; m < j->M; m++) j->t[m * j->N + n] = 0.0;
-        j->flags[n] = (uint8_t)dot_row(j, (int64_t)n, 0);
+        int bad = 0;
+        for (int64_t b0 = 0, blk = 0; b0 < j->K || b0 == 0; b0 += L, blk++) {
+            double *out = j->t + blk * j->M * j->N;
+            for (int64_t m = 0; m < j->M; m++) out[m * j->N + (int64_t)n] = 0.0;
+            bad |= dot_tail(j, (int64_t)n, b0, j->K - b0 < L ? j->K : b0 + L, out);
+            if (j->K == 0) break;
+        }
+        j->flags[n] = (uint8_t)bad;
     }
 }
 

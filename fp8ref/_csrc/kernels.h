@@ -138,16 +138,17 @@ typedef struct { /* exact K-block sums of chosen elements (exact.c); tasks are r
     int64_t M, K, E, bk, b_rs, b_cs;
 } bsum_job;
 
-typedef struct { /* t[m, n] = sum_k a[m, k] * lut[w[n, k]] (exact.c): the exact fast path's product
-                  * for a few rows of a, each weight code looked up as it is read (no float64 copy of w);
-                  * tasks are ranges of n */
+typedef struct { /* t[b, m, n] = sum_(k in K-block b) a[m, k] * lut[w[n, k]] (exact.c): the exact fast
+                  * path's product for a few rows of a, each weight code looked up as it is read (no
+                  * float64 copy of w); tasks are ranges of n */
     const double *a;      /* M x K values, row-major */
     const uint8_t *w;     /* N x K codes, row stride w_rs, columns contiguous */
     const float *lut;     /* 256 values (exact in float32); NaN for the codes the caller must not use */
-    double *t;            /* M x N, row-major */
+    double *t;            /* ceil(K / bk) x M x N, row-major (one block: M x N) */
     uint8_t *flags;       /* per n: 1 when row n of w holds a NaN value */
     int64_t M, K, N, w_rs;
     int64_t sym;          /* 1: lut[c | 0x80] is lut[c] with its sign flipped (c < 128): 128 entries looked up */
+    int64_t bk;           /* K-block length whose sums are kept apart (block-scaled weights); 0: all of K */
 } dot_job;
 #define DOT_MAX_M 8 /* rows of a per call (the accumulators stay in registers) */
 

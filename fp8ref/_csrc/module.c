@@ -142,7 +142,7 @@ static const fp8ref_field layout[] = {
     FIELD(bsum_job, K), FIELD(bsum_job, E), FIELD(bsum_job, bk), FIELD(bsum_job, b_rs), FIELD(bsum_job, b_cs),
     STRUCT(dot_job), FIELD(dot_job, a), FIELD(dot_job, w), FIELD(dot_job, lut), FIELD(dot_job, t),
     FIELD(dot_job, flags), FIELD(dot_job, M), FIELD(dot_job, K), FIELD(dot_job, N), FIELD(dot_job, w_rs),
-    FIELD(dot_job, sym),
+    FIELD(dot_job, sym), FIELD(dot_job, bk),
 };
 
 /* The table above (its entries through *n): each struct's sizeof, then its fields in declaration order. */

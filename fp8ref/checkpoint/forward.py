@@ -55,19 +55,32 @@ def layer_forward(layer, x, *, mode: str = "reference", out_dtype=None, accumula
     if q.input is None:
         raise CheckpointError(f"{layer.name}: weight-only layer; a W8A8 forward needs quantized inputs")
     static = q.input == "static"
-    if not static:
-        recipe = base.get(layer.producer).input_recipe(layer.entry)
-        if recipe is not None:
-            mm_options = {"input_recipe": recipe, **mm_options}
     if weight is not None and weight.codes.shape != tuple(layer.shape):
         raise CheckpointError(f"{layer.name}: weight codes of shape {list(weight.codes.shape)}, the layer's "
                               f"{list(layer.shape)}")
-    return linear(x, layer.weight_codes if weight is None else weight,
-                  np.asarray(layer.weight_scale).astype(np.float32),
-                  input_scale=np.asarray(layer.input_scale).astype(np.float32) if static else None,
+    # the layer's scales, bias and input recipe: read once per record (a decode step calls every layer
+    # once per token: re-reading them from the file was a fixed cost of every call), else per call
+    parts = _linear_parts(layer) if weight is None else weight.noted("layer_parts", lambda: _linear_parts(layer))
+    weight_scale, input_scale, bias, recipe = parts
+    if recipe is not None:
+        mm_options = {"input_recipe": recipe, **mm_options}
+    return linear(x, layer.weight_codes if weight is None else weight, weight_scale, input_scale=input_scale,
                   dynamic=None if static else q.input.removeprefix("dynamic-"),
-                  bias=layer.bias, fmt=q.weight_fmt, out_dtype=out_dtype, block_k=block_k, block_n=block_n,
+                  bias=bias, fmt=q.weight_fmt, out_dtype=out_dtype, block_k=block_k, block_n=block_n,
                   accumulate=accumulate, **mm_options)
+
+
+def _linear_parts(layer) -> tuple:
+    """(float32 weight scale, float32 input scale or None, bias, input recipe or None) of an FP8 layer's
+    reference forward, read from the checkpoint (read-only arrays)."""
+    static = layer.quant.input == "static"
+    recipe = None if static else base.get(layer.producer).input_recipe(layer.entry)
+    parts = (np.asarray(layer.weight_scale).astype(np.float32),
+             np.asarray(layer.input_scale).astype(np.float32) if static else None, layer.bias)
+    for a in parts:
+        if isinstance(a, np.ndarray):
+            a.setflags(write=False)
+    return (*parts, recipe)
 
 
 def quantize_block_input(layer, x):

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from functools import lru_cache
 
 import numpy as np
 
@@ -48,6 +49,10 @@ _GROUP_K = 1024  # K of each GEMM of the blocked path: the bound shrinks with it
 _REPAIR_BYTES = 1 << 25  # bytes of repair products (numpy) or terms per repair step
 _DOT_MAX_M = 8  # rows of a the on-the-fly product takes (DOT_MAX_M of _csrc/kernels.h)
 _SPLIT = 8  # tasks per thread of the C loops: a descheduled thread delays one small task, not half the loop
+# codes x rows of an M <= 8 product below which it runs on the calling thread (a 512 x 2048 k_proj):
+# on a loaded machine waking and joining the OpenMP team costs more than such a product; larger ones
+# gain from the team (docs/models.md, "The 1-token step")
+_DOT_PARALLEL_MIN = 1 << 21
 
 
 class _NonFinite(Exception):
@@ -60,13 +65,7 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
     record = cb if isinstance(cb, DecodedCodes) else None
     cb = cb.codes if record is not None else cb
     M, K = ca.shape
-    every = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
-    try:
-        pieces = _piece_count(_span(fa, every[0]), _span(fb, every[1]), fa.mantissa_bits, fb.mantissa_bits,
-                              min(bk, K))
-    except ShapeError:
-        return None
-    if pieces != (1, 1):
+    if not _one_piece(fa, fb, min(bk, K)):
         return None
     finite_bias = None if bias is None else np.where(np.isfinite(bias), bias, 0.0)
     try:
@@ -79,6 +78,18 @@ def _fast_exact(ca, cb, fa: FloatFormat, fb: FloatFormat, sa, sb, bk: int, bias,
     if bias is not None and not np.isfinite(bias).all():  # a non-finite bias is the sum (IEEE)
         result = np.where(~np.isfinite(bias), bias + np.zeros((M, 1)), result)
     return result
+
+
+@lru_cache(maxsize=64)
+def _one_piece(fa: FloatFormat, fb: FloatFormat, k: int) -> bool:
+    """One integer piece per operand suffices for the formats' whole code spans and K-blocks of k
+    (per formats and k, not per call: a decode step makes hundreds of calls)."""
+    every = np.ones(fa.n_codes, bool), np.ones(fb.n_codes, bool)
+    try:
+        return _piece_count(_span(fa, every[0]), _span(fb, every[1]), fa.mantissa_bits, fb.mantissa_bits,
+                            k) == (1, 1)
+    except ShapeError:
+        return False
 
 
 # --- operands ------------------------------------------------------------------------------------------
@@ -109,12 +120,15 @@ _WORKSPACE = _Workspace()
 _PARTS = _Workspace()  # the blocked path's per-group GEMM results
 
 
+@lru_cache(maxsize=32)
 def _lut(fmt: FloatFormat) -> np.ndarray:
     """256 float32 values (every value of a format float32 holds is exact there); NaN for NaN/Inf
-    codes and codes past 2**bits, so the decode flags a row that holds one."""
+    codes and codes past 2**bits, so the decode flags a row that holds one. Made once per format
+    (read-only)."""
     v = _code_values(fmt)
     table = np.full(256, np.nan, np.float32)
     table[:fmt.n_codes] = np.where(np.isfinite(v), v, np.nan)
+    table.setflags(write=False)
     return table
 
 
@@ -207,18 +221,20 @@ def _lut_product(A: np.ndarray, cb: np.ndarray, fb: FloatFormat) -> np.ndarray |
     flags = np.empty(w.shape[0], np.uint8)
     table = _lut(fb)
     job = dot_job(A.ctypes.data, w.ctypes.data, table.ctypes.data, T.ctypes.data, flags.ctypes.data, M, K,
-                  w.shape[0], w.strides[0], int(_sign_symmetric(table)))
+                  w.shape[0], w.strides[0], int(_sign_symmetric(fb)))
     parallel("fp8ref_lut_dot", job, w.shape[0], work=w.size * M, split=_SPLIT * threads(),
-             keep=(A, w, table, T, flags))
+             keep=(A, w, table, T, flags), min_work=_DOT_PARALLEL_MIN)
     if flags.any():
         _check_codes(cb, fb, "b")  # codes past 2**bits: FormatError, as on the general path
         raise _NonFinite
     return T
 
 
-def _sign_symmetric(table: np.ndarray) -> bool:
-    """table[c | 0x80] is table[c] with the sign bit flipped for every c < 128 (both NaN counts:
-    the lookup still gives a NaN, which is flagged)."""
+@lru_cache(maxsize=32)
+def _sign_symmetric(fmt: FloatFormat) -> bool:
+    """_lut(fmt)[c | 0x80] is _lut(fmt)[c] with the sign bit flipped for every c < 128 (both NaN
+    counts: the lookup still gives a NaN, which is flagged)."""
+    table = _lut(fmt)
     lo, hi = table[:128], table[128:]
     return bool(np.all((hi.view(np.uint32) == lo.view(np.uint32) ^ np.uint32(0x80000000))
                        | (np.isnan(lo) & np.isnan(hi))))
@@ -339,8 +355,9 @@ def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.nd
     the undecided elements exactly (module docstring)."""
     M, K = ca.shape
     kb = sa.shape[1]
+    ca = np.ascontiguousarray(ca)
     a_norms = np.zeros((M, kb))
-    A = _values(np.ascontiguousarray(ca), fa, "a", (sa, 1, bk), (a_norms, 1, bk))  # a' = a * sa: exact
+    A = _values(ca, fa, "a", (sa, 1, bk), (a_norms, 1, bk))  # a' = a * sa: exact
     gk = max(1, _GROUP_K // bk) * bk  # K of each GEMM: whole scale blocks
     # |y - x| <= gamma_n (|bias| + S), n = gk + ng + 1 (gk products and additions per GEMM, any
     # order, FMA or not; the ng GEMM results and the bias added); S <= norm (Cauchy-Schwarz per scale
@@ -348,8 +365,16 @@ def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.nd
     # bound itself are below the exact ones by a relative (bk + kb + 8) u at most: the factor
     # 1 + 4 (n + bk + kb + 8) u covers both
     n = min(gk, K) + -(-K // gk) + 1
+    lut = _lut_block_parts(ca, fa, cb, fb, record, sa, sb, bk)
+    if lut is not None:  # kb parts, each rounded once, and the bias added: gamma_(kb + 2) covers them too
+        n = max(n, kb + 2)
     slack = n * 2.0 ** -53 * (1 + 4 * (n + bk + kb + 8) * 2.0 ** -53)
-    with _b_values(cb, fb, record, bk, sb) as (B, b_norms), _group_products(A, B, gk) as parts:  # b' = b * sb
+    with ExitStack() as held:
+        if lut is not None:
+            parts, b_norms = lut
+        else:
+            B, b_norms = held.enter_context(_b_values(cb, fb, record, bk, sb))  # b' = b * sb
+            parts = held.enter_context(_group_products(A, B, gk))
         norm = _gemm(np.sqrt(a_norms), np.sqrt(b_norms))
         if kernels() is not None and not isinstance(out, CodeOut):
             c, unsure = _epilogue(parts, 1, out, finite_bias, norm=norm, slack=slack)  # sums the parts too
@@ -365,6 +390,42 @@ def _blocked(ca, fa, cb, fb, record, sa, sb, bk: int, finite_bias, out) -> np.nd
         unsure = np.nonzero(~sure)
         c[unsure] = _overflow(_repair(ca, fa, cb, fb, sa, sb, bk, finite_bias, unsure, out), out)
     return c
+
+
+def _lut_block_parts(ca, fa, cb, fb, record, sa, sb, bk: int):
+    """(parts, b_norms) of the blocked model for a few rows (M <= DOT_MAX_M: a decode step) of a
+    weight held in a ``DecodedCodes`` record (its transposed view, (N, K) codes row-major), without
+    decoding the weight: parts[blk] = fl(sa[:, blk] sb[blk] T_blk), T_blk the K-block's sum of
+    products of the unscaled values (the lookup loop, each row's blocks in turn: exact, one piece
+    per K-block, any order),
+    the scale product exact, so each part is within u of its exact value; b's block norms are
+    per weight and scales, made once and kept on the record. None where it does not apply."""
+    M, K = ca.shape
+    w = cb.T
+    if (record is None or kernels() is None or not 0 < M <= _DOT_MAX_M or not w.flags.c_contiguous
+            or not cb.size):
+        return None
+    kb, N = sa.shape[1], w.shape[0]
+    A = _values(ca, fa, "a")
+    T = np.empty((kb, M, N))
+    flags = np.empty(N, np.uint8)
+    table = _lut(fb)
+    job = dot_job(A.ctypes.data, w.ctypes.data, table.ctypes.data, T.ctypes.data, flags.ctypes.data, M, K, N,
+                  w.strides[0], int(_sign_symmetric(fb)), bk)
+    parallel("fp8ref_lut_dot", job, N, work=w.size * M, split=_SPLIT * threads(), keep=(A, w, table, T, flags),
+             min_work=_DOT_PARALLEL_MIN)
+    if flags.any():
+        _check_codes(cb, fb, "b")  # codes past 2**bits: FormatError, as on the general path
+        raise _NonFinite
+    T *= np.asarray(sa).T[:, :, None] * np.asarray(sb)[:, None, :]  # the scale products: exact
+    return T, record.cached(("b_norms", bk, sb.tobytes()), lambda: _b_norms(cb, fb, bk, sb))
+
+
+def _b_norms(cb, fb, bk: int, sb) -> np.ndarray:
+    """b's (KB, N) squared block norms of b * sb, as _decode_b computes them (the values decoded
+    into the workspace and dropped)."""
+    with _WORKSPACE.take(cb.size) as buf:
+        return np.ascontiguousarray(_decode_b(cb, fb, bk, sb, buf)[1])
 
 
 @contextmanager

@@ -31,10 +31,11 @@ class DecodedCodes:
 
     Memory: 8 bytes per code (float64) per kept form, held as long as the record lives; only the
     latest form of each kind is kept. The codes are copied (read-only): changing the caller's
-    array later cannot make the kept values stale. ``keep=False``: the record holds the codes only
-    (1 byte each) and every call derives what it needs again, in a reused workspace."""
+    array later cannot make the kept values stale. ``keep=False``: the record holds the codes
+    (1 byte each) and every call derives what it needs again, in a reused workspace; a few-row call
+    (M <= 8) with K-blocked scales keeps the (KB, N) block norms of b (8 bytes per block of codes)."""
 
-    def __init__(self, codes, fmt=None, *, keep: bool = True, _cache=None, _transposed=False):
+    def __init__(self, codes, fmt=None, *, keep: bool = True, _cache=None, _transposed=False, _notes=None):
         if _cache is None:
             codes, fmt = _operand(codes, fmt, "codes")
             codes = codes.copy()
@@ -42,12 +43,13 @@ class DecodedCodes:
         self.codes, self.fmt = codes, fmt
         self.keep = keep
         self._cache = {} if _cache is None else _cache
+        self._notes = {} if _notes is None else _notes
         self._transposed = _transposed
 
     @property
     def T(self) -> DecodedCodes:
         return DecodedCodes(self.codes.T, self.fmt, keep=self.keep, _cache=self._cache,
-                            _transposed=not self._transposed)
+                            _transposed=not self._transposed, _notes=self._notes)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -57,6 +59,13 @@ class DecodedCodes:
     def nbytes_kept(self) -> int:
         """Bytes held by the kept forms."""
         return sum(a.nbytes for _, v in self._cache.values() for a in _arrays_in(v))
+
+    def noted(self, key, make):
+        """make() once per key, held with the codes and not counted as a kept form: the small
+        things the codes come with (a layer's scales and bias, read from its checkpoint once)."""
+        if key not in self._notes:
+            self._notes[key] = make()
+        return self._notes[key]
 
     def cached(self, key: tuple, make):
         """make() once per key (per orientation: the kind is key[0] and the transposition); a new

@@ -188,6 +188,50 @@ def test_long_k_and_many_blocks(p):
     assert_same(fast, general, p["out"])
 
 
+def weight_record(b: np.ndarray):
+    """b (K, N) as linear gives a weight record to the exact model: the transposed view of a
+    ``DecodedCodes`` of the (N, K) codes, row-major (the layout of the few-row lookup product)."""
+    from fp8ref.matmul import DecodedCodes
+
+    return DecodedCodes(np.ascontiguousarray(b.T), keep=False).T
+
+
+@SETTINGS
+@given(problems(max_k=300))
+def test_few_row_lookup_product_of_a_weight_record_equals_general_path(p):
+    """M <= 8 with a weight record: the lookup loop (per K-block sums for blocked scales, each
+    row's blocks in turn) against the general path, every layout, bias and output."""
+    sa, sb, bk = _canonical_scales(p["sa"].astype(np.float64), p["sb"].astype(np.float64), p["a"].shape[0],
+                                   p["a"].shape[1], p["b"].shape[1], p["bk"], p["bn"])
+    rest = (sa, sb, bk, p["bias"], p["out"])
+    fa, fb = FORMATS[p["fa"]], FORMATS[p["fb"]]
+    assert_same(_fast_exact(p["a"], weight_record(p["b"]), fa, fb, *rest), _exact(p["a"], p["b"], fa, fb, *rest),
+                p["out"])
+
+
+def test_a_blocked_decode_step_uses_the_lookup_product_and_keeps_only_block_norms(monkeypatch):
+    """K-blocked scales at M = 1 with a weight record: no whole decode per call (the block norms of b
+    decoded once and kept, (KB, N) float64), the same bits as the plain codes' GEMM path."""
+    if exact_fast.kernels() is None:
+        pytest.skip("the lookup product is a C loop")
+    rng = np.random.default_rng(3)
+    K, N, bk = 1000, 70, 128  # K not a multiple of the block: a short last block
+    b = rng.integers(0, 0x7F, (K, N), dtype=np.uint8) ^ rng.choice([0, 0x80], (K, N)).astype(np.uint8)
+    a = rng.integers(0, 0x7F, (1, K), dtype=np.uint8)
+    kb = -(-K // bk)
+    sa = rng.uniform(0.5, 2, (1, kb)).astype(np.float32).astype(np.float64)
+    sb = np.repeat(rng.uniform(0.5, 2, (kb, 1)).astype(np.float32).astype(np.float64), N, axis=1)
+    e4, out = FORMATS["float8_e4m3fn"], OUT_FORMATS["bfloat16"]
+    decodes = []
+    real = exact_fast._decode_b
+    monkeypatch.setattr(exact_fast, "_decode_b", lambda *x: decodes.append(1) or real(*x))
+    rec = weight_record(b)
+    want = _exact(a, b, e4, e4, sa, sb, bk, None, out)
+    for _ in range(3):
+        np.testing.assert_array_equal(bits(_fast_exact(a, rec, e4, e4, sa, sb, bk, None, out)), bits(want))
+    assert len(decodes) == 1 and rec.nbytes_kept == 8 * kb * N
+
+
 @pytest.mark.parametrize("fa, fb, K", [("float8_e5m2", "float8_e5m2", 4), ("float8_e5m2", "float8_e4m3fn", 9),
                                        ("float8_e4m3fn", "float8_e4m3fn", 2 ** 17 + 1)])
 def test_declines_where_one_piece_does_not_cover_the_formats(fa, fb, K):
