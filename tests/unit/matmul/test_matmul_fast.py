@@ -232,6 +232,31 @@ def test_a_blocked_decode_step_uses_the_lookup_product_and_keeps_only_block_norm
     assert len(decodes) == 1 and rec.nbytes_kept == 8 * kb * N
 
 
+@pytest.mark.parametrize("bk", [None, 128])
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_the_portable_lookup_and_decode_loops_give_the_same_bits(monkeypatch, M, bk):
+    """FP8REF_NO_AVX512 (read at each call) runs the C loops' portable lookup product and decode,
+    which a CPU without AVX-512 runs: the same bits as the general path, with and without K-blocks."""
+    if exact_fast.kernels() is None:
+        pytest.skip("the lookup product is a C loop")
+    rng = np.random.default_rng(M)
+    K, N = 1000, 37  # K not a multiple of 16 nor of the block: every tail runs
+    b = rng.integers(0, 0x7F, (K, N), dtype=np.uint8) ^ rng.choice([0, 0x80], (K, N)).astype(np.uint8)
+    a = rng.integers(0, 0x7F, (M, K), dtype=np.uint8)
+    kb = 1 if bk is None else -(-K // bk)
+    sa = rng.uniform(0.5, 2, (M, kb)).astype(np.float32).astype(np.float64)
+    sb = rng.uniform(0.5, 2, (kb, N)).astype(np.float32).astype(np.float64)
+    e4, out = FORMATS["float8_e4m3fn"], OUT_FORMATS["float32"]
+    want = bits(_exact(a, b, e4, e4, sa, sb, bk or K, None, out))
+    got = {}
+    for portable in (False, True):
+        if portable:
+            monkeypatch.setenv("FP8REF_NO_AVX512", "1")
+        got[portable] = bits(_fast_exact(a, weight_record(b), e4, e4, sa, sb, bk or K, None, out))
+    np.testing.assert_array_equal(got[False], want)
+    np.testing.assert_array_equal(got[True], want)
+
+
 @pytest.mark.parametrize("fa, fb, K", [("float8_e5m2", "float8_e5m2", 4), ("float8_e5m2", "float8_e4m3fn", 9),
                                        ("float8_e4m3fn", "float8_e4m3fn", 2 ** 17 + 1)])
 def test_declines_where_one_piece_does_not_cover_the_formats(fa, fb, K):
