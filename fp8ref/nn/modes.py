@@ -230,16 +230,25 @@ def backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tuple[np.
         s_a = np.broadcast_to(s_a.reshape(-1, 1), (M, 1)).copy()
         s_b = np.broadcast_to(s_w.reshape(1, -1), (1, N)).copy()
     bias = layer.bias
-    params = {"format": q.weight_fmt, "scales": scales, "out_dtype": out_dtype, "bias": bias is not None}
+    p = _first_implemented(layer, backend, {"format": q.weight_fmt, "scales": scales, "out_dtype": out_dtype,
+                                            "bias": bias is not None})
+    y = backend.scaled_mm(codes, np.ascontiguousarray(layer.weight_codes.T), s_a, s_b, bias=bias,
+                          fmt=q.weight_fmt, out_dtype=out_dtype, accumulate=p["accumulate"],
+                          scale_order=p["scale_order"])
+    return np.asarray(y), p
+
+
+def _first_implemented(layer, backend, params: dict) -> dict:
+    """``params`` with the first accumulation and scale order the backend's ``scaled_mm`` implements."""
+    from ..matmul import ACCUMULATIONS
+
     reasons = []
     for acc in ACCUMULATIONS:
         for order in SCALE_ORDERS:
             p = {**params, "accumulate": acc, "scale_order": order}
             why = backend.implements("scaled_mm", p)
             if why is None:
-                y = backend.scaled_mm(codes, np.ascontiguousarray(layer.weight_codes.T), s_a, s_b, bias=bias,
-                                      fmt=q.weight_fmt, out_dtype=out_dtype, accumulate=acc, scale_order=order)
-                return np.asarray(y), p
+                return p
             reasons.append(why)
     raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer ({reasons[0]})")
 
@@ -252,7 +261,6 @@ def _block_backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tu
     from .._arrays import deliver, to_numpy
     from ..checkpoint.forward import quantize_block_input
     from ..checkpoint.layout import BLOCK_SCALED
-    from ..matmul import ACCUMULATIONS, SCALE_ORDERS
     from ..matmul.block_scaled import alpha_of, kernel_epilogue
 
     q = layer.quant
@@ -266,21 +274,14 @@ def _block_backend_forward(layer, x2: np.ndarray, backend, out_dtype: str) -> tu
     s_b = np.ascontiguousarray(np.asarray(layer.weight_scale, np.float32).reshape(layer.shape[0], -1).T)
     g_w = None if q.global_scale is None else float(np.asarray(layer.weight_global, np.float32).reshape(-1)[0])
     g_x = None if q.input != "nvfp4" else float(np.asarray(to_numpy(qx.global_scale), np.float32).reshape(-1)[0])
-    params = {"format": q.weight_fmt, "scales": f"block{block}", "out_dtype": "float32", "bias": False}
-    reasons = []
-    for acc in ACCUMULATIONS:
-        for order in SCALE_ORDERS:
-            p = {**params, "accumulate": acc, "scale_order": order}
-            why = backend.implements("scaled_mm", p)
-            if why is None:
-                acc32 = np.asarray(backend.scaled_mm(codes, np.ascontiguousarray(layer.weight_codes.T), s_a, s_b,
-                                                     bias=None, fmt=q.weight_fmt, out_dtype="float32",
-                                                     accumulate=acc, scale_order=order), np.float32)
-                if acc32.shape != (codes.shape[0], layer.shape[0]):
-                    raise ModelError(f"{layer.name}: backend {backend.name!r} scaled_mm returned shape "
-                                     f"{list(acc32.shape)}, expected {[codes.shape[0], layer.shape[0]]}")
-                bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float32)
-                y = kernel_epilogue(acc32, alpha_of(g_w, g_x, q.global_scale), bias, out_dtype)
-                return deliver(y, out_dtype, False), {**p, "epilogue": "fp8ref"}
-            reasons.append(why)
-    raise ModelError(f"{layer.name}: backend {backend.name!r} cannot run this layer ({reasons[0]})")
+    p = _first_implemented(layer, backend, {"format": q.weight_fmt, "scales": f"block{block}",
+                                            "out_dtype": "float32", "bias": False})
+    acc32 = np.asarray(backend.scaled_mm(codes, np.ascontiguousarray(layer.weight_codes.T), s_a, s_b, bias=None,
+                                         fmt=q.weight_fmt, out_dtype="float32", accumulate=p["accumulate"],
+                                         scale_order=p["scale_order"]), np.float32)
+    if acc32.shape != (codes.shape[0], layer.shape[0]):
+        raise ModelError(f"{layer.name}: backend {backend.name!r} scaled_mm returned shape "
+                         f"{list(acc32.shape)}, expected {[codes.shape[0], layer.shape[0]]}")
+    bias = None if layer.bias is None else np.asarray(layer.bias).astype(np.float32)
+    y = kernel_epilogue(acc32, alpha_of(g_w, g_x, q.global_scale), bias, out_dtype)
+    return deliver(y, out_dtype, False), {**p, "epilogue": "fp8ref"}
