@@ -51,6 +51,23 @@ def open_regular(path: str | os.PathLike, *, error: type[Fp8RefError] = Checkpoi
     return os.fdopen(fd, "rb")
 
 
+
+def read_range(path, what: str, name: str, offset: int, nbytes: int):
+    """``nbytes`` bytes of tensor ``name`` at ``offset`` of a regular file, as a fresh uint8 array;
+    an OS error or a file that shrank while read is one ``CheckpointError`` naming both."""
+    import numpy as np
+
+    out = np.empty(nbytes, np.uint8)
+    try:
+        with open_regular(path, what=what) as fh:  # swapped for a FIFO since: refused
+            fh.seek(offset)
+            got = fh.readinto(memoryview(out))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: tensor {name!r}: cannot read: {exc.strerror or exc}") from None
+    if got != nbytes:
+        raise CheckpointError(f"{path}: tensor {name!r}: file changed while reading (got {got} of {nbytes} bytes)")
+    return out
+
 def read_bytes(path: str | os.PathLike, *, error: type[Fp8RefError], limit: int = MAX_FILE_BYTES,
                what: str = "file") -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes."""

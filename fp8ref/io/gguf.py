@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
-from .files import open_regular
+from .files import open_regular, read_range
 from .safetensors import DTYPES, SINGLE_FILE_READERS, TensorFile, TensorInfo, _bfloat16, pack_nibbles, unpack_nibbles
 
 MAGIC = b"GGUF"
@@ -239,16 +239,7 @@ class GgufFile(TensorFile):
         t = self.gguf_tensors.get(name)
         if t is None:
             raise CheckpointError(f"{self.path}: no tensor {name!r}")
-        out = np.empty(t.end - t.begin, np.uint8)
-        try:
-            with open_regular(self.path, what="GGUF file") as f:
-                f.seek(self.data_start + t.begin)
-                got = f.readinto(memoryview(out))
-        except OSError as exc:
-            raise CheckpointError(f"{self.path}: tensor {name!r}: cannot read: {exc.strerror or exc}") from None
-        if got != out.size:
-            raise CheckpointError(f"{self.path}: tensor {name!r}: file changed while reading "
-                                  f"(got {got} of {out.size} bytes)")
+        out = read_range(self.path, "GGUF file", name, self.data_start + t.begin, t.end - t.begin)
         self.bytes_read += out.size
         return out
 

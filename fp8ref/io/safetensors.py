@@ -35,7 +35,7 @@ from ..errors import CheckpointError, Fp8RefError
 from ..formats import SAFETENSORS_DTYPES
 from ..limits import MAX_DIM, MAX_NAME, int_in, shown
 from .atomic import atomic_file, is_inside
-from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json, write_bytes
+from .files import MAX_JSON_BYTES, open_regular, parse_json, read_json, read_range, write_bytes
 
 MAX_HEADER_BYTES = MAX_JSON_BYTES
 MAX_DIMS = 16
@@ -173,16 +173,7 @@ class SafetensorsFile(TensorFile):
     def read_bytes(self, name: str) -> np.ndarray:
         """The tensor's raw bytes as a flat uint8 array (a fresh buffer, not a view of the file)."""
         info = self.info(name)
-        out = np.empty(info.nbytes, dtype=np.uint8)
-        try:
-            with open_regular(self.path, what="safetensors file") as f:  # swapped for a FIFO since: refused
-                f.seek(self.data_start + info.begin)
-                got = f.readinto(memoryview(out))
-        except OSError as exc:
-            raise CheckpointError(f"{self.path}: tensor {name!r}: cannot read: {exc.strerror or exc}") from None
-        if got != info.nbytes:
-            raise CheckpointError(f"{self.path}: tensor {name!r}: file changed while reading "
-                                  f"(got {got} of {info.nbytes} bytes)")
+        out = read_range(self.path, "safetensors file", name, self.data_start + info.begin, info.nbytes)
         self.bytes_read += info.nbytes
         return out
 
