@@ -374,3 +374,19 @@ def test_table_loop_on_weights(monkeypatch, loop, recipe, gran, extra):
     x[7, 100:700] = (np.arange(600) * 2.0 ** -133).astype(ml_dtypes.bfloat16)  # bf16 subnormals
     x[9] *= ml_dtypes.bfloat16(2.0 ** -100)
     assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into, recipe=recipe))
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("gran,extra", [("channel", {}), ("block", {"block_shape": (32, 128)})])
+def test_table_cache_on_repeated_and_colliding_scales(monkeypatch, loop, gran, extra):
+    """A task keeps its tables by operand (64 direct-mapped slots, tab_cache in _csrc/quant.c): rows
+    and tiles whose amax repeats, in turns (A B A C B A ...), so that a slot is found built, rebuilt
+    for another operand, and found again; and 300 distinct amaxes, more than there are slots."""
+    into = _loop(monkeypatch, loop)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((384, 1024)) * 0.02
+    peaks = np.array([0.75, 0.5, 0.8125, 1.5, 3.0 ** -9], np.float64)
+    x[:, 0] = peaks[rng.integers(0, len(peaks), 384)]  # the amax of each row and of each tile's first
+    x[:300, 1] = 2.0 ** rng.uniform(1.0, 3.0, 300)  # ... and 300 distinct ones above them
+    x = x.astype(ml_dtypes.bfloat16)
+    assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into))
