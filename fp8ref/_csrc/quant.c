@@ -491,6 +491,8 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, u
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX512BW__) /* the x86-64-v4 object alone: a
                                                                        * forced lower level runs as its CPUs do */
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+#define FP8REF_BW __attribute__((target("avx512f,avx512bw")))
+#define HAVE_TAB_BW 1
 static int vbmi_ok = -1;
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
@@ -555,6 +557,79 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
     return hits;
 }
 
+/* tab_run_avx2's rules in AVX-512BW, 64 inputs per step, for the AVX-512 CPUs without VBMI
+ * (Skylake-SP, Cascade Lake): the same v, l and sign packed per 128-bit lane, the three lookups
+ * per lane (the tables repeat in every lane), the two compares as masks that add one each; one qword
+ * permute puts the codes back in input order. Same returns as tab_run_vbmi. */
+static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
+FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
+                                int64_t stride, int64_t dst_stride, int64_t ahead, int stream, const bf16_tab *t,
+                                uint64_t *restrict slow_at, int32_t *restrict slow_w) {
+    const int M = t->shift;
+    const __m512i wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
+    const __m512i wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1));
+    const __m512i wb2 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b2m1));
+    const __m512i ebm = _mm512_set1_epi16((short)(t->eb << M)), lmask = _mm512_set1_epi16((short)((1 << (7 - M)) - 1));
+    const __m512i opv = _mm512_set1_epi8((char)t->ovf_p), zp = _mm512_set1_epi8((char)t->zero_p);
+    const __m512i zn = _mm512_set1_epi8((char)t->zero_n), s80 = _mm512_set1_epi8((char)0x80);
+    const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
+    const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7); /* packed qwords back in input order */
+    const __m128i sh = _mm_cvtsi32_si128(8 - M);
+    int hits = 0;
+    for (int64_t r = 0; r < rows; r++) {
+    const uint16_t *x = x0 + r * stride;
+    uint8_t *dst = dst0 + r * dst_stride;
+    for (int64_t k = 0; k < n; k += 64) {
+        const int64_t left = n - k;
+        __mmask64 all = ~(__mmask64)0;
+        __m512i h0, h1;
+        if (left >= 64) { /* whole steps without masks */
+            h0 = _mm512_loadu_si512(x + k), h1 = _mm512_loadu_si512(x + k + 32);
+        } else {
+            __mmask32 m0 = left >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << left) - 1);
+            __mmask32 m1 = left <= 32 ? 0 : (((__mmask32)1 << (left - 32)) - 1);
+            all = ((__mmask64)1 << left) - 1;
+            h0 = _mm512_maskz_loadu_epi16(m0, x + k), h1 = _mm512_maskz_loadu_epi16(m1, x + k + 32);
+        }
+        if (ahead) {
+            _mm_prefetch((const char *)(x + k + ahead), _MM_HINT_T1);
+            _mm_prefetch((const char *)(x + k + ahead) + 64, _MM_HINT_T1);
+        }
+        const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1);
+        const __m512i v = _mm512_packus_epi16(_mm512_subs_epu16(_mm512_srl_epi16(a0, sh), ebm),
+                                              _mm512_subs_epu16(_mm512_srl_epi16(a1, sh), ebm));
+        const __m512i l = _mm512_packus_epi16(_mm512_and_si512(h0, lmask), _mm512_and_si512(h1, lmask));
+        const __m512i sgn = _mm512_packs_epi16(h0, h1); /* bit 7: the input's sign */
+        __m512i st = _mm512_shuffle_epi8(wt, v);
+        st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(wb1, v)), st, one);
+        st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(wb2, v)), st, one);
+        __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, st), opv);
+        c = _mm512_ternarylogic_epi32(c, sgn, s80, 0xF8); /* c | (sgn & 0x80) */
+        __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, one), two); /* v = 0 or 255, packed order */
+        if (slow) { /* +-0 here; the rest back to the segment loop, in input order */
+            const __m512i z = _mm512_packs_epi16(_mm512_movm_epi16(_mm512_testn_epi16_mask(a0, a0)),
+                                                 _mm512_movm_epi16(_mm512_testn_epi16_mask(a1, a1)));
+            const __mmask64 zm = _mm512_movepi8_mask(z), neg = _mm512_movepi8_mask(sgn);
+            c = _mm512_mask_blend_epi8(zm & ~neg, c, zp);
+            c = _mm512_mask_blend_epi8(zm & neg, c, zn);
+            slow &= ~zm;
+            uint64_t in_order = 0;
+            for (int g = 0; g < 8; g++) in_order |= ((slow >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
+            in_order &= all;
+            if (in_order) slow_at[hits] = in_order, slow_w[hits++] = (int32_t)(r * ((n + 63) / 64) + k / 64);
+        }
+        c = _mm512_permutexvar_epi64(order, c);
+        if (left < 64)
+            _mm512_mask_storeu_epi8(dst + k, all, c);
+        else if (stream) /* whole aligned lines (the caller checked dst and dst_stride) */
+            _mm512_stream_si512((__m512i *)(dst + k), c);
+        else
+            _mm512_storeu_si512(dst + k, c);
+    }
+    }
+    return hits;
+}
+
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
 #define HAVE_VBMI() ((vbmi_ok >= 0 ? vbmi_ok : (vbmi_ok = __builtin_cpu_supports("avx512vbmi") && \
                                                            __builtin_cpu_supports("avx512bw"))) && \
@@ -562,6 +637,8 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
 #else
 #define HAVE_VBMI() 0
 #define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
+#define HAVE_TAB_BW 0
+#define tab_run_bw(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
 #endif
 
 /* whether a task's table loop runs tab_run_vbmi (read once per task) */
@@ -595,7 +672,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
                     int64_t len = n - k0 < piece ? n - k0 : piece, at = lo + r0 * stride + k0;
                     const uint16_t *x = (const uint16_t *)src + at;
-                    if (!vbmi && HAVE_TAB_AVX2 && tab->fast) { /* the runs that fit in buf per call */
+                    if (!vbmi && !HAVE_TAB_BW && HAVE_TAB_AVX2 && tab->fast) { /* the runs that fit in buf per call */
                         const int buffered2 = buffered && CAN_STREAM; /* else direct, or not streamed */
                         const int64_t grp = buffered2 ? TAB_CHUNK / len : nr, lw = (len + 31) / 32;
                         uint32_t at32[2 * TAB_WORDS]; /* nr * lw <= 2 TAB_WORDS (per above) */
@@ -618,7 +695,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                         }
                         continue;
                     }
-                    if (!vbmi || !tab->fast) { /* streamed through buf: the compiler's vector stores are normal ones */
+                    if (!tab->fast || (!vbmi && !HAVE_TAB_BW)) { /* through buf: the compiler's stores are normal ones */
                         for (int64_t r = 0; r < nr; r++) {
                             const uint16_t *xr = x + r * stride;
                             uint8_t *dr = dst + at + r * stride, *o = c->stream && CAN_STREAM ? buf : dr;
@@ -634,7 +711,8 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                     }
                     uint8_t *out = buffered ? buf : dst + at;
                     int64_t os = buffered ? len : stride;
-                    int hits = tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, slow_at, slow_w);
+                    int hits = vbmi ? tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, slow_at, slow_w)
+                                    : tab_run_bw(x, out, len, nr, stride, os, ahead, direct, tab, slow_at, slow_w);
                     if (hits) {
                         if (direct) STREAM_FENCE(); /* the streamed lines written before a fix-up's normal store */
                         int64_t lw = (len + 63) / 64; /* words per run of this piece */

@@ -276,16 +276,31 @@ def _recipe_formats(name):
 
 
 def _loop(monkeypatch, loop) -> bool:
-    """The table loop's variants: VBMI or the portable loop, each also writing around the cache
-    (into an out=, the size threshold lowered to 0, so that every output streams). True: pass out=."""
-    if loop.startswith("portable"):
+    """The table loop's variants: VBMI, the loop without it (AVX-512BW in the x86-64-v4 object, else
+    AVX2 or the compiler's), and the x86-64-v3 object's AVX2 loop (bound here as FP8REF_ISA would;
+    the `level` fixture restores the level), each also writing around the cache (into an out=, the
+    size threshold lowered to 0, so that every output streams). True: pass out=."""
+    if loop.startswith(("portable", "avx2")):
         monkeypatch.setenv("FP8REF_NO_VBMI", "1")
+    if loop.startswith("avx2"):
+        if "x86-64-v3" not in _native.runnable_levels():
+            pytest.skip("the x86-64-v3 loops are not built or this CPU does not run them")
+        _native.use_level("x86-64-v3")
     if loop.endswith("-stream"):
         monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
     return loop.endswith("-stream")
 
 
-LOOPS = ["vbmi", "vbmi-stream", "portable", "portable-stream"]
+@pytest.fixture(autouse=True)
+def level():
+    """The level bound before each test, bound again after it (_loop may bind x86-64-v3)."""
+    bound = _native.build_info()["isa"] if _native.kernels_available() else None
+    yield
+    if bound and _native.build_info()["isa"] != bound:
+        _native.use_level(bound)
+
+
+LOOPS = ["vbmi", "vbmi-stream", "portable", "portable-stream", "avx2", "avx2-stream"]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -328,12 +343,12 @@ def _window_scales() -> list[float]:
     return draws + phases + edges
 
 
-@pytest.mark.parametrize("loop", ["portable", "portable-stream"])
+@pytest.mark.parametrize("loop", ["portable", "portable-stream", "avx2", "avx2-stream"])
 @pytest.mark.parametrize("recipe,fmt", [(r, f) for r in ("fp8ref", "compressed-tensors", "hf-fp8")
                                         for f in ("float8_e4m3fn", "float8_e5m2") if f in _recipe_formats(r)])
 def test_table_windows_on_every_bf16_pattern(monkeypatch, loop, recipe, fmt):
-    """The table loop without VBMI (AVX2 on x86-64-v3 and v4: tab_run_avx2) on all 65,536 bfloat16
-    patterns x 62 scales, saturating or not, against the numpy path."""
+    """The table loops without VBMI (tab_run_bw in the x86-64-v4 object, tab_run_avx2 in x86-64-v3's)
+    on all 65,536 bfloat16 patterns x 62 scales, saturating or not, against the numpy path."""
     into = _loop(monkeypatch, loop)
     x = all_patterns("bfloat16", finite_only=recipe == "fp8ref")
     scales = np.array([[s] for s in _window_scales()], np.float32)
