@@ -494,6 +494,36 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, u
 #define FP8REF_BW __attribute__((target("avx512f,avx512bw")))
 #define HAVE_TAB_BW 1
 static int vbmi_ok = -1;
+
+/* A 64-input step of the AVX-512 table loops: inputs [0, min(left, 64)) into (h0, h1), zero beyond;
+ * the mask of those taken. Whole steps load without masks (their setup cost as much as the VBMI
+ * loop's step: measured). `ahead`: the same two lines of the next unit, into L2 while this one
+ * computes. */
+FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, int64_t ahead, __m512i *h0,
+                                            __m512i *h1) {
+    if (ahead) {
+        _mm_prefetch((const char *)(x + ahead), _MM_HINT_T1);
+        _mm_prefetch((const char *)(x + ahead) + 64, _MM_HINT_T1);
+    }
+    if (left >= 64) {
+        *h0 = _mm512_loadu_si512(x), *h1 = _mm512_loadu_si512(x + 32);
+        return ~(__mmask64)0;
+    }
+    const __mmask32 m0 = left >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << left) - 1);
+    const __mmask32 m1 = left <= 32 ? 0 : (((__mmask32)1 << (left - 32)) - 1);
+    *h0 = _mm512_maskz_loadu_epi16(m0, x), *h1 = _mm512_maskz_loadu_epi16(m1, x + 32);
+    return ((__mmask64)1 << left) - 1;
+}
+
+/* its codes: streamed as a whole aligned line (the caller checked dst and dst_stride), else stored */
+FP8REF_BW static inline void step_store(uint8_t *dst, int64_t left, int stream, __mmask64 all, __m512i c) {
+    if (left < 64)
+        _mm512_mask_storeu_epi8(dst, all, c);
+    else if (stream)
+        _mm512_stream_si512((__m512i *)dst, c);
+    else
+        _mm512_storeu_si512(dst, c);
+}
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
 FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
@@ -516,20 +546,8 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
     uint8_t *dst = dst0 + r * dst_stride;
     for (int64_t k = 0; k < n; k += 64) {
         const int64_t left = n - k;
-        __mmask64 all = ~(__mmask64)0;
         __m512i h0, h1;
-        if (left >= 64) { /* whole steps without masks (their setup cost as much as the step: measured) */
-            h0 = _mm512_loadu_si512(x + k), h1 = _mm512_loadu_si512(x + k + 32);
-        } else {
-            __mmask32 m0 = left >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << left) - 1);
-            __mmask32 m1 = left <= 32 ? 0 : (((__mmask32)1 << (left - 32)) - 1);
-            all = ((__mmask64)1 << left) - 1;
-            h0 = _mm512_maskz_loadu_epi16(m0, x + k), h1 = _mm512_maskz_loadu_epi16(m1, x + k + 32);
-        }
-        if (ahead) { /* the same two lines of the next unit, into L2 while this one computes */
-            _mm_prefetch((const char *)(x + k + ahead), _MM_HINT_T1);
-            _mm_prefetch((const char *)(x + k + ahead) + 64, _MM_HINT_T1);
-        }
+        const __mmask64 all = step_load(x + k, left, ahead, &h0, &h1);
         const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1); /* magnitude bits << 1 */
         const __m512i v = _mm512_permutexvar_epi64(order, _mm512_packus_epi16(
                               _mm512_subs_epu16(_mm512_srl_epi16(a0, sh), ebm), _mm512_subs_epu16(_mm512_srl_epi16(a1, sh), ebm)));
@@ -546,12 +564,7 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
             slow &= ~zero;
             if (slow) slow_at[hits] = slow, slow_w[hits++] = (int32_t)(r * ((n + 63) / 64) + k / 64);
         }
-        if (left < 64)
-            _mm512_mask_storeu_epi8(dst + k, all, c);
-        else if (stream) /* whole aligned lines (the caller checked dst and dst_stride) */
-            _mm512_stream_si512((__m512i *)(dst + k), c);
-        else
-            _mm512_storeu_si512(dst + k, c);
+        step_store(dst + k, left, stream, all, c);
     }
     }
     return hits;
@@ -581,20 +594,8 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
     uint8_t *dst = dst0 + r * dst_stride;
     for (int64_t k = 0; k < n; k += 64) {
         const int64_t left = n - k;
-        __mmask64 all = ~(__mmask64)0;
         __m512i h0, h1;
-        if (left >= 64) { /* whole steps without masks */
-            h0 = _mm512_loadu_si512(x + k), h1 = _mm512_loadu_si512(x + k + 32);
-        } else {
-            __mmask32 m0 = left >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << left) - 1);
-            __mmask32 m1 = left <= 32 ? 0 : (((__mmask32)1 << (left - 32)) - 1);
-            all = ((__mmask64)1 << left) - 1;
-            h0 = _mm512_maskz_loadu_epi16(m0, x + k), h1 = _mm512_maskz_loadu_epi16(m1, x + k + 32);
-        }
-        if (ahead) {
-            _mm_prefetch((const char *)(x + k + ahead), _MM_HINT_T1);
-            _mm_prefetch((const char *)(x + k + ahead) + 64, _MM_HINT_T1);
-        }
+        const __mmask64 all = step_load(x + k, left, ahead, &h0, &h1);
         const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1);
         const __m512i v = _mm512_packus_epi16(_mm512_subs_epu16(_mm512_srl_epi16(a0, sh), ebm),
                                               _mm512_subs_epu16(_mm512_srl_epi16(a1, sh), ebm));
@@ -619,12 +620,7 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
             if (in_order) slow_at[hits] = in_order, slow_w[hits++] = (int32_t)(r * ((n + 63) / 64) + k / 64);
         }
         c = _mm512_permutexvar_epi64(order, c);
-        if (left < 64)
-            _mm512_mask_storeu_epi8(dst + k, all, c);
-        else if (stream) /* whole aligned lines (the caller checked dst and dst_stride) */
-            _mm512_stream_si512((__m512i *)(dst + k), c);
-        else
-            _mm512_storeu_si512(dst + k, c);
+        step_store(dst + k, left, stream, all, c);
     }
     }
     return hits;
