@@ -16,6 +16,8 @@ divides by is the one timed beside it):
 
 * CPU time per input of each quantize case, one thread, on a cache-resident weight (``--cpu-rows``):
   the loops' own cost whatever the load, against the 0.19 ns per input that 0.8 of copy_ needs.
+* the per-channel quantize's own time (ms): ``copy_``'s speed moves from process to process on some
+  machines (a VM measured 30-48 GB/s with two threads), which moves every ratio with it.
 * quantize 8192x8192 bfloat16 into ``out=`` (default 'fp8ref' recipe; per channel, 128x128 blocks,
   per tensor): bandwidth counted as the minimum traffic (the input read once, the codes written:
   3 bytes per element) / ``copy_``'s on the same weight (bf16 into an existing tensor: 4 bytes per
@@ -104,11 +106,12 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int) -> None:
     wn = w.numel()
     print(f"\n{threads} thread{'s' if threads > 1 else ''}: quantize bf16 {rows}x{cols} into out=, encode {n:,} "
           "elements into out=; each cell min / median over the rounds")
-    head = ["copy_ w GB/s", *(f"{k} of copy_" for k in QUANTIZE), "enc f32 of copy_", "enc bf16 of copy_",
-            "enc f32 vs cast"]
+    head = ["copy_ w GB/s", "channel ms", *(f"{k} of copy_" for k in QUANTIZE), "enc f32 of copy_",
+            "enc bf16 of copy_", "enc f32 vs cast"]
     print(f"  {'level':18}" + "".join(f"{h:>19}" for h in head))
     for label, t in times.items():
-        cells = [f"{4 * wn / min(t['copy_ w']) / 1e9:.1f} / {4 * wn / statistics.median(t['copy_ w']) / 1e9:.1f}"]
+        cells = [f"{4 * wn / min(t['copy_ w']) / 1e9:.1f} / {4 * wn / statistics.median(t['copy_ w']) / 1e9:.1f}",
+                 f"{min(t['channel']) * 1e3:.2f} / {statistics.median(t['channel']) * 1e3:.2f}"]
         cells += [cell(t, k, "copy_ w", 3 * wn, 4 * wn) for k in QUANTIZE]
         cells += [cell(t, "encode f32", "copy_ f32", 5 * n, 8 * n), cell(t, "encode bf16", "copy_ bf16", 3 * n, 4 * n)]
         cells.append(f"{min(t['torch cast']) / min(t['encode f32']):.2f} / "
