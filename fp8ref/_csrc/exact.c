@@ -155,6 +155,9 @@ static int dot_tail(const dot_job *j, int64_t n, int64_t k0, int64_t k1, double 
 /* K-block length of the job: its sums are kept apart per block (t's leading axis). */
 FP8REF_INLINE int64_t dot_block(const dot_job *j) { return j->bk > 0 && j->bk < j->K ? j->bk : j->K; }
 
+/* K-blocks of the job: ceil(K / L), and one (of zero sums) where K is 0 */
+FP8REF_INLINE int64_t dot_blocks(const dot_job *j, int64_t L) { return j->K > 0 ? (j->K + L - 1) / L : 1; }
+
 #if defined(__x86_64__) && defined(__GNUC__)
 /* 16 codes per step, looked up as decode_row_avx512 does (permutes and a blend tree, no gathers);
  * a table symmetric in the sign bit (sym) needs half the permutes: the magnitude, then the sign.
@@ -162,13 +165,13 @@ FP8REF_INLINE int64_t dot_block(const dot_job *j) { return j->bk > 0 && j->bk < 
 __attribute__((target("avx512f"))) static void dot_rows_avx512(const dot_job *j, int64_t n0, int64_t n1) {
     __m512 t[16];
     for (int p = 0; p < 16; p++) t[p] = _mm512_loadu_ps(j->lut + 16 * p);
-    const int64_t M = j->M, L = dot_block(j);
+    const int64_t M = j->M, L = dot_block(j), nb = dot_blocks(j, L);
     const int sym = j->sym != 0;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *w = j->w + n * j->w_rs;
         int bad = 0;
-        for (int64_t b0 = 0, blk = 0; b0 < j->K || b0 == 0; b0 += L, blk++) {
-            const int64_t b1 = j->K - b0 < L ? j->K : b0 + L, e16 = b0 + (b1 - b0) / 16 * 16;
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const int64_t b0 = blk * L, b1 = j->K - b0 < L ? j->K : b0 + L, e16 = b0 + (b1 - b0) / 16 * 16;
             double *out = j->t + blk * M * j->N;
             __m512d acc[DOT_MAX_M];
             for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_pd();
@@ -203,7 +206,6 @@ __attribute__((target("avx512f"))) static void dot_rows_avx512(const dot_job *j,
             }
             for (int64_t m = 0; m < M; m++) out[m * j->N + n] = _mm512_reduce_add_pd(acc[m]);
             bad |= (nan != 0) | dot_tail(j, n, e16, b1, out);
-            if (j->K == 0) break;
         }
         j->flags[n] = (uint8_t)bad;
     }
@@ -218,14 +220,14 @@ void fp8ref_lut_dot(const dot_job *j, size_t lo, size_t hi) {
         return;
     }
 #endif
-    const int64_t L = dot_block(j);
+    const int64_t L = dot_block(j), nb = dot_blocks(j, L);
     for (size_t n = lo; n < hi; n++) {
         int bad = 0;
-        for (int64_t b0 = 0, blk = 0; b0 < j->K || b0 == 0; b0 += L, blk++) {
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const int64_t b0 = blk * L;
             double *out = j->t + blk * j->M * j->N;
             for (int64_t m = 0; m < j->M; m++) out[m * j->N + (int64_t)n] = 0.0;
             bad |= dot_tail(j, (int64_t)n, b0, j->K - b0 < L ? j->K : b0 + L, out);
-            if (j->K == 0) break;
         }
         j->flags[n] = (uint8_t)bad;
     }

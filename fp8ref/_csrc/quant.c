@@ -180,14 +180,14 @@ typedef struct {
     uint16_t t[8];      /* the portable loop's: the 2^M steps t_i, */
     int8_t tm1[8];      /* and t_i - 1 (t_i <= 128: signed bytes compare with m <= 127) */
     uint8_t steps_j[128]; /* the VBMI loop's: the code of (E_b, m) = base + #{i : m >= t_i}, less j */
-    /* The vector loops (tab_run_vbmi, tab_run_avx2) start from v = (E - E_b) 2^M + j, j = m >> (7 - M)
-     * the top M bits of m, saturated to [0, 255]: the code of (E, m) is v + steps_j[m] (VBMI), or in
-     * windows of W = 2^(7-M) values of m, m = W j + l, v + win_t[j] + (l > win_b1m1[j]) + (l >
-     * win_b2m1[j]) (AVX2): win_t[j] = base - j + #{i : t_i <= W j}, and a window holds at most two
-     * t_i (they lie more than W / 2 apart: see tab_build). The AVX2 tables repeat every 2^M bytes:
-     * vpshufb indexes them by v's low four bits. */
+    /* The vector loops (tab_run_vbmi, tab_run_bw, tab_run_avx2) start from v = (E - E_b) 2^M + j,
+     * j = m >> (7 - M) the top M bits of m, saturated to [0, 255]: the code of (E, m) is v +
+     * steps_j[m] (VBMI), or in windows of W = 2^(7-M) values of m, m = W j + l, v + win_t[j] + (l >
+     * win_b1m1[j]) + (l > win_b2m1[j]) (AVX-512BW, AVX2): win_t[j] = base - j + #{i : t_i <= W j}, and
+     * a window holds at most two t_i (they lie more than W / 2 apart: see tab_build). The window
+     * tables repeat every 2^M bytes: vpshufb indexes them by v's low four bits. */
     uint8_t win_t[16], win_b1m1[16], win_b2m1[16]; /* the b's less one, W - 1: none */
-    int fast; /* the overflow, sign and range rules fit the vector loops, and the AVX2 windows hold */
+    int fast; /* the overflow, sign and range rules fit the vector loops, and the windows hold */
 } bf16_tab;
 
 /* elements per operand worth a build; inputs per VBMI call (at most, where the codes go through a
@@ -264,11 +264,11 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     for (int m = 0; m < 128; m++)
         for (; i < 8 && out[m] > base + i; i++) t->t[i] = (uint16_t)m, t->tm1[i] = (int8_t)(m - 1);
     for (; i < 8; i++) t->t[i] = 128, t->tm1[i] = 127;
-    for (int m = 0; m < 128; m++) t->steps_j[m] = (uint8_t)(out[m] - (m >> (7 - M))); /* >= base - 7 > 0 */
+    for (int m = 0; m < 128; m++) t->steps_j[m] = (uint8_t)(out[m] - (m >> (7 - M))); /* >= base - 2^M + 1 > 0 */
     t->lo = (uint16_t)(eb << 7), t->hi = (uint16_t)(top << 7), t->eb = (uint16_t)eb, t->base = (uint16_t)base;
     t->shift = (uint16_t)M, t->maxmag = (uint16_t)p->maxmag, t->signbit = (uint16_t)p->signbit;
     t->ovf_p = out[131], t->ovf_n = out[132], t->zero_p = out[129], t->zero_n = out[130];
-    /* The AVX2 loop's windows. Between consecutive t_i (midpoints) the exact quotient moves by one
+    /* The window loops' tables. Between consecutive t_i (midpoints) the exact quotient moves by one
      * step of the format, more than W / 2 units of m (x/s < 2^(e+1) within the binade puts the step
      * s 2^(e-M) above 2^(E-M-1)), so a window of W holds at most two; checked here for every recipe (a
      * producer's rounding to the model dtype may move a t_i by one). Overflow: min(c, ovf_p) is the
@@ -278,7 +278,7 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     const int W = 1 << (7 - M), nw = 1 << M;
     int win_ok = (t->ovf_p == p->maxmag || t->ovf_p == p->maxmag + 1) &&
                  t->ovf_n == (t->ovf_p | 0x80u) && top - eb > (254 >> M);
-    for (int j = 0; j < nw && win_ok && !c->vbmi; j++) { /* the windows: the AVX2 loop's alone */
+    for (int j = 0; j < nw && win_ok && !c->vbmi; j++) { /* the windows: not the VBMI loop's */
         int below = 0, nb = 0, b[3] = {W, W, W};
         for (int i = 0; i < 8; i++) {
             int ti = t->t[i] - W * j;
@@ -409,17 +409,16 @@ static __attribute__((noinline)) uint16_t tab_run(const uint16_t *restrict x, ui
     return any;
 }
 
-/* tab_run's rules in AVX2 intrinsics, 32 inputs per step, for the CPUs without VBMI (x86-64-v3, and
- * v4's object: on Zen 4 a 512-bit vector costs two 256-bit ones). 25 vector instructions a step
- * (the compiler's tab_run takes ~90): in 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits
- * (a + a drops the sign, one shift, one saturating subtraction: 0 below E_b), packed to bytes with
- * unsigned saturation; then three 16-byte lookups by v (win_*: tab_build), two compares with l, one
- * saturating add (v >= 128 looks up zeros and overflows whatever it adds), overflow by min and the
- * sign by OR. v = 0 (below the table, and +-0) and v = 255 go to the segment loop, ±0 here. Runs x0
- * + r * stride, r < rows, of n inputs (a block tile in one call, as tab_run_vbmi). Returns how many
- * of its 32-input words hold inputs it does not take: word slow_w[i] (r * ceil(n / 32) + k / 32),
- * inputs slow_at[i]. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
+/* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
+ * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (the compiler's tab_run takes ~90): in
+ * 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one
+ * saturating subtraction: 0 below E_b), packed to bytes with unsigned saturation; then three 16-byte
+ * lookups by v (win_*: tab_build), two compares with l, one saturating add (v >= 128 looks up zeros
+ * and overflows whatever it adds), overflow by min and the sign by OR. v = 0 (below the table, and
+ * +-0) and v = 255 go to the segment loop, +-0 here. Runs x0 + r * stride, r < rows, of n inputs (a
+ * block tile in one call, as tab_run_vbmi). Returns how many of its 32-input words hold inputs it
+ * does not take: word slow_w[i] (r * ceil(n / 32) + k / 32), inputs slow_at[i]. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && !defined(__AVX512BW__)
 static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                                   int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
                                                   int stream, const bf16_tab *t, uint32_t *restrict slow_at,
@@ -481,13 +480,13 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, u
 #define tab_run_avx2(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
 #endif
 
-/* tab_run with AVX-512 VBMI, 64 inputs per step: v as tab_run_avx2's (packed with saturation and put
- * back in input order by one qword permute), the code v + steps_j[m] from a 128-byte table (vpermi2b
- * indexes by m and ignores bit 7, E's lowest bit), overflow by min, the sign by one ternary-logic
- * OR. Same rules and result as tab_run (tests compare both with the segment loop). Runs x0 + r *
- * stride, r < rows, of n inputs. Returns how many of its 64-input words hold inputs it does not
- * take: word i is slow_w[i] (run r, word k / 64: r * ceil(n / 64) + k / 64), its inputs marked one
- * bit each in slow_at[i]. */
+/* tab_run with AVX-512 VBMI, 64 inputs per step in 17 vector instructions: v as tab_run_avx2's
+ * (packed with saturation and put back in input order by one qword permute), the code v + steps_j[m]
+ * from a 128-byte table (vpermi2b indexes by m and ignores bit 7, E's lowest bit), overflow by min,
+ * the sign by one ternary-logic OR. Same rules and result as tab_run (tests compare both with the
+ * segment loop). Runs x0 + r * stride, r < rows, of n inputs. Returns how many of its 64-input words
+ * hold inputs it does not take: word i is slow_w[i] (run r, word k / 64: r * ceil(n / 64) + k / 64),
+ * its inputs marked one bit each in slow_at[i]. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX512BW__) /* the x86-64-v4 object alone: a
                                                                        * forced lower level runs as its CPUs do */
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
@@ -513,6 +512,13 @@ FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, int
     const __mmask32 m1 = left <= 32 ? 0 : (((__mmask32)1 << (left - 32)) - 1);
     *h0 = _mm512_maskz_loadu_epi16(m0, x), *h1 = _mm512_maskz_loadu_epi16(m1, x + 32);
     return ((__mmask64)1 << left) - 1;
+}
+
+/* v = (E - E_b) 2^M + j of the step's 64 inputs, a0 and a1 their magnitude bits << 1, packed with
+ * saturation per 128-bit lane (packus's order) */
+FP8REF_BW static inline __m512i step_v(__m512i a0, __m512i a1, __m128i sh, __m512i ebm) {
+    return _mm512_packus_epi16(_mm512_subs_epu16(_mm512_srl_epi16(a0, sh), ebm),
+                               _mm512_subs_epu16(_mm512_srl_epi16(a1, sh), ebm));
 }
 
 /* its codes: streamed as a whole aligned line (the caller checked dst and dst_stride), else stored */
@@ -549,8 +555,7 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
         __m512i h0, h1;
         const __mmask64 all = step_load(x + k, left, ahead, &h0, &h1);
         const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1); /* magnitude bits << 1 */
-        const __m512i v = _mm512_permutexvar_epi64(order, _mm512_packus_epi16(
-                              _mm512_subs_epu16(_mm512_srl_epi16(a0, sh), ebm), _mm512_subs_epu16(_mm512_srl_epi16(a1, sh), ebm)));
+        const __m512i v = _mm512_permutexvar_epi64(order, step_v(a0, a1, sh, ebm)); /* in input order */
         const __m512i lob = _mm512_permutex2var_epi8(h0, lo_idx, h1), hib = _mm512_permutex2var_epi8(h0, hi_idx, h1);
         __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, _mm512_permutex2var_epi8(tlo, lob, thi)), opv);
         c = _mm512_ternarylogic_epi32(c, hib, s80, 0xF8); /* c | (hib & 0x80) */
@@ -570,7 +575,7 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
     return hits;
 }
 
-/* tab_run_avx2's rules in AVX-512BW, 64 inputs per step, for the AVX-512 CPUs without VBMI
+/* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions, for the AVX-512 CPUs without VBMI
  * (Skylake-SP, Cascade Lake): the same v, l and sign packed per 128-bit lane, the three lookups
  * per lane (the tables repeat in every lane), the two compares as masks that add one each; one qword
  * permute puts the codes back in input order. Same returns as tab_run_vbmi. */
@@ -582,7 +587,8 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
     const __m512i wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
     const __m512i wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1));
     const __m512i wb2 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b2m1));
-    const __m512i ebm = _mm512_set1_epi16((short)(t->eb << M)), lmask = _mm512_set1_epi16((short)((1 << (7 - M)) - 1));
+    const __m512i ebm = _mm512_set1_epi16((short)(t->eb << M));
+    const __m512i lmask = _mm512_set1_epi16((short)((1 << (7 - M)) - 1));
     const __m512i opv = _mm512_set1_epi8((char)t->ovf_p), zp = _mm512_set1_epi8((char)t->zero_p);
     const __m512i zn = _mm512_set1_epi8((char)t->zero_n), s80 = _mm512_set1_epi8((char)0x80);
     const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
@@ -597,8 +603,7 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
         __m512i h0, h1;
         const __mmask64 all = step_load(x + k, left, ahead, &h0, &h1);
         const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1);
-        const __m512i v = _mm512_packus_epi16(_mm512_subs_epu16(_mm512_srl_epi16(a0, sh), ebm),
-                                              _mm512_subs_epu16(_mm512_srl_epi16(a1, sh), ebm));
+        const __m512i v = step_v(a0, a1, sh, ebm);
         const __m512i l = _mm512_packus_epi16(_mm512_and_si512(h0, lmask), _mm512_and_si512(h1, lmask));
         const __m512i sgn = _mm512_packs_epi16(h0, h1); /* bit 7: the input's sign */
         __m512i st = _mm512_shuffle_epi8(wt, v);
@@ -653,9 +658,8 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
         if (fresh) tab_build(tab, sv, c, exact, mul, model);
         if (tab->ok) {
             int64_t n = hi - lo, piece = n < TAB_CHUNK ? n : TAB_CHUNK, words = (piece + 63) / 64;
-            /* streamed straight from the VBMI and AVX2 loops where every run starts on a line (pieces
-             * start TAB_CHUNK apart), else by stream_copy from buf, whatever the offsets (the AVX2
-             * loop used to go through buf always: perf put 9% of the time in that second copy) */
+            /* streamed straight from the vector loops where every run starts on a line (pieces start
+             * TAB_CHUNK apart), else by stream_copy from buf, whatever the offsets */
             const int direct = c->stream && ((uintptr_t)(dst + lo) & 63u) == 0 && (rows == 1 || (stride & 63) == 0);
             const int buffered = c->stream && !direct;
             /* runs per call: a 128x128 tile in one (buf holds TAB_CHUNK codes) */
@@ -668,7 +672,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
                     int64_t len = n - k0 < piece ? n - k0 : piece, at = lo + r0 * stride + k0;
                     const uint16_t *x = (const uint16_t *)src + at;
-                    if (!vbmi && !HAVE_TAB_BW && HAVE_TAB_AVX2 && tab->fast) { /* the runs that fit in buf per call */
+                    if (!vbmi && HAVE_TAB_AVX2 && tab->fast) { /* the runs that fit in buf per call */
                         const int buffered2 = buffered && CAN_STREAM; /* else direct, or not streamed */
                         const int64_t grp = buffered2 ? TAB_CHUNK / len : nr, lw = (len + 31) / 32;
                         uint32_t at32[2 * TAB_WORDS]; /* nr * lw <= 2 TAB_WORDS (per above) */
@@ -691,7 +695,8 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                         }
                         continue;
                     }
-                    if (!tab->fast || (!vbmi && !HAVE_TAB_BW)) { /* through buf: the compiler's stores are normal ones */
+                    if (!tab->fast || (!vbmi && !HAVE_TAB_BW)) { /* through buf: the compiler's stores are
+                                                                    * normal ones */
                         for (int64_t r = 0; r < nr; r++) {
                             const uint16_t *xr = x + r * stride;
                             uint8_t *dr = dst + at + r * stride, *o = c->stream && CAN_STREAM ? buf : dr;
@@ -784,7 +789,8 @@ FP8REF_INLINE uint16_t amax_tile128(const uint16_t *restrict x, int64_t rows, in
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
     for (int64_t r = 0; r < rows; r++)
         for (int i = 0; i < 8; i++)
-            a[i] = _mm256_max_epu16(a[i], _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + r * stride) + i), mask));
+            a[i] = _mm256_max_epu16(a[i], _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + r * stride) + i),
+                                                           mask));
     uint16_t acc[128];
     for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)acc + i, a[i]);
     return amax_row16(acc, 128, 0);

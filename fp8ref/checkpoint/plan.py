@@ -213,7 +213,7 @@ def _kv_heads(kv, module, fmt: str, config: Mapping | None, where: str) -> dict[
                               f"KV-cache scale per tensor (export to compressed-tensors for per-head scales)")
     text = (config or {}).get("text_config") if isinstance((config or {}).get("text_config"), dict) else (config or {})
     heads = {}
-    for which, key in (("k", "num_key_value_heads"), ("v", "num_key_value_heads"), ("q", "num_attention_heads")):
+    for which, key in _HEAD_KEYS.items():
         n = text.get(key, text.get("num_attention_heads"))
         if any(w == which for w, _, _ in entries) and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise CheckpointError(f"{where}: {per_head[0]!r} holds one amax per head, but the source's config.json "
@@ -221,10 +221,14 @@ def _kv_heads(kv, module, fmt: str, config: Mapping | None, where: str) -> dict[
         heads[which] = n
     for which, key, a in entries:
         if len(a) != heads[which]:
-            what = "num_attention_heads" if which == "q" else "num_key_value_heads"
             raise CheckpointError(f"{where}: {key!r} holds {len(a)} amax values; config.json has "
-                                  f"{what} {heads[which]}: give one per {'attention' if which == 'q' else 'KV'} head")
+                                  f"{_HEAD_KEYS[which]} {heads[which]}: give one per "
+                                  f"{'attention' if which == 'q' else 'KV'} head")
     return heads
+
+
+# the config key that counts the heads of each per-head scale
+_HEAD_KEYS = {"k": "num_key_value_heads", "v": "num_key_value_heads", "q": "num_attention_heads"}
 
 
 def _check_query(kv, module, fmt: str, where: str) -> bool:

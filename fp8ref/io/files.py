@@ -51,7 +51,6 @@ def open_regular(path: str | os.PathLike, *, error: type[Fp8RefError] = Checkpoi
     return os.fdopen(fd, "rb")
 
 
-
 def read_range(path, what: str, name: str, offset: int, nbytes: int):
     """``nbytes`` bytes of tensor ``name`` at ``offset`` of a regular file, as a fresh uint8 array;
     an OS error or a file that shrank while read is one ``CheckpointError`` naming both."""
@@ -67,6 +66,7 @@ def read_range(path, what: str, name: str, offset: int, nbytes: int):
     if got != nbytes:
         raise CheckpointError(f"{path}: tensor {name!r}: file changed while reading (got {got} of {nbytes} bytes)")
     return out
+
 
 def read_bytes(path: str | os.PathLike, *, error: type[Fp8RefError], limit: int = MAX_FILE_BYTES,
                what: str = "file") -> bytes:
