@@ -181,8 +181,18 @@ def _canonical_nan(dtype: np.dtype, negative: bool):
 # --------------------------------------------------------------------------------------------
 def _c_rne_params(fmt: FloatFormat, saturate: bool) -> _RneParams | None:
     """Parameters for the C round-to-nearest-even float32 loop, or None where it does not apply
-    (its subnormal trick needs every float32 subnormal input to round to zero)."""
-    base = _c_encode_params(fmt, saturate, "rne")
+    (its subnormal trick needs every float32 subnormal input to round to zero). Shared: read-only."""
+    return None if _kernels() is None else _rne_params(fmt, saturate)
+
+
+def _c_encode_params(fmt: FloatFormat, saturate: bool, rounding: str) -> _EncParams | None:
+    """Parameters for the C float32 loop, or None where it does not apply. Shared: read-only."""
+    return None if _kernels() is None else _enc_params(fmt, saturate, rounding)
+
+
+@lru_cache(maxsize=256)  # built once per format and mode: 30 us of every quantize call's fixed cost
+def _rne_params(fmt: FloatFormat, saturate: bool) -> _RneParams | None:
+    base = _enc_params(fmt, saturate, "rne")
     if base is None or fmt.emin - fmt.mantissa_bits - 1 < -126:
         return None
     m, shift = fmt.mantissa_bits, 23 - fmt.mantissa_bits
@@ -191,9 +201,9 @@ def _c_rne_params(fmt: FloatFormat, saturate: bool) -> _RneParams | None:
                       base.inf_pos, base.inf_neg, base.ovf_pos, base.ovf_neg, base.zero_neg)
 
 
-def _c_encode_params(fmt: FloatFormat, saturate: bool, rounding: str) -> _EncParams | None:
-    """Parameters for the C float32 loop, or None where it does not apply."""
-    if (_kernels() is None or rounding == "stochastic" or not fmt.signed or not fmt.has_zero
+@lru_cache(maxsize=256)
+def _enc_params(fmt: FloatFormat, saturate: bool, rounding: str) -> _EncParams | None:
+    if (rounding == "stochastic" or not fmt.signed or not fmt.has_zero
             or not 1 <= fmt.mantissa_bits <= 7 or fmt.emin - fmt.mantissa_bits < -140 or fmt.emax > 127):
         return None
     ovf = _overflow_codes(fmt, saturate, rounding)

@@ -298,7 +298,7 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
         fusable = amax is None and qa.scale_dtype == "model"
         fused = _native_quant.c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16,
                                                neg0, codes, stream) if fusable else None
-        done = fused is not None and fused[1]
+        done = fused is not None and fused[1] is not None
         a = scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
         if amax is None:
             reject_nonfinite(a, arr, dtype, rec)
@@ -307,7 +307,7 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
             if not ok.all():
                 raise ScaleError(f"amax: expected finite non-negative values, got {a[~ok][:3]}")
             reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
-        stored, operand = compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
+        stored, operand = (fused[1], None) if done else compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
     if not done and not _native_quant.c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding,
                                                  saturate, cast16, neg0, codes, stream):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)

@@ -262,6 +262,35 @@ def test_one_pass_loop_is_the_path_taken(monkeypatch):
     assert np.array_equal(quantize(x, QuantArgs(granularity="channel")).codes, want.codes)
 
 
+_FUSED_GRANS = {"channel": {}, "token": {}, "group": {"group_size": 24}, "block": {"block_shape": (3, 200)}}
+
+
+def _element_recipes():
+    from fp8ref.recipes import Recipe
+    from fp8ref.registry import get_recipe, recipe_names
+
+    return [n for n in recipe_names()
+            if isinstance(get_recipe(n), Recipe) and set(get_recipe(n).granularities) & set(_FUSED_GRANS)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("recipe", _element_recipes())
+def test_one_pass_scales_of_every_recipe(monkeypatch, dtype, recipe):
+    """The one-pass loop's stored scales come from a per-magnitude table (compute_scale once per
+    recipe, format and dtype): every element-scale recipe's scales and codes, at each granularity
+    it takes, against the numpy path, which computes the scales from its own amax. Rows span
+    binades; one is all zero."""
+    from fp8ref.registry import get_recipe
+
+    rec = get_recipe(recipe)
+    fmt = "float8_e4m3fn" if not rec.formats or "float8_e4m3fn" in rec.formats else rec.formats[0]
+    x = weights((9, 600), dtype, seed=17)
+    x[4] = 0.0
+    for gran in set(rec.granularities) & set(_FUSED_GRANS):
+        assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, format=fmt, **_FUSED_GRANS[gran]),
+                          recipe=recipe))
+
+
 # --- bfloat16 by thresholds (segment_tab in _csrc/quant.c) -------------------------------------
 # Runs of >= 512 bfloat16 inputs sharing one operand, rounded to nearest even, take the table loop
 # (VBMI where the CPU has it; FP8REF_NO_VBMI forces the portable one): both against the numpy path.

@@ -39,6 +39,7 @@ def test_get_recipe_parses_only_its_own_file_once(monkeypatch):
     real = registry.load_yaml
     monkeypatch.setattr(registry, "load_yaml", lambda path: parsed.append(path.name) or real(path))
     monkeypatch.setattr(registry, "_parse_recipe_file", functools.cache(registry._parse_recipe_file.__wrapped__))
+    monkeypatch.setattr(registry, "_builtin_recipe", functools.cache(registry._builtin_recipe.__wrapped__))
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda _: get_recipe("compressed-tensors"), range(8)))
     assert parsed == ["compressed-tensors.yaml"]
