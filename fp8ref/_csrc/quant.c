@@ -190,9 +190,9 @@ typedef struct {
     int fast; /* the overflow, sign and range rules fit the vector loops, and the windows hold */
 } bf16_tab;
 
-/* elements per operand worth a build; inputs per VBMI call (at most, where the codes go through a
- * buffer); 64-input words the VBMI loop may mark per call */
-enum { TAB_MIN = 512, TAB_CHUNK = 1024, TAB_WORDS = 256 };
+/* elements per operand worth a build; inputs per vector-loop call (at most, where the codes go
+ * through a buffer) */
+enum { TAB_MIN = 512, TAB_CHUNK = 1024 };
 /* A task's tables, kept by operand: a weight's dynamic scales repeat (an amax is one of the 128
  * bfloat16 values of its binade, and a matrix's rows or blocks share a few binades), so most rows
  * and tiles find their table built. Direct-mapped on sv's bits; a slot holds its key. */
@@ -409,20 +409,40 @@ static __attribute__((noinline)) uint16_t tab_run(const uint16_t *restrict x, ui
     return any;
 }
 
+/* The inputs a vector table loop does not take (v = 0: below E_b, those with subnormal or zero codes
+ * but +-0; v = 255: past the table), by the segment loop, into the step's codes before they are
+ * stored: a fix-up after the step was streamed wrote into a line still in flight and waited on
+ * memory (~180 ns each; N(0, s) rows have ~0.9 such inputs per 8,192: 10-15% of a per-channel
+ * pass, measured). kind BF16 and mode RNE: the table loops'. */
+typedef struct {
+    float sv;
+    const consts *c;
+    int exact, mul, model;
+} fix_ctx;
+static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8_t *codes, uint64_t lanes,
+                                                        const fix_ctx *f) {
+    for (; lanes; lanes &= lanes - 1) {
+        const int64_t i = __builtin_ctzll(lanes);
+        segment(x, codes, i, i + 1, f->sv, f->c, BF16, f->exact, RNE, f->mul, f->model);
+    }
+}
+
+#define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, ahead, stream, t, f) \
+    ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(ahead), \
+     (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
+
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
  * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (the compiler's tab_run takes ~90): in
  * 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one
  * saturating subtraction: 0 below E_b), packed to bytes with unsigned saturation; then three 16-byte
  * lookups by v (win_*: tab_build), two compares with l, one saturating add (v >= 128 looks up zeros
  * and overflows whatever it adds), overflow by min and the sign by OR. v = 0 (below the table, and
- * +-0) and v = 255 go to the segment loop, +-0 here. Runs x0 + r * stride, r < rows, of n inputs (a
- * block tile in one call, as tab_run_vbmi). Returns how many of its 32-input words hold inputs it
- * does not take: word slow_w[i] (r * ceil(n / 32) + k / 32), inputs slow_at[i]. */
+ * +-0) and v = 255 go to fix_lanes, +-0 here. Runs x0 + r * stride, r < rows, of n inputs (a block
+ * tile in one call, as tab_run_vbmi). */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && !defined(__AVX512BW__)
-static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
-                                                  int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
-                                                  int stream, const bf16_tab *t, uint32_t *restrict slow_at,
-                                                  int32_t *restrict slow_w) {
+static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
+                                                   int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
+                                                   int stream, const bf16_tab *t, const fix_ctx *f) {
     const int M = t->shift;
     const __m256i wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
     const __m256i wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1));
@@ -432,8 +452,6 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, u
     const __m256i zp = _mm256_set1_epi8((char)t->zero_p), zn = _mm256_set1_epi8((char)t->zero_n);
     const __m256i bias = _mm256_set1_epi8(127), edge = _mm256_set1_epi8(125), zero_v = _mm256_setzero_si256();
     const __m128i sh = _mm_cvtsi32_si128(8 - M);
-    int hits = 0;
-    const int32_t per_run = (int32_t)((n + 31) / 32);
     for (int64_t r = 0; r < rows; r++) {
     const uint16_t *x = x0 + r * stride;
     uint8_t *dst = dst0 + r * dst_stride;
@@ -455,38 +473,40 @@ static __attribute__((noinline)) int tab_run_avx2(const uint16_t *restrict x0, u
         /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed) */
         __m256i slow = _mm256_cmpgt_epi8(_mm256_add_epi8(v, bias), edge);
         uint32_t bits = (uint32_t)_mm256_movemask_epi8(slow);
-        if (bits) { /* +-0 here; the rest back to the segment loop */
+        if (bits) { /* +-0 here */
             const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(a0, zero_v), _mm256_cmpeq_epi16(a1, zero_v));
             code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(zp, zn, sgn), z);
             bits &= ~(uint32_t)_mm256_movemask_epi8(z);
         }
+        code = _mm256_permute4x64_epi64(code, 0xD8); /* input order */
+        if (bits) { /* the rest by fix_lanes (bits back to input order) */
+            uint8_t tmp[32];
+            _mm256_storeu_si256((__m256i *)tmp, code);
+            fix_lanes(x + k, tmp, (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u), f);
+            code = _mm256_loadu_si256((const __m256i *)tmp);
+        }
         if (stream) /* whole aligned lines: the caller checked dst and dst_stride */
-            _mm256_stream_si256((__m256i *)(dst + k), _mm256_permute4x64_epi64(code, 0xD8));
+            _mm256_stream_si256((__m256i *)(dst + k), code);
         else
-            _mm256_storeu_si256((__m256i *)(dst + k), _mm256_permute4x64_epi64(code, 0xD8));
-        if (bits) /* back to input order */
-            slow_at[hits] = (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u),
-            slow_w[hits++] = (int32_t)(r * per_run + k / 32);
+            _mm256_storeu_si256((__m256i *)(dst + k), code);
     }
     uint32_t tail = 0;
     for (int64_t i = k; i < n; i++) tail |= (uint32_t)(tab_run_scalar(x + i, dst + i, 1, t) != 0) << (i - k);
-    if (tail) slow_at[hits] = tail, slow_w[hits++] = (int32_t)(r * per_run + k / 32);
+    fix_lanes(x + k, dst + k, tail, f);
     }
-    return hits;
 }
 #define HAVE_TAB_AVX2 1
 #else
 #define HAVE_TAB_AVX2 0
-#define tab_run_avx2(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
+#define tab_run_avx2 NO_TAB_LOOP
 #endif
 
 /* tab_run with AVX-512 VBMI, 64 inputs per step in 17 vector instructions: v as tab_run_avx2's
  * (packed with saturation and put back in input order by one qword permute), the code v + steps_j[m]
  * from a 128-byte table (vpermi2b indexes by m and ignores bit 7, E's lowest bit), overflow by min,
  * the sign by one ternary-logic OR. Same rules and result as tab_run (tests compare both with the
- * segment loop). Runs x0 + r * stride, r < rows, of n inputs. Returns how many of its 64-input words
- * hold inputs it does not take: word i is slow_w[i] (run r, word k / 64: r * ceil(n / 64) + k / 64),
- * its inputs marked one bit each in slow_at[i]. */
+ * segment loop). Runs x0 + r * stride, r < rows, of n inputs; the inputs it does not take by
+ * fix_lanes. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX512BW__) /* the x86-64-v4 object alone: a
                                                                        * forced lower level runs as its CPUs do */
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
@@ -530,12 +550,19 @@ FP8REF_BW static inline void step_store(uint8_t *dst, int64_t left, int stream, 
     else
         _mm512_storeu_si512(dst, c);
 }
+/* the step's codes c (input order) with `lanes` by fix_lanes */
+FP8REF_BW static inline __m512i step_fix(const uint16_t *x, __mmask64 lanes, __m512i c, const fix_ctx *f) {
+    if (!lanes) return c;
+    uint8_t tmp[64];
+    _mm512_storeu_si512(tmp, c);
+    fix_lanes(x, tmp, lanes, f);
+    return _mm512_loadu_si512(tmp);
+}
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
-FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
-                                         int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
-                                         int stream, const bf16_tab *t, uint64_t *restrict slow_at,
-                                         int32_t *restrict slow_w) {
+FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
+                                          int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
+                                          int stream, const bf16_tab *t, const fix_ctx *f) {
     const int M = t->shift;
     const __m512i tlo = _mm512_loadu_si512(t->steps_j), thi = _mm512_loadu_si512(t->steps_j + 64);
     const __m512i ebm = _mm512_set1_epi16((short)(t->eb << M)), opv = _mm512_set1_epi8((char)t->ovf_p);
@@ -546,7 +573,6 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
     /* byte i of the result: the low (or high) byte of 16-bit lane i of the pair (a, b) */
     const __m512i lo_idx = _mm512_loadu_si512(lo_bytes);
     const __m512i hi_idx = _mm512_add_epi8(lo_idx, one);
-    int hits = 0;
     for (int64_t r = 0; r < rows; r++) {
     const uint16_t *x = x0 + r * stride;
     uint8_t *dst = dst0 + r * dst_stride;
@@ -560,19 +586,17 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
         __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, _mm512_permutex2var_epi8(tlo, lob, thi)), opv);
         c = _mm512_ternarylogic_epi32(c, hib, s80, 0xF8); /* c | (hib & 0x80) */
         __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, one), two) & all; /* v = 0 or 255 */
-        if (slow) { /* +-0 here; the rest back to the segment loop */
+        if (slow) { /* +-0 here; the rest by fix_lanes */
             const __mmask64 zero = (__mmask64)_mm512_testn_epi16_mask(a0, a0) |
                                    (__mmask64)_mm512_testn_epi16_mask(a1, a1) << 32;
             const __mmask64 neg = _mm512_movepi8_mask(hib);
             c = _mm512_mask_blend_epi8(zero & ~neg, c, zp);
             c = _mm512_mask_blend_epi8(zero & neg, c, zn);
-            slow &= ~zero;
-            if (slow) slow_at[hits] = slow, slow_w[hits++] = (int32_t)(r * ((n + 63) / 64) + k / 64);
+            c = step_fix(x + k, slow & ~zero, c, f);
         }
         step_store(dst + k, left, stream, all, c);
     }
     }
-    return hits;
 }
 
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions, for the AVX-512 CPUs without VBMI
@@ -580,9 +604,9 @@ FP8REF_VBMI static int tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restri
  * per lane (the tables repeat in every lane), the two compares as masks that add one each; one qword
  * permute puts the codes back in input order. Same returns as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
-FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
-                                int64_t stride, int64_t dst_stride, int64_t ahead, int stream, const bf16_tab *t,
-                                uint64_t *restrict slow_at, int32_t *restrict slow_w) {
+FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
+                                 int64_t stride, int64_t dst_stride, int64_t ahead, int stream, const bf16_tab *t,
+                                 const fix_ctx *f) {
     const int M = t->shift;
     const __m512i wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
     const __m512i wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1));
@@ -594,7 +618,6 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
     const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
     const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7); /* packed qwords back in input order */
     const __m128i sh = _mm_cvtsi32_si128(8 - M);
-    int hits = 0;
     for (int64_t r = 0; r < rows; r++) {
     const uint16_t *x = x0 + r * stride;
     uint8_t *dst = dst0 + r * dst_stride;
@@ -612,23 +635,21 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
         __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, st), opv);
         c = _mm512_ternarylogic_epi32(c, sgn, s80, 0xF8); /* c | (sgn & 0x80) */
         __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, one), two); /* v = 0 or 255, packed order */
-        if (slow) { /* +-0 here; the rest back to the segment loop, in input order */
+        uint64_t in_order = 0;
+        if (slow) { /* +-0 here; the rest by fix_lanes, in input order */
             const __m512i z = _mm512_packs_epi16(_mm512_movm_epi16(_mm512_testn_epi16_mask(a0, a0)),
                                                  _mm512_movm_epi16(_mm512_testn_epi16_mask(a1, a1)));
             const __mmask64 zm = _mm512_movepi8_mask(z), neg = _mm512_movepi8_mask(sgn);
             c = _mm512_mask_blend_epi8(zm & ~neg, c, zp);
             c = _mm512_mask_blend_epi8(zm & neg, c, zn);
             slow &= ~zm;
-            uint64_t in_order = 0;
             for (int g = 0; g < 8; g++) in_order |= ((slow >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
             in_order &= all;
-            if (in_order) slow_at[hits] = in_order, slow_w[hits++] = (int32_t)(r * ((n + 63) / 64) + k / 64);
         }
-        c = _mm512_permutexvar_epi64(order, c);
+        c = step_fix(x + k, in_order, _mm512_permutexvar_epi64(order, c), f);
         step_store(dst + k, left, stream, all, c);
     }
     }
-    return hits;
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -637,9 +658,9 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
                      !getenv("FP8REF_NO_VBMI"))
 #else
 #define HAVE_VBMI() 0
-#define tab_run_vbmi(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
+#define tab_run_vbmi NO_TAB_LOOP
 #define HAVE_TAB_BW 0
-#define tab_run_bw(x, dst, n, rows, stride, dst_stride, ahead, stream, t, slow_at, slow_w) 0
+#define tab_run_bw NO_TAB_LOOP
 #endif
 
 /* whether a task's table loop runs tab_run_vbmi (read once per task) */
@@ -647,8 +668,9 @@ FP8REF_BW static int tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict d
 
 /* segment() over `rows` runs [lo, hi) + r * stride sharing one operand sv (of `count` elements in
  * all): bfloat16 inputs by the table where it applies (built on the first run of a new sv), else
- * the segment loop. The VBMI loop takes up to TAB_CHUNK inputs per call (whole short runs, or
- * pieces of a long one) and hands back the inputs it does not take, which the segment loop does. */
+ * the segment loop. The vector loops take up to TAB_CHUNK inputs per call (whole short runs, or
+ * pieces of a long one; a whole tile where the codes stream straight from the loop) and the inputs
+ * they do not take by fix_lanes. */
 FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, int64_t rows,
                                int64_t stride, int64_t ahead, float sv, const consts *c, bf16_tab *tab, int64_t count,
                                int kind, int exact, int mode, int mul, int model) {
@@ -663,9 +685,8 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
             const int direct = c->stream && ((uintptr_t)(dst + lo) & 63u) == 0 && (rows == 1 || (stride & 63) == 0);
             const int buffered = c->stream && !direct;
             /* runs per call: a 128x128 tile in one (buf holds TAB_CHUNK codes) */
-            int64_t per = n <= TAB_CHUNK ? (buffered ? TAB_CHUNK / 64 : TAB_WORDS) / words : 1;
-            uint64_t slow_at[TAB_WORDS];
-            int32_t slow_w[TAB_WORDS];
+            int64_t per = n <= TAB_CHUNK ? (buffered ? TAB_CHUNK / 64 / words : rows) : 1;
+            const fix_ctx f = {sv, c, exact, mul, model};
             uint8_t buf[TAB_CHUNK + 64]; /* buffered: the piece's codes, run after run, then copied out */
             for (int64_t r0 = 0; r0 < rows; r0 += per) {
                 int64_t nr = rows - r0 < per ? rows - r0 : per;
@@ -674,22 +695,12 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                     const uint16_t *x = (const uint16_t *)src + at;
                     if (!vbmi && HAVE_TAB_AVX2 && tab->fast) { /* the runs that fit in buf per call */
                         const int buffered2 = buffered && CAN_STREAM; /* else direct, or not streamed */
-                        const int64_t grp = buffered2 ? TAB_CHUNK / len : nr, lw = (len + 31) / 32;
-                        uint32_t at32[2 * TAB_WORDS]; /* nr * lw <= 2 TAB_WORDS (per above) */
-                        int32_t w32[2 * TAB_WORDS];
+                        const int64_t grp = buffered2 ? TAB_CHUNK / len : nr;
                         for (int64_t r1 = 0; r1 < nr; r1 += grp) {
                             const int64_t g = nr - r1 < grp ? nr - r1 : grp, os = buffered2 ? len : stride;
                             const uint16_t *xg = x + r1 * stride;
                             uint8_t *og = buffered2 ? buf : dst + at + r1 * stride;
-                            int hits = tab_run_avx2(xg, og, len, g, stride, os, ahead, direct && CAN_STREAM, tab,
-                                                    at32, w32);
-                            if (hits && direct) STREAM_FENCE(); /* before a fix-up's normal store */
-                            for (int i = 0; i < hits; i++) /* only the inputs it does not take */
-                                for (uint32_t b = at32[i]; b; b &= b - 1) {
-                                    int64_t r = w32[i] / lw, k = 32 * (w32[i] % lw) + __builtin_ctz(b);
-                                    segment(xg + r * stride, og + r * os, k, k + 1, sv, c, kind, exact, mode, mul,
-                                            model);
-                                }
+                            tab_run_avx2(xg, og, len, g, stride, os, ahead, direct && CAN_STREAM, tab, &f);
                             for (int64_t r = 0; buffered2 && r < g; r++)
                                 stream_copy(dst + at + (r1 + r) * stride, buf + r * len, len);
                         }
@@ -712,18 +723,10 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                     }
                     uint8_t *out = buffered ? buf : dst + at;
                     int64_t os = buffered ? len : stride;
-                    int hits = vbmi ? tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, slow_at, slow_w)
-                                    : tab_run_bw(x, out, len, nr, stride, os, ahead, direct, tab, slow_at, slow_w);
-                    if (hits) {
-                        if (direct) STREAM_FENCE(); /* the streamed lines written before a fix-up's normal store */
-                        int64_t lw = (len + 63) / 64; /* words per run of this piece */
-                        for (int i = 0; i < hits; i++) /* only the inputs it did not take */
-                            for (uint64_t b = slow_at[i]; b; b &= b - 1) {
-                                int64_t r = slow_w[i] / lw, k = 64 * (slow_w[i] % lw) + __builtin_ctzll(b);
-                                segment(x + r * stride, out + r * os, k, k + 1, sv, c, kind, exact, mode, mul,
-                                        model);
-                            }
-                    }
+                    if (vbmi)
+                        tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, &f);
+                    else
+                        tab_run_bw(x, out, len, nr, stride, os, ahead, direct, tab, &f);
                     if (buffered)
                         for (int64_t r = 0; r < nr; r++) stream_copy(dst + at + r * stride, buf + r * len, len);
                 }
