@@ -408,16 +408,19 @@ _WEIGHT_GRANS = [("channel", {}), ("tensor", {}), ("block", {"block_shape": (32,
                                                for g, e in _WEIGHT_GRANS if _takes(r, g)])
 def test_table_loop_on_weights(monkeypatch, loop, recipe, gran, extra):
     """Dynamic scales on weights whose rows span 60 binades, with zeros, subnormals and a K that is
-    not a multiple of the 64-input vector step nor of the block."""
+    not a multiple of the 64-input vector step nor of the block; per channel also rows longer than
+    a loop call's 8,192 inputs (a whole piece and a ragged one)."""
     into = _loop(monkeypatch, loop)
     from fp8ref.registry import get_recipe
 
     divisible = get_recipe(recipe).require_divisible  # hf-fp8: whole blocks only
-    x = weights((256, 1152) if divisible else (160, 1100), "bfloat16", seed=3)
-    x[5, :300] = 0.0
-    x[7, 100:700] = (np.arange(600) * 2.0 ** -133).astype(ml_dtypes.bfloat16)  # bf16 subnormals
-    x[9] *= ml_dtypes.bfloat16(2.0 ** -100)
-    assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into, recipe=recipe))
+    shapes = [(256, 1152) if divisible else (160, 1100)] + ([(12, 8192 + 1100)] if gran == "channel" else [])
+    for shape in shapes:
+        x = weights(shape, "bfloat16", seed=3)
+        x[5, :300] = 0.0
+        x[7, 100:700] = (np.arange(600) * 2.0 ** -133).astype(ml_dtypes.bfloat16)  # bf16 subnormals
+        x[9] *= ml_dtypes.bfloat16(2.0 ** -100)
+        assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into, recipe=recipe))
 
 
 @pytest.mark.parametrize("loop", LOOPS)
