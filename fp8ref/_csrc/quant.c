@@ -493,7 +493,7 @@ static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, 
     }
     uint32_t tail = 0;
     for (int64_t i = k; i < n; i++) tail |= (uint32_t)(tab_run_scalar(x + i, dst + i, 1, t) != 0) << (i - k);
-    fix_lanes(x + k, dst + k, tail, f);
+    if (tail) fix_lanes(x + k, dst + k, tail, f);
     }
 }
 #define HAVE_TAB_AVX2 1
@@ -792,6 +792,7 @@ FP8REF_INLINE uint16_t amax_tile128(const uint16_t *restrict x, int64_t rows, in
     __m256i a[8];
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
     for (int64_t r = 0; r < rows; r++)
+#pragma GCC unroll 8 /* else -O2 keeps a[] in memory: a load, max and store per 16 inputs (perf) */
         for (int i = 0; i < 8; i++)
             a[i] = _mm256_max_epu16(a[i], _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + r * stride) + i),
                                                            mask));
