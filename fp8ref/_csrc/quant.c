@@ -428,9 +428,9 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     }
 }
 
-#define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, ahead, stream, t, f) \
-    ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(ahead), \
-     (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
+#define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, pf_stride, stream, t, f) \
+    ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
+     (void)(pf_stride), (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
  * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (the compiler's tab_run takes ~90): in
@@ -442,8 +442,9 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
  * tile in one call, as tab_run_vbmi). */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && !defined(__AVX512BW__)
 static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
-                                                   int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
-                                                   int stream, const bf16_tab *t, const fix_ctx *f) {
+                                                   int64_t rows, int64_t stride, int64_t dst_stride,
+                                                   const uint16_t *pf0, int64_t pf_stride, int stream,
+                                                   const bf16_tab *t, const fix_ctx *f) {
     const int M = t->shift;
     const __m256i wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
     const __m256i wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1));
@@ -454,13 +455,13 @@ static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, 
     const __m256i bias = _mm256_set1_epi8(127), edge = _mm256_set1_epi8(125), zero_v = _mm256_setzero_si256();
     const __m128i sh = _mm_cvtsi32_si128(8 - M);
     for (int64_t r = 0; r < rows; r++) {
-    const uint16_t *x = x0 + r * stride;
+    const uint16_t *x = x0 + r * stride, *pf = pf0 ? pf0 + r * pf_stride : NULL;
     uint8_t *dst = dst0 + r * dst_stride;
     int64_t k = 0;
     for (; k + 32 <= n; k += 32) {
         const __m256i h0 = _mm256_loadu_si256((const __m256i *)(x + k));
         const __m256i h1 = _mm256_loadu_si256((const __m256i *)(x + k + 16));
-        if (ahead) _mm_prefetch((const char *)(x + k + ahead), _MM_HINT_T1); /* the next unit's line, into L2 */
+        if (pf) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1); /* the next unit's line, into L2 */
         /* byte order of every packed vector: inputs 0-7, 16-23 | 8-15, 24-31 */
         const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
         const __m256i v = _mm256_packus_epi16(_mm256_subs_epu16(_mm256_srl_epi16(a0, sh), ebm),
@@ -519,11 +520,11 @@ static int vbmi_ok = -1;
  * the mask of those taken. Whole steps load without masks (their setup cost as much as the VBMI
  * loop's step: measured). `ahead`: the same two lines of the next unit, into L2 while this one
  * computes. */
-FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, int64_t ahead, __m512i *h0,
+FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, const uint16_t *pf, __m512i *h0,
                                             __m512i *h1) {
-    if (ahead) {
-        _mm_prefetch((const char *)(x + ahead), _MM_HINT_T1);
-        _mm_prefetch((const char *)(x + ahead) + 64, _MM_HINT_T1);
+    if (pf) {
+        _mm_prefetch((const char *)pf, _MM_HINT_T1);
+        _mm_prefetch((const char *)pf + 64, _MM_HINT_T1);
     }
     if (left >= 64) {
         *h0 = _mm512_loadu_si512(x), *h1 = _mm512_loadu_si512(x + 32);
@@ -562,8 +563,8 @@ FP8REF_BW static inline __m512i step_fix(const uint16_t *x, __mmask64 lanes, __m
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
 FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
-                                          int64_t rows, int64_t stride, int64_t dst_stride, int64_t ahead,
-                                          int stream, const bf16_tab *t, const fix_ctx *f) {
+                                          int64_t rows, int64_t stride, int64_t dst_stride, const uint16_t *pf0,
+                                          int64_t pf_stride, int stream, const bf16_tab *t, const fix_ctx *f) {
     const int M = t->shift;
     const __m512i tlo = _mm512_loadu_si512(t->steps_j), thi = _mm512_loadu_si512(t->steps_j + 64);
     const __m512i ebm = _mm512_set1_epi16((short)(t->eb << M)), opv = _mm512_set1_epi8((char)t->ovf_p);
@@ -575,12 +576,12 @@ FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restr
     const __m512i lo_idx = _mm512_loadu_si512(lo_bytes);
     const __m512i hi_idx = _mm512_add_epi8(lo_idx, one);
     for (int64_t r = 0; r < rows; r++) {
-    const uint16_t *x = x0 + r * stride;
+    const uint16_t *x = x0 + r * stride, *pf = pf0 ? pf0 + r * pf_stride : NULL;
     uint8_t *dst = dst0 + r * dst_stride;
     for (int64_t k = 0; k < n; k += 64) {
         const int64_t left = n - k;
         __m512i h0, h1;
-        const __mmask64 all = step_load(x + k, left, ahead, &h0, &h1);
+        const __mmask64 all = step_load(x + k, left, pf ? pf + k : NULL, &h0, &h1);
         const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1); /* magnitude bits << 1 */
         const __m512i v = _mm512_permutexvar_epi64(order, step_v(a0, a1, sh, ebm)); /* in input order */
         const __m512i lob = _mm512_permutex2var_epi8(h0, lo_idx, h1), hib = _mm512_permutex2var_epi8(h0, hi_idx, h1);
@@ -606,8 +607,8 @@ FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restr
  * permute puts the codes back in input order. Same returns as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
 FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
-                                 int64_t stride, int64_t dst_stride, int64_t ahead, int stream, const bf16_tab *t,
-                                 const fix_ctx *f) {
+                                 int64_t stride, int64_t dst_stride, const uint16_t *pf0, int64_t pf_stride,
+                                 int stream, const bf16_tab *t, const fix_ctx *f) {
     const int M = t->shift;
     const __m512i wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
     const __m512i wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1));
@@ -620,12 +621,12 @@ FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict 
     const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7); /* packed qwords back in input order */
     const __m128i sh = _mm_cvtsi32_si128(8 - M);
     for (int64_t r = 0; r < rows; r++) {
-    const uint16_t *x = x0 + r * stride;
+    const uint16_t *x = x0 + r * stride, *pf = pf0 ? pf0 + r * pf_stride : NULL;
     uint8_t *dst = dst0 + r * dst_stride;
     for (int64_t k = 0; k < n; k += 64) {
         const int64_t left = n - k;
         __m512i h0, h1;
-        const __mmask64 all = step_load(x + k, left, ahead, &h0, &h1);
+        const __mmask64 all = step_load(x + k, left, pf ? pf + k : NULL, &h0, &h1);
         const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1);
         const __m512i v = step_v(a0, a1, sh, ebm);
         const __m512i l = _mm512_packus_epi16(_mm512_and_si512(h0, lmask), _mm512_and_si512(h1, lmask));
@@ -671,10 +672,11 @@ FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict 
  * all): bfloat16 inputs by the table where it applies (built on the first run of a new sv), else
  * the segment loop. The vector loops take up to TAB_CHUNK inputs per call (whole short runs, or
  * pieces of a long one; a whole tile where the codes stream straight from the loop) and the inputs
- * they do not take by fix_lanes. */
+ * they do not take by fix_lanes. `copy`: the same bfloat16 inputs, row r at copy + r * (hi - lo) (a
+ * tile gathered by its amax pass), for the vector loops to read instead of src; or NULL. */
 FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, int64_t rows,
-                               int64_t stride, int64_t ahead, float sv, const consts *c, bf16_tab *tab, int64_t count,
-                               int kind, int exact, int mode, int mul, int model) {
+                               int64_t stride, int64_t ahead, const uint16_t *copy, float sv, const consts *c,
+                               bf16_tab *tab, int64_t count, int kind, int exact, int mode, int mul, int model) {
     const int vbmi = c->vbmi;
     int fresh = !(tab->built && tab->key == bits_of(sv));
     if (kind == BF16 && mode == RNE && (fresh ? count >= TAB_MIN : tab->ok)) {
@@ -693,15 +695,18 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                 int64_t nr = rows - r0 < per ? rows - r0 : per;
                 for (int64_t k0 = 0; k0 < n; k0 += piece) {
                     int64_t len = n - k0 < piece ? n - k0 : piece, at = lo + r0 * stride + k0;
-                    const uint16_t *x = (const uint16_t *)src + at;
+                    const uint16_t *x = (const uint16_t *)src + at, *pf = ahead ? x + ahead : NULL;
+                    /* what the vector loops read: the copy where there is one (its rows n apart) */
+                    const uint16_t *xv = copy ? copy + r0 * n + k0 : x;
+                    const int64_t xs = copy ? n : stride;
                     if (!vbmi && HAVE_TAB_AVX2 && tab->fast) { /* the runs that fit in buf per call */
                         const int buffered2 = buffered && CAN_STREAM; /* else direct, or not streamed */
                         const int64_t grp = buffered2 ? TAB_CHUNK / len : nr;
                         for (int64_t r1 = 0; r1 < nr; r1 += grp) {
                             const int64_t g = nr - r1 < grp ? nr - r1 : grp, os = buffered2 ? len : stride;
-                            const uint16_t *xg = x + r1 * stride;
                             uint8_t *og = buffered2 ? buf : dst + at + r1 * stride;
-                            tab_run_avx2(xg, og, len, g, stride, os, ahead, direct && CAN_STREAM, tab, &f);
+                            tab_run_avx2(xv + r1 * xs, og, len, g, xs, os, pf ? pf + r1 * stride : NULL, stride,
+                                         direct && CAN_STREAM, tab, &f);
                             for (int64_t r = 0; buffered2 && r < g; r++)
                                 stream_copy(dst + at + (r1 + r) * stride, buf + r * len, len);
                         }
@@ -725,9 +730,9 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                     uint8_t *out = buffered ? buf : dst + at;
                     int64_t os = buffered ? len : stride;
                     if (vbmi)
-                        tab_run_vbmi(x, out, len, nr, stride, os, ahead, direct, tab, &f);
+                        tab_run_vbmi(xv, out, len, nr, xs, os, pf, stride, direct, tab, &f);
                     else
-                        tab_run_bw(x, out, len, nr, stride, os, ahead, direct, tab, &f);
+                        tab_run_bw(xv, out, len, nr, xs, os, pf, stride, direct, tab, &f);
                     if (buffered)
                         for (int64_t r = 0; r < nr; r++) stream_copy(dst + at + r * stride, buf + r * len, len);
                 }
@@ -751,7 +756,7 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
             int64_t k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-            segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, -j->K, srow[k0 / j->g], &c,
+            segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, -j->K, NULL, srow[k0 / j->g], &c,
                         tab_slot(&tabs, srow[k0 / j->g]),
                         k1 - k0, kind, exact, mode, mul, model); /* prefetching the row done next */
         }
@@ -783,8 +788,11 @@ FP8REF_INLINE uint16_t amax_row16(const uint16_t *restrict x, size_t n, uint16_t
 }
 
 /* max magnitude bits of a tile of `rows` rows (stride `stride`) and 128 columns: the 128 running
- * maxima stay in vector registers; one reduction per tile instead of one per row */
-FP8REF_INLINE uint16_t amax_tile128(const uint16_t *restrict x, int64_t rows, int64_t stride) {
+ * maxima stay in vector registers; one reduction per tile instead of one per row. `copy` (or NULL):
+ * the tile's inputs, rows 128 apart: its rows lie a power of two apart in x, so that they share a few
+ * cache sets, and a second pass over x found most of them gone from L1 and half from L2 */
+FP8REF_INLINE uint16_t amax_tile128(const uint16_t *restrict x, int64_t rows, int64_t stride,
+                                    uint16_t *restrict copy) {
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
     /* written out: the compiler kept the 128 maxima in memory, a load and a store per 16
      * inputs (perf: 80% of the fused loop's time on 128x128 blocks) */
@@ -793,9 +801,11 @@ FP8REF_INLINE uint16_t amax_tile128(const uint16_t *restrict x, int64_t rows, in
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
     for (int64_t r = 0; r < rows; r++)
 #pragma GCC unroll 8 /* else -O2 keeps a[] in memory: a load, max and store per 16 inputs (perf) */
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm256_max_epu16(a[i], _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + r * stride) + i),
-                                                           mask));
+        for (int i = 0; i < 8; i++) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(x + r * stride) + i);
+            if (copy) _mm256_store_si256((__m256i *)(copy + r * 128) + i, h);
+            a[i] = _mm256_max_epu16(a[i], _mm256_and_si256(h, mask));
+        }
     uint16_t acc[128];
     for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)acc + i, a[i]);
     return amax_row16(acc, 128, 0);
@@ -805,6 +815,7 @@ FP8REF_INLINE uint16_t amax_tile128(const uint16_t *restrict x, int64_t rows, in
         for (int k = 0; k < 128; k++) {
             uint16_t v = x[r * stride + k] & 0x7FFFu;
             acc[k] = v > acc[k] ? v : acc[k];
+            if (copy) copy[r * 128 + k] = x[r * stride + k];
         }
     return amax_run16(acc, 128, 0);
 #endif
@@ -824,6 +835,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     tab_cache tabs;
     tab_cache_init(&tabs);
     const uint16_t *x = j->src;
+    uint16_t tile[128 * 128] __attribute__((aligned(64)));
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
     for (int64_t b = b0; b < b1; b++) {
         int64_t m = b / nbr, br = b % nbr;
@@ -839,11 +851,16 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             /* the next run's, or at the band's end the next band's first run (rows hi.., column 0) */
             const int64_t ahead = j1 < ng ? run * j->g : (hi - lo) * j->K - j0 * j->g;
             uint16_t a[64] = {0};
+            /* a whole 128x128 (or shorter) bfloat16 tile, one per run: gathered by its amax pass for
+             * the table loops (8192x8192 blocks, 2 threads: VBMI 6.5-6.9 -> 5.4-5.5 ms, x86-64-v3
+             * 6.8-7.2 -> 6.2-6.6 ms: measured) */
+            const int gather = kind == BF16 && run == 1 && hi - lo <= 128 && j0 * 128 + 128 <= j->K;
             if (j->g == 128 && hi - lo > 1)
                 for (int64_t jg = j0; jg < j1; jg++) {
                     int64_t k0 = jg * j->g;
-                    a[jg - j0] = k0 + 128 <= j->K ? amax_tile128(x + lo * j->K + k0, hi - lo, j->K)
-                                                  : amax_rows16(x + lo * j->K + k0, hi - lo, j->K, j->K - k0);
+                    a[jg - j0] = k0 + 128 <= j->K
+                                     ? amax_tile128(x + lo * j->K + k0, hi - lo, j->K, gather ? tile : NULL)
+                                     : amax_rows16(x + lo * j->K + k0, hi - lo, j->K, j->K - k0);
                 }
             else
                 for (int64_t r = lo; r < hi; r++)
@@ -855,8 +872,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                 int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
                 j->amax[b * ng + jg] = a[jg - j0];
                 float sv = j->table[a[jg - j0]];
-                segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, ahead, sv, &c,
-                            tab_slot(&tabs, sv),
+                segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, ahead,
+                            gather && j->g == 128 && hi - lo > 1 ? tile : NULL, sv, &c, tab_slot(&tabs, sv),
                             (hi - lo) * (k1 - k0), kind, exact, mode, mul, model);
             }
         }
