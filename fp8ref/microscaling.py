@@ -13,7 +13,7 @@ import numpy as np
 
 from ._quant_inputs import one_number, reject_nonfinite, widen
 from .codec import decode, encode
-from .errors import InputTypeError, ShapeError
+from .errors import EncodeError, InputTypeError, ShapeError
 from .formats import FORMATS
 from .recipes import BlockRecipe, check_scale, exact_quotient_codes
 from .rounding import round_to
@@ -203,6 +203,18 @@ def _ggml_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
                 global_scale=np.array([1.0], np.float32), global_meaning="multiplier", _recipe=rec)
 
 
+def _reject_nonfinite_blocks(s_blk: np.ndarray, g, rec: BlockRecipe, fmt) -> None:
+    """A block whose stored scale is NaN has NaN quotients, which an element format without a NaN
+    code cannot hold: said as what happened (ModelOpt's global scale of a zero amax is 0/0, so an
+    all-zero weight has NaN block scales), not as NaN values in x, which may hold none."""
+    bad = ~np.isfinite(s_blk)
+    if bad.any() and not fmt.has_nan:
+        why = (f"global scale {float(g)!r}: the tensor amax is 0, and 0/0 is NaN in this recipe"
+               if g == 0 or np.isinf(g) else "x holds NaN or Inf")
+        raise EncodeError(f"x: recipe {rec.name!r} gives {int(bad.sum())} of {s_blk.size} block scale(s) that are "
+                          f"non-finite ({why}), and {fmt.name} has no NaN code for their elements")
+
+
 def recipe_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
     """NVFP4 with a producer's global/block scale steps (BlockRecipe docstring); ``amax`` overrides
     the tensor amax A (a fused group's max); ``given`` is a stored global scale (static, e.g. a
@@ -261,6 +273,7 @@ def recipe_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
         else:
             eff = _f32(s_blk / g) if rec.global_meaning == "divisor" else _f32(s_blk * g)  # fp32, rounded once
             y = x32 / expand(eff, x32.shape, "nvfp4").astype(np.float32)
+    _reject_nonfinite_blocks(s_blk, g, rec, fmt)
     codes = _block_encode(y, rec, fmt)
     return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
                 scale_dtype=NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,

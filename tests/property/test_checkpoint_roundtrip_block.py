@@ -66,6 +66,22 @@ def _bits(a) -> bytes:
     return np.ascontiguousarray(np.asarray(a)).tobytes()
 
 
+def test_modelopt_nvfp4_all_zero_group_is_refused_as_non_finite(tmp_path):
+    """The example hypothesis found outside the ci profile: a fused group of all-zero bf16 weights
+    under ModelOpt NVFP4 (0/0 global scale, NaN block scales) must be the one-line non-finite
+    refusal, and write nothing."""
+    ws = {n: np.zeros((1, 2), ml_dtypes.bfloat16) for n in NAMES}
+    (tmp_path / "src").mkdir()
+    write_safetensors(tmp_path / "src" / "model.safetensors", {f"{n}.weight": ("BF16", w) for n, w in ws.items()},
+                      {"format": "pt"})
+    (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16"}))
+    quant = next(q for f, q, r in CASES if r == "modelopt-nvfp4")
+    with pytest.raises(CheckpointError, match="non-finite .*0/0"):
+        export_checkpoint(tmp_path / "src", tmp_path / "out", {"scheme": to_scheme(quant, "modelopt-nvfp4")},
+                          format="modelopt", calibration={n: 0.5 for n in NAMES})
+    assert not (tmp_path / "out").exists()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_export_load_write_is_bit_identical(data):

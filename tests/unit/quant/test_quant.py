@@ -310,6 +310,16 @@ def test_mx_against_the_definition(fmt, rule):
             assert np.array_equal(q.codes[r, 32 * b:32 * b + 32], oracle_codes(blk, np.float64(2.0 ** e), f))
 
 
+@pytest.mark.parametrize("x,why", [(np.zeros((2, 32), np.float32), r"the tensor amax is 0, and 0/0 is NaN"),
+                                   (np.array([[np.nan] + [1.0] * 31, [1.0] * 32], np.float32), "x holds NaN or Inf")])
+def test_nvfp4_nan_block_scales_are_refused_with_their_cause(x, why):
+    """ModelOpt's NVFP4 global scale of a zero amax is 0/0, so every block scale is NaN, and FP4 has
+    no NaN code: the error says so (it said "x holds 64 NaN value(s)" of an all-zero x)."""
+    with pytest.raises(EncodeError, match=rf"recipe 'modelopt-nvfp4' gives 4 of 4 block scale\(s\) that are "
+                                          rf"non-finite \(.*{why}.*float4_e2m1fn has no NaN code"):
+        quantize(x, QuantArgs(granularity="nvfp4", format="float4_e2m1fn"), recipe="modelopt-nvfp4")
+
+
 def test_nvfp4_two_levels():
     e2m1 = FORMATS["float4_e2m1fn"]
     x = rng_weights((2, 48), seed=11, dtype=torch.float32).numpy()
