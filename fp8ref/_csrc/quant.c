@@ -518,8 +518,8 @@ static int vbmi_ok = -1;
 
 /* A 64-input step of the AVX-512 table loops: inputs [0, min(left, 64)) into (h0, h1), zero beyond;
  * the mask of those taken. Whole steps load without masks (their setup cost as much as the VBMI
- * loop's step: measured). `ahead`: the same two lines of the next unit, into L2 while this one
- * computes. */
+ * loop's step: measured). `pf` (or NULL): the same two lines of the next unit, into L2 while this
+ * one computes. */
 FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, const uint16_t *pf, __m512i *h0,
                                             __m512i *h1) {
     if (pf) {
@@ -604,7 +604,7 @@ FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restr
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions, for the AVX-512 CPUs without VBMI
  * (Skylake-SP, Cascade Lake): the same v, l and sign packed per 128-bit lane, the three lookups
  * per lane (the tables repeat in every lane), the two compares as masks that add one each; one qword
- * permute puts the codes back in input order. Same returns as tab_run_vbmi. */
+ * permute puts the codes back in input order. Called as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
 FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
                                  int64_t stride, int64_t dst_stride, const uint16_t *pf0, int64_t pf_stride,
