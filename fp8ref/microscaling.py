@@ -262,6 +262,7 @@ def recipe_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
         zero = s_blk == 0
         scale_codes = np.where(zero, encode(np.float32(rec.block_zero_stored), sfmt), scale_codes).astype(np.uint8)
         s_blk = decode(scale_codes, sfmt)
+    _reject_nonfinite_blocks(s_blk, g, rec, fmt)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if rec.apply_op == "multiply_reciprocal":  # TE: x * fminf(1 / (s_b * fp32(1/g)), FLT_MAX)
             m = _f32(np.float32(1.0) / _f32(s_blk * (np.float32(1.0) / _f32(g))))
@@ -273,7 +274,6 @@ def recipe_nvfp4(arr, dtype, qa, rec: BlockRecipe, fmt, amax, given) -> dict:
         else:
             eff = _f32(s_blk / g) if rec.global_meaning == "divisor" else _f32(s_blk * g)  # fp32, rounded once
             y = x32 / expand(eff, x32.shape, "nvfp4").astype(np.float32)
-    _reject_nonfinite_blocks(s_blk, g, rec, fmt)
     codes = _block_encode(y, rec, fmt)
     return dict(codes=codes, scale=s_blk, format=fmt.name, granularity="nvfp4", recipe=rec.name, args=qa,
                 scale_dtype=NVFP4_SCALE_FORMAT, dtype=dtype, scale_codes=scale_codes,

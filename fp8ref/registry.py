@@ -52,10 +52,8 @@ def presets_document() -> YamlDocument:
 # --- recipes -------------------------------------------------------------------------------
 
 @functools.cache
-@functools.cache
 def recipe_names() -> tuple[str, ...]:
-    """The names of the built-in recipes (file names, sorted), without parsing them; listed once (the
-    package's own folder: a directory listing per quantize call was 20 us of its fixed cost)."""
+    """The names of the built-in recipes (file names, sorted), without parsing them."""
     return tuple(sorted(path.stem for path in RECIPES_DIR.glob("*.yaml")))
 
 

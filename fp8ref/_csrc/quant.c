@@ -208,8 +208,8 @@ FP8REF_INLINE bf16_tab *tab_slot(tab_cache *tc, float sv) {
     return &tc->e[(bits_of(sv) * 0x9E3779B1u) >> (32 - TAB_CACHE_BITS)];
 }
 /* input bytes of the block tiles taken together (amaxes, then codes): one 128x128 bfloat16 tile,
- * which the encode then reads from L1 (measured against 64-256 KiB runs: 0.85-0.88 vs 0.66-0.74
- * of copy_ with two threads, the same or better with one) */
+ * which the encode then reads from the copy its amax pass gathered (bands_fused; measured against
+ * 64-256 KiB runs: 0.85-0.88 vs 0.66-0.74 of copy_ with two threads, the same or better with one) */
 enum { TILE_RUN_BYTES = 32 * 1024 };
 
 /* Whether the value a producer rounds (or, exact, x/s) is >= 2^emin for magnitude bits a; `thr` is
@@ -854,7 +854,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             /* a whole 128x128 (or shorter) bfloat16 tile, one per run: gathered by its amax pass for
              * the table loops (8192x8192 blocks, 2 threads: VBMI 6.5-6.9 -> 5.4-5.5 ms, x86-64-v3
              * 6.8-7.2 -> 6.2-6.6 ms: measured) */
-            const int gather = kind == BF16 && run == 1 && hi - lo <= 128 && j0 * 128 + 128 <= j->K;
+            const int gather = kind == BF16 && j->g == 128 && run == 1 && hi - lo > 1 && hi - lo <= 128 &&
+                               j0 * 128 + 128 <= j->K;
             if (j->g == 128 && hi - lo > 1)
                 for (int64_t jg = j0; jg < j1; jg++) {
                     int64_t k0 = jg * j->g;
@@ -873,7 +874,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                 j->amax[b * ng + jg] = a[jg - j0];
                 float sv = j->table[a[jg - j0]];
                 segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, ahead,
-                            gather && j->g == 128 && hi - lo > 1 ? tile : NULL, sv, &c, tab_slot(&tabs, sv),
+                            gather ? tile : NULL, sv, &c, tab_slot(&tabs, sv),
                             (hi - lo) * (k1 - k0), kind, exact, mode, mul, model);
             }
         }
