@@ -428,9 +428,48 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     }
 }
 
-#define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, pf_stride, stream, t, f) \
+#define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, stream, t, f) \
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
-     (void)(pf_stride), (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
+     (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
+
+/* What the vector table loops prefetch into L2 while they compute, one line per 32 inputs: rows of
+ * n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their own inputs (a
+ * no-op). */
+typedef struct {
+    const uint16_t *p;
+    int64_t n, rows, stride;
+} pf_plan;
+
+/* The vector table loops' walk over `rows` runs of n inputs (x0 + r * stride; codes at dst0 + r *
+ * dst_stride): the whole W-input steps of every run in one flat loop, then each run's last n % W
+ * inputs. STEP(x, dst, pf, left, ...) does one step. A loop per run reloaded the loops' constants
+ * at every run: 128-input runs of a block tile spent 7% of the x86-64-v3 pass there (measured).
+ * The prefetch keeps its own count (every caller's plan has the runs' shape). Two forms of this
+ * walk that differ only in that count's bounds ran the AVX-512BW loop per channel from memory
+ * 10-15% apart (8192x8192, one or two threads, A/B in one process; their hot loops differ in a
+ * few bytes of code): this one is the faster, and the cause is not known. */
+#define TAB_WALK(W, STEP, ...)                                                                        \
+    do {                                                                                              \
+        const int64_t whole_ = n - n % (W);                                                           \
+        const pf_plan pp_ = pf->p ? *pf : (pf_plan){x0, n, rows, stride};                            \
+        const int64_t pn_ = pp_.n - pp_.n % (W);                                                      \
+        const uint16_t *x_ = x0, *pf_ = pp_.p;                                                        \
+        uint8_t *d_ = dst0;                                                                           \
+        int64_t pk_ = pn_, pr_ = pp_.rows;                                                            \
+        for (int64_t s_ = pn_ > 0 ? rows * (whole_ / (W)) : 0, k_ = whole_; s_ > 0; s_--) {           \
+            STEP(x_, d_, pf_, (W), __VA_ARGS__);                                                      \
+            x_ += (W), d_ += (W), pf_ += (W);                                                         \
+            if ((k_ -= (W)) == 0) /* the next run */                                                  \
+                k_ = whole_, x_ += stride - whole_, d_ += dst_stride - whole_;                        \
+            if ((pk_ -= (W)) == 0) { /* the next prefetch row, or the first again */                  \
+                pk_ = pn_, pf_ += pp_.stride - pn_;                                                   \
+                if (--pr_ == 0) pr_ = pp_.rows, pf_ = pp_.p;                                          \
+            }                                                                                         \
+        }                                                                                             \
+        for (int64_t r_ = 0; whole_ < n && r_ < rows; r_++)                                           \
+            STEP(x0 + r_ * stride + whole_, dst0 + r_ * dst_stride + whole_, x0 + r_ * stride + whole_, \
+                 n - whole_, __VA_ARGS__);                                                            \
+    } while (0)
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
  * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (the compiler's tab_run takes ~90): in
@@ -441,61 +480,67 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
  * +-0) and v = 255 go to fix_lanes, +-0 here. Runs x0 + r * stride, r < rows, of n inputs (a block
  * tile in one call, as tab_run_vbmi). */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && !defined(__AVX512BW__)
+typedef struct {
+    __m256i wt, wb1, wb2, ebm, lmask, opv, s80, zp, zn, bias, edge, zero;
+    __m128i sh;
+} avx2_consts;
+/* one step: inputs [0, left) of x; left < 32 (a run's last inputs) by tab_run_scalar */
+static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
+                                                            int64_t left, int stream, const avx2_consts *K,
+                                                            const bf16_tab *t, const fix_ctx *f) {
+    if (left < 32) {
+        uint32_t tail = 0;
+        for (int64_t i = 0; i < left; i++) tail |= (uint32_t)(tab_run_scalar(x + i, dst + i, 1, t) != 0) << i;
+        if (tail) fix_lanes(x, dst, tail, f);
+        return;
+    }
+    const __m256i h0 = _mm256_loadu_si256((const __m256i *)x), h1 = _mm256_loadu_si256((const __m256i *)(x + 16));
+    _mm_prefetch((const char *)pf, _MM_HINT_T1); /* the next unit's line, into L2 */
+    /* byte order of every packed vector: inputs 0-7, 16-23 | 8-15, 24-31 */
+    const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
+    const __m256i v = _mm256_packus_epi16(_mm256_subs_epu16(_mm256_srl_epi16(a0, K->sh), K->ebm),
+                                          _mm256_subs_epu16(_mm256_srl_epi16(a1, K->sh), K->ebm));
+    const __m256i l = _mm256_packus_epi16(_mm256_and_si256(h0, K->lmask), _mm256_and_si256(h1, K->lmask));
+    const __m256i sgn = _mm256_packs_epi16(h0, h1); /* bit 7: the input's sign */
+    const __m256i c1 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb1, v)); /* -1 where true */
+    const __m256i c2 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb2, v));
+    const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(K->wt, v), _mm256_add_epi8(c1, c2));
+    __m256i code = _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), K->opv), _mm256_and_si256(sgn, K->s80));
+    /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed) */
+    __m256i slow = _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge);
+    uint32_t bits = (uint32_t)_mm256_movemask_epi8(slow);
+    if (bits) { /* +-0 here */
+        const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(a0, K->zero), _mm256_cmpeq_epi16(a1, K->zero));
+        code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(K->zp, K->zn, sgn), z);
+        bits &= ~(uint32_t)_mm256_movemask_epi8(z);
+    }
+    code = _mm256_permute4x64_epi64(code, 0xD8); /* input order */
+    if (bits) { /* the rest by fix_lanes (bits back to input order) */
+        uint8_t tmp[32];
+        _mm256_storeu_si256((__m256i *)tmp, code);
+        fix_lanes(x, tmp, (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u), f);
+        code = _mm256_loadu_si256((const __m256i *)tmp);
+    }
+    if (stream) /* whole aligned lines: the caller checked dst and dst_stride */
+        _mm256_stream_si256((__m256i *)dst, code);
+    else
+        _mm256_storeu_si256((__m256i *)dst, code);
+}
 static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                                    int64_t rows, int64_t stride, int64_t dst_stride,
-                                                   const uint16_t *pf0, int64_t pf_stride, int stream,
-                                                   const bf16_tab *t, const fix_ctx *f) {
+                                                   const pf_plan *pf, int stream, const bf16_tab *t,
+                                                   const fix_ctx *f) {
     const int M = t->shift;
-    const __m256i wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
-    const __m256i wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1));
-    const __m256i wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
-    const __m256i ebm = _mm256_set1_epi16((short)(t->eb << M)), lmask = _mm256_set1_epi16((short)((1 << (7 - M)) - 1));
-    const __m256i opv = _mm256_set1_epi8((char)t->ovf_p), s80 = _mm256_set1_epi8((char)0x80);
-    const __m256i zp = _mm256_set1_epi8((char)t->zero_p), zn = _mm256_set1_epi8((char)t->zero_n);
-    const __m256i bias = _mm256_set1_epi8(127), edge = _mm256_set1_epi8(125), zero_v = _mm256_setzero_si256();
-    const __m128i sh = _mm_cvtsi32_si128(8 - M);
-    for (int64_t r = 0; r < rows; r++) {
-    const uint16_t *x = x0 + r * stride, *pf = pf0 ? pf0 + r * pf_stride : NULL;
-    uint8_t *dst = dst0 + r * dst_stride;
-    int64_t k = 0;
-    for (; k + 32 <= n; k += 32) {
-        const __m256i h0 = _mm256_loadu_si256((const __m256i *)(x + k));
-        const __m256i h1 = _mm256_loadu_si256((const __m256i *)(x + k + 16));
-        if (pf) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1); /* the next unit's line, into L2 */
-        /* byte order of every packed vector: inputs 0-7, 16-23 | 8-15, 24-31 */
-        const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
-        const __m256i v = _mm256_packus_epi16(_mm256_subs_epu16(_mm256_srl_epi16(a0, sh), ebm),
-                                              _mm256_subs_epu16(_mm256_srl_epi16(a1, sh), ebm));
-        const __m256i l = _mm256_packus_epi16(_mm256_and_si256(h0, lmask), _mm256_and_si256(h1, lmask));
-        const __m256i sgn = _mm256_packs_epi16(h0, h1); /* bit 7: the input's sign */
-        const __m256i c1 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(wb1, v)); /* -1 where true */
-        const __m256i c2 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(wb2, v));
-        const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(wt, v), _mm256_add_epi8(c1, c2));
-        __m256i code = _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), opv), _mm256_and_si256(sgn, s80));
-        /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed) */
-        __m256i slow = _mm256_cmpgt_epi8(_mm256_add_epi8(v, bias), edge);
-        uint32_t bits = (uint32_t)_mm256_movemask_epi8(slow);
-        if (bits) { /* +-0 here */
-            const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(a0, zero_v), _mm256_cmpeq_epi16(a1, zero_v));
-            code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(zp, zn, sgn), z);
-            bits &= ~(uint32_t)_mm256_movemask_epi8(z);
-        }
-        code = _mm256_permute4x64_epi64(code, 0xD8); /* input order */
-        if (bits) { /* the rest by fix_lanes (bits back to input order) */
-            uint8_t tmp[32];
-            _mm256_storeu_si256((__m256i *)tmp, code);
-            fix_lanes(x + k, tmp, (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u), f);
-            code = _mm256_loadu_si256((const __m256i *)tmp);
-        }
-        if (stream) /* whole aligned lines: the caller checked dst and dst_stride */
-            _mm256_stream_si256((__m256i *)(dst + k), code);
-        else
-            _mm256_storeu_si256((__m256i *)(dst + k), code);
-    }
-    uint32_t tail = 0;
-    for (int64_t i = k; i < n; i++) tail |= (uint32_t)(tab_run_scalar(x + i, dst + i, 1, t) != 0) << (i - k);
-    if (tail) fix_lanes(x + k, dst + k, tail, f);
-    }
+    const avx2_consts K = {
+        .wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t)),
+        .wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1)),
+        .wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1)),
+        .ebm = _mm256_set1_epi16((short)(t->eb << M)), .lmask = _mm256_set1_epi16((short)((1 << (7 - M)) - 1)),
+        .opv = _mm256_set1_epi8((char)t->ovf_p), .s80 = _mm256_set1_epi8((char)0x80),
+        .zp = _mm256_set1_epi8((char)t->zero_p), .zn = _mm256_set1_epi8((char)t->zero_n),
+        .bias = _mm256_set1_epi8(127), .edge = _mm256_set1_epi8(125), .zero = _mm256_setzero_si256(),
+        .sh = _mm_cvtsi32_si128(8 - M)};
+    TAB_WALK(32, avx2_step, stream, &K, t, f);
 }
 #define HAVE_TAB_AVX2 1
 #else
@@ -522,10 +567,8 @@ static int vbmi_ok = -1;
  * one computes. */
 FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, const uint16_t *pf, __m512i *h0,
                                             __m512i *h1) {
-    if (pf) {
-        _mm_prefetch((const char *)pf, _MM_HINT_T1);
-        _mm_prefetch((const char *)pf + 64, _MM_HINT_T1);
-    }
+    _mm_prefetch((const char *)pf, _MM_HINT_T1);
+    _mm_prefetch((const char *)pf + 64, _MM_HINT_T1);
     if (left >= 64) {
         *h0 = _mm512_loadu_si512(x), *h1 = _mm512_loadu_si512(x + 32);
         return ~(__mmask64)0;
@@ -562,43 +605,45 @@ FP8REF_BW static inline __m512i step_fix(const uint16_t *x, __mmask64 lanes, __m
 }
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
+typedef struct {
+    __m512i tlo, thi, ebm, opv, zp, zn, s80, one, two, order, lo_idx, hi_idx;
+    __m128i sh;
+} vbmi_consts;
+FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_step(const uint16_t *x, uint8_t *dst,
+                                                                        const uint16_t *pf, int64_t left, int stream,
+                                                                        const vbmi_consts *K, const fix_ctx *f) {
+    __m512i h0, h1;
+    const __mmask64 all = step_load(x, left, pf, &h0, &h1);
+    const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1); /* magnitude bits << 1 */
+    const __m512i v = _mm512_permutexvar_epi64(K->order, step_v(a0, a1, K->sh, K->ebm)); /* in input order */
+    const __m512i lob = _mm512_permutex2var_epi8(h0, K->lo_idx, h1), hib = _mm512_permutex2var_epi8(h0, K->hi_idx, h1);
+    __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, _mm512_permutex2var_epi8(K->tlo, lob, K->thi)), K->opv);
+    c = _mm512_ternarylogic_epi32(c, hib, K->s80, 0xF8); /* c | (hib & 0x80) */
+    __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) & all; /* v = 0 or 255 */
+    if (slow) { /* +-0 here; the rest by fix_lanes */
+        const __mmask64 zero = (__mmask64)_mm512_testn_epi16_mask(a0, a0) |
+                               (__mmask64)_mm512_testn_epi16_mask(a1, a1) << 32;
+        const __mmask64 neg = _mm512_movepi8_mask(hib);
+        c = _mm512_mask_blend_epi8(zero & ~neg, c, K->zp);
+        c = _mm512_mask_blend_epi8(zero & neg, c, K->zn);
+        c = step_fix(x, slow & ~zero, c, f);
+    }
+    step_store(dst, left, stream, all, c);
+}
 FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
-                                          int64_t rows, int64_t stride, int64_t dst_stride, const uint16_t *pf0,
-                                          int64_t pf_stride, int stream, const bf16_tab *t, const fix_ctx *f) {
+                                          int64_t rows, int64_t stride, int64_t dst_stride, const pf_plan *pf,
+                                          int stream, const bf16_tab *t, const fix_ctx *f) {
     const int M = t->shift;
-    const __m512i tlo = _mm512_loadu_si512(t->steps_j), thi = _mm512_loadu_si512(t->steps_j + 64);
-    const __m512i ebm = _mm512_set1_epi16((short)(t->eb << M)), opv = _mm512_set1_epi8((char)t->ovf_p);
-    const __m512i zp = _mm512_set1_epi8((char)t->zero_p), zn = _mm512_set1_epi8((char)t->zero_n);
-    const __m512i s80 = _mm512_set1_epi8((char)0x80), one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
-    const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7); /* packus's qwords back in input order */
-    const __m128i sh = _mm_cvtsi32_si128(8 - M);
-    /* byte i of the result: the low (or high) byte of 16-bit lane i of the pair (a, b) */
-    const __m512i lo_idx = _mm512_loadu_si512(lo_bytes);
-    const __m512i hi_idx = _mm512_add_epi8(lo_idx, one);
-    for (int64_t r = 0; r < rows; r++) {
-    const uint16_t *x = x0 + r * stride, *pf = pf0 ? pf0 + r * pf_stride : NULL;
-    uint8_t *dst = dst0 + r * dst_stride;
-    for (int64_t k = 0; k < n; k += 64) {
-        const int64_t left = n - k;
-        __m512i h0, h1;
-        const __mmask64 all = step_load(x + k, left, pf ? pf + k : NULL, &h0, &h1);
-        const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1); /* magnitude bits << 1 */
-        const __m512i v = _mm512_permutexvar_epi64(order, step_v(a0, a1, sh, ebm)); /* in input order */
-        const __m512i lob = _mm512_permutex2var_epi8(h0, lo_idx, h1), hib = _mm512_permutex2var_epi8(h0, hi_idx, h1);
-        __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, _mm512_permutex2var_epi8(tlo, lob, thi)), opv);
-        c = _mm512_ternarylogic_epi32(c, hib, s80, 0xF8); /* c | (hib & 0x80) */
-        __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, one), two) & all; /* v = 0 or 255 */
-        if (slow) { /* +-0 here; the rest by fix_lanes */
-            const __mmask64 zero = (__mmask64)_mm512_testn_epi16_mask(a0, a0) |
-                                   (__mmask64)_mm512_testn_epi16_mask(a1, a1) << 32;
-            const __mmask64 neg = _mm512_movepi8_mask(hib);
-            c = _mm512_mask_blend_epi8(zero & ~neg, c, zp);
-            c = _mm512_mask_blend_epi8(zero & neg, c, zn);
-            c = step_fix(x + k, slow & ~zero, c, f);
-        }
-        step_store(dst + k, left, stream, all, c);
-    }
-    }
+    /* byte i of lo_idx: the low byte of 16-bit lane i of the pair (a, b); hi_idx: its high byte */
+    const __m512i lo_idx = _mm512_loadu_si512(lo_bytes), one = _mm512_set1_epi8(1);
+    const vbmi_consts K = {
+        .tlo = _mm512_loadu_si512(t->steps_j), .thi = _mm512_loadu_si512(t->steps_j + 64),
+        .ebm = _mm512_set1_epi16((short)(t->eb << M)), .opv = _mm512_set1_epi8((char)t->ovf_p),
+        .zp = _mm512_set1_epi8((char)t->zero_p), .zn = _mm512_set1_epi8((char)t->zero_n),
+        .s80 = _mm512_set1_epi8((char)0x80), .one = one, .two = _mm512_set1_epi8(2),
+        .order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), /* packus's qwords back in input order */
+        .lo_idx = lo_idx, .hi_idx = _mm512_add_epi8(lo_idx, one), .sh = _mm_cvtsi32_si128(8 - M)};
+    TAB_WALK(64, vbmi_step, stream, &K, f);
 }
 
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions, for the AVX-512 CPUs without VBMI
@@ -606,52 +651,54 @@ FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restr
  * per lane (the tables repeat in every lane), the two compares as masks that add one each; one qword
  * permute puts the codes back in input order. Called as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
+typedef struct {
+    __m512i wt, wb1, wb2, ebm, lmask, opv, zp, zn, s80, one, two, order;
+    __m128i sh;
+} bw_consts;
+FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
+                                                                    int64_t left, int stream, const bw_consts *K,
+                                                                    const fix_ctx *f) {
+    __m512i h0, h1;
+    const __mmask64 all = step_load(x, left, pf, &h0, &h1);
+    const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1);
+    const __m512i v = step_v(a0, a1, K->sh, K->ebm);
+    const __m512i l = _mm512_packus_epi16(_mm512_and_si512(h0, K->lmask), _mm512_and_si512(h1, K->lmask));
+    const __m512i sgn = _mm512_packs_epi16(h0, h1); /* bit 7: the input's sign */
+    __m512i st = _mm512_shuffle_epi8(K->wt, v);
+    st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb1, v)), st, K->one);
+    st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb2, v)), st, K->one);
+    __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, st), K->opv);
+    c = _mm512_ternarylogic_epi32(c, sgn, K->s80, 0xF8); /* c | (sgn & 0x80) */
+    __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two); /* v = 0 or 255, packed order */
+    uint64_t in_order = 0;
+    if (slow) { /* +-0 here; the rest by fix_lanes, in input order */
+        const __m512i z = _mm512_packs_epi16(_mm512_movm_epi16(_mm512_testn_epi16_mask(a0, a0)),
+                                             _mm512_movm_epi16(_mm512_testn_epi16_mask(a1, a1)));
+        const __mmask64 zm = _mm512_movepi8_mask(z), neg = _mm512_movepi8_mask(sgn);
+        c = _mm512_mask_blend_epi8(zm & ~neg, c, K->zp);
+        c = _mm512_mask_blend_epi8(zm & neg, c, K->zn);
+        slow &= ~zm;
+        for (int g = 0; g < 8; g++) in_order |= ((slow >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
+        in_order &= all;
+    }
+    c = step_fix(x, in_order, _mm512_permutexvar_epi64(K->order, c), f);
+    step_store(dst, left, stream, all, c);
+}
 FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
-                                 int64_t stride, int64_t dst_stride, const uint16_t *pf0, int64_t pf_stride,
-                                 int stream, const bf16_tab *t, const fix_ctx *f) {
+                                 int64_t stride, int64_t dst_stride, const pf_plan *pf, int stream,
+                                 const bf16_tab *t, const fix_ctx *f) {
     const int M = t->shift;
-    const __m512i wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
-    const __m512i wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1));
-    const __m512i wb2 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b2m1));
-    const __m512i ebm = _mm512_set1_epi16((short)(t->eb << M));
-    const __m512i lmask = _mm512_set1_epi16((short)((1 << (7 - M)) - 1));
-    const __m512i opv = _mm512_set1_epi8((char)t->ovf_p), zp = _mm512_set1_epi8((char)t->zero_p);
-    const __m512i zn = _mm512_set1_epi8((char)t->zero_n), s80 = _mm512_set1_epi8((char)0x80);
-    const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
-    const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7); /* packed qwords back in input order */
-    const __m128i sh = _mm_cvtsi32_si128(8 - M);
-    for (int64_t r = 0; r < rows; r++) {
-    const uint16_t *x = x0 + r * stride, *pf = pf0 ? pf0 + r * pf_stride : NULL;
-    uint8_t *dst = dst0 + r * dst_stride;
-    for (int64_t k = 0; k < n; k += 64) {
-        const int64_t left = n - k;
-        __m512i h0, h1;
-        const __mmask64 all = step_load(x + k, left, pf ? pf + k : NULL, &h0, &h1);
-        const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1);
-        const __m512i v = step_v(a0, a1, sh, ebm);
-        const __m512i l = _mm512_packus_epi16(_mm512_and_si512(h0, lmask), _mm512_and_si512(h1, lmask));
-        const __m512i sgn = _mm512_packs_epi16(h0, h1); /* bit 7: the input's sign */
-        __m512i st = _mm512_shuffle_epi8(wt, v);
-        st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(wb1, v)), st, one);
-        st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(wb2, v)), st, one);
-        __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, st), opv);
-        c = _mm512_ternarylogic_epi32(c, sgn, s80, 0xF8); /* c | (sgn & 0x80) */
-        __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, one), two); /* v = 0 or 255, packed order */
-        uint64_t in_order = 0;
-        if (slow) { /* +-0 here; the rest by fix_lanes, in input order */
-            const __m512i z = _mm512_packs_epi16(_mm512_movm_epi16(_mm512_testn_epi16_mask(a0, a0)),
-                                                 _mm512_movm_epi16(_mm512_testn_epi16_mask(a1, a1)));
-            const __mmask64 zm = _mm512_movepi8_mask(z), neg = _mm512_movepi8_mask(sgn);
-            c = _mm512_mask_blend_epi8(zm & ~neg, c, zp);
-            c = _mm512_mask_blend_epi8(zm & neg, c, zn);
-            slow &= ~zm;
-            for (int g = 0; g < 8; g++) in_order |= ((slow >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
-            in_order &= all;
-        }
-        c = step_fix(x + k, in_order, _mm512_permutexvar_epi64(order, c), f);
-        step_store(dst + k, left, stream, all, c);
-    }
-    }
+    const bw_consts K = {
+        .wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t)),
+        .wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1)),
+        .wb2 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b2m1)),
+        .ebm = _mm512_set1_epi16((short)(t->eb << M)), .lmask = _mm512_set1_epi16((short)((1 << (7 - M)) - 1)),
+        .opv = _mm512_set1_epi8((char)t->ovf_p), .zp = _mm512_set1_epi8((char)t->zero_p),
+        .zn = _mm512_set1_epi8((char)t->zero_n), .s80 = _mm512_set1_epi8((char)0x80),
+        .one = _mm512_set1_epi8(1), .two = _mm512_set1_epi8(2),
+        .order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), /* packed qwords back in input order */
+        .sh = _mm_cvtsi32_si128(8 - M)};
+    TAB_WALK(64, bw_step, stream, &K, f);
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -705,8 +752,8 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                         for (int64_t r1 = 0; r1 < nr; r1 += grp) {
                             const int64_t g = nr - r1 < grp ? nr - r1 : grp, os = buffered2 ? len : stride;
                             uint8_t *og = buffered2 ? buf : dst + at + r1 * stride;
-                            tab_run_avx2(xv + r1 * xs, og, len, g, xs, os, pf ? pf + r1 * stride : NULL, stride,
-                                         direct && CAN_STREAM, tab, &f);
+                            const pf_plan pp = {pf ? pf + r1 * stride : NULL, len, g, stride};
+                            tab_run_avx2(xv + r1 * xs, og, len, g, xs, os, &pp, direct && CAN_STREAM, tab, &f);
                             for (int64_t r = 0; buffered2 && r < g; r++)
                                 stream_copy(dst + at + (r1 + r) * stride, buf + r * len, len);
                         }
@@ -729,10 +776,11 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                     }
                     uint8_t *out = buffered ? buf : dst + at;
                     int64_t os = buffered ? len : stride;
+                    const pf_plan pp = {pf, len, nr, stride};
                     if (vbmi)
-                        tab_run_vbmi(xv, out, len, nr, xs, os, pf, stride, direct, tab, &f);
+                        tab_run_vbmi(xv, out, len, nr, xs, os, &pp, direct, tab, &f);
                     else
-                        tab_run_bw(xv, out, len, nr, xs, os, pf, stride, direct, tab, &f);
+                        tab_run_bw(xv, out, len, nr, xs, os, &pp, direct, tab, &f);
                     if (buffered)
                         for (int64_t r = 0; r < nr; r++) stream_copy(dst + at + r * stride, buf + r * len, len);
                 }
