@@ -13,7 +13,6 @@ all three read from the caller ``_quant_inputs``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from collections.abc import Mapping
@@ -205,8 +204,7 @@ def _quantize(x_input, args, recipe, scale, amax, role, out, scale_bits: bool = 
         codes = flat.reshape(shape) if given_out else aligned_empty(shape, np.uint8)
         res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes,
                                stream=given_out and codes.nbytes >= _arrays.STREAM_BYTES)
-    res = _wrap(res, as_torch, scale_bits)
-    return dataclasses.replace(res, codes=out) if given_out else res
+    return _wrap(res, as_torch, scale_bits, codes=out)
 
 
 _OUT_GRANULARITIES = ("tensor", "channel", "token", "group", "block")
@@ -355,8 +353,9 @@ def _operand_rows(full: np.ndarray, shape: tuple, granularity: str) -> np.ndarra
     return np.ascontiguousarray(np.broadcast_to(full, shape)).reshape(-1, shape[-1])
 
 
-def _wrap(res: dict, as_torch: bool, scale_bits: bool = False) -> QuantResult:
-    res["codes"] = same_library(res["codes"], as_torch)
+def _wrap(res: dict, as_torch: bool, scale_bits: bool = False, codes=None) -> QuantResult:
+    """The result in the caller's library; ``codes``: the caller's out= (the codes are in it)."""
+    res["codes"] = same_library(res["codes"], as_torch) if codes is None else codes
     half = res["scale_dtype"] in ("bfloat16", "float16")  # other scales are float32 values
     if scale_bits and res["scale_dtype"] == "bfloat16":
         res["scale"] = f32_to_bf16_bits(np.asarray(res["scale"]).astype(np.float32))  # deliver's bits
