@@ -495,7 +495,7 @@ static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, u
         return;
     }
     const __m256i h0 = _mm256_loadu_si256((const __m256i *)x), h1 = _mm256_loadu_si256((const __m256i *)(x + 16));
-    _mm_prefetch((const char *)pf, _MM_HINT_T1); /* the next unit's line, into L2 */
+    _mm_prefetch((const char *)pf, _MM_HINT_T1); /* the plan's line (TAB_WALK), into L2 */
     /* byte order of every packed vector: inputs 0-7, 16-23 | 8-15, 24-31 */
     const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
     const __m256i v = _mm256_packus_epi16(_mm256_subs_epu16(_mm256_srl_epi16(a0, K->sh), K->ebm),
@@ -563,8 +563,8 @@ static int vbmi_ok = -1;
 
 /* A 64-input step of the AVX-512 table loops: inputs [0, min(left, 64)) into (h0, h1), zero beyond;
  * the mask of those taken. Whole steps load without masks (their setup cost as much as the VBMI
- * loop's step: measured). `pf` (or NULL): the same two lines of the next unit, into L2 while this
- * one computes. */
+ * loop's step: measured). `pf`: two lines of the prefetch plan (TAB_WALK), into L2 while this one
+ * computes. */
 FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, const uint16_t *pf, __m512i *h0,
                                             __m512i *h1) {
     _mm_prefetch((const char *)pf, _MM_HINT_T1);
