@@ -434,7 +434,8 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
 
 /* What the vector table loops prefetch into L2 while they compute, one line per 32 inputs: rows of
  * n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their own inputs (a
- * no-op). */
+ * no-op). A plan's rows hold at least one step wherever the runs do: the walk takes no steps
+ * otherwise (segment_tab's plans are the runs' own shape). */
 typedef struct {
     const uint16_t *p;
     int64_t n, rows, stride;
@@ -444,10 +445,10 @@ typedef struct {
  * dst_stride): the whole W-input steps of every run in one flat loop, then each run's last n % W
  * inputs. STEP(x, dst, pf, left, ...) does one step. A loop per run reloaded the loops' constants
  * at every run: 128-input runs of a block tile spent 7% of the x86-64-v3 pass there (measured).
- * The prefetch keeps its own count (every caller's plan has the runs' shape). Two forms of this
- * walk that differ only in that count's bounds ran the AVX-512BW loop per channel from memory
- * 10-15% apart (8192x8192, one or two threads, A/B in one process; their hot loops differ in a
- * few bytes of code): this one is the faster, and the cause is not known. */
+ * The prefetch keeps its own count, although every caller's plan has the runs' shape: simpler
+ * walks (one count for both, from a plain pointer and stride; or other bounds on this count) ran
+ * the AVX-512BW loop per channel from memory 10-16% slower (8192x8192, one or two threads, A/B in
+ * one process; their hot loops differ in a few bytes of code). The cause is not known. */
 #define TAB_WALK(W, STEP, ...)                                                                        \
     do {                                                                                              \
         const int64_t whole_ = n - n % (W);                                                           \
