@@ -428,9 +428,10 @@ def test_table_loop_on_weights(monkeypatch, loop, recipe, gran, extra):
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("gran,extra", [("channel", {}), ("block", {"block_shape": (32, 128)})])
 def test_table_cache_on_repeated_and_colliding_scales(monkeypatch, loop, gran, extra):
-    """A task keeps its tables by operand (64 direct-mapped slots, tab_cache in _csrc/quant.c): rows
-    and tiles whose amax repeats, in turns (A B A C B A ...), so that a slot is found built, rebuilt
-    for another operand, and found again; and 300 distinct amaxes, more than there are slots."""
+    """A task keeps its tables by operand (128 slots, open addressing: tab_cache in _csrc/quant.c):
+    rows and tiles whose amax repeats, in turns (A B A C B A ...), so that a table is found built,
+    and found again after others; and 300 distinct amaxes, more than there are slots, so that probes
+    run out and a slot is rebuilt for another operand."""
     into = _loop(monkeypatch, loop)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((384, 1024)) * 0.02
