@@ -440,7 +440,8 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
      (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
 
-/* What the vector table loops prefetch into L2 while they compute, one line per 32 inputs: rows of
+/* What the vector table loops prefetch while they compute (into L2; tab_run_avx2 takes one
+ * contiguous row around it), one line per 32 inputs: rows of
  * n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their own inputs (a
  * no-op). A plan's rows hold at least one step wherever the runs do: the walk takes no steps
  * otherwise (segment_tab's plans are the runs' own shape). */
@@ -552,13 +553,14 @@ static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, 
         .zp = _mm256_set1_epi8((char)t->zero_p), .zn = _mm256_set1_epi8((char)t->zero_n),
         .bias = _mm256_set1_epi8(127), .edge = _mm256_set1_epi8(125), .zero = _mm256_setzero_si256(),
         .sh = _mm_cvtsi32_si128(8 - M)};
-    /* A plan of one contiguous row (a channel's next row) is prefetched with PREFETCHNTA: its lines
-     * skip L2 and L3 (AMD: into L1, not kept on eviction), so the pass also leaves the caller's data
-     * in L3. 8192x8192 per channel, whole quantize calls, this loop A/B against T1 in one process,
-     * 14 processes on Zen 4: 5-9% faster in 11 (one and two threads, copy_ at 21-50 GB/s), +7% and
-     * +0.4% in two, unchanged in one; the Python around the call 291 -> 166 us. Not the AVX-512
-     * loops' choice: VBMI 9-13% slower, AVX-512BW -7% to +10%. Not a tile's rows either: 16 KiB
-     * apart, they share a few L1 sets (NTA doubled the time). */
+    /* A plan of one contiguous row (a channel's next row) is prefetched with PREFETCHNTA, which keeps
+     * the lines out of the outer caches: after the pass the caller's data was still in L3 (Zen 4,
+     * 8192x8192 per channel: the Python around the call 268-359 -> 166-209 us in four of five pairs
+     * of processes, 311 -> 304 us in the fifth). Whole quantize calls, this loop A/B against T1 in
+     * one process, 16 processes (one and two threads, copy_ at 21-50 GB/s): 5-9% faster in 11,
+     * 1-3% faster in three, 0.4% and 7% slower in two. Not the AVX-512 loops' choice: VBMI 9-13%
+     * slower, AVX-512BW -7% to +10%. Not a tile's rows either: 16 KiB apart, they share a few L1
+     * sets (NTA doubled the time). */
     if (pf->p && pf->rows == 1)
         TAB_WALK(32, avx2_step, 1, stream, &K, t, f);
     else
