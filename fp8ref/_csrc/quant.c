@@ -450,6 +450,17 @@ typedef struct {
     int64_t n, rows, stride;
 } pf_plan;
 
+/* Page priming. Where the walk goes row after row (one contiguous row per call, the next row in the
+ * plan: bands_fused's channels, rows_given's rows, which go last to first), each step that starts a
+ * 4 KiB page of the prefetch plan or of the codes also touches, with one PREFETCHNTA, the page
+ * PAGE_AHEAD bytes on in the rows' direction, so that its translation is in
+ * the TLB before the plan's T1 prefetches and the streamed stores reach it. With 4 KiB pages the
+ * page walks are what the pass waited on once the operation before it (a copy_, any pass over 128
+ * MiB) had evicted the page tables from the caches: Zen 4, 8192x8192 per channel after a copy_,
+ * whole calls A/B in one process: see docs/performance.md. A T1 or T2 prefetch there gained nothing
+ * (Zen 4 drops some T1/T2 prefetches that miss the TLB; NTA and T0 walk). */
+enum { PAGE_AHEAD = 32768 };
+
 /* The vector table loops' walk over `rows` runs of n inputs (x0 + r * stride; codes at dst0 + r *
  * dst_stride): the whole W-input steps of every run in one flat loop, then each run's last n % W
  * inputs. STEP(x, dst, pf, left, ...) does one step. A loop per run reloaded the loops' constants
@@ -466,9 +477,15 @@ typedef struct {
         const uint16_t *x_ = x0, *pf_ = pp_.p;                                                        \
         uint8_t *d_ = dst0;                                                                           \
         int64_t pk_ = pn_, pr_ = pp_.rows;                                                            \
+        const int prime_ = pf->p && pf->rows == 1 && rows == 1; /* row after row: PAGE_AHEAD */      \
+        const intptr_t on_ = (uintptr_t)pf->p < (uintptr_t)x0 ? -PAGE_AHEAD : PAGE_AHEAD; /* rows_given goes back */       \
         for (int64_t s_ = pn_ > 0 ? rows * (whole_ / (W)) : 0, k_ = whole_; s_ > 0; s_--) {           \
             STEP(x_, d_, pf_, (W), __VA_ARGS__);                                                      \
             x_ += (W), d_ += (W), pf_ += (W);                                                         \
+            if (prime_ && ((uintptr_t)pf_ & 4095u) < 2 * (W)) /* the step that starts a page */       \
+                __builtin_prefetch((const void *)((uintptr_t)pf_ + on_), 0, 0);                       \
+            if (prime_ && ((uintptr_t)d_ & 4095u) < (W))                                              \
+                __builtin_prefetch((const void *)((uintptr_t)d_ + on_), 0, 0);                        \
             if ((k_ -= (W)) == 0) /* the next run */                                                  \
                 k_ = whole_, x_ += stride - whole_, d_ += dst_stride - whole_;                        \
             if ((pk_ -= (W)) == 0) { /* the next prefetch row, or the first again */                  \
@@ -496,7 +513,7 @@ typedef struct {
 } avx2_consts;
 /* one step: inputs [0, left) of x; left < 32 (a run's last inputs) by tab_run_scalar */
 static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
-                                                            int64_t left, int nta, int stream, const avx2_consts *K,
+                                                            int64_t left, int stream, const avx2_consts *K,
                                                             const bf16_tab *t, const fix_ctx *f) {
     if (left < 32) {
         uint32_t tail = 0;
@@ -505,10 +522,7 @@ static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, u
         return;
     }
     const __m256i h0 = _mm256_loadu_si256((const __m256i *)x), h1 = _mm256_loadu_si256((const __m256i *)(x + 16));
-    if (nta) /* the plan's line (TAB_WALK): into L1 around the other caches (see tab_run_avx2) */
-        _mm_prefetch((const char *)pf, _MM_HINT_NTA);
-    else /* into L2 */
-        _mm_prefetch((const char *)pf, _MM_HINT_T1);
+    _mm_prefetch((const char *)pf, _MM_HINT_T1); /* the plan's line (TAB_WALK), into L2 */
     /* byte order of every packed vector: inputs 0-7, 16-23 | 8-15, 24-31 */
     const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
     const __m256i v = _mm256_packus_epi16(_mm256_subs_epu16(_mm256_srl_epi16(a0, K->sh), K->ebm),
@@ -553,18 +567,7 @@ static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, 
         .zp = _mm256_set1_epi8((char)t->zero_p), .zn = _mm256_set1_epi8((char)t->zero_n),
         .bias = _mm256_set1_epi8(127), .edge = _mm256_set1_epi8(125), .zero = _mm256_setzero_si256(),
         .sh = _mm_cvtsi32_si128(8 - M)};
-    /* A plan of one contiguous row (a channel's next row) is prefetched with PREFETCHNTA, which keeps
-     * the lines out of the outer caches: after the pass the caller's data was still in L3 (Zen 4,
-     * 8192x8192 per channel: the Python around the call 268-359 -> 166-209 us in four of five pairs
-     * of processes, 311 -> 304 us in the fifth). Whole quantize calls, this loop A/B against T1 in
-     * one process, 16 processes (one and two threads, copy_ at 21-50 GB/s): 5-9% faster in 11,
-     * 1-3% faster in three, 0.4% and 7% slower in two. Not the AVX-512 loops' choice: VBMI 9-13%
-     * slower, AVX-512BW -7% to +10%. Not a tile's rows either: 16 KiB apart, they share a few L1
-     * sets (NTA doubled the time). */
-    if (pf->p && pf->rows == 1)
-        TAB_WALK(32, avx2_step, 1, stream, &K, t, f);
-    else
-        TAB_WALK(32, avx2_step, 0, stream, &K, t, f);
+    TAB_WALK(32, avx2_step, stream, &K, t, f);
 }
 #define HAVE_TAB_AVX2 1
 #else
@@ -899,6 +902,36 @@ FP8REF_INLINE uint16_t amax_rows16(const uint16_t *restrict x, int64_t rows, int
     return m;
 }
 
+/* Page priming for tiles (see PAGE_AHEAD): the rows of the tile `ahead` tiles on in this task's
+ * order (band by band, tiles left to right, up to band b1) whose input or codes start a 4 KiB page
+ * that the tile before them in the row did not touch (every row of a band's first tile), touched
+ * with one PREFETCHNTA each, so that the next tile's T1 prefetches and the streamed stores find their
+ * translations. 8192x8192 128x128 blocks: a tile's 128 rows cross into new pages together, every
+ * 16th tile for the input and every 32nd for the codes. Two tiles on, in the x86-64-v3 object only:
+ * after a copy_, v3 7% faster on two threads and 11% on one; the AVX-512 loops 2-10% slower with it
+ * (A/B in one process, Zen 4; one tile on gained less at v3, four the same as two). */
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+#define TILE_PRIME 2
+#else
+#define TILE_PRIME 0
+#endif
+FP8REF_INLINE void prime_tile(const quant_job *j, int64_t b, int64_t jt, int64_t b1, int64_t nbr, int64_t ng,
+                              int in_bytes) {
+    for (; jt >= ng; jt -= ng) b++;
+    if (b >= b1) return;
+    const int64_t m = b / nbr, br = b % nbr, lo = m * j->r2 + br * j->bh;
+    const int64_t hi = m * j->r2 + (br * j->bh + j->bh < j->r2 ? br * j->bh + j->bh : j->r2);
+    const int64_t k0 = jt * j->g;
+    for (int64_t r = lo; r < hi; r++) {
+        const uintptr_t x = (uintptr_t)j->src + (uintptr_t)((r * j->K + k0) * in_bytes);
+        const uintptr_t d = (uintptr_t)j->dst + (uintptr_t)(r * j->K + k0);
+        if (jt == 0 || (x >> 12) != ((x - (uintptr_t)(j->g * in_bytes)) >> 12))
+            __builtin_prefetch((const void *)x, 0, 0);
+        if (jt == 0 || (d >> 12) != ((d - (uintptr_t)j->g) >> 12))
+            __builtin_prefetch((const void *)d, 0, 0);
+    }
+}
+
 /* bands [b0, b1): band b is rows [b*bh, b*bh + bh) of matrix b / nbr (cut at r2); per group of g
  * columns: amax over the tile, its operand from the table, then the tile's codes */
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
@@ -923,6 +956,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             /* the next run's, or at the band's end the next band's first run (rows hi.., column 0) */
             const int64_t ahead = j1 < ng ? run * j->g : (hi - lo) * j->K - j0 * j->g;
             uint16_t a[64] = {0};
+            if (TILE_PRIME && run == 1 && hi - lo > 1) prime_tile(j, b, j0 + TILE_PRIME, b1, nbr, ng, 2);
             /* a whole 128x128 (or shorter) bfloat16 tile, one per run: gathered by its amax pass for
              * the table loops (8192x8192 blocks, 2 threads: VBMI 6.5-6.9 -> 5.4-5.5 ms, x86-64-v3
              * 6.8-7.2 -> 6.2-6.6 ms: measured) */
