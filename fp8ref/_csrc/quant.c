@@ -440,9 +440,8 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
      (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
 
-/* What the vector table loops prefetch while they compute (into L2; tab_run_avx2 takes one
- * contiguous row around it), one line per 32 inputs: rows of
- * n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their own inputs (a
+/* What the vector table loops prefetch while they compute (into L2, PREFETCHT1), one line per 32
+ * inputs: rows of n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their own inputs (a
  * no-op). A plan's rows hold at least one step wherever the runs do: the walk takes no steps
  * otherwise (segment_tab's plans are the runs' own shape). */
 typedef struct {
@@ -453,12 +452,13 @@ typedef struct {
 /* Page priming. Where the walk goes row after row (one contiguous row per call, the next row in the
  * plan: bands_fused's channels, rows_given's rows, which go last to first), each step that starts a
  * 4 KiB page of the prefetch plan or of the codes also touches, with one PREFETCHNTA, the page
- * PAGE_AHEAD bytes on in the rows' direction, so that its translation is in
- * the TLB before the plan's T1 prefetches and the streamed stores reach it. With 4 KiB pages the
- * page walks are what the pass waited on once the operation before it (a copy_, any pass over 128
- * MiB) had evicted the page tables from the caches: Zen 4, 8192x8192 per channel after a copy_,
- * whole calls A/B in one process: see docs/performance.md. A T1 or T2 prefetch there gained nothing
- * (Zen 4 drops some T1/T2 prefetches that miss the TLB; NTA and T0 walk). */
+ * PAGE_AHEAD bytes on in the rows' direction, so that its translation is in the TLB before the
+ * plan's T1 prefetches and the streamed stores reach it. With 4 KiB pages the pass waited on page
+ * walks once the operation before it (a copy_, any pass over 128 MiB) had evicted the page tables
+ * from the caches (Zen 4: back-to-back calls ~15% faster than calls after a copy_; none faster with
+ * 2 MiB pages). PREFETCHNTA or T0 there gained 5-23% in a C model of the walk, T1 or T2 nothing
+ * (Zen 4 is reported to drop T1/T2 prefetches at times; these look like the ones that miss the TLB).
+ * The distance mattered little (8 KiB to 256 KiB for the codes). docs/performance.md, seventh pass. */
 enum { PAGE_AHEAD = 32768 };
 
 /* The vector table loops' walk over `rows` runs of n inputs (x0 + r * stride; codes at dst0 + r *
