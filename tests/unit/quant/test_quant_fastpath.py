@@ -425,6 +425,36 @@ def test_table_loop_on_weights(monkeypatch, loop, recipe, gran, extra):
         assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into, recipe=recipe))
 
 
+def _aligned_out(shape) -> np.ndarray:
+    """An out= whose codes start on a 64-byte line (numpy's own buffers need not)."""
+    n = int(np.prod(shape))
+    buf = np.full(n + 64, 0xAB, np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + n].reshape(shape)
+
+
+@pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream"])
+@pytest.mark.parametrize("shape,block", [((300, 1152), (128, 128)), ((256, 8192 + 1024), (128, 128)),
+                                         ((96, 640), (32, 64)), ((6, 256), (2, 128))])
+def test_block_band_rows(monkeypatch, loop, shape, block):
+    """Blocks whose codes stream from aligned lines go band by band, row by row through every
+    group's table (bands_fused's band rows, band_row_* in _csrc/quant.c): a ragged last band, more
+    than 64 groups in a row (two runs per band), 32x64 and 2x128 blocks; rows spanning 60 binades,
+    an all-zero tile (its operand unusable: the band falls back to tiles) and bf16 subnormals."""
+    _loop(monkeypatch, loop)
+    x = weights(shape, "bfloat16", seed=11)
+    x[: block[0], : block[1]] = 0.0
+    x[1, 64:200] = (np.arange(136) * 2.0 ** -133).astype(ml_dtypes.bfloat16)
+    args = QuantArgs(granularity="block", block_shape=block)
+    whole = shape[0] % block[0] == 0 and shape[1] % block[1] == 0
+    for recipe in ("fp8ref", "hf-fp8") if whole else ("fp8ref",):  # hf-fp8: whole blocks only
+        fast = quantize(x, args, recipe=recipe, out=_aligned_out(shape))
+        with monkeypatch.context() as m:
+            m.setenv("FP8REF_NO_KERNELS", "1")
+            slow = quantize(x, args, recipe=recipe)
+        assert_same(fast, slow)
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("gran,extra", [("channel", {}), ("block", {"block_shape": (32, 128)})])
 def test_table_cache_on_repeated_and_colliding_scales(monkeypatch, loop, gran, extra):
