@@ -501,12 +501,15 @@ enum { PAGE_AHEAD = 32768 };
     } while (0)
 
 /* One row of a band (bands_fused): ng groups of g inputs (g a multiple of 64), group i_ by its own
- * table's constants (CONSTS_OF(tabs[i_])) and fixes[i_]; the codes streamed (whole aligned lines: the
- * caller checked); the same position `ahead` inputs on prefetched into L2 as it goes (STEP's plan
- * line), the pages on primed as TAB_WALK primes a row. */
-#define BAND_ROW(W, STEP, CONSTS_OF, ...)                                                             \
+ * table (the loop's constants from tabs[0], then per group GROUP_OF(&K_, tabs[i_]) sets the ones
+ * that depend on the operand: the caller checked that the others agree; reloading all of them per
+ * group took 3-4% longer at v3) and fixes[i_]; the codes streamed (whole aligned lines: the caller
+ * checked); the same position `ahead` inputs on prefetched into L2 as it goes (STEP's plan line),
+ * the pages on primed as TAB_WALK primes a row. */
+#define BAND_ROW(W, STEP, CONSTS_OF, GROUP_OF, ...)                                                   \
+    __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
     for (int64_t i_ = 0; i_ < ng; i_++) {                                                             \
-        const __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[i_]);                               \
+        GROUP_OF(&K_, tabs[i_]);                                                                      \
         for (int64_t k_ = i_ * g; k_ < i_ * g + g; k_ += (W)) {                                      \
             const uint16_t *pf_ = x + k_ + ahead;                                                     \
             STEP(x + k_, dst + k_, pf_, (W), 1, &K_, __VA_ARGS__);                                    \
@@ -594,8 +597,14 @@ static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, 
     const avx2_consts K = avx2_consts_of(t);
     TAB_WALK(32, avx2_step, stream, &K, t, f);
 }
+static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, const bf16_tab *t) {
+    K->wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
+    K->wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1));
+    K->wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
+    K->ebm = _mm256_set1_epi16((short)(t->eb << t->shift));
+}
 static __attribute__((noinline)) void band_row_avx2(BAND_ROW_ARGS) {
-    BAND_ROW(32, avx2_step, avx2_consts_of, tabs[i_], &fixes[i_]);
+    BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
 }
 #define HAVE_TAB_AVX2 1
 #else
@@ -704,8 +713,13 @@ FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restr
     const vbmi_consts K = vbmi_consts_of(t);
     TAB_WALK(64, vbmi_step, stream, &K, f);
 }
+FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi_consts *K, const bf16_tab *t) {
+    K->tlo = _mm512_loadu_si512(t->steps_j);
+    K->thi = _mm512_loadu_si512(t->steps_j + 64);
+    K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
+}
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi(BAND_ROW_ARGS) {
-    BAND_ROW(64, vbmi_step, vbmi_consts_of, &fixes[i_]);
+    BAND_ROW(64, vbmi_step, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
 }
 
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions, for the AVX-512 CPUs without VBMI
@@ -765,8 +779,14 @@ FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict 
     const bw_consts K = bw_consts_of(t);
     TAB_WALK(64, bw_step, stream, &K, f);
 }
+FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_consts *K, const bf16_tab *t) {
+    K->wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
+    K->wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1));
+    K->wb2 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b2m1));
+    K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
+}
 FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
-    BAND_ROW(64, bw_step, bw_consts_of, &fixes[i_]);
+    BAND_ROW(64, bw_step, bw_consts_of, bw_group_of, &fixes[i_]);
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -1040,8 +1060,11 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                     tp[jg - j0] = t;
                     fx[jg - j0] = (fix_ctx){sv, &c, exact, mul, model};
                 }
-                for (int64_t jg = j0; jg < j1; jg++) /* a later group may have taken an earlier one's slot */
-                    ok &= tp[jg - j0]->key == bits_of(fx[jg - j0].sv) && tp[jg - j0]->ok && tp[jg - j0]->fast;
+                for (int64_t jg = j0; jg < j1; jg++) { /* a later group may have taken an earlier one's slot */
+                    const bf16_tab *t = tp[jg - j0], *t0 = tp[0]; /* and band_row_* keeps t0's other constants */
+                    ok &= t->key == bits_of(fx[jg - j0].sv) && t->ok && t->fast && t->shift == t0->shift &&
+                          t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n;
+                }
                 for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
                 if (ok) {
                     for (int64_t r = lo; r < hi; r++) {
