@@ -207,6 +207,8 @@ typedef struct {
 FP8REF_INLINE void tab_cache_init(tab_cache *tc) {
     for (int i = 0; i < TAB_CACHE; i++) tc->e[i].built = 0;
 }
+/* whether t holds sv's table */
+FP8REF_INLINE int tab_holds(const bf16_tab *t, float sv) { return t->built && t->key == bits_of(sv); }
 FP8REF_INLINE bf16_tab *tab_slot(tab_cache *tc, float sv) {
     const uint32_t key = bits_of(sv), home = (key * 0x9E3779B1u) >> (32 - TAB_CACHE_BITS);
     for (uint32_t i = 0; i < TAB_PROBES; i++) { /* never emptied in a task: a key lies before any empty slot */
@@ -443,8 +445,8 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
      (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
 
 /* What the vector table loops prefetch while they compute (into L2, PREFETCHT1), one line per 32
- * inputs: rows of n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their own inputs (a
- * no-op). A plan's rows hold at least one step wherever the runs do: the walk takes no steps
+ * inputs: rows of n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their
+ * own inputs (a no-op). A plan's rows hold at least one step wherever the runs do: the walk takes no steps
  * otherwise (segment_tab's plans are the runs' own shape). */
 typedef struct {
     const uint16_t *p;
@@ -462,6 +464,10 @@ typedef struct {
  * (Zen 4 is reported to drop T1/T2 prefetches at times; these look like the ones that miss the TLB).
  * The distance mattered little (8 KiB to 256 KiB for the codes). docs/performance.md, seventh pass. */
 enum { PAGE_AHEAD = 32768 };
+/* the page `on` bytes from p primed where p is the first of a walk's `step`-byte steps in its page */
+static inline __attribute__((always_inline)) void prime_page(const void *p, uintptr_t step, intptr_t on) {
+    if (((uintptr_t)p & 4095u) < step) __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)on), 0, 0);
+}
 
 /* The vector table loops' walk over `rows` runs of n inputs (x0 + r * stride; codes at dst0 + r *
  * dst_stride): the whole W-input steps of every run in one flat loop, then each run's last n % W
@@ -480,14 +486,12 @@ enum { PAGE_AHEAD = 32768 };
         uint8_t *d_ = dst0;                                                                           \
         int64_t pk_ = pn_, pr_ = pp_.rows;                                                            \
         const int prime_ = pf->p && pf->rows == 1 && rows == 1; /* row after row: PAGE_AHEAD */      \
-        const intptr_t on_ = (uintptr_t)pf->p < (uintptr_t)x0 ? -PAGE_AHEAD : PAGE_AHEAD; /* rows_given goes back */       \
+        /* rows_given goes last row first */                                                          \
+        const intptr_t on_ = (uintptr_t)pf->p < (uintptr_t)x0 ? -PAGE_AHEAD : PAGE_AHEAD;            \
         for (int64_t s_ = pn_ > 0 ? rows * (whole_ / (W)) : 0, k_ = whole_; s_ > 0; s_--) {           \
             STEP(x_, d_, pf_, (W), __VA_ARGS__);                                                      \
             x_ += (W), d_ += (W), pf_ += (W);                                                         \
-            if (prime_ && ((uintptr_t)pf_ & 4095u) < 2 * (W)) /* the step that starts a page */       \
-                __builtin_prefetch((const void *)((uintptr_t)pf_ + on_), 0, 0);                       \
-            if (prime_ && ((uintptr_t)d_ & 4095u) < (W))                                              \
-                __builtin_prefetch((const void *)((uintptr_t)d_ + on_), 0, 0);                        \
+            if (prime_) prime_page(pf_, 2 * (W), on_), prime_page(d_, (W), on_);                      \
             if ((k_ -= (W)) == 0) /* the next run */                                                  \
                 k_ = whole_, x_ += stride - whole_, d_ += dst_stride - whole_;                        \
             if ((pk_ -= (W)) == 0) { /* the next prefetch row, or the first again */                  \
@@ -513,10 +517,7 @@ enum { PAGE_AHEAD = 32768 };
         for (int64_t k_ = i_ * g; k_ < i_ * g + g; k_ += (W)) {                                      \
             const uint16_t *pf_ = x + k_ + ahead;                                                     \
             STEP(x + k_, dst + k_, pf_, (W), 1, &K_, __VA_ARGS__);                                    \
-            if (((uintptr_t)pf_ & 4095u) < 2 * (W))                                                   \
-                __builtin_prefetch((const void *)((uintptr_t)pf_ + PAGE_AHEAD), 0, 0);                \
-            if (((uintptr_t)(dst + k_) & 4095u) < (W))                                                \
-                __builtin_prefetch((const void *)((uintptr_t)(dst + k_) + PAGE_AHEAD), 0, 0);         \
+            prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);               \
         }                                                                                             \
     }
 #define BAND_ROW_ARGS                                                                                 \
@@ -815,7 +816,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                                int64_t stride, int64_t ahead, const uint16_t *copy, float sv, const consts *c,
                                bf16_tab *tab, int64_t count, int kind, int exact, int mode, int mul, int model) {
     const int vbmi = c->vbmi;
-    int fresh = !(tab->built && tab->key == bits_of(sv));
+    int fresh = !tab_holds(tab, sv);
     if (kind == BF16 && mode == RNE && (fresh ? count >= TAB_MIN : tab->ok)) {
         if (fresh) tab_build(tab, sv, c, exact, mul, model);
         if (tab->ok) {
@@ -965,36 +966,6 @@ FP8REF_INLINE uint16_t amax_rows16(const uint16_t *restrict x, int64_t rows, int
     return m;
 }
 
-/* Page priming for tiles (see PAGE_AHEAD): the rows of the tile `ahead` tiles on in this task's
- * order (band by band, tiles left to right, up to band b1) whose input or codes start a 4 KiB page
- * that the tile before them in the row did not touch (every row of a band's first tile), touched
- * with one PREFETCHNTA each, so that the next tile's T1 prefetches and the streamed stores find their
- * translations. 8192x8192 128x128 blocks: a tile's 128 rows cross into new pages together, every
- * 16th tile for the input and every 32nd for the codes. Two tiles on, in the x86-64-v3 object only:
- * after a copy_, v3 7% faster on two threads and 11% on one; the AVX-512 loops 2-10% slower with it
- * (A/B in one process, Zen 4; one tile on gained less at v3, four the same as two). */
-#if defined(__AVX2__) && !defined(__AVX512BW__)
-#define TILE_PRIME 2
-#else
-#define TILE_PRIME 0
-#endif
-FP8REF_INLINE void prime_tile(const quant_job *j, int64_t b, int64_t jt, int64_t b1, int64_t nbr, int64_t ng,
-                              int in_bytes) {
-    for (; jt >= ng; jt -= ng) b++;
-    if (b >= b1) return;
-    const int64_t m = b / nbr, br = b % nbr, lo = m * j->r2 + br * j->bh;
-    const int64_t hi = m * j->r2 + (br * j->bh + j->bh < j->r2 ? br * j->bh + j->bh : j->r2);
-    const int64_t k0 = jt * j->g;
-    for (int64_t r = lo; r < hi; r++) {
-        const uintptr_t x = (uintptr_t)j->src + (uintptr_t)((r * j->K + k0) * in_bytes);
-        const uintptr_t d = (uintptr_t)j->dst + (uintptr_t)(r * j->K + k0);
-        if (jt == 0 || (x >> 12) != ((x - (uintptr_t)(j->g * in_bytes)) >> 12))
-            __builtin_prefetch((const void *)x, 0, 0);
-        if (jt == 0 || (d >> 12) != ((d - (uintptr_t)j->g) >> 12))
-            __builtin_prefetch((const void *)d, 0, 0);
-    }
-}
-
 /* bands [b0, b1): band b is rows [b*bh, b*bh + bh) of matrix b / nbr (cut at r2); per group of g
  * columns: amax over the tile, its operand from the table, then the tile's codes */
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
@@ -1015,9 +986,9 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
          * Band rows instead, where the vector loops stream whole lines (bfloat16, RNE, g and K
          * multiples of 64, aligned codes): up to 64 groups of a band at once, their amaxes row by
          * row, then the codes row by row, each row through every group's table (band_row_*), the
-         * run read again from the caches (2 MiB for 128x128 blocks: 128 rows of 8,192 inputs) while the
-         * next run is prefetched. Rows keep the reads and the streamed codes sequential; tiles
-         * walk 128 pages at once. 8192x8192 128x128 blocks, whole calls after a copy_, A/B in one
+         * run read again from the caches (2 MiB for 128x128 blocks: 128 rows of 8,192 inputs)
+         * while the next run is prefetched. Rows keep the reads and the streamed codes sequential;
+         * tiles walk 128 pages at once. 8192x8192 128x128 blocks, whole calls after a copy_, A/B in one
          * process (Zen 4): one thread v3 10.78 -> 10.00 ms, BW 10.53 -> 10.00, VBMI 8.34 -> 8.33;
          * two threads v3 6.08 -> 5.85, BW 6.23 -> 6.17, VBMI 6.69 -> 6.17. */
         const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && c.stream && CAN_STREAM &&
@@ -1030,7 +1001,6 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             /* the next run's, or at the band's end the next band's first run (rows hi.., column 0) */
             const int64_t ahead = j1 < ng ? run * j->g : (hi - lo) * j->K - j0 * j->g;
             uint16_t a[64] = {0};
-            if (TILE_PRIME && !band && run == 1 && hi - lo > 1) prime_tile(j, b, j0 + TILE_PRIME, b1, nbr, ng, 2);
             /* a whole 128x128 (or shorter) bfloat16 tile, one per run: gathered by its amax pass for
              * the table loops (8192x8192 blocks, 2 threads: VBMI 6.5-6.9 -> 5.4-5.5 ms, x86-64-v3
              * 6.8-7.2 -> 6.2-6.6 ms: measured) */
@@ -1049,6 +1019,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                         int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
                         a[jg - j0] = amax_row16(x + r * j->K + k0, (size_t)(k1 - k0), a[jg - j0]);
                     }
+            for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
             if (band) { /* every group's table, built where new; the band row by row if all hold */
                 const bf16_tab *tp[64];
                 fix_ctx fx[64];
@@ -1056,16 +1027,15 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                 for (int64_t jg = j0; jg < j1; jg++) {
                     const float sv = j->table[a[jg - j0]];
                     bf16_tab *t = tab_slot(&tabs, sv);
-                    if (!(t->built && t->key == bits_of(sv))) tab_build(t, sv, &c, exact, mul, model);
+                    if (!tab_holds(t, sv)) tab_build(t, sv, &c, exact, mul, model);
                     tp[jg - j0] = t;
                     fx[jg - j0] = (fix_ctx){sv, &c, exact, mul, model};
                 }
                 for (int64_t jg = j0; jg < j1; jg++) { /* a later group may have taken an earlier one's slot */
                     const bf16_tab *t = tp[jg - j0], *t0 = tp[0]; /* and band_row_* keeps t0's other constants */
-                    ok &= t->key == bits_of(fx[jg - j0].sv) && t->ok && t->fast && t->shift == t0->shift &&
+                    ok &= tab_holds(t, fx[jg - j0].sv) && t->ok && t->fast && t->shift == t0->shift &&
                           t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n;
                 }
-                for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
                 if (ok) {
                     for (int64_t r = lo; r < hi; r++) {
                         const uint16_t *xr = x + r * j->K + j0 * j->g;
@@ -1082,7 +1052,6 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             }
             for (int64_t jg = j0; jg < j1; jg++) {
                 int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-                j->amax[b * ng + jg] = a[jg - j0];
                 float sv = j->table[a[jg - j0]];
                 segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, ahead,
                             gather ? tile : NULL, sv, &c, tab_slot(&tabs, sv),

@@ -425,14 +425,6 @@ def test_table_loop_on_weights(monkeypatch, loop, recipe, gran, extra):
         assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into, recipe=recipe))
 
 
-def _aligned_out(shape) -> np.ndarray:
-    """An out= whose codes start on a 64-byte line (numpy's own buffers need not)."""
-    n = int(np.prod(shape))
-    buf = np.full(n + 64, 0xAB, np.uint8)
-    off = -buf.ctypes.data % 64
-    return buf[off:off + n].reshape(shape)
-
-
 @pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream"])
 @pytest.mark.parametrize("shape,block", [((300, 1152), (128, 128)), ((256, 8192 + 1024), (128, 128)),
                                          ((96, 640), (32, 64)), ((6, 256), (2, 128))])
@@ -448,7 +440,7 @@ def test_block_band_rows(monkeypatch, loop, shape, block):
     args = QuantArgs(granularity="block", block_shape=block)
     whole = shape[0] % block[0] == 0 and shape[1] % block[1] == 0
     for recipe in ("fp8ref", "hf-fp8") if whole else ("fp8ref",):  # hf-fp8: whole blocks only
-        fast = quantize(x, args, recipe=recipe, out=_aligned_out(shape))
+        fast = quantize(x, args, recipe=recipe, out=_arrays.aligned_empty(shape, np.uint8))
         with monkeypatch.context() as m:
             m.setenv("FP8REF_NO_KERNELS", "1")
             slow = quantize(x, args, recipe=recipe)
