@@ -438,8 +438,9 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     }
 }
 
-#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, ahead) \
-    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(ahead))
+#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, next, pf_off, accs) \
+    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(next), (void)(pf_off), \
+     (void)(accs))
 #define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, stream, t, f) \
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
      (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
@@ -504,25 +505,40 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
                  n - whole_, __VA_ARGS__);                                                            \
     } while (0)
 
-/* One row of a band (bands_fused): ng groups of g inputs (g a multiple of 64), group i_ by its own
- * table (the loop's constants from tabs[0], then per group GROUP_OF(&K_, tabs[i_]) sets the ones
- * that depend on the operand: the caller checked that the others agree; reloading all of them per
- * group took 3-4% longer at v3) and fixes[i_]; the codes streamed (whole aligned lines: the caller
- * checked); the same position `ahead` inputs on prefetched into L2 as it goes (STEP's plan line),
- * the pages on primed as TAB_WALK primes a row. */
-#define BAND_ROW(W, STEP, CONSTS_OF, GROUP_OF, ...)                                                   \
-    __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
+/* One row of a unit of bands_fused (a band's rows, up to 64 groups of each): ng groups of g inputs
+ * (g a multiple of 64), group i_ by its own table (the loop's constants from tabs[0], then per group
+ * GROUP_OF(&K_, tabs[i_]) sets the ones that depend on the operand: the caller checked that the others
+ * agree; reloading all of them per group took 3-4% longer at v3) and fixes[i_]; the codes streamed
+ * (whole aligned lines: the caller checked). Meanwhile it reads the next unit's row `next` (the same
+ * shape; or, with none, x again) for that unit's amaxes: group i_'s running maxima of the magnitude
+ * bits in the ACC_T at accs + 32 i_ (ACC_MAX adds one step's inputs), so that the next unit's inputs
+ * come from memory while this one computes, not in a pass of their own (8192x8192 per channel from
+ * memory, A/B in one process, Zen 4, x86-64-v4 without VBMI: one thread 8.87 -> 7.29 ms, two threads
+ * 5.03 -> 4.15 ms). The line `next_pf` inputs past each one read is prefetched into L2 (STEP's plan
+ * line; 256-1,024 inputs on were slower, 4,096-16,384 the same), the pages on primed as TAB_WALK
+ * primes a row. */
+#define BAND_ROW_GROUPS(FUSED, W, STEP, GROUP_OF, ACC_T, ACC_MAX, ...)                                \
     for (int64_t i_ = 0; i_ < ng; i_++) {                                                             \
         GROUP_OF(&K_, tabs[i_]);                                                                      \
+        ACC_T acc_;                                                                                   \
+        if (FUSED) memcpy(&acc_, accs + 32 * i_, sizeof acc_);                                        \
         for (int64_t k_ = i_ * g; k_ < i_ * g + g; k_ += (W)) {                                      \
-            const uint16_t *pf_ = x + k_ + ahead;                                                     \
+            const uint16_t *pf_ = x + k_ + pf_off;                                                    \
+            if (FUSED) acc_ = ACC_MAX(acc_, next + k_);                                               \
             STEP(x + k_, dst + k_, pf_, (W), 1, &K_, __VA_ARGS__);                                    \
             prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);               \
         }                                                                                             \
+        if (FUSED) memcpy(accs + 32 * i_, &acc_, sizeof acc_);                                        \
     }
+#define BAND_ROW(W, STEP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                                   \
+    __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
+    if (next)                                                                                         \
+        BAND_ROW_GROUPS(1, W, STEP, GROUP_OF, ACC_T, ACC_MAX, __VA_ARGS__)                            \
+    else                                                                                              \
+        BAND_ROW_GROUPS(0, W, STEP, GROUP_OF, ACC_T, ACC_MAX, __VA_ARGS__)
 #define BAND_ROW_ARGS                                                                                 \
     const uint16_t *restrict x, uint8_t *restrict dst, int64_t ng, int64_t g, const bf16_tab *const *tabs, \
-        const fix_ctx *fixes, int64_t ahead
+        const fix_ctx *fixes, const uint16_t *next, int64_t pf_off, uint16_t *restrict accs
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
  * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (the compiler's tab_run takes ~90): in
@@ -604,8 +620,14 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
     K->wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
     K->ebm = _mm256_set1_epi16((short)(t->eb << t->shift));
 }
+/* running maxima of the magnitude bits of the 32 inputs at p (BAND_ROW) */
+static inline __attribute__((always_inline)) __m256i avx2_acc_max(__m256i acc, const uint16_t *p) {
+    const __m256i mask = _mm256_set1_epi16(0x7FFF);
+    return _mm256_max_epu16(acc, _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), mask),
+                                                  _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 16)), mask)));
+}
 static __attribute__((noinline)) void band_row_avx2(BAND_ROW_ARGS) {
-    BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+    BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
 }
 #define HAVE_TAB_AVX2 1
 #else
@@ -669,6 +691,12 @@ FP8REF_BW static inline __m512i step_fix(const uint16_t *x, __mmask64 lanes, __m
     fix_lanes(x, tmp, lanes, f);
     return _mm512_loadu_si512(tmp);
 }
+/* running maxima of the magnitude bits of the 64 inputs at p (BAND_ROW) */
+FP8REF_BW static inline __m512i zmm_acc_max(__m512i acc, const uint16_t *p) {
+    const __m512i mask = _mm512_set1_epi16(0x7FFF);
+    return _mm512_max_epu16(acc, _mm512_max_epu16(_mm512_and_si512(_mm512_loadu_si512(p), mask),
+                                                  _mm512_and_si512(_mm512_loadu_si512(p + 32), mask)));
+}
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
 typedef struct {
@@ -720,7 +748,7 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi(BAND_ROW_ARGS) {
-    BAND_ROW(64, vbmi_step, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
+    BAND_ROW(64, vbmi_step, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions, for the AVX-512 CPUs without VBMI
@@ -787,7 +815,7 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_const
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
-    BAND_ROW(64, bw_step, bw_consts_of, bw_group_of, &fixes[i_]);
+    BAND_ROW(64, bw_step, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -966,6 +994,51 @@ FP8REF_INLINE uint16_t amax_rows16(const uint16_t *restrict x, int64_t rows, int
     return m;
 }
 
+/* The running maxima of the magnitude bits of `rows` rows (stride `stride`) of ng groups of g inputs
+ * (g a multiple of 64) at x, group i's in accs + 32 i (32 lanes): in vector registers over a group's
+ * row, one reduction per group at the end (amax_groups; an amax_row16 per group and row spent 10 of
+ * the 29 cycles per 64 inputs of a 128x128-block pass in its reductions: measured) */
+FP8REF_INLINE void amax_acc_rows(const uint16_t *restrict x, int64_t rows, int64_t stride, int64_t ng, int64_t g,
+                                 uint16_t *restrict accs) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < ng; i++) {
+            const uint16_t *p = x + r * stride + i * g;
+            uint16_t *acc = accs + 32 * i;
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
+            const __m256i mask = _mm256_set1_epi16(0x7FFF);
+            __m256i m0 = _mm256_load_si256((const __m256i *)acc), m1 = _mm256_load_si256((const __m256i *)(acc + 16));
+            for (int64_t k = 0; k < g; k += 32) {
+                m0 = _mm256_max_epu16(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + k)), mask));
+                m1 = _mm256_max_epu16(m1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + k + 16)), mask));
+            }
+            _mm256_store_si256((__m256i *)acc, m0);
+            _mm256_store_si256((__m256i *)(acc + 16), m1);
+#else
+            for (int64_t k = 0; k < g; k += 32)
+                for (int l = 0; l < 32; l++) {
+                    const uint16_t v = p[k + l] & 0x7FFFu;
+                    acc[l] = v > acc[l] ? v : acc[l];
+                }
+#endif
+        }
+}
+FP8REF_INLINE void amax_groups(const uint16_t *restrict x, int64_t rows, int64_t stride, int64_t ng, int64_t g,
+                               uint16_t *restrict accs, uint16_t *restrict a) {
+    memset(accs, 0, sizeof(uint16_t) * 32 * (size_t)ng);
+    amax_acc_rows(x, rows, stride, ng, g, accs);
+    for (int64_t i = 0; i < ng; i++) a[i] = amax_row16(accs + 32 * i, 32, 0);
+}
+
+/* band b's rows [lo, hi): rows [b*bh, b*bh + bh) of matrix b / nbr (nbr bands each), cut at its r2 rows */
+FP8REF_INLINE void band_span(const quant_job *j, int64_t nbr, int64_t b, int64_t *lo, int64_t *hi) {
+    const int64_t m = b / nbr, r = b % nbr * j->bh;
+    *lo = m * j->r2 + r, *hi = m * j->r2 + (r + j->bh < j->r2 ? r + j->bh : j->r2);
+}
+/* A unit of bands_fused and the next one, both in the caches: a channel of up to 32,768 bfloat16 inputs
+ * (8192x8192 per channel from memory, one thread, Zen 4, A/B in one process: units of 16 and 64 KiB read
+ * with the unit before them 12-16% faster, of 256 KiB the same; 128x128 blocks, 2 MiB, 20% slower) */
+enum { FUSE_BYTES = 64 * 1024 };
+
 /* bands [b0, b1): band b is rows [b*bh, b*bh + bh) of matrix b / nbr (cut at r2); per group of g
  * columns: amax over the tile, its operand from the table, then the tile's codes */
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
@@ -975,50 +1048,58 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     tab_cache_init(&tabs);
     const uint16_t *x = j->src;
     uint16_t tile[128 * 128] __attribute__((aligned(64)));
+    uint16_t a[64], accs[64 * 32] __attribute__((aligned(64))); /* a unit's amaxes; the next one's running maxima */
+    int have = 0; /* a holds this unit's amaxes: read by the unit before it (band rows) */
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
     for (int64_t b = b0; b < b1; b++) {
-        int64_t m = b / nbr, br = b % nbr;
-        int64_t lo = m * j->r2 + br * j->bh, hi = m * j->r2 + (br * j->bh + j->bh < j->r2 ? br * j->bh + j->bh : j->r2);
-        /* tiles in runs of TILE_RUN_BYTES of input: their amaxes (row by row, each row's piece read in
-         * one sweep, or tile by tile for 128-wide tiles), then their codes while the run is in cache;
-         * while a run's codes are computed, the next run's input is prefetched into L2 (`ahead`
-         * elements on: the next row for channel scales, g = K).
-         * Band rows instead, where the vector loops stream whole lines (bfloat16, RNE, g and K
-         * multiples of 64, aligned codes): up to 64 groups of a band at once, their amaxes row by
-         * row, then the codes row by row, each row through every group's table (band_row_*), the
-         * run read again from the caches (2 MiB for 128x128 blocks: 128 rows of 8,192 inputs)
-         * while the next run is prefetched. Rows keep the reads and the streamed codes sequential;
+        int64_t lo, hi;
+        band_span(j, nbr, b, &lo, &hi);
+        /* units: a run of groups of the band. Tiles in runs of TILE_RUN_BYTES of input: their amaxes (row
+         * by row, each row's piece read in one sweep, or tile by tile for 128-wide tiles), then their codes
+         * while the run is in cache; while a run's codes are computed, the next run's input is prefetched
+         * into L2 (`ahead` elements on).
+         * Band rows instead, where the vector loops stream whole lines (bfloat16, RNE, g and K multiples
+         * of 64, aligned codes): up to 64 groups of a band at once (a channel: one row), the codes row
+         * by row, each row through every group's table (band_row_*). The unit's amaxes come first: read
+         * by the unit before it while that one's codes were computed (BAND_ROW; units up to FUSE_BYTES),
+         * or else in a pass of their own (amax_groups; the task's first unit, 128x128 blocks), the unit
+         * then read again from the caches (2 MiB for 128x128 blocks: 128 rows of 8,192 inputs) while
+         * the next unit is prefetched into L2. Rows keep the reads and the streamed codes sequential;
          * tiles walk 128 pages at once. 8192x8192 128x128 blocks, whole calls after a copy_, A/B in one
-         * process (Zen 4): one thread v3 10.78 -> 10.00 ms, BW 10.53 -> 10.00, VBMI 8.34 -> 8.33;
-         * two threads v3 6.08 -> 5.85, BW 6.23 -> 6.17, VBMI 6.69 -> 6.17. */
+         * process (Zen 4), tiles -> band rows: one thread v3 10.78 -> 10.00 ms, BW 10.53 -> 10.00, VBMI 8.34 -> 8.33; two threads v3 6.08 ->
+         * 5.85, BW 6.23 -> 6.17, VBMI 6.69 -> 6.17. */
         const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && c.stream && CAN_STREAM &&
-                         j->bh > 1 && hi - lo > 1 && j->g % 64 == 0 && j->K % j->g == 0 && j->K % 64 == 0 &&
-                         ((uintptr_t)j->dst & 63u) == 0;
+                         j->g % 64 == 0 && j->K % j->g == 0 && j->K % 64 == 0 && ((uintptr_t)j->dst & 63u) == 0;
         int64_t run = band ? ng : j->bh > 1 ? (TILE_RUN_BYTES / 2 / (hi - lo) / j->g) : 1;
         run = run < 1 ? 1 : run > 64 ? 64 : run;
         for (int64_t j0 = 0; j0 < ng; j0 += run) {
             int64_t j1 = j0 + run < ng ? j0 + run : ng;
             /* the next run's, or at the band's end the next band's first run (rows hi.., column 0) */
             const int64_t ahead = j1 < ng ? run * j->g : (hi - lo) * j->K - j0 * j->g;
-            uint16_t a[64] = {0};
             /* a whole 128x128 (or shorter) bfloat16 tile, one per run: gathered by its amax pass for
              * the table loops (8192x8192 blocks, 2 threads: VBMI 6.5-6.9 -> 5.4-5.5 ms, x86-64-v3
              * 6.8-7.2 -> 6.2-6.6 ms: measured) */
-            const int gather = kind == BF16 && j->g == 128 && run == 1 && hi - lo > 1 && hi - lo <= 128 &&
+            const int gather = !band && kind == BF16 && j->g == 128 && run == 1 && hi - lo > 1 && hi - lo <= 128 &&
                                j0 * 128 + 128 <= j->K;
-            if (j->g == 128 && hi - lo > 1 && !band)
-                for (int64_t jg = j0; jg < j1; jg++) {
-                    int64_t k0 = jg * j->g;
-                    a[jg - j0] = k0 + 128 <= j->K
-                                     ? amax_tile128(x + lo * j->K + k0, hi - lo, j->K, gather ? tile : NULL)
-                                     : amax_rows16(x + lo * j->K + k0, hi - lo, j->K, j->K - k0);
-                }
-            else
-                for (int64_t r = lo; r < hi; r++)
+            if (!have) {
+                memset(a, 0, sizeof a);
+                if (band)
+                    amax_groups(x + lo * j->K + j0 * j->g, hi - lo, j->K, j1 - j0, j->g, accs, a);
+                else if (j->g == 128 && hi - lo > 1)
                     for (int64_t jg = j0; jg < j1; jg++) {
-                        int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
-                        a[jg - j0] = amax_row16(x + r * j->K + k0, (size_t)(k1 - k0), a[jg - j0]);
+                        int64_t k0 = jg * j->g;
+                        a[jg - j0] = k0 + 128 <= j->K
+                                         ? amax_tile128(x + lo * j->K + k0, hi - lo, j->K, gather ? tile : NULL)
+                                         : amax_rows16(x + lo * j->K + k0, hi - lo, j->K, j->K - k0);
                     }
+                else
+                    for (int64_t r = lo; r < hi; r++)
+                        for (int64_t jg = j0; jg < j1; jg++) {
+                            int64_t k0 = jg * j->g, k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
+                            a[jg - j0] = amax_row16(x + r * j->K + k0, (size_t)(k1 - k0), a[jg - j0]);
+                        }
+            }
+            have = 0;
             for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
             if (band) { /* every group's table, built where new; the band row by row if all hold */
                 const bf16_tab *tp[64];
@@ -1037,16 +1118,27 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                           t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n;
                 }
                 if (ok) {
+                    /* the next unit (the band's next run, or the next band's first: row r - lo of it
+                     * `ahead` inputs from row r's first here), read for its amaxes while this one's
+                     * codes are computed where this task has it, it has this unit's shape and both
+                     * fit in the caches together (FUSE_BYTES) */
+                    int64_t nlo = 0, nhi = 0;
+                    if (b + 1 < b1) band_span(j, nbr, b + 1, &nlo, &nhi);
+                    have = (hi - lo) * (j1 - j0) * j->g * 2 <= FUSE_BYTES &&
+                           (j1 < ng ? j1 + (j1 - j0) <= ng : nhi - nlo == hi - lo && (ng < run ? ng : run) == j1 - j0);
+                    memset(accs, 0, sizeof(uint16_t) * 32 * (size_t)(j1 - j0));
                     for (int64_t r = lo; r < hi; r++) {
-                        const uint16_t *xr = x + r * j->K + j0 * j->g;
+                        const uint16_t *xr = x + r * j->K + j0 * j->g, *nx = have ? xr + ahead : NULL;
+                        const int64_t pf_off = have ? ahead + j->K : ahead; /* the next unit's next row, or its row */
                         uint8_t *dr = j->dst + r * j->K + j0 * j->g;
                         if (c.vbmi)
-                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, ahead);
+                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, nx, pf_off, accs);
                         else if (HAVE_TAB_AVX2)
-                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, ahead);
+                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, nx, pf_off, accs);
                         else
-                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, ahead);
+                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, nx, pf_off, accs);
                     }
+                    for (int64_t jg = 0; have && jg < j1 - j0; jg++) a[jg] = amax_row16(accs + 32 * jg, 32, 0);
                     continue;
                 }
             }

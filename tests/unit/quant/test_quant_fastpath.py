@@ -432,7 +432,7 @@ def test_block_band_rows(monkeypatch, loop, shape, block):
     """Blocks whose codes stream from aligned lines go band by band, row by row through every
     group's table (bands_fused's band rows, band_row_* in _csrc/quant.c): a ragged last band, more
     than 64 groups in a row (two runs per band), 32x64 and 2x128 blocks; rows spanning 60 binades,
-    an all-zero tile (its operand unusable: the band falls back to tiles) and bf16 subnormals."""
+    an all-zero tile (its scale 1, as the recipes' for an amax of 0) and bf16 subnormals."""
     _loop(monkeypatch, loop)
     x = weights(shape, "bfloat16", seed=11)
     x[: block[0], : block[1]] = 0.0
@@ -445,6 +445,36 @@ def test_block_band_rows(monkeypatch, loop, shape, block):
             m.setenv("FP8REF_NO_KERNELS", "1")
             slow = quantize(x, args, recipe=recipe)
         assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape,gran,extra", [((300, 1152), "channel", {}), ((40, 1152), "group", {"group_size": 128}),
+                                              ((24, 64 * 130), "group", {"group_size": 64}),
+                                              ((4, 3, 640), "channel", {})])
+def test_next_unit_amax(monkeypatch, loop, threads, shape, gran, extra):
+    """Band rows whose units fit in the caches (a channel, a row of groups) read the next unit for
+    its amaxes while they compute their own codes (BAND_ROW in _csrc/quant.c): every row's amax
+    differs (rows span 60 binades), a row of bf16 subnormals alone, an all-zero row (its scale 1),
+    zeros and subnormals elsewhere; 130 groups of 64 (runs of 64, 64 and 2 groups: the next run of another shape), a 3-D tensor;
+    one and two threads (the last unit of each task has no next)."""
+    _loop(monkeypatch, loop)
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(_native.parallel, "__kwdefaults__", {**_native.parallel.__kwdefaults__, "min_work": 1})
+    x = weights(shape, "bfloat16", seed=13).reshape(-1, shape[-1])
+    x[4] = (np.arange(x.shape[1]) % 100 * 2.0 ** -133).astype(ml_dtypes.bfloat16)
+    x[5] = 0.0
+    x[6, 64:200] = (np.arange(136) * 2.0 ** -133).astype(ml_dtypes.bfloat16)
+    x[7, :300] = 0.0
+    x = x.reshape(shape)
+    args = QuantArgs(granularity=gran, **extra)
+    fast = quantize(x, args, out=_arrays.aligned_empty(shape, np.uint8))
+    with monkeypatch.context() as m:
+        m.setenv("FP8REF_NO_KERNELS", "1")
+        slow = quantize(x, args)
+    assert_same(fast, slow)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
