@@ -32,10 +32,14 @@ void FP8REF_TASK(fp8ref_encode_f32)(const ew_job *j, size_t lo, size_t hi) {
     }
 }
 
+/* unrolled: the loop of one lookup a step ran at one step per cycle or at half that, by where the
+ * linker put it (a 16-byte shift of the code put it across a 64-byte line: 21 vs 37 ms for 64 Mi
+ * inputs on one thread, Zen 4; measured). Two loads and a store per input bound it either way. */
 void FP8REF_TASK(fp8ref_gather_u16)(const ew_job *j, size_t lo, size_t hi) {
     const uint16_t *restrict src = j->src;
     uint8_t *restrict dst = j->dst;
     const uint8_t *restrict lut = j->arg;
+#pragma GCC unroll 4
     for (size_t i = lo; i < hi; i++) dst[i] = lut[src[i]];
 }
 
