@@ -456,8 +456,8 @@ def test_next_unit_amax(monkeypatch, loop, threads, shape, gran, extra):
     """Band rows whose units fit in the caches (a channel, a row of groups) read the next unit for
     its amaxes while they compute their own codes (BAND_ROW in _csrc/quant.c): every row's amax
     differs (rows span 60 binades), a row of bf16 subnormals alone, an all-zero row (its scale 1),
-    zeros and subnormals elsewhere; 130 groups of 64 (runs of 64, 64 and 2 groups: the next run of another shape), a 3-D tensor;
-    one and two threads (the last unit of each task has no next)."""
+    zeros and subnormals elsewhere; 130 groups of 64 (runs of 64, 64 and 2 groups: the next run of
+    another shape), a 3-D tensor; one and two threads (the last unit of each task has no next)."""
     _loop(monkeypatch, loop)
     import torch
 
