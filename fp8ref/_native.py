@@ -111,7 +111,7 @@ def _layout_errors(lib) -> list[str]:
 def _refuse(path: str, why: str) -> None:
     _STATE["why"] = f"{path} {why}"
     warnings.warn(f"fp8ref: {path} {why}; rebuild it with `pip install -e .`. Using the numpy paths.",
-                  RuntimeWarning, stacklevel=4)
+                  RuntimeWarning, stacklevel=5)  # the caller of kernels()
 
 
 def _bind_level(lib, path: str, forced: str | None = None) -> str | None:
@@ -150,21 +150,30 @@ def _load():
         warnings.warn(f"fp8ref: the C loops are not built, so fp8ref runs its numpy paths (17-33x slower to encode "
                       f"and quantize); fp8ref --version says why ({_STATE['why']})", RuntimeWarning, stacklevel=4)
         return None
-    lib = ctypes.CDLL(_kernels.__file__)
-    missing = [name for name in (*_SIGNATURES, "fp8ref_layout", "fp8ref_cpu_level") if not hasattr(lib, name)] + \
-        [name for name in ("hw_call",) if not hasattr(_kernels, name)]
-    if missing:  # a build older than this source tree: run the numpy paths rather than crash
-        return _refuse(_kernels.__file__, f"lacks {', '.join(missing)}")
+    lacking = [name for name in ("hw_call",) if not hasattr(_kernels, name)]
+    lib = _open(_kernels.__file__, lacking=lacking)
+    if lib is not None:
+        _STATE["path"] = _kernels.__file__
+    return lib
+
+
+def _open(path: str, level: str | None = None, lacking: list[str] = ()):
+    """The C library at ``path``, its signatures set and checked against this module's mirror of the
+    header, its per-ISA tasks bound to ``level`` (default: FP8REF_ISA, else the best this CPU runs); or
+    None after a warning. ``lacking``: names the caller found missing elsewhere (the module's)."""
+    lib = ctypes.CDLL(path)
+    missing = [name for name in (*_SIGNATURES, "fp8ref_layout", "fp8ref_cpu_level") if not hasattr(lib, name)]
+    if missing or lacking:  # a build older than this source tree: run the numpy paths rather than crash
+        return _refuse(path, f"lacks {', '.join([*missing, *lacking])}")
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     lib.fp8ref_cpu_level.argtypes, lib.fp8ref_cpu_level.restype = [], ctypes.c_int
     wrong = _layout_errors(lib)
     if wrong:  # the header and its mirror above disagree: calling would corrupt memory
-        return _refuse(_kernels.__file__, f"disagrees with fp8ref/_native.py on the layout of {', '.join(wrong)}")
-    if _bind_level(lib, _kernels.__file__) is None:
+        return _refuse(path, f"disagrees with fp8ref/_native.py on the layout of {', '.join(wrong)}")
+    if _bind_level(lib, path, level) is None:
         return None
-    _STATE["path"] = _kernels.__file__
     return lib
 
 
@@ -269,6 +278,14 @@ def _find_openmp(torch) -> str | None:
     return (own or found)[0] if len(own) == 1 or len(found) == 1 else None
 
 
+_OMP_NAMES = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+
+
+def bind_openmp(lib, omp) -> None:
+    """Points the C library's parallel loop at the OpenMP runtime ``omp`` (a loaded ctypes.CDLL)."""
+    lib.fp8ref_bind_openmp(*(ctypes.cast(getattr(omp, name), _vp) for name in _OMP_NAMES))
+
+
 def openmp_runtime() -> str | None:
     """The path of the OpenMP runtime fp8ref's loops share with torch, or None (thread pool)."""
     lib = kernels()
@@ -279,10 +296,9 @@ def openmp_runtime() -> str | None:
         path = _find_openmp(torch)
         if path is not None:
             omp = ctypes.CDLL(path)  # already loaded by torch: the same instance, not a second runtime
-            names = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
-            if all(hasattr(omp, name) for name in names):  # LLVM's libomp exports them too; vcomp does not
+            if all(hasattr(omp, name) for name in _OMP_NAMES):  # LLVM's libomp exports them too; vcomp does not
                 _OPENMP["handle"] = omp
-                lib.fp8ref_bind_openmp(*(ctypes.cast(getattr(omp, name), _vp) for name in names))
+                bind_openmp(lib, omp)
             else:
                 path = None
         _OPENMP["path"] = path
@@ -299,12 +315,12 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def parallel(task: str, job: ctypes.Structure, n: int, *, work: int | None = None, split: int | None = None,
-             keep=None, min_work: int = _PARALLEL_MIN) -> None:
+             keep=None, min_work: int | None = None) -> None:
     """Run the C task ``task(job, lo, hi)`` over units [0, n), in ``split`` pieces (default: one per
-    thread) once ``work`` (default n) reaches ``min_work``; below it on the calling thread.
-    ``keep``: arrays the job points into."""
+    thread) once ``work`` (default n) reaches ``min_work`` (default _PARALLEL_MIN, read at the call);
+    below it on the calling thread. ``keep``: arrays the job points into."""
     lib = kernels()
-    w = threads() if (n if work is None else work) >= min_work else 1
+    w = threads() if (n if work is None else work) >= (_PARALLEL_MIN if min_work is None else min_work) else 1
     pieces = max(1, min(n, split or w))
     fn = getattr(lib, task)
     if w > 1 and pieces > 1 and openmp_runtime() is not None:

@@ -40,17 +40,12 @@ GRANS = {"channel": QuantArgs(granularity="channel"), "tensor": QuantArgs(granul
 
 
 def load(path: str, level: str):
-    """The library at path, bound to `level` as fp8ref binds its own (and to torch's OpenMP runtime)."""
-    lib = ctypes.CDLL(os.path.abspath(path))
-    for name, argtypes in _native._SIGNATURES.items():
-        getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, None
-    lib.fp8ref_cpu_level.argtypes, lib.fp8ref_cpu_level.restype = [], ctypes.c_int
-    if _native._bind_level(lib, path, level) is None:
-        raise SystemExit(f"{path}: no loops for {level} that this CPU runs")
-    omp = _native._OPENMP.get("handle")
-    if omp is not None:
-        lib.fp8ref_bind_openmp(*(ctypes.cast(getattr(omp, n), _native._vp)
-                                 for n in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")))
+    """The library at path, checked and bound to `level` as fp8ref binds its own, on torch's OpenMP runtime."""
+    lib = _native._open(os.path.abspath(path), level)
+    if lib is None:
+        raise SystemExit(f"{path}: refused (the warning above says why)")
+    if _native._OPENMP.get("handle") is not None:
+        _native.bind_openmp(lib, _native._OPENMP["handle"])
     return lib
 
 

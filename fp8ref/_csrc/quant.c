@@ -509,14 +509,12 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
  * (g a multiple of 64), group i_ by its own table (the loop's constants from tabs[0], then per group
  * GROUP_OF(&K_, tabs[i_]) sets the ones that depend on the operand: the caller checked that the others
  * agree; reloading all of them per group took 3-4% longer at v3) and fixes[i_]; the codes streamed
- * (whole aligned lines: the caller checked). Meanwhile it reads the next unit's row `next` (the same
- * shape; or, with none, x again) for that unit's amaxes: group i_'s running maxima of the magnitude
- * bits in the ACC_T at accs + 32 i_ (ACC_MAX adds one step's inputs), so that the next unit's inputs
- * come from memory while this one computes, not in a pass of their own (8192x8192 per channel from
- * memory, A/B in one process, Zen 4, x86-64-v4 without VBMI: one thread 8.87 -> 7.29 ms, two threads
- * 5.03 -> 4.15 ms). The line `next_pf` inputs past each one read is prefetched into L2 (STEP's plan
- * line; 256-1,024 inputs on were slower, 4,096-16,384 the same), the pages on primed as TAB_WALK
- * primes a row. */
+ * (whole aligned lines: the caller checked). With `next` (the next unit's row, of the same shape) it
+ * also reads that row for the next unit's amaxes: group i_'s running maxima of the magnitude bits in
+ * the ACC_T at accs + 32 i_ (ACC_MAX adds one step's inputs), so that the next unit's inputs come
+ * from memory while this one computes, not in a pass of their own. Each step prefetches into L2 the
+ * plan line pf_off inputs on (STEP's; with `next`, the next unit's row after: 256-1,024 inputs past
+ * the loads were slower, 4,096-16,384 the same) and primes the pages on as TAB_WALK primes a row. */
 #define BAND_ROW_GROUPS(FUSED, W, STEP, GROUP_OF, ACC_T, ACC_MAX, ...)                                \
     for (int64_t i_ = 0; i_ < ng; i_++) {                                                             \
         GROUP_OF(&K_, tabs[i_]);                                                                      \
@@ -539,6 +537,15 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
 #define BAND_ROW_ARGS                                                                                 \
     const uint16_t *restrict x, uint8_t *restrict dst, int64_t ng, int64_t g, const bf16_tab *const *tabs, \
         const fix_ctx *fixes, const uint16_t *next, int64_t pf_off, uint16_t *restrict accs
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
+/* running maxima of the magnitude bits of the 32 inputs at p (BAND_ROW, amax_groups) */
+static inline __attribute__((always_inline)) __m256i avx2_acc_max(__m256i acc, const uint16_t *p) {
+    const __m256i mask = _mm256_set1_epi16(0x7FFF);
+    return _mm256_max_epu16(acc, _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), mask),
+                                                  _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 16)), mask)));
+}
+#endif
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
  * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (the compiler's tab_run takes ~90): in
@@ -619,12 +626,6 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
     K->wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1));
     K->wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
     K->ebm = _mm256_set1_epi16((short)(t->eb << t->shift));
-}
-/* running maxima of the magnitude bits of the 32 inputs at p (BAND_ROW) */
-static inline __attribute__((always_inline)) __m256i avx2_acc_max(__m256i acc, const uint16_t *p) {
-    const __m256i mask = _mm256_set1_epi16(0x7FFF);
-    return _mm256_max_epu16(acc, _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), mask),
-                                                  _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 16)), mask)));
 }
 static __attribute__((noinline)) void band_row_avx2(BAND_ROW_ARGS) {
     BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
@@ -994,38 +995,28 @@ FP8REF_INLINE uint16_t amax_rows16(const uint16_t *restrict x, int64_t rows, int
     return m;
 }
 
-/* The running maxima of the magnitude bits of `rows` rows (stride `stride`) of ng groups of g inputs
- * (g a multiple of 64) at x, group i's in accs + 32 i (32 lanes): in vector registers over a group's
- * row, one reduction per group at the end (amax_groups; an amax_row16 per group and row spent 10 of
- * the 29 cycles per 64 inputs of a 128x128-block pass in its reductions: measured) */
-FP8REF_INLINE void amax_acc_rows(const uint16_t *restrict x, int64_t rows, int64_t stride, int64_t ng, int64_t g,
-                                 uint16_t *restrict accs) {
+/* a[i] = max magnitude bits of group i of `rows` rows (stride `stride`) of ng groups of g inputs at
+ * x (g a multiple of 64): each group's running maxima in a vector over its row, kept in accs + 32 i
+ * between rows, one reduction per group at the end (an amax_row16 per group and row reduced every
+ * 128 inputs: 9.74 -> 9.39 ms for 8192x8192 128x128 blocks, one thread, AVX-512BW, measured) */
+FP8REF_INLINE void amax_groups(const uint16_t *restrict x, int64_t rows, int64_t stride, int64_t ng, int64_t g,
+                               uint16_t *restrict accs, uint16_t *restrict a) {
+    memset(accs, 0, sizeof(uint16_t) * 32 * (size_t)ng);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < ng; i++) {
             const uint16_t *p = x + r * stride + i * g;
             uint16_t *acc = accs + 32 * i;
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
-            const __m256i mask = _mm256_set1_epi16(0x7FFF);
-            __m256i m0 = _mm256_load_si256((const __m256i *)acc), m1 = _mm256_load_si256((const __m256i *)(acc + 16));
-            for (int64_t k = 0; k < g; k += 32) {
-                m0 = _mm256_max_epu16(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + k)), mask));
-                m1 = _mm256_max_epu16(m1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + k + 16)), mask));
-            }
-            _mm256_store_si256((__m256i *)acc, m0);
-            _mm256_store_si256((__m256i *)(acc + 16), m1);
+            __m256i m = _mm256_load_si256((const __m256i *)acc);
+            for (int64_t k = 0; k < g; k += 32) m = avx2_acc_max(m, p + k);
+            _mm256_store_si256((__m256i *)acc, m);
 #else
-            for (int64_t k = 0; k < g; k += 32)
-                for (int l = 0; l < 32; l++) {
-                    const uint16_t v = p[k + l] & 0x7FFFu;
-                    acc[l] = v > acc[l] ? v : acc[l];
-                }
+            for (int64_t k = 0; k < g; k++) {
+                const uint16_t v = p[k] & 0x7FFFu;
+                acc[k % 32] = v > acc[k % 32] ? v : acc[k % 32];
+            }
 #endif
         }
-}
-FP8REF_INLINE void amax_groups(const uint16_t *restrict x, int64_t rows, int64_t stride, int64_t ng, int64_t g,
-                               uint16_t *restrict accs, uint16_t *restrict a) {
-    memset(accs, 0, sizeof(uint16_t) * 32 * (size_t)ng);
-    amax_acc_rows(x, rows, stride, ng, g, accs);
     for (int64_t i = 0; i < ng; i++) a[i] = amax_row16(accs + 32 * i, 32, 0);
 }
 
@@ -1034,9 +1025,10 @@ FP8REF_INLINE void band_span(const quant_job *j, int64_t nbr, int64_t b, int64_t
     const int64_t m = b / nbr, r = b % nbr * j->bh;
     *lo = m * j->r2 + r, *hi = m * j->r2 + (r + j->bh < j->r2 ? r + j->bh : j->r2);
 }
-/* A unit of bands_fused and the next one, both in the caches: a channel of up to 32,768 bfloat16 inputs
- * (8192x8192 per channel from memory, one thread, Zen 4, A/B in one process: units of 16 and 64 KiB read
- * with the unit before them 12-16% faster, of 256 KiB the same; 128x128 blocks, 2 MiB, 20% slower) */
+/* A unit of bands_fused and the next one, both in the caches: a channel of up to 32,768 bfloat16 inputs.
+ * Per channel, one thread, Zen 4, A/B in one process, band rows without -> with the next unit's read:
+ * rows of 16 KiB 8.06 -> 7.50 ms, of 64 KiB 8.03 -> 7.56, of 256 KiB the same; 128x128 blocks (2 MiB)
+ * 20% slower with it (9.35 -> 11.20 ms). */
 enum { FUSE_BYTES = 64 * 1024 };
 
 /* bands [b0, b1): band b is rows [b*bh, b*bh + bh) of matrix b / nbr (cut at r2); per group of g
@@ -1066,8 +1058,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
          * then read again from the caches (2 MiB for 128x128 blocks: 128 rows of 8,192 inputs) while
          * the next unit is prefetched into L2. Rows keep the reads and the streamed codes sequential;
          * tiles walk 128 pages at once. 8192x8192 128x128 blocks, whole calls after a copy_, A/B in one
-         * process (Zen 4), tiles -> band rows: one thread v3 10.78 -> 10.00 ms, BW 10.53 -> 10.00, VBMI 8.34 -> 8.33; two threads v3 6.08 ->
-         * 5.85, BW 6.23 -> 6.17, VBMI 6.69 -> 6.17. */
+         * process (Zen 4), tiles -> band rows: one thread v3 10.78 -> 10.00 ms, BW 10.53 -> 10.00, VBMI
+         * 8.34 -> 8.33; two threads v3 6.08 -> 5.85, BW 6.23 -> 6.17, VBMI 6.69 -> 6.17. */
         const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && c.stream && CAN_STREAM &&
                          j->g % 64 == 0 && j->K % j->g == 0 && j->K % 64 == 0 && ((uintptr_t)j->dst & 63u) == 0;
         int64_t run = band ? ng : j->bh > 1 ? (TILE_RUN_BYTES / 2 / (hi - lo) / j->g) : 1;
@@ -1124,9 +1116,10 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                      * fit in the caches together (FUSE_BYTES) */
                     int64_t nlo = 0, nhi = 0;
                     if (b + 1 < b1) band_span(j, nbr, b + 1, &nlo, &nhi);
-                    have = (hi - lo) * (j1 - j0) * j->g * 2 <= FUSE_BYTES &&
-                           (j1 < ng ? j1 + (j1 - j0) <= ng : nhi - nlo == hi - lo && (ng < run ? ng : run) == j1 - j0);
-                    memset(accs, 0, sizeof(uint16_t) * 32 * (size_t)(j1 - j0));
+                    /* run <= ng: every run but a band's last has run groups, the next band's first too */
+                    have = (hi - lo) * (j1 - j0) * j->g * 2 <= FUSE_BYTES && j1 - j0 == run &&
+                           (j1 < ng ? j1 + run <= ng : b + 1 < b1 && nhi - nlo == hi - lo);
+                    if (have) memset(accs, 0, sizeof(uint16_t) * 32 * (size_t)run);
                     for (int64_t r = lo; r < hi; r++) {
                         const uint16_t *xr = x + r * j->K + j0 * j->g, *nx = have ? xr + ahead : NULL;
                         const int64_t pf_off = have ? ahead + j->K : ahead; /* the next unit's next row, or its row */
@@ -1138,7 +1131,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                         else
                             band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, nx, pf_off, accs);
                     }
-                    for (int64_t jg = 0; have && jg < j1 - j0; jg++) a[jg] = amax_row16(accs + 32 * jg, 32, 0);
+                    for (int64_t jg = 0; have && jg < run; jg++) a[jg] = amax_row16(accs + 32 * jg, 32, 0);
                     continue;
                 }
             }

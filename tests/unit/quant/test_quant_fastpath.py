@@ -462,7 +462,7 @@ def test_next_unit_amax(monkeypatch, loop, threads, shape, gran, extra):
     import torch
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    monkeypatch.setattr(_native.parallel, "__kwdefaults__", {**_native.parallel.__kwdefaults__, "min_work": 1})
+    monkeypatch.setattr(_native, "_PARALLEL_MIN", 1)  # split even these small weights
     x = weights(shape, "bfloat16", seed=13).reshape(-1, shape[-1])
     x[4] = (np.arange(x.shape[1]) % 100 * 2.0 ** -133).astype(ml_dtypes.bfloat16)
     x[5] = 0.0
