@@ -4,9 +4,14 @@
                                [--no-vbmi] [--threads 1] [--rounds 8] [--rows 8192 --cols 8192]
     python tools/ab_kernels.py A.so B.so --replay [--rows 512] [--calls 20] ...
 
-Build each variant with ``python setup.py build_ext --inplace`` (``CFLAGS=-DNAME`` selects an
-``#ifdef NAME`` experiment; the object cache keys on the flags) and copy the library aside. Whole
-calls (default): each round runs every library in turn (the order rotating), each quantize right
+Build each variant with ``python setup.py build_ext --inplace`` and copy the library aside. For an
+``#ifdef NAME`` experiment keep the flags Python adds to every compile, which a bare ``CFLAGS=-DNAME``
+replaces (a loop ran 48% apart built the two ways; the object cache keys on the flags)::
+
+    PYFLAGS="$(python -c 'import sysconfig; print(sysconfig.get_config_var("CFLAGS"))')"
+    CFLAGS="$PYFLAGS -DNAME" python setup.py build_ext --inplace
+
+Whole calls (default): each round runs every library in turn (the order rotating), each quantize right
 after a ``copy_`` of the weight, as benchmarks/bench_isa.py times it, and checks that all libraries
 wrote the same codes; it prints min / median ms per library and the ratio to ``copy_`` (3 bytes per
 element counted against its 4). ``--replay``: the C task of one quantize call, captured and run

@@ -438,9 +438,10 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     }
 }
 
-#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, next, pf_off, accs) \
-    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(next), (void)(pf_off), \
-     (void)(accs))
+#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off) \
+    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(pf_off))
+#define NO_BAND_ROW_NEXT(x, dst, ng, g, tabs, fixes, pf_off, next, accs) \
+    (NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off), (void)(next), (void)(accs))
 #define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, stream, t, f) \
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
      (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
@@ -509,34 +510,50 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
  * (g a multiple of 64), group i_ by its own table (the loop's constants from tabs[0], then per group
  * GROUP_OF(&K_, tabs[i_]) sets the ones that depend on the operand: the caller checked that the others
  * agree; reloading all of them per group took 3-4% longer at v3) and fixes[i_]; the codes streamed
- * (whole aligned lines: the caller checked). With `next` (the next unit's row, of the same shape) it
- * also reads that row for the next unit's amaxes: group i_'s running maxima of the magnitude bits in
- * the ACC_T at accs + 32 i_ (ACC_MAX adds one step's inputs), so that the next unit's inputs come
- * from memory while this one computes, not in a pass of their own. Each step prefetches into L2 the
- * plan line pf_off inputs on (STEP's; with `next`, the next unit's row after: 256-1,024 inputs past
- * the loads were slower, 4,096-16,384 the same) and primes the pages on as TAB_WALK primes a row. */
-#define BAND_ROW_GROUPS(FUSED, W, STEP, GROUP_OF, ACC_T, ACC_MAX, ...)                                \
+ * (whole aligned lines: the caller checked). Each step prefetches into L2 the plan line pf_off inputs
+ * on (STEP's) and primes the pages on as TAB_WALK primes a row.
+ * BAND_ROW: the row's steps in one loop, the group's constants switched every g / W steps, each step
+ * testing for v = 0 alone (top = 0: the caller checked that no group's amax reaches v = 255). A loop
+ * per group, for 128-input groups (two AVX-512 steps), spent ~25 instructions a group getting in and
+ * out of it. 8192x8192 128x128 blocks, one thread, ns per input, A/B in one process (the captured
+ * task replayed): cache-resident VBMI 0.097 -> 0.083, AVX-512BW 0.121 -> 0.109, v3 0.132 -> 0.124;
+ * from memory 0.133 -> 0.119, 0.133 -> 0.126, 0.129 -> 0.122.
+ * BAND_ROW_NEXT also reads `next` (the next unit's row, of the same shape) for the next unit's
+ * amaxes: group i_'s running maxima of the magnitude bits in the ACC_T at accs + 32 i_ (ACC_MAX adds
+ * one step's inputs), so that the next unit's inputs come from memory while this one computes, not in
+ * a pass of their own; its prefetch plan is then the next unit's row after (256-1,024 inputs past the
+ * loads were slower, 4,096-16,384 the same). It keeps a loop per group: flat, x86-64-v3's 16
+ * registers spilled the running maxima (per channel 8.4 against 7.4 ms, one thread). TOP: the steps'
+ * test, measured per loop (per channel from memory, one thread): the VBMI loop testing v = 0 alone
+ * took 0.116 against 0.089 ns per input (the same cache-resident), AVX-512BW 0.098 against 0.110
+ * with both, v3 0.098 against 0.105. These loops' speed from memory also moves by 5-10% with where
+ * the linker puts them (the same code 16-48 bytes further on: docs/performance.md, ninth pass). */
+#define BAND_ROW(W, STEP, CONSTS_OF, GROUP_OF, ...)                                                   \
+    __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
+    for (int64_t k_ = 0, i_ = -1, left_ = 0; k_ < ng * g; k_ += (W), left_--) {                       \
+        if (left_ == 0) i_++, left_ = g / (W), GROUP_OF(&K_, tabs[i_]);                               \
+        const uint16_t *pf_ = x + k_ + pf_off;                                                        \
+        STEP(x + k_, dst + k_, pf_, (W), 1, 0, &K_, __VA_ARGS__);                                     \
+        prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);                   \
+    }
+#define BAND_ROW_NEXT(W, STEP, TOP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                         \
+    __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
     for (int64_t i_ = 0; i_ < ng; i_++) {                                                             \
         GROUP_OF(&K_, tabs[i_]);                                                                      \
         ACC_T acc_;                                                                                   \
-        if (FUSED) memcpy(&acc_, accs + 32 * i_, sizeof acc_);                                        \
+        memcpy(&acc_, accs + 32 * i_, sizeof acc_);                                                   \
         for (int64_t k_ = i_ * g; k_ < i_ * g + g; k_ += (W)) {                                      \
             const uint16_t *pf_ = x + k_ + pf_off;                                                    \
-            if (FUSED) acc_ = ACC_MAX(acc_, next + k_);                                               \
-            STEP(x + k_, dst + k_, pf_, (W), 1, &K_, __VA_ARGS__);                                    \
+            acc_ = ACC_MAX(acc_, next + k_);                                                          \
+            STEP(x + k_, dst + k_, pf_, (W), 1, TOP, &K_, __VA_ARGS__);                               \
             prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);               \
         }                                                                                             \
-        if (FUSED) memcpy(accs + 32 * i_, &acc_, sizeof acc_);                                        \
+        memcpy(accs + 32 * i_, &acc_, sizeof acc_);                                                   \
     }
-#define BAND_ROW(W, STEP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                                   \
-    __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
-    if (next)                                                                                         \
-        BAND_ROW_GROUPS(1, W, STEP, GROUP_OF, ACC_T, ACC_MAX, __VA_ARGS__)                            \
-    else                                                                                              \
-        BAND_ROW_GROUPS(0, W, STEP, GROUP_OF, ACC_T, ACC_MAX, __VA_ARGS__)
 #define BAND_ROW_ARGS                                                                                 \
     const uint16_t *restrict x, uint8_t *restrict dst, int64_t ng, int64_t g, const bf16_tab *const *tabs, \
-        const fix_ctx *fixes, const uint16_t *next, int64_t pf_off, uint16_t *restrict accs
+        const fix_ctx *fixes, int64_t pf_off
+#define BAND_ROW_NEXT_ARGS BAND_ROW_ARGS, const uint16_t *next, uint16_t *restrict accs
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
 /* running maxima of the magnitude bits of the 32 inputs at p (BAND_ROW, amax_groups) */
@@ -548,8 +565,8 @@ static inline __attribute__((always_inline)) __m256i avx2_acc_max(__m256i acc, c
 #endif
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
- * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (the compiler's tab_run takes ~90): in
- * 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one
+ * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (25 in band rows; the compiler's tab_run
+ * takes ~90): in 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one
  * saturating subtraction: 0 below E_b), packed to bytes with unsigned saturation; then three 16-byte
  * lookups by v (win_*: tab_build), two compares with l, one saturating add (v >= 128 looks up zeros
  * and overflows whatever it adds), overflow by min and the sign by OR. v = 0 (below the table, and
@@ -562,7 +579,7 @@ typedef struct {
 } avx2_consts;
 /* one step: inputs [0, left) of x; left < 32 (a run's last inputs) by tab_run_scalar */
 static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
-                                                            int64_t left, int stream, const avx2_consts *K,
+                                                            int64_t left, int stream, int top, const avx2_consts *K,
                                                             const bf16_tab *t, const fix_ctx *f) {
     if (left < 32) {
         uint32_t tail = 0;
@@ -582,8 +599,9 @@ static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, u
     const __m256i c2 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb2, v));
     const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(K->wt, v), _mm256_add_epi8(c1, c2));
     __m256i code = _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), K->opv), _mm256_and_si256(sgn, K->s80));
-    /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed) */
-    __m256i slow = _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge);
+    /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed); v = 0 alone where no
+     * v reaches 255 (top = 0: BAND_ROW) */
+    __m256i slow = top ? _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge) : _mm256_cmpeq_epi8(v, K->zero);
     uint32_t bits = (uint32_t)_mm256_movemask_epi8(slow);
     if (bits) { /* +-0 here */
         const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(a0, K->zero), _mm256_cmpeq_epi16(a1, K->zero));
@@ -619,7 +637,7 @@ static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, 
                                                    const pf_plan *pf, int stream, const bf16_tab *t,
                                                    const fix_ctx *f) {
     const avx2_consts K = avx2_consts_of(t);
-    TAB_WALK(32, avx2_step, stream, &K, t, f);
+    TAB_WALK(32, avx2_step, stream, 1, &K, t, f);
 }
 static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, const bf16_tab *t) {
     K->wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
@@ -628,21 +646,25 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
     K->ebm = _mm256_set1_epi16((short)(t->eb << t->shift));
 }
 static __attribute__((noinline)) void band_row_avx2(BAND_ROW_ARGS) {
-    BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
+    BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+}
+static __attribute__((noinline)) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
+    BAND_ROW_NEXT(32, avx2_step, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
 }
 #define HAVE_TAB_AVX2 1
 #else
 #define HAVE_TAB_AVX2 0
 #define tab_run_avx2 NO_TAB_LOOP
 #define band_row_avx2 NO_BAND_ROW
+#define band_row_avx2_next NO_BAND_ROW_NEXT
 #endif
 
-/* tab_run with AVX-512 VBMI, 64 inputs per step in 17 vector instructions: v as tab_run_avx2's
- * (packed with saturation and put back in input order by one qword permute), the code v + steps_j[m]
- * from a 128-byte table (vpermi2b indexes by m and ignores bit 7, E's lowest bit), overflow by min,
- * the sign by one ternary-logic OR. Same rules and result as tab_run (tests compare both with the
- * segment loop). Runs x0 + r * stride, r < rows, of n inputs; the inputs it does not take by
- * fix_lanes. */
+/* tab_run with AVX-512 VBMI, 64 inputs per step in 17 vector instructions (16 in band rows): v as
+ * tab_run_avx2's (packed with saturation and put back in input order by one qword
+ * permute), the code v + steps_j[m] from a 128-byte table (vpermi2b indexes by m and ignores bit 7,
+ * E's lowest bit), overflow by min, the sign by one ternary-logic OR. Same rules and result as
+ * tab_run (tests compare both with the segment loop). Runs x0 + r * stride, r < rows, of n inputs;
+ * the inputs it does not take by fix_lanes. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX512BW__) /* the x86-64-v4 object alone: a
                                                                        * forced lower level runs as its CPUs do */
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
@@ -706,7 +728,7 @@ typedef struct {
 } vbmi_consts;
 FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_step(const uint16_t *x, uint8_t *dst,
                                                                         const uint16_t *pf, int64_t left, int stream,
-                                                                        const vbmi_consts *K, const fix_ctx *f) {
+                                                                        int top, const vbmi_consts *K, const fix_ctx *f) {
     __m512i h0, h1;
     const __mmask64 all = step_load(x, left, pf, &h0, &h1);
     const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1); /* magnitude bits << 1 */
@@ -714,7 +736,8 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_step(const ui
     const __m512i lob = _mm512_permutex2var_epi8(h0, K->lo_idx, h1), hib = _mm512_permutex2var_epi8(h0, K->hi_idx, h1);
     __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, _mm512_permutex2var_epi8(K->tlo, lob, K->thi)), K->opv);
     c = _mm512_ternarylogic_epi32(c, hib, K->s80, 0xF8); /* c | (hib & 0x80) */
-    __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) & all; /* v = 0 or 255 */
+    __mmask64 slow = (top ? _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) /* v = 0 or 255 */
+                          : _mm512_testn_epi8_mask(v, v)) & all;                        /* v = 0 (BAND_ROW) */
     if (slow) { /* +-0 here; the rest by fix_lanes */
         const __mmask64 zero = (__mmask64)_mm512_testn_epi16_mask(a0, a0) |
                                (__mmask64)_mm512_testn_epi16_mask(a1, a1) << 32;
@@ -741,7 +764,7 @@ FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restr
                                           int64_t rows, int64_t stride, int64_t dst_stride, const pf_plan *pf,
                                           int stream, const bf16_tab *t, const fix_ctx *f) {
     const vbmi_consts K = vbmi_consts_of(t);
-    TAB_WALK(64, vbmi_step, stream, &K, f);
+    TAB_WALK(64, vbmi_step, stream, 1, &K, f);
 }
 FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi_consts *K, const bf16_tab *t) {
     K->tlo = _mm512_loadu_si512(t->steps_j);
@@ -749,20 +772,24 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi(BAND_ROW_ARGS) {
-    BAND_ROW(64, vbmi_step, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    BAND_ROW(64, vbmi_step, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
+}
+FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NEXT_ARGS) {
+    BAND_ROW_NEXT(64, vbmi_step, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
-/* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions, for the AVX-512 CPUs without VBMI
- * (Skylake-SP, Cascade Lake): the same v, l and sign packed per 128-bit lane, the three lookups
- * per lane (the tables repeat in every lane), the two compares as masks that add one each; one qword
- * permute puts the codes back in input order. Called as tab_run_vbmi. */
+/* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions (23 in band
+ * rows), for the AVX-512 CPUs without VBMI (Skylake-SP, Cascade Lake): the same v, l and sign
+ * packed per 128-bit lane, the three lookups per lane (the tables repeat in every lane), the two
+ * compares as masks that add one each; one qword permute puts the codes back in input order. Called
+ * as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
 typedef struct {
     __m512i wt, wb1, wb2, ebm, lmask, opv, zp, zn, s80, one, two, order;
     __m128i sh;
 } bw_consts;
 FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
-                                                                    int64_t left, int stream, const bw_consts *K,
+                                                                    int64_t left, int stream, int top, const bw_consts *K,
                                                                     const fix_ctx *f) {
     __m512i h0, h1;
     const __mmask64 all = step_load(x, left, pf, &h0, &h1);
@@ -775,7 +802,8 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16
     st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb2, v)), st, K->one);
     __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, st), K->opv);
     c = _mm512_ternarylogic_epi32(c, sgn, K->s80, 0xF8); /* c | (sgn & 0x80) */
-    __mmask64 slow = _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two); /* v = 0 or 255, packed order */
+    __mmask64 slow = top ? _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) /* v = 0 or 255, packed order */
+                         : _mm512_testn_epi8_mask(v, v);                        /* v = 0 (BAND_ROW) */
     uint64_t in_order = 0;
     if (slow) { /* +-0 here; the rest by fix_lanes, in input order */
         const __m512i z = _mm512_packs_epi16(_mm512_movm_epi16(_mm512_testn_epi16_mask(a0, a0)),
@@ -807,7 +835,7 @@ FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict 
                                  int64_t stride, int64_t dst_stride, const pf_plan *pf, int stream,
                                  const bf16_tab *t, const fix_ctx *f) {
     const bw_consts K = bw_consts_of(t);
-    TAB_WALK(64, bw_step, stream, &K, f);
+    TAB_WALK(64, bw_step, stream, 1, &K, f);
 }
 FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_consts *K, const bf16_tab *t) {
     K->wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
@@ -816,7 +844,10 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_const
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
-    BAND_ROW(64, bw_step, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    BAND_ROW(64, bw_step, bw_consts_of, bw_group_of, &fixes[i_]);
+}
+FP8REF_BW __attribute__((noinline)) static void band_row_bw_next(BAND_ROW_NEXT_ARGS) {
+    BAND_ROW_NEXT(64, bw_step, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -830,6 +861,8 @@ FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
 #define tab_run_bw NO_TAB_LOOP
 #define band_row_vbmi NO_BAND_ROW
 #define band_row_bw NO_BAND_ROW
+#define band_row_vbmi_next NO_BAND_ROW_NEXT
+#define band_row_bw_next NO_BAND_ROW_NEXT
 #endif
 
 /* whether a task's table loop runs tab_run_vbmi (read once per task) */
@@ -1107,7 +1140,10 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                 for (int64_t jg = j0; jg < j1; jg++) { /* a later group may have taken an earlier one's slot */
                     const bf16_tab *t = tp[jg - j0], *t0 = tp[0]; /* and band_row_* keeps t0's other constants */
                     ok &= tab_holds(t, fx[jg - j0].sv) && t->ok && t->fast && t->shift == t0->shift &&
-                          t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n;
+                          t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n &&
+                          /* the group's amax, and so every input of it, below v = 255: the steps test v = 0
+                           * alone (one instruction a step fewer; a NaN or Inf goes by tiles) */
+                          (a[jg - j0] >> (7 - t->shift)) < (t->eb << t->shift) + 255;
                 }
                 if (ok) {
                     /* the next unit (the band's next run, or the next band's first: row r - lo of it
@@ -1124,12 +1160,18 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                         const uint16_t *xr = x + r * j->K + j0 * j->g, *nx = have ? xr + ahead : NULL;
                         const int64_t pf_off = have ? ahead + j->K : ahead; /* the next unit's next row, or its row */
                         uint8_t *dr = j->dst + r * j->K + j0 * j->g;
-                        if (c.vbmi)
-                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, nx, pf_off, accs);
+                        if (c.vbmi && nx)
+                            band_row_vbmi_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, nx, accs);
+                        else if (c.vbmi)
+                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, pf_off);
+                        else if (HAVE_TAB_AVX2 && nx)
+                            band_row_avx2_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, nx, accs);
                         else if (HAVE_TAB_AVX2)
-                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, nx, pf_off, accs);
+                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, pf_off);
+                        else if (nx)
+                            band_row_bw_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, nx, accs);
                         else
-                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, nx, pf_off, accs);
+                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, pf_off);
                     }
                     for (int64_t jg = 0; have && jg < run; jg++) a[jg] = amax_row16(accs + 32 * jg, 32, 0);
                     continue;

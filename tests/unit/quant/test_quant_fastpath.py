@@ -448,6 +448,32 @@ def test_block_band_rows(monkeypatch, loop, shape, block):
 
 
 @pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream"])
+@pytest.mark.parametrize("gran", ["block", "channel"])
+def test_band_rows_nonfinite(monkeypatch, loop, gran):
+    """Band rows test each step for v = 0 alone (no v = 255 lanes) where every group's amax is below
+    v = 255 (bands_fused's `ok`); a group holding an Inf or a NaN (and so an amax above it) goes by
+    tiles, whose steps test both. Blocks and channels (a channel's NaN row within a fused run): a
+    NaN, +-Inf, and the largest finite bfloat16 beside small inputs, one and two per group, in
+    producer recipes (which keep NaN and Inf as their tools do)."""
+    _loop(monkeypatch, loop)
+    x = weights((256, 1024), "bfloat16", seed=19)
+    big = ml_dtypes.finfo(ml_dtypes.bfloat16).max
+    x[3, 5], x[130, 700], x[200, 300], x[201, 301] = np.nan, np.inf, -np.inf, big
+    x[140, 900] = -big
+    args = QuantArgs(granularity=gran, **({"block_shape": (128, 128)} if gran == "block" else {}))
+    from fp8ref.registry import get_recipe
+
+    for recipe in ("compressed-tensors", "hf-fp8", "auto-round"):  # fp8ref's recipe refuses NaN/Inf
+        if gran not in get_recipe(recipe).granularities:
+            continue
+        fast = quantize(x, args, recipe=recipe, out=_arrays.aligned_empty(x.shape, np.uint8))
+        with monkeypatch.context() as m:
+            m.setenv("FP8REF_NO_KERNELS", "1")
+            slow = quantize(x, args, recipe=recipe)
+        assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape,gran,extra", [((300, 1152), "channel", {}), ((40, 1152), "group", {"group_size": 128}),
                                               ((24, 64 * 130), "group", {"group_size": 64}),
