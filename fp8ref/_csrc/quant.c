@@ -659,12 +659,12 @@ static __attribute__((noinline)) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
 #define band_row_avx2_next NO_BAND_ROW_NEXT
 #endif
 
-/* tab_run with AVX-512 VBMI, 64 inputs per step in 17 vector instructions (16 in band rows): v as
- * tab_run_avx2's (packed with saturation and put back in input order by one qword
- * permute), the code v + steps_j[m] from a 128-byte table (vpermi2b indexes by m and ignores bit 7,
- * E's lowest bit), overflow by min, the sign by one ternary-logic OR. Same rules and result as
- * tab_run (tests compare both with the segment loop). Runs x0 + r * stride, r < rows, of n inputs;
- * the inputs it does not take by fix_lanes. */
+/* tab_run with AVX-512 VBMI, 64 inputs per step in 17 vector instructions (16 in BAND_ROW): v as
+ * tab_run_avx2's (packed with saturation and put back in input order by one qword permute), the
+ * code v + steps_j[m] from a 128-byte table (vpermi2b indexes by m and ignores bit 7, E's lowest
+ * bit), overflow by min, the sign by one ternary-logic OR. Same rules and result as tab_run (tests
+ * compare both with the segment loop). Runs x0 + r * stride, r < rows, of n inputs; the inputs it
+ * does not take by fix_lanes. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX512BW__) /* the x86-64-v4 object alone: a
                                                                        * forced lower level runs as its CPUs do */
 #define FP8REF_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
@@ -1086,7 +1086,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
          * Band rows instead, where the vector loops stream whole lines (bfloat16, RNE, g and K multiples
          * of 64, aligned codes): up to 64 groups of a band at once (a channel: one row), the codes row
          * by row, each row through every group's table (band_row_*). The unit's amaxes come first: read
-         * by the unit before it while that one's codes were computed (BAND_ROW; units up to FUSE_BYTES),
+         * by the unit before it while that one's codes were computed (BAND_ROW_NEXT; units up to FUSE_BYTES),
          * or else in a pass of their own (amax_groups; the task's first unit, 128x128 blocks), the unit
          * then read again from the caches (2 MiB for 128x128 blocks: 128 rows of 8,192 inputs) while
          * the next unit is prefetched into L2. Rows keep the reads and the streamed codes sequential;
@@ -1141,8 +1141,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                     const bf16_tab *t = tp[jg - j0], *t0 = tp[0]; /* and band_row_* keeps t0's other constants */
                     ok &= tab_holds(t, fx[jg - j0].sv) && t->ok && t->fast && t->shift == t0->shift &&
                           t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n &&
-                          /* the group's amax, and so every input of it, below v = 255: the steps test v = 0
-                           * alone (one instruction a step fewer; a NaN or Inf goes by tiles) */
+                          /* the group's amax, and so every input of it, below v = 255: band-row steps may
+                           * test v = 0 alone (top = 0; a NaN or Inf goes by tiles) */
                           (a[jg - j0] >> (7 - t->shift)) < (t->eb << t->shift) + 255;
                 }
                 if (ok) {
