@@ -24,6 +24,7 @@ from .recipes import Recipe, compute_scale
 from .scaling import magnitudes_to_f64
 
 _C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
+TAB_SLOTS = 0  # quant_job.tab_slots: 0 gives the C loops' own table cache (1,024 slots); tests try others
 _C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
 
 
@@ -101,7 +102,7 @@ def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, co
                             _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
                             _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
                             0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
-                            0x100 if neg0 is None else neg0, int(stream))
+                            0x100 if neg0 is None else neg0, int(stream), TAB_SLOTS)
     job._keep = params, rne  # the job points into them
     return job
 

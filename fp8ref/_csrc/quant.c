@@ -195,24 +195,41 @@ typedef struct {
  * the per-channel loop's time on each call's setup: measured) */
 enum { TAB_MIN = 512, TAB_CHUNK = 8192 };
 /* A task's tables, kept by operand: a weight's dynamic scales repeat (an amax is one of the 128
- * bfloat16 values of its binade, and a matrix's rows or blocks share a few binades), so most rows
- * and tiles find their table built. Open addressing on sv's bits, TAB_PROBES slots from its home;
- * where all are taken, the home slot's table is replaced. (A direct-mapped cache of 64 rebuilt
- * tables all the time: an 8192x8192 N(0, 0.02) weight's 86 row amaxes made 731 builds per call,
- * ~0.5 us each, 3% of the per-channel pass; measured.) */
-enum { TAB_CACHE_BITS = 7, TAB_CACHE = 1 << TAB_CACHE_BITS, TAB_PROBES = 8 };
+ * bfloat16 values of its binade), so most rows and tiles find their table built. Open addressing on
+ * sv's bits, TAB_PROBES slots from its home; where all are taken, the home slot's table is replaced.
+ * A direct-mapped cache of 64 rebuilt tables all the time (an 8192x8192 N(0, 0.02) weight's 86 row
+ * amaxes made 731 builds per call, ~0.5 us each). 128 slots held that weight's scales but not a
+ * weight whose rows or blocks spread over a few binades: with row scales spread over four binades
+ * (549 distinct amaxes) per channel took 10.9 against 7.6 ms, 128x128 blocks (~60 distinct a band)
+ * 13.3 against 9.0 (x86-64-v3, one thread). 1,024 slots, on the heap: 8.0 and 9.7 ms there, the
+ * same on the N(0, 0.02) weight; 2,048 no better. Where the allocation fails, one slot on the stack:
+ * every operand builds its table again and block bands go by tiles (right, slower). quant_job's
+ * tab_slots may ask for another power of two (tests). */
+enum { TAB_CACHE_BITS = 10, TAB_PROBES = 8 };
 typedef struct {
-    bf16_tab e[TAB_CACHE];
+    bf16_tab *e;    /* 1 << bits slots */
+    uint32_t bits;
+    bf16_tab one;   /* the slot where the heap's were refused */
 } tab_cache;
-FP8REF_INLINE void tab_cache_init(tab_cache *tc) {
-    for (int i = 0; i < TAB_CACHE; i++) tc->e[i].built = 0;
+FP8REF_INLINE void tab_cache_init(tab_cache *tc, uint32_t slots) {
+    const uint32_t bits = slots && !(slots & (slots - 1)) && slots <= 1u << 16 ? (uint32_t)__builtin_ctz(slots)
+                                                                               : TAB_CACHE_BITS;
+    tc->e = bits ? malloc(sizeof(bf16_tab) << bits) : NULL;
+    tc->bits = tc->e ? bits : 0;
+    if (!tc->e) tc->e = &tc->one;
+    for (uint32_t i = 0; i < 1u << tc->bits; i++) tc->e[i].built = 0;
+}
+FP8REF_INLINE void tab_cache_free(tab_cache *tc) {
+    if (tc->e != &tc->one) free(tc->e);
 }
 /* whether t holds sv's table */
 FP8REF_INLINE int tab_holds(const bf16_tab *t, float sv) { return t->built && t->key == bits_of(sv); }
 FP8REF_INLINE bf16_tab *tab_slot(tab_cache *tc, float sv) {
-    const uint32_t key = bits_of(sv), home = (key * 0x9E3779B1u) >> (32 - TAB_CACHE_BITS);
-    for (uint32_t i = 0; i < TAB_PROBES; i++) { /* never emptied in a task: a key lies before any empty slot */
-        bf16_tab *t = &tc->e[(home + i) % TAB_CACHE];
+    const uint32_t key = bits_of(sv), mask = (1u << tc->bits) - 1;
+    const uint32_t home = tc->bits ? (key * 0x9E3779B1u) >> (32 - tc->bits) : 0;
+    /* never emptied in a task: a key lies before any empty slot */
+    for (uint32_t i = 0; i < TAB_PROBES && i <= mask; i++) {
+        bf16_tab *t = &tc->e[(home + i) & mask];
         if (!t->built || t->key == key) return t;
     }
     return &tc->e[home];
@@ -506,7 +523,7 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
                  n - whole_, __VA_ARGS__);                                                            \
     } while (0)
 
-/* One row of a unit of bands_fused (a band's rows, up to 64 groups of each): ng groups of g inputs
+/* One row of a unit of bands_fused (a band's rows, up to UNIT_GROUPS groups of each): ng groups of g inputs
  * (g a multiple of 64), group i_ by its own table (the loop's constants from tabs[0], then per group
  * GROUP_OF(&K_, tabs[i_]) sets the ones that depend on the operand: the caller checked that the others
  * agree; reloading all of them per group took 3-4% longer at v3) and fixes[i_]; the codes streamed
@@ -645,7 +662,9 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
     K->wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
     K->ebm = _mm256_set1_epi16((short)(t->eb << t->shift));
 }
-static __attribute__((noinline)) void band_row_avx2(BAND_ROW_ARGS) {
+/* on a 64-byte line: where another edit had put it 48 bytes into one, blocks took 4% longer (x86-64-v3,
+ * the captured task replayed cache-resident: 0.1178 against 0.1119-0.1133 ns per input, 2026-12-06) */
+static __attribute__((noinline, aligned(64))) void band_row_avx2(BAND_ROW_ARGS) {
     BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
 }
 static __attribute__((noinline)) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
@@ -952,7 +971,7 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
                               int model) {
     const consts c = consts_of(j, TABLE_VBMI(kind, mode));
     tab_cache tabs;
-    tab_cache_init(&tabs);
+    tab_cache_init(&tabs, j->tab_slots);
     for (int64_t r = r1 - 1; r >= r0; r--) {
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
@@ -962,6 +981,7 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
                         k1 - k0, kind, exact, mode, mul, model); /* prefetching the row done next */
         }
     }
+    tab_cache_free(&tabs);
 }
 
 /* amax_run16 with four running maxima (the one of the compiler's loop waits on each load in turn:
@@ -1064,18 +1084,53 @@ FP8REF_INLINE void band_span(const quant_job *j, int64_t nbr, int64_t b, int64_t
  * 20% slower with it (9.35 -> 11.20 ms). */
 enum { FUSE_BYTES = 64 * 1024 };
 
+/* A unit's groups: amaxes, the next unit's running maxima (32 per group), tables and fix-up contexts;
+ * 64 on the stack, more on the heap (unit_groups_grow). Band rows of blocks take a whole band as one
+ * unit, up to UNIT_GROUPS groups (128x128 blocks: K up to 65,536). In units of 64 groups a band
+ * wider than 8,192 was read in pieces of its rows; whole bands, x86-64-v3, one thread, whole calls:
+ * 4096x11008 9.66 -> 6.26 ms, 4096x14336 10.80 -> 8.28, 2048x28672 11.42 -> 10.07 (two units of
+ * 112 groups, another run: 12.03 against 10.22); AVX-512BW 8.78 -> 6.03, 9.71 -> 7.61, 10.30 ->
+ * 9.47; 8,192 wide the same. */
+enum { UNIT_GROUPS = 512 };
+typedef struct {
+    uint16_t *a, *accs;
+    const bf16_tab **tp;
+    fix_ctx *fx;
+    int64_t cap;
+    void *heap;
+} unit_groups;
+/* room for n groups on the heap; where the allocation fails, the 64 on the stack stay */
+static void unit_groups_grow(unit_groups *u, int64_t n) {
+    const size_t accs_b = (size_t)n * 32 * sizeof(uint16_t), tp_b = (size_t)n * sizeof(const bf16_tab *);
+    const size_t fx_b = (size_t)n * sizeof(fix_ctx), a_b = (size_t)n * sizeof(uint16_t);
+    char *raw = malloc(accs_b + tp_b + fx_b + a_b + 64);
+    if (!raw) return;
+    char *p = raw + (-(uintptr_t)raw & 63u); /* accs: aligned loads */
+    u->accs = (uint16_t *)p, u->tp = (const bf16_tab **)(p + accs_b), u->fx = (fix_ctx *)(p + accs_b + tp_b);
+    u->a = (uint16_t *)(p + accs_b + tp_b + fx_b), u->cap = n, u->heap = raw;
+}
+
 /* bands [b0, b1): band b is rows [b*bh, b*bh + bh) of matrix b / nbr (cut at r2); per group of g
  * columns: amax over the tile, its operand from the table, then the tile's codes */
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
                                int model) {
     const consts c = consts_of(j, TABLE_VBMI(kind, mode));
     tab_cache tabs;
-    tab_cache_init(&tabs);
+    tab_cache_init(&tabs, j->tab_slots);
     const uint16_t *x = j->src;
     uint16_t tile[128 * 128] __attribute__((aligned(64)));
-    uint16_t a[64], accs[64 * 32] __attribute__((aligned(64))); /* a unit's amaxes; the next one's running maxima */
     int have = 0; /* a holds this unit's amaxes: read by the unit before it (band rows) */
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
+    const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && c.stream && CAN_STREAM &&
+                     j->g % 64 == 0 && j->K % j->g == 0 && j->K % 64 == 0 && ((uintptr_t)j->dst & 63u) == 0;
+    uint16_t a_s[64], accs_s[64 * 32] __attribute__((aligned(64)));
+    const bf16_tab *tp_s[64];
+    fix_ctx fx_s[64];
+    unit_groups u = {a_s, accs_s, tp_s, fx_s, 64, NULL};
+    if (band && j->bh > 1 && ng > 64) unit_groups_grow(&u, ng < UNIT_GROUPS ? ng : UNIT_GROUPS);
+    uint16_t *const a = u.a, *const accs = u.accs; /* a unit's amaxes; the next one's running maxima */
+    const bf16_tab **const tp = u.tp;
+    fix_ctx *const fx = u.fx;
     for (int64_t b = b0; b < b1; b++) {
         int64_t lo, hi;
         band_span(j, nbr, b, &lo, &hi);
@@ -1084,7 +1139,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
          * while the run is in cache; while a run's codes are computed, the next run's input is prefetched
          * into L2 (`ahead` elements on).
          * Band rows instead, where the vector loops stream whole lines (bfloat16, RNE, g and K multiples
-         * of 64, aligned codes): up to 64 groups of a band at once (a channel: one row), the codes row
+         * of 64, aligned codes): a band's groups at once (unit_groups; a channel: one row), the codes row
          * by row, each row through every group's table (band_row_*). The unit's amaxes come first: read
          * by the unit before it while that one's codes were computed (BAND_ROW_NEXT; units up to FUSE_BYTES),
          * or else in a pass of their own (amax_groups; the task's first unit, 128x128 blocks), the unit
@@ -1093,10 +1148,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
          * tiles walk 128 pages at once. 8192x8192 128x128 blocks, whole calls after a copy_, A/B in one
          * process (Zen 4), tiles -> band rows: one thread v3 10.78 -> 10.00 ms, BW 10.53 -> 10.00, VBMI
          * 8.34 -> 8.33; two threads v3 6.08 -> 5.85, BW 6.23 -> 6.17, VBMI 6.69 -> 6.17. */
-        const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && c.stream && CAN_STREAM &&
-                         j->g % 64 == 0 && j->K % j->g == 0 && j->K % 64 == 0 && ((uintptr_t)j->dst & 63u) == 0;
         int64_t run = band ? ng : j->bh > 1 ? (TILE_RUN_BYTES / 2 / (hi - lo) / j->g) : 1;
-        run = run < 1 ? 1 : run > 64 ? 64 : run;
+        run = run < 1 ? 1 : run > u.cap ? u.cap : run;
         for (int64_t j0 = 0; j0 < ng; j0 += run) {
             int64_t j1 = j0 + run < ng ? j0 + run : ng;
             /* the next run's, or at the band's end the next band's first run (rows hi.., column 0) */
@@ -1107,7 +1160,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             const int gather = !band && kind == BF16 && j->g == 128 && run == 1 && hi - lo > 1 && hi - lo <= 128 &&
                                j0 * 128 + 128 <= j->K;
             if (!have) {
-                memset(a, 0, sizeof a);
+                memset(a, 0, sizeof(uint16_t) * (size_t)(j1 - j0));
                 if (band)
                     amax_groups(x + lo * j->K + j0 * j->g, hi - lo, j->K, j1 - j0, j->g, accs, a);
                 else if (j->g == 128 && hi - lo > 1)
@@ -1127,8 +1180,6 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             have = 0;
             for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
             if (band) { /* every group's table, built where new; the band row by row if all hold */
-                const bf16_tab *tp[64];
-                fix_ctx fx[64];
                 int ok = 1;
                 for (int64_t jg = j0; jg < j1; jg++) {
                     const float sv = j->table[a[jg - j0]];
@@ -1186,6 +1237,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             }
         }
     }
+    free(u.heap);
+    tab_cache_free(&tabs);
 }
 
 /* One arm per constant combination: exact x 6 modes, or producer x op x model. */

@@ -427,12 +427,14 @@ def test_table_loop_on_weights(monkeypatch, loop, recipe, gran, extra):
 
 @pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream"])
 @pytest.mark.parametrize("shape,block", [((300, 1152), (128, 128)), ((256, 8192 + 1024), (128, 128)),
-                                         ((96, 640), (32, 64)), ((6, 256), (2, 128))])
+                                         ((5, 64 * 600), (2, 64)), ((96, 640), (32, 64)),
+                                         ((6, 256), (2, 128))])
 def test_block_band_rows(monkeypatch, loop, shape, block):
     """Blocks whose codes stream from aligned lines go band by band, row by row through every
     group's table (bands_fused's band rows, band_row_* in _csrc/quant.c): a ragged last band, more
-    than 64 groups in a row (two runs per band), 32x64 and 2x128 blocks; rows spanning 60 binades,
-    an all-zero tile (its scale 1, as the recipes' for an amax of 0) and bf16 subnormals."""
+    than 64 groups in a row (a band's groups on the heap: unit_groups), more than UNIT_GROUPS (2x64
+    blocks 600 to a row: units of 512 and 88 groups), 32x64 and 2x128 blocks; rows spanning 60
+    binades, an all-zero tile (its scale 1, as the recipes' for an amax of 0) and bf16 subnormals."""
     _loop(monkeypatch, loop)
     x = weights(shape, "bfloat16", seed=11)
     x[: block[0], : block[1]] = 0.0
@@ -505,16 +507,26 @@ def test_next_unit_amax(monkeypatch, loop, threads, shape, gran, extra):
 
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("gran,extra", [("channel", {}), ("block", {"block_shape": (32, 128)})])
-def test_table_cache_on_repeated_and_colliding_scales(monkeypatch, loop, gran, extra):
-    """A task keeps its tables by operand (128 slots, open addressing: tab_cache in _csrc/quant.c):
-    rows and tiles whose amax repeats, in turns (A B A C B A ...), so that a table is found built,
-    and found again after others; and 300 distinct amaxes, more than there are slots, so that probes
-    run out and a slot is rebuilt for another operand."""
+@pytest.mark.parametrize("slots", [0, 8, 1])
+def test_table_cache_on_repeated_and_colliding_scales(monkeypatch, loop, gran, extra, slots):
+    """A task keeps its tables by operand (open addressing: tab_cache in _csrc/quant.c): rows and
+    tiles whose amax repeats, in turns (A B A C B A ...), so that a table is found built, and found
+    again after others; and 300 distinct amaxes. With the default 1,024 slots they all fit; with 8
+    probes run out and a slot is rebuilt for another operand, a band's later group taking an earlier
+    one's (the band then goes by tiles); with one slot, what a failed allocation leaves, every
+    operand rebuilds it. Into out= the codes start on a cache line, so that streamed blocks take
+    the band rows (bands_fused), which need every group's table held at once."""
     into = _loop(monkeypatch, loop)
+    monkeypatch.setattr(_native_quant, "TAB_SLOTS", slots)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((384, 1024)) * 0.02
     peaks = np.array([0.75, 0.5, 0.8125, 1.5, 3.0 ** -9], np.float64)
     x[:, 0] = peaks[rng.integers(0, len(peaks), 384)]  # the amax of each row and of each tile's first
     x[:300, 1] = 2.0 ** rng.uniform(1.0, 3.0, 300)  # ... and 300 distinct ones above them
     x = x.astype(ml_dtypes.bfloat16)
-    assert_same(*both(monkeypatch, x, QuantArgs(granularity=gran, **extra), into=into))
+    args = QuantArgs(granularity=gran, **extra)
+    fast = quantize(x, args, out=_arrays.aligned_empty(x.shape, np.uint8) if into else None)
+    with monkeypatch.context() as m:
+        m.setenv("FP8REF_NO_KERNELS", "1")
+        slow = quantize(x, args)
+    assert_same(fast, slow)
