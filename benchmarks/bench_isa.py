@@ -1,7 +1,7 @@
 """quantize into ``out=`` and encode, per instruction-set level, against ``copy_`` in the same run.
 
     python benchmarks/bench_isa.py [--rows 8192 --cols 8192] [--n 67108864] [--repeat 7] [--threads 2,1]
-                                   [--cpu-rows 512]
+                                   [--cpu-rows 512] [--spread 0]
 
 The per-ISA loops (docs/build.md) are bound to each level this CPU runs in turn, in one process
 (``fp8ref._native.use_level``, what ``FP8REF_ISA`` does at load), so that one run compares them
@@ -23,6 +23,10 @@ divides by is the one timed beside it):
   3 bytes per element) / ``copy_``'s on the same weight (bf16 into an existing tensor: 4 bytes per
   element). Target >= 0.8. Per tensor needs the global amax before its first code, so it reads the
   input twice (5 bytes moved per 3 counted): its limit is 0.6 unless the input fits in the cache.
+* ``--spread B``: the weight's rows and 128-column groups each scaled by 2^U(-B/4, B/4), so that its
+  row and block amaxes spread over binades as a model's do (8192x8192: the plain N(0, 0.02^2) weight
+  has 86 distinct row amaxes and 77 block amaxes, 33 a band; B = 4 gives 336 and 314, 58 a band:
+  each amax needs a table of its own).
 * encode float32 / bfloat16 -> float8_e4m3fn into ``out=`` (``--n`` elements, bench_codec.py's
   shape): minimum traffic (5 / 3 bytes per element) / ``copy_``'s on the same input; and the float32
   encode against torch's own cast (``f8.copy_(x)``): its time / fp8ref's (> 1: fp8ref faster).
@@ -67,10 +71,25 @@ def bind(config: tuple[str, str, bool]) -> None:
         os.environ["FP8REF_NO_VBMI"] = "1"  # read at each call by quant.c
 
 
-def run(threads: int, rows: int, cols: int, n: int, repeat: int) -> None:
+def weight(rows: int, cols: int, spread: float, gen: torch.Generator) -> torch.Tensor:
+    """N(0, 0.02^2) bfloat16; spread > 0: each row and each 128-column group scaled by
+    2^U(-spread/4, spread/4)."""
+    w = torch.randn(rows, cols, generator=gen) * 0.02
+    if spread:
+        per_row = torch.rand(rows, 1, generator=gen) * spread / 2 - spread / 4
+        per_group = (torch.rand(1, -(-cols // 128), generator=gen) * spread / 2 - spread / 4)
+        w *= torch.exp2(per_row + per_group.repeat_interleave(128, dim=1)[:, :cols])
+    return w.bfloat16()
+
+
+def spread_note(spread: float) -> str:
+    return f" (scales spread over {spread:g} binades)" if spread else ""
+
+
+def run(threads: int, rows: int, cols: int, n: int, repeat: int, spread: float) -> None:
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
-    w = (torch.randn(rows, cols, generator=gen) * 0.02).bfloat16()
+    w = weight(rows, cols, spread, gen)
     x32 = torch.randn(n, generator=gen) * 100
     xbf = x32.bfloat16()
     w_copy, x32_copy, xbf_copy = torch.empty_like(w), torch.empty_like(x32), torch.empty_like(xbf)
@@ -104,8 +123,8 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int) -> None:
         return f"{mn:.2f} / {md:.2f}"
 
     wn = w.numel()
-    print(f"\n{threads} thread{'s' if threads > 1 else ''}: quantize bf16 {rows}x{cols} into out=, encode {n:,} "
-          "elements into out=; each cell min / median over the rounds")
+    print(f"\n{threads} thread{'s' if threads > 1 else ''}: quantize bf16 {rows}x{cols}{spread_note(spread)} "
+          f"into out=, encode {n:,} elements into out=; each cell min / median over the rounds")
     head = ["copy_ w GB/s", "channel ms", *(f"{k} of copy_" for k in QUANTIZE), "enc f32 of copy_",
             "enc bf16 of copy_", "enc f32 vs cast"]
     print(f"  {'level':18}" + "".join(f"{h:>19}" for h in head))
@@ -119,7 +138,7 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int) -> None:
         print(f"  {label:18}" + "".join(f"{c:>19}" for c in cells))
 
 
-def cpu_per_input(rows: int, cols: int, repeat: int) -> None:
+def cpu_per_input(rows: int, cols: int, repeat: int, spread: float) -> None:
     """CPU time (``time.process_time``: robust to other processes' load) per input of each quantize
     case on one thread, on a weight that stays in the last-level cache (``--cpu-rows`` x ``--cols``
     bfloat16: 8 MiB by default, its codes 4 MiB, inside a 32 MiB L3), so that the loops' own cost is
@@ -127,7 +146,7 @@ def cpu_per_input(rows: int, cols: int, repeat: int) -> None:
     8192x8192; streamed, each call also waits on memory for its writes). 0.8 of a one-thread
     ``copy_`` of 20 GB/s needs <= 0.19 ns per input (3 bytes per input at 16 GB/s)."""
     torch.set_num_threads(1)
-    w = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
+    w = weight(rows, cols, spread, torch.Generator().manual_seed(0))
     codes = torch.zeros(rows, cols, dtype=torch.uint8)
     chosen = configs()
     calls = max(1, int(2e8 // w.numel()))  # ~0.05 s of work per cell
@@ -146,8 +165,8 @@ def cpu_per_input(rows: int, cols: int, repeat: int) -> None:
                 times[config[0]][name].append((time.process_time() - t0) / calls / w.numel() * 1e9)
     os.environ.pop("FP8REF_NO_VBMI", None)
     _native.use_level(_native.runnable_levels()[0])
-    print(f"\n1 thread, CPU time per input (ns), quantize bf16 {rows}x{cols} into out= (cache-resident), "
-          f"{calls} calls per cell; each cell min / median over the rounds")
+    print(f"\n1 thread, CPU time per input (ns), quantize bf16 {rows}x{cols}{spread_note(spread)} into out= "
+          f"(cache-resident), {calls} calls per cell; each cell min / median over the rounds")
     print(f"  {'level':18}" + "".join(f"{k:>19}" for k in QUANTIZE))
     for label, t in times.items():
         print(f"  {label:18}" + "".join(f"{min(v):.3f} / {statistics.median(v):.3f}".rjust(19) for v in t.values()))
@@ -161,6 +180,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=7, help="rounds")
     p.add_argument("--threads", default=f"{torch.get_num_threads()},1", help="thread counts, comma-separated")
     p.add_argument("--cpu-rows", type=int, default=512, help="rows of the cache-resident CPU-time weight (0: skip)")
+    p.add_argument("--spread", type=float, default=0.0, help="binades the rows' and blocks' scales spread over")
     a = p.parse_args()
     if not _native.kernels_available():
         raise SystemExit(f"the C loops are not available: {_native.describe()}")
@@ -169,9 +189,9 @@ def main() -> None:
     print(f"torch {torch.__version__}; fp8ref {_native.describe()}; levels compared: "
           f"{', '.join(c[0] for c in configs())} (this CPU's best: {info['isa']})")
     if a.cpu_rows:
-        cpu_per_input(a.cpu_rows, a.cols, a.repeat)
+        cpu_per_input(a.cpu_rows, a.cols, a.repeat, a.spread)
     for threads in dict.fromkeys(int(t) for t in a.threads.split(",") if t):
-        run(threads, a.rows, a.cols, a.n, a.repeat)
+        run(threads, a.rows, a.cols, a.n, a.repeat, a.spread)
     print(f"\nload average {load_average()} (end)")
 
 
