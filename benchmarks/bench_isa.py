@@ -77,7 +77,7 @@ def weight(rows: int, cols: int, spread: float, gen: torch.Generator) -> torch.T
     w = torch.randn(rows, cols, generator=gen) * 0.02
     if spread:
         per_row = torch.rand(rows, 1, generator=gen) * spread / 2 - spread / 4
-        per_group = (torch.rand(1, -(-cols // 128), generator=gen) * spread / 2 - spread / 4)
+        per_group = torch.rand(1, -(-cols // 128), generator=gen) * spread / 2 - spread / 4
         w *= torch.exp2(per_row + per_group.repeat_interleave(128, dim=1)[:, :cols])
     return w.bfloat16()
 

@@ -203,17 +203,22 @@ enum { TAB_MIN = 512, TAB_CHUNK = 8192 };
  * (549 distinct amaxes) per channel took 10.9 against 7.6 ms, 128x128 blocks (~60 distinct a band)
  * 13.3 against 9.0 (x86-64-v3, one thread). 1,024 slots, on the heap: 8.0 and 9.7 ms there, the
  * same on the N(0, 0.02) weight; 2,048 no better. Where the allocation fails, one slot on the stack:
- * every operand builds its table again and block bands go by tiles (right, slower). quant_job's
- * tab_slots may ask for another power of two (tests). */
+ * every operand builds its table again and block bands go by tiles (right, slower). A task with
+ * fewer operands gets fewer slots, twice its operands (at least 8): allocating and emptying 1,024
+ * took 1-4 us of a small call's 50-110 (measured). quant_job's tab_slots may ask for another power
+ * of two (tests). */
 enum { TAB_CACHE_BITS = 10, TAB_PROBES = 8 };
 typedef struct {
     bf16_tab *e;    /* 1 << bits slots */
     uint32_t bits;
     bf16_tab one;   /* the slot where the heap's were refused */
 } tab_cache;
-FP8REF_INLINE void tab_cache_init(tab_cache *tc, uint32_t slots) {
-    const uint32_t bits = slots && !(slots & (slots - 1)) && slots <= 1u << 16 ? (uint32_t)__builtin_ctz(slots)
-                                                                               : TAB_CACHE_BITS;
+/* a cache for a task of at most `operands` distinct operands, or of `slots` slots where that is a
+ * power of two up to 65,536 */
+FP8REF_INLINE void tab_cache_init(tab_cache *tc, uint32_t slots, int64_t operands) {
+    uint32_t bits = 3;
+    while (bits < TAB_CACHE_BITS && ((int64_t)1 << bits) < 2 * operands) bits++;
+    if (slots && !(slots & (slots - 1)) && slots <= 1u << 16) bits = (uint32_t)__builtin_ctz(slots);
     tc->e = bits ? malloc(sizeof(bf16_tab) << bits) : NULL;
     tc->bits = tc->e ? bits : 0;
     if (!tc->e) tc->e = &tc->one;
@@ -971,7 +976,7 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
                               int model) {
     const consts c = consts_of(j, TABLE_VBMI(kind, mode));
     tab_cache tabs;
-    tab_cache_init(&tabs, j->tab_slots);
+    tab_cache_init(&tabs, j->tab_slots, (r1 - r0) * ((j->K + j->g - 1) / j->g));
     for (int64_t r = r1 - 1; r >= r0; r--) {
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
@@ -1115,12 +1120,12 @@ static void unit_groups_grow(unit_groups *u, int64_t n) {
 FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int kind, int exact, int mode, int mul,
                                int model) {
     const consts c = consts_of(j, TABLE_VBMI(kind, mode));
-    tab_cache tabs;
-    tab_cache_init(&tabs, j->tab_slots);
     const uint16_t *x = j->src;
     uint16_t tile[128 * 128] __attribute__((aligned(64)));
     int have = 0; /* a holds this unit's amaxes: read by the unit before it (band rows) */
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
+    tab_cache tabs;
+    tab_cache_init(&tabs, j->tab_slots, (b1 - b0) * ng);
     const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && c.stream && CAN_STREAM &&
                      j->g % 64 == 0 && j->K % j->g == 0 && j->K % 64 == 0 && ((uintptr_t)j->dst & 63u) == 0;
     uint16_t a_s[64], accs_s[64 * 32] __attribute__((aligned(64)));
@@ -1128,9 +1133,9 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     fix_ctx fx_s[64];
     unit_groups u = {a_s, accs_s, tp_s, fx_s, 64, NULL};
     if (band && j->bh > 1 && ng > 64) unit_groups_grow(&u, ng < UNIT_GROUPS ? ng : UNIT_GROUPS);
-    uint16_t *const a = u.a, *const accs = u.accs; /* a unit's amaxes; the next one's running maxima */
-    const bf16_tab **const tp = u.tp;
-    fix_ctx *const fx = u.fx;
+    uint16_t *restrict const a = u.a, *restrict const accs = u.accs; /* a unit's amaxes; the next one's maxima */
+    const bf16_tab **restrict const tp = u.tp;
+    fix_ctx *restrict const fx = u.fx;
     for (int64_t b = b0; b < b1; b++) {
         int64_t lo, hi;
         band_span(j, nbr, b, &lo, &hi);

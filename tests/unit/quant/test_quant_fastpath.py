@@ -511,7 +511,8 @@ def test_next_unit_amax(monkeypatch, loop, threads, shape, gran, extra):
 def test_table_cache_on_repeated_and_colliding_scales(monkeypatch, loop, gran, extra, slots):
     """A task keeps its tables by operand (open addressing: tab_cache in _csrc/quant.c): rows and
     tiles whose amax repeats, in turns (A B A C B A ...), so that a table is found built, and found
-    again after others; and 300 distinct amaxes. With the default 1,024 slots they all fit; with 8
+    again after others; and 300 distinct amaxes. With the default slots (twice a task's operands, up
+    to 1,024) they all fit; with 8
     probes run out and a slot is rebuilt for another operand, a band's later group taking an earlier
     one's (the band then goes by tiles); with one slot, what a failed allocation leaves, every
     operand rebuilds it. Into out= the codes start on a cache line, so that streamed blocks take
