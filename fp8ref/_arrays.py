@@ -280,12 +280,13 @@ def _torch_out(out, np_dtype, what: str, float8: str | None) -> np.ndarray:
                              f"got {out.dtype}") from None
 
 
-# Outputs of the C loops from this size on are written around the cache (whole aligned lines, by
-# non-temporal stores) into buffers whose pages are already touched (an out= given, a reused
-# workspace): they cannot stay in a last-level cache of the machines measured (48 MiB shared), and a
-# normal store first reads each line from memory; smaller ones stay in the cache for whatever reads
-# them next. A fresh buffer is not streamed: the kernel has just zeroed its pages through the cache,
-# and streaming over those lines costs more than it saves (measured: docs/quantize.md).
+# Outputs of the C loops are written around the cache (whole aligned lines, by non-temporal stores)
+# into buffers whose pages are already touched (an out= given, a reused workspace) where a pass
+# moves this much (its output; quantize: its input and codes together): they cannot stay in a
+# last-level cache of the machines measured (48 MiB shared), and a normal store first reads each
+# line from memory; smaller ones stay in the cache for whatever reads them next. A fresh buffer is
+# not streamed: the kernel has just zeroed its pages through the cache, and streaming over those
+# lines costs more than it saves (measured: docs/quantize.md).
 STREAM_BYTES = 32 << 20
 
 

@@ -202,8 +202,10 @@ def _quantize(x_input, args, recipe, scale, amax, role, out, scale_bits: bool = 
         res = own_rule(arr, dtype, qa, rec, fmt)
     else:
         codes = flat.reshape(shape) if given_out else aligned_empty(shape, np.uint8)
+        # the pass's traffic (x read, codes written) decides: a 4096x4096 weight's 16 MiB of codes
+        # behind 32 MiB of input stay in no cache either (docs/quantize.md)
         res = _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes,
-                               stream=given_out and codes.nbytes >= _arrays.STREAM_BYTES)
+                               stream=given_out and arr.nbytes + codes.nbytes >= _arrays.STREAM_BYTES)
     return _wrap(res, as_torch, scale_bits, codes=out)
 
 

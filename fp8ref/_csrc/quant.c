@@ -460,10 +460,10 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     }
 }
 
-#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off) \
-    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(pf_off))
-#define NO_BAND_ROW_NEXT(x, dst, ng, g, tabs, fixes, pf_off, next, accs) \
-    (NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off), (void)(next), (void)(accs))
+#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off, stream) \
+    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(pf_off), (void)(stream))
+#define NO_BAND_ROW_NEXT(x, dst, ng, g, tabs, fixes, pf_off, stream, next, accs) \
+    (NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off, stream), (void)(next), (void)(accs))
 #define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, stream, t, f) \
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
      (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
@@ -532,7 +532,9 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
  * (g a multiple of 64), group i_ by its own table (the loop's constants from tabs[0], then per group
  * GROUP_OF(&K_, tabs[i_]) sets the ones that depend on the operand: the caller checked that the others
  * agree; reloading all of them per group took 3-4% longer at v3) and fixes[i_]; the codes streamed
- * (whole aligned lines: the caller checked). Each step prefetches into L2 the plan line pf_off inputs
+ * (whole aligned lines: the caller checked) where `stream`, else stored (STREAM: each of the loop's two
+ * copies has its own constant; stored codes went by tiles, 40% slower, before: docs/performance.md,
+ * eleventh pass). Each step prefetches into L2 the plan line pf_off inputs
  * on (STEP's) and primes the pages on as TAB_WALK primes a row.
  * BAND_ROW: the row's steps in one loop, the group's constants switched every g / W steps, each step
  * testing for v = 0 alone (top = 0: the caller checked that no group's amax reaches v = 255). A loop
@@ -550,15 +552,15 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
  * took 0.116 against 0.089 ns per input (the same cache-resident), AVX-512BW 0.098 against 0.110
  * with both, v3 0.098 against 0.105. These loops' speed from memory also moves by 5-10% with where
  * the linker puts them (the same code 16-48 bytes further on: docs/performance.md, ninth pass). */
-#define BAND_ROW(W, STEP, CONSTS_OF, GROUP_OF, ...)                                                   \
+#define BAND_ROW(W, STEP, STREAM, CONSTS_OF, GROUP_OF, ...)                                                   \
     __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
     for (int64_t k_ = 0, i_ = -1, left_ = 0; k_ < ng * g; k_ += (W), left_--) {                       \
         if (left_ == 0) i_++, left_ = g / (W), GROUP_OF(&K_, tabs[i_]);                               \
         const uint16_t *pf_ = x + k_ + pf_off;                                                        \
-        STEP(x + k_, dst + k_, pf_, (W), 1, 0, &K_, __VA_ARGS__);                                     \
+        STEP(x + k_, dst + k_, pf_, (W), STREAM, 0, &K_, __VA_ARGS__);                                \
         prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);                   \
     }
-#define BAND_ROW_NEXT(W, STEP, TOP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                         \
+#define BAND_ROW_NEXT(W, STEP, STREAM, TOP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                         \
     __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
     for (int64_t i_ = 0; i_ < ng; i_++) {                                                             \
         GROUP_OF(&K_, tabs[i_]);                                                                      \
@@ -567,14 +569,14 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
         for (int64_t k_ = i_ * g; k_ < i_ * g + g; k_ += (W)) {                                      \
             const uint16_t *pf_ = x + k_ + pf_off;                                                    \
             acc_ = ACC_MAX(acc_, next + k_);                                                          \
-            STEP(x + k_, dst + k_, pf_, (W), 1, TOP, &K_, __VA_ARGS__);                               \
+            STEP(x + k_, dst + k_, pf_, (W), STREAM, TOP, &K_, __VA_ARGS__);                          \
             prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);               \
         }                                                                                             \
         memcpy(accs + 32 * i_, &acc_, sizeof acc_);                                                   \
     }
 #define BAND_ROW_ARGS                                                                                 \
     const uint16_t *restrict x, uint8_t *restrict dst, int64_t ng, int64_t g, const bf16_tab *const *tabs, \
-        const fix_ctx *fixes, int64_t pf_off
+        const fix_ctx *fixes, int64_t pf_off, int stream
 #define BAND_ROW_NEXT_ARGS BAND_ROW_ARGS, const uint16_t *next, uint16_t *restrict accs
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
@@ -670,10 +672,18 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
 /* on a 64-byte line: where another edit had put it 48 bytes into one, blocks took 4% longer (x86-64-v3,
  * the captured task replayed cache-resident: 0.1178 against 0.1119-0.1133 ns per input, 2026-12-06) */
 static __attribute__((noinline, aligned(64))) void band_row_avx2(BAND_ROW_ARGS) {
-    BAND_ROW(32, avx2_step, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+    if (stream) {
+        BAND_ROW(32, avx2_step, 1, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+    } else {
+        BAND_ROW(32, avx2_step, 0, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+    }
 }
 static __attribute__((noinline)) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
-    BAND_ROW_NEXT(32, avx2_step, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
+    if (stream) {
+        BAND_ROW_NEXT(32, avx2_step, 1, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
+    } else {
+        BAND_ROW_NEXT(32, avx2_step, 0, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
+    }
 }
 #define HAVE_TAB_AVX2 1
 #else
@@ -796,10 +806,18 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi(BAND_ROW_ARGS) {
-    BAND_ROW(64, vbmi_step, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
+    if (stream) {
+        BAND_ROW(64, vbmi_step, 1, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
+    } else {
+        BAND_ROW(64, vbmi_step, 0, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
+    }
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NEXT_ARGS) {
-    BAND_ROW_NEXT(64, vbmi_step, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    if (stream) {
+        BAND_ROW_NEXT(64, vbmi_step, 1, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    } else {
+        BAND_ROW_NEXT(64, vbmi_step, 0, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    }
 }
 
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions (23 in band
@@ -868,10 +886,18 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_const
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
-    BAND_ROW(64, bw_step, bw_consts_of, bw_group_of, &fixes[i_]);
+    if (stream) {
+        BAND_ROW(64, bw_step, 1, bw_consts_of, bw_group_of, &fixes[i_]);
+    } else {
+        BAND_ROW(64, bw_step, 0, bw_consts_of, bw_group_of, &fixes[i_]);
+    }
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw_next(BAND_ROW_NEXT_ARGS) {
-    BAND_ROW_NEXT(64, bw_step, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    if (stream) {
+        BAND_ROW_NEXT(64, bw_step, 1, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    } else {
+        BAND_ROW_NEXT(64, bw_step, 0, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    }
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -1126,8 +1152,9 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
     tab_cache tabs;
     tab_cache_init(&tabs, j->tab_slots, (b1 - b0) * ng);
-    const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && c.stream && CAN_STREAM &&
-                     j->g % 64 == 0 && j->K % j->g == 0 && j->K % 64 == 0 && ((uintptr_t)j->dst & 63u) == 0;
+    const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && j->g % 64 == 0 &&
+                     j->K % j->g == 0 && j->K % 64 == 0 && (!c.stream || (CAN_STREAM && ((uintptr_t)j->dst & 63u) == 0));
+    const int st = c.stream != 0; /* band rows: the codes streamed, else stored */
     uint16_t a_s[64], accs_s[64 * 32] __attribute__((aligned(64)));
     const bf16_tab *tp_s[64];
     fix_ctx fx_s[64];
@@ -1143,8 +1170,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
          * by row, each row's piece read in one sweep, or tile by tile for 128-wide tiles), then their codes
          * while the run is in cache; while a run's codes are computed, the next run's input is prefetched
          * into L2 (`ahead` elements on).
-         * Band rows instead, where the vector loops stream whole lines (bfloat16, RNE, g and K multiples
-         * of 64, aligned codes): a band's groups at once (unit_groups; a channel: one row), the codes row
+         * Band rows instead, where the vector loops take whole lines (bfloat16, RNE, g and K multiples
+         * of 64; aligned codes where streamed): a band's groups at once (unit_groups; a channel: one row), the codes row
          * by row, each row through every group's table (band_row_*). The unit's amaxes come first: read
          * by the unit before it while that one's codes were computed (BAND_ROW_NEXT; units up to FUSE_BYTES),
          * or else in a pass of their own (amax_groups; the task's first unit, 128x128 blocks), the unit
@@ -1217,17 +1244,17 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                         const int64_t pf_off = have ? ahead + j->K : ahead; /* the next unit's next row, or its row */
                         uint8_t *dr = j->dst + r * j->K + j0 * j->g;
                         if (c.vbmi && nx)
-                            band_row_vbmi_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, nx, accs);
+                            band_row_vbmi_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, nx, accs);
                         else if (c.vbmi)
-                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, pf_off);
+                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st);
                         else if (HAVE_TAB_AVX2 && nx)
-                            band_row_avx2_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, nx, accs);
+                            band_row_avx2_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, nx, accs);
                         else if (HAVE_TAB_AVX2)
-                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, pf_off);
+                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st);
                         else if (nx)
-                            band_row_bw_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, nx, accs);
+                            band_row_bw_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, nx, accs);
                         else
-                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, pf_off);
+                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st);
                     }
                     for (int64_t jg = 0; have && jg < run; jg++) a[jg] = amax_row16(accs + 32 * jg, 32, 0);
                     continue;

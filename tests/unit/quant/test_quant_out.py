@@ -70,6 +70,34 @@ def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran, cols, loop
     assert (raw[:start] == 0xAB).all() and (raw[start + x.size:] == 0xAB).all()  # nothing outside out
 
 
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_codes_stream_where_input_and_codes_together_pass_the_threshold(monkeypatch, dtype):
+    """A pass streams its codes where x and the codes together reach STREAM_BYTES (a 4096x4096
+    bfloat16 weight's 16 MiB of codes follow 32 MiB of input through the cache), only into an
+    out= (a fresh array's pages were just zeroed through the cache), and the codes are the same
+    either way."""
+    import fp8ref.quant as quant_mod
+
+    x = _weights((64, 1024), dtype)
+    seen = []
+    real = quant_mod._quantize_scaled
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["stream"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quant_mod, "_quantize_scaled", spy)
+    traffic = x.nbytes + x.size  # x read, one byte of code written per element
+    want = _numpy_codes(monkeypatch, x, ARGS["block"], "fp8ref")
+    for threshold, streamed in ((traffic, True), (traffic + 1, False), (x.size, True)):
+        monkeypatch.setattr(_arrays, "STREAM_BYTES", threshold)
+        out = np.zeros(x.shape, np.uint8)
+        quantize(x, ARGS["block"], out=out)
+        assert seen[-1] is streamed and np.array_equal(out, want)
+    quantize(x, ARGS["block"])  # a fresh result: never streamed
+    assert seen[-1] is False
+
 def test_torch_out_uint8_and_float8():
     x = torch.randn(64, 512, dtype=torch.bfloat16)
     want = quantize(x, ARGS["channel"]).codes
