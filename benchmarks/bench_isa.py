@@ -1,7 +1,7 @@
 """quantize into ``out=`` and encode, per instruction-set level, against ``copy_`` in the same run.
 
-    python benchmarks/bench_isa.py [--rows 8192 --cols 8192] [--n 67108864] [--repeat 7] [--threads 2,1]
-                                   [--cpu-rows 512] [--spread 0]
+    python benchmarks/bench_isa.py [--rows 8192 --cols 8192 | --shapes llama-3-8b] [--n 67108864]
+                                   [--repeat 7] [--threads 2,1] [--cpu-rows 512] [--spread 0]
 
 The per-ISA loops (docs/build.md) are bound to each level this CPU runs in turn, in one process
 (``fp8ref._native.use_level``, what ``FP8REF_ISA`` does at load), so that one run compares them
@@ -12,7 +12,10 @@ and ``x86-64`` (SSE2 only). What the forced levels cannot show is another CPU's 
 
 Rows per level, each ``min / median`` over the rounds (rounds interleave every level and case with
 the peer, the order of the levels rotating, so that all face the same load; the copy_ each ratio
-divides by is the one timed beside it):
+divides by is the one timed beside it). Every timed call follows a ``copy_`` of 64 MiB, so that each
+starts from the caches another large pass leaves, whatever ran before it: without it a weight that
+fits the last-level cache was timed warm after the case before it read it, or cold after a 256 MiB
+encode (4096x1024 blocks and channels measured 0.71 and 0.43 of copy_ by position alone).
 
 * CPU time per input of each quantize case, one thread, on a cache-resident weight (``--cpu-rows``):
   the loops' own cost whatever the load, against the 0.19 ns per input that 0.8 of copy_ needs.
@@ -23,6 +26,9 @@ divides by is the one timed beside it):
   3 bytes per element) / ``copy_``'s on the same weight (bf16 into an existing tensor: 4 bytes per
   element). Target >= 0.8. Per tensor needs the global amax before its first code, so it reads the
   input twice (5 bytes moved per 3 counted): its limit is 0.6 unless the input fits in the cache.
+* ``--shapes``: weights of other shapes in turn (``RxC``, comma-separated), or ``llama-3-8b``, the
+  shapes of that model's linear layers (q and o 4096x4096, k and v 1024x4096, gate and up 14336x4096,
+  down 4096x14336); the encode columns are timed with the first shape only.
 * ``--spread B``: the weight's rows and 128-column groups each scaled by 2^U(-B/4, B/4), so that its
   row and block amaxes spread over binades as a model's do (8192x8192: the plain N(0, 0.02^2) weight
   has 86 distinct row amaxes and 77 block amaxes, 33 a band; B = 4 gives 336 and 314, 58 a band:
@@ -56,6 +62,10 @@ QUANTIZE = {"channel": QuantArgs(granularity="channel"),
             "tensor": QuantArgs(granularity="tensor")}
 
 
+EVICT_BYTES = 64 << 20  # each timed call follows a copy_ of this much (twice a 32 MiB last-level cache)
+MODEL_SHAPES = {"llama-3-8b": [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]}
+
+
 def configs() -> list[tuple[str, str, bool]]:
     """The configurations this CPU runs: the levels built that it runs, VBMI's where it has VBMI."""
     levels = _native.runnable_levels()
@@ -86,21 +96,39 @@ def spread_note(spread: float) -> str:
     return f" (scales spread over {spread:g} binades)" if spread else ""
 
 
-def run(threads: int, rows: int, cols: int, n: int, repeat: int, spread: float) -> None:
+def shapes(text: str) -> list[tuple[int, int]]:
+    """``--shapes``: a model's name or comma-separated RxC"""
+    if text in MODEL_SHAPES:
+        return MODEL_SHAPES[text]
+    try:
+        out = [tuple(int(d) for d in part.lower().split("x")) for part in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or any(len(s) != 2 or min(s) < 1 for s in out):
+        raise argparse.ArgumentTypeError(f"expected RxC[,RxC...] or one of {', '.join(MODEL_SHAPES)}, got {text!r}")
+    return out
+
+
+def run(threads: int, rows: int, cols: int, n: int, repeat: int, spread: float, with_encode: bool = True) -> None:
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     w = weight(rows, cols, spread, gen)
-    x32 = torch.randn(n, generator=gen) * 100
-    xbf = x32.bfloat16()
-    w_copy, x32_copy, xbf_copy = torch.empty_like(w), torch.empty_like(x32), torch.empty_like(xbf)
+    w_copy = torch.empty_like(w)
     codes_w = torch.zeros(rows, cols, dtype=torch.uint8)  # touched: out= is an existing buffer
-    codes_x = torch.zeros(n, dtype=torch.uint8)
-    f8 = torch.zeros(n, dtype=torch.float8_e4m3fn)
     cases = {name: (lambda qa=qa: quantize(w, qa, out=codes_w)) for name, qa in QUANTIZE.items()}
-    cases["encode f32"] = lambda: encode(x32, "float8_e4m3fn", out=codes_x)
-    cases["encode bf16"] = lambda: encode(xbf, "float8_e4m3fn", out=codes_x)
-    peers = {"copy_ w": lambda: w_copy.copy_(w), "copy_ f32": lambda: x32_copy.copy_(x32),
-             "copy_ bf16": lambda: xbf_copy.copy_(xbf), "torch cast": lambda: f8.copy_(x32)}
+    peers = {"copy_ w": lambda: w_copy.copy_(w)}
+    if with_encode:
+        x32 = torch.randn(n, generator=gen) * 100
+        xbf = x32.bfloat16()
+        x32_copy, xbf_copy = torch.empty_like(x32), torch.empty_like(xbf)
+        codes_x = torch.zeros(n, dtype=torch.uint8)
+        f8 = torch.zeros(n, dtype=torch.float8_e4m3fn)
+        cases["encode f32"] = lambda: encode(x32, "float8_e4m3fn", out=codes_x)
+        cases["encode bf16"] = lambda: encode(xbf, "float8_e4m3fn", out=codes_x)
+        peers.update({"copy_ f32": lambda: x32_copy.copy_(x32), "copy_ bf16": lambda: xbf_copy.copy_(xbf),
+                      "torch cast": lambda: f8.copy_(x32)})
+    evict_src = torch.ones(EVICT_BYTES, dtype=torch.uint8)
+    evict_dst = torch.empty_like(evict_src)
     chosen = configs()
     times = {c[0]: {k: [] for k in [*cases, *peers]} for c in chosen}
     for config in chosen:  # warm up: recipes, tables, the runtime binding, every page
@@ -111,6 +139,7 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int, spread: float) 
         for config in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
             bind(config)
             for key, fn in [*peers.items(), *cases.items()]:
+                evict_dst.copy_(evict_src)
                 t0 = time.perf_counter()
                 fn()
                 times[config[0]][key].append(time.perf_counter() - t0)
@@ -123,18 +152,21 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int, spread: float) 
         return f"{mn:.2f} / {md:.2f}"
 
     wn = w.numel()
+    enc = f", encode {n:,} elements into out=" if with_encode else ""
     print(f"\n{threads} thread{'s' if threads > 1 else ''}: quantize bf16 {rows}x{cols}{spread_note(spread)} "
-          f"into out=, encode {n:,} elements into out=; each cell min / median over the rounds")
-    head = ["copy_ w GB/s", "channel ms", *(f"{k} of copy_" for k in QUANTIZE), "enc f32 of copy_",
-            "enc bf16 of copy_", "enc f32 vs cast"]
+          f"into out={enc}; each cell min / median over the rounds")
+    head = ["copy_ w GB/s", "channel ms", *(f"{k} of copy_" for k in QUANTIZE)]
+    head += ["enc f32 of copy_", "enc bf16 of copy_", "enc f32 vs cast"] if with_encode else []
     print(f"  {'level':18}" + "".join(f"{h:>19}" for h in head))
     for label, t in times.items():
         cells = [f"{4 * wn / min(t['copy_ w']) / 1e9:.1f} / {4 * wn / statistics.median(t['copy_ w']) / 1e9:.1f}",
                  f"{min(t['channel']) * 1e3:.2f} / {statistics.median(t['channel']) * 1e3:.2f}"]
         cells += [cell(t, k, "copy_ w", 3 * wn, 4 * wn) for k in QUANTIZE]
-        cells += [cell(t, "encode f32", "copy_ f32", 5 * n, 8 * n), cell(t, "encode bf16", "copy_ bf16", 3 * n, 4 * n)]
-        cells.append(f"{min(t['torch cast']) / min(t['encode f32']):.2f} / "
-                     f"{statistics.median(t['torch cast']) / statistics.median(t['encode f32']):.2f}")
+        if with_encode:
+            cells += [cell(t, "encode f32", "copy_ f32", 5 * n, 8 * n),
+                      cell(t, "encode bf16", "copy_ bf16", 3 * n, 4 * n),
+                      f"{min(t['torch cast']) / min(t['encode f32']):.2f} / "
+                      f"{statistics.median(t['torch cast']) / statistics.median(t['encode f32']):.2f}"]
         print(f"  {label:18}" + "".join(f"{c:>19}" for c in cells))
 
 
@@ -181,6 +213,9 @@ def main() -> None:
     p.add_argument("--threads", default=f"{torch.get_num_threads()},1", help="thread counts, comma-separated")
     p.add_argument("--cpu-rows", type=int, default=512, help="rows of the cache-resident CPU-time weight (0: skip)")
     p.add_argument("--spread", type=float, default=0.0, help="binades the rows' and blocks' scales spread over")
+    p.add_argument("--shapes", type=shapes, default=None,
+                   help=f"weights RxC[,RxC...] in turn, or a model's: {', '.join(MODEL_SHAPES)} "
+                        "(default: --rows x --cols)")
     a = p.parse_args()
     if not _native.kernels_available():
         raise SystemExit(f"the C loops are not available: {_native.describe()}")
@@ -191,7 +226,8 @@ def main() -> None:
     if a.cpu_rows:
         cpu_per_input(a.cpu_rows, a.cols, a.repeat, a.spread)
     for threads in dict.fromkeys(int(t) for t in a.threads.split(",") if t):
-        run(threads, a.rows, a.cols, a.n, a.repeat, a.spread)
+        for i, (rows, cols) in enumerate(a.shapes or [(a.rows, a.cols)]):
+            run(threads, rows, cols, a.n, a.repeat, a.spread, with_encode=i == 0)
     print(f"\nload average {load_average()} (end)")
 
 
