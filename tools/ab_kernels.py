@@ -46,6 +46,7 @@ GRANS = {"channel": QuantArgs(granularity="channel"), "tensor": QuantArgs(granul
 
 def load(path: str, level: str):
     """The library at path, checked and bound to `level` as fp8ref binds its own, on torch's OpenMP runtime."""
+    _native.openmp_runtime()  # finds the runtime (once): else only the library current at the first call is bound
     lib = _native._open(os.path.abspath(path), level)
     if lib is None:
         raise SystemExit(f"{path}: refused (the warning above says why)")
