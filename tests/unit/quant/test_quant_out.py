@@ -25,6 +25,20 @@ def _weights(shape, dtype, seed=0):
     return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
 
 
+@pytest.fixture
+def v3_level():
+    """The x86-64-v3 object's loops for one test (bound as FP8REF_ISA=x86-64-v3 binds them), the
+    level before it bound again after it."""
+    from fp8ref import _native
+
+    if "x86-64-v3" not in _native.runnable_levels():
+        pytest.skip("the x86-64-v3 loops are not built or this CPU does not run them")
+    bound = _native.build_info()["isa"]
+    _native.use_level("x86-64-v3")
+    yield
+    _native.use_level(bound)
+
+
 def _numpy_codes(monkeypatch, x, args, recipe):
     with monkeypatch.context() as m:
         m.setenv("FP8REF_NO_KERNELS", "1")
@@ -47,17 +61,20 @@ def test_out_is_the_result_and_holds_the_codes(monkeypatch, gran, dtype, recipe)
 @pytest.mark.parametrize("offset", [0, 1, 15, 16, 33, 63])
 @pytest.mark.parametrize("gran", ["channel", "block", "tensor"])
 @pytest.mark.parametrize("cols", [1100, 1024])
-@pytest.mark.parametrize("loop", ["vbmi", "portable"])
-def test_streamed_codes_at_every_alignment(monkeypatch, offset, gran, cols, loop):
+@pytest.mark.parametrize("loop", ["vbmi", "portable", "avx2"])
+def test_streamed_codes_at_every_alignment(monkeypatch, request, offset, gran, cols, loop):
     """Written around the cache (threshold lowered to 0): whole aligned lines streamed, the partial
     lines at each piece's ends stored normally, whatever the buffer's offset from a line. Rows of
-    1,100 codes are no multiple of 64 (through a buffer); rows of 1,024 at offset 0 are streamed
-    by the VBMI table loop itself, with tiny inputs it hands back to the segment loop (normal stores
-    into streamed lines); the portable loop (FP8REF_NO_VBMI, what CPUs without VBMI run) streams
-    every run through a buffer. 1,024 rows run on every thread."""
+    1,100 codes are no multiple of 64 (through a buffer); rows of 1,024 go by band rows, which
+    stream their own codes at offset 0 (with tiny inputs handed back to the segment loop: normal
+    stores into streamed lines) and at other offsets each row through a buffer; the portable loop
+    (FP8REF_NO_VBMI, what CPUs without VBMI run) and the x86-64-v3 object's AVX2 loop run them
+    without VBMI. 1,024 rows run on every thread."""
     monkeypatch.setattr(_arrays, "STREAM_BYTES", 0)
-    if loop == "portable":
+    if loop != "vbmi":
         monkeypatch.setenv("FP8REF_NO_VBMI", "1")
+    if loop == "avx2":
+        request.getfixturevalue("v3_level")
     x = _weights((1024, cols), "bfloat16", seed=offset)
     x[3, :500] = 0.0
     x[5, 7:200:9] = x[5, 7:200:9] * 2.0 ** -40  # codes 0 and, at 2**-16, subnormal codes: below the
