@@ -27,8 +27,8 @@ def test_family_is_refused_cleanly(results, family):
     mine = [r for r in results if r["family"] == family]
     assert mine, f"the quick corpus has no {family} case"
     bad = [r for r in mine if r["class"] in hostile.BAD or r["class"] == "wrong-refusal"]
-    lines = [f"{r['class']}: {r['id']}: {r['why'][:200]}\n    repro: python -m tests.hostile.corpus --case '{r['id']}' "
-             f"--keep /tmp/hostile -v" for r in bad]
+    lines = [f"{r['class']}: {r['id']}: {r['why'][:200]}\n    repro: python -m tests.hostile.corpus --quick "
+             f"--case '{r['id']}' --keep /tmp/hostile -v" for r in bad]
     assert not bad, f"{len(bad)} of {len(mine)} {family} cases:\n" + "\n".join(lines)
 
 
