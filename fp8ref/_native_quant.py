@@ -24,7 +24,7 @@ from .recipes import Recipe, compute_scale
 from .scaling import magnitudes_to_f64
 
 _C_KINDS = {"bfloat16": 0, "float16": 1, "float32": 2}
-TAB_SLOTS = 0  # quant_job.tab_slots: 0 gives the C loops' own table cache (1,024 slots); tests try others
+TAB_SLOTS = 0  # quant_job.tab_slots: 0 lets the C loops size each task's table cache; tests try others
 _C_MODEL = {"bfloat16": 1, "float16": 2, "float32": 0}
 
 

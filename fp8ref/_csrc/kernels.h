@@ -61,8 +61,9 @@ typedef struct { /* quant._QuantJob */
     float clampv;         /* clamp to +-clampv (+inf: no clamp); NaN passes */
     uint32_t neg0;        /* code replaced by 0 (0x100: none) */
     int32_t stream;       /* codes too large for the cache: written around it (whole aligned lines) */
-    uint32_t tab_slots;   /* slots of a task's table cache, a power of two up to 65,536; 0: 1,024 (tests
-                           * take others: 1 is what a failed allocation leaves) */
+    uint32_t tab_slots;   /* slots of a task's table cache, a power of two up to 65,536; 0: twice the
+                           * task's operands, 8 to 1,024 (tests take others: 1 is what a failed
+                           * allocation leaves) */
 } quant_job;
 
 typedef struct { /* the declared-order fp32 GEMM, see matmul.c; tasks are column cuts */

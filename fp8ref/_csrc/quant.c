@@ -552,7 +552,7 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
  * took 0.116 against 0.089 ns per input (the same cache-resident), AVX-512BW 0.098 against 0.110
  * with both, v3 0.098 against 0.105. These loops' speed from memory also moves by 5-10% with where
  * the linker puts them (the same code 16-48 bytes further on: docs/performance.md, ninth pass). */
-#define BAND_ROW(W, STEP, STREAM, CONSTS_OF, GROUP_OF, ...)                                                   \
+#define BAND_ROW(W, STEP, STREAM, CONSTS_OF, GROUP_OF, ...)                                           \
     __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
     for (int64_t k_ = 0, i_ = -1, left_ = 0; k_ < ng * g; k_ += (W), left_--) {                       \
         if (left_ == 0) i_++, left_ = g / (W), GROUP_OF(&K_, tabs[i_]);                               \
@@ -560,7 +560,7 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
         STEP(x + k_, dst + k_, pf_, (W), STREAM, 0, &K_, __VA_ARGS__);                                \
         prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);                   \
     }
-#define BAND_ROW_NEXT(W, STEP, STREAM, TOP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                         \
+#define BAND_ROW_NEXT(W, STEP, STREAM, TOP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                 \
     __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
     for (int64_t i_ = 0; i_ < ng; i_++) {                                                             \
         GROUP_OF(&K_, tabs[i_]);                                                                      \
@@ -573,6 +573,14 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
             prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);               \
         }                                                                                             \
         memcpy(accs + 32 * i_, &acc_, sizeof acc_);                                                   \
+    }
+/* the loop twice in its function, the store kind a constant in each: streamed where `stream`, else
+ * stored */
+#define STREAMED_OR_STORED(LOOP, W, STEP, ...)                                                        \
+    if (stream) {                                                                                     \
+        LOOP(W, STEP, 1, __VA_ARGS__);                                                                \
+    } else {                                                                                          \
+        LOOP(W, STEP, 0, __VA_ARGS__);                                                                \
     }
 #define BAND_ROW_ARGS                                                                                 \
     const uint16_t *restrict x, uint8_t *restrict dst, int64_t ng, int64_t g, const bf16_tab *const *tabs, \
@@ -672,18 +680,11 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
 /* on a 64-byte line: where another edit had put it 48 bytes into one, blocks took 4% longer (x86-64-v3,
  * the captured task replayed cache-resident: 0.1178 against 0.1119-0.1133 ns per input, 2026-12-06) */
 static __attribute__((noinline, aligned(64))) void band_row_avx2(BAND_ROW_ARGS) {
-    if (stream) {
-        BAND_ROW(32, avx2_step, 1, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
-    } else {
-        BAND_ROW(32, avx2_step, 0, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
-    }
+    STREAMED_OR_STORED(BAND_ROW, 32, avx2_step, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
 }
 static __attribute__((noinline)) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
-    if (stream) {
-        BAND_ROW_NEXT(32, avx2_step, 1, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
-    } else {
-        BAND_ROW_NEXT(32, avx2_step, 0, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max, tabs[i_], &fixes[i_]);
-    }
+    STREAMED_OR_STORED(BAND_ROW_NEXT, 32, avx2_step, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max,
+                       tabs[i_], &fixes[i_]);
 }
 #define HAVE_TAB_AVX2 1
 #else
@@ -806,18 +807,11 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi(BAND_ROW_ARGS) {
-    if (stream) {
-        BAND_ROW(64, vbmi_step, 1, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
-    } else {
-        BAND_ROW(64, vbmi_step, 0, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
-    }
+    STREAMED_OR_STORED(BAND_ROW, 64, vbmi_step, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NEXT_ARGS) {
-    if (stream) {
-        BAND_ROW_NEXT(64, vbmi_step, 1, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
-    } else {
-        BAND_ROW_NEXT(64, vbmi_step, 0, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
-    }
+    STREAMED_OR_STORED(BAND_ROW_NEXT, 64, vbmi_step, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max,
+                       &fixes[i_]);
 }
 
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions (23 in band
@@ -886,18 +880,10 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_const
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
-    if (stream) {
-        BAND_ROW(64, bw_step, 1, bw_consts_of, bw_group_of, &fixes[i_]);
-    } else {
-        BAND_ROW(64, bw_step, 0, bw_consts_of, bw_group_of, &fixes[i_]);
-    }
+    STREAMED_OR_STORED(BAND_ROW, 64, bw_step, bw_consts_of, bw_group_of, &fixes[i_]);
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw_next(BAND_ROW_NEXT_ARGS) {
-    if (stream) {
-        BAND_ROW_NEXT(64, bw_step, 1, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
-    } else {
-        BAND_ROW_NEXT(64, bw_step, 0, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
-    }
+    STREAMED_OR_STORED(BAND_ROW_NEXT, 64, bw_step, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -1178,8 +1164,8 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
          * while the run is in cache; while a run's codes are computed, the next run's input is prefetched
          * into L2 (`ahead` elements on).
          * Band rows instead, where the vector loops take whole lines (bfloat16, RNE, g and K multiples
-         * of 64; aligned codes where streamed): a band's groups at once (unit_groups; a channel: one row), the codes row
-         * by row, each row through every group's table (band_row_*). The unit's amaxes come first: read
+         * of 64): a band's groups at once (unit_groups; a channel: one row), the codes row by row, each
+         * row through every group's table (band_row_*), streamed or stored (st, rowbuf above). The unit's amaxes come first: read
          * by the unit before it while that one's codes were computed (BAND_ROW_NEXT; units up to FUSE_BYTES),
          * or else in a pass of their own (amax_groups; the task's first unit, 128x128 blocks), the unit
          * then read again from the caches (2 MiB for 128x128 blocks: 128 rows of 8,192 inputs) while
