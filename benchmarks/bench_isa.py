@@ -15,7 +15,8 @@ the peer, the order of the levels rotating, so that all face the same load; the 
 divides by is the one timed beside it). Every timed call follows a ``copy_`` of 64 MiB, so that each
 starts from the caches another large pass leaves, whatever ran before it: without it a weight that
 fits the last-level cache was timed warm after the case before it read it, or cold after a 256 MiB
-encode (4096x1024 blocks and channels measured 0.71 and 0.43 of copy_ by position alone).
+encode (1024x4096, one thread: blocks, timed after per channel, 0.71-0.85 of copy_; per channel,
+after the encode, 0.42-0.46; both 0.32-0.42 from cold caches).
 
 * CPU time per input of each quantize case, one thread, on a cache-resident weight (``--cpu-rows``):
   the loops' own cost whatever the load, against the 0.19 ns per input that 0.8 of copy_ needs.
