@@ -460,13 +460,27 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
     }
 }
 
-#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off, stream) \
-    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(pf_off), (void)(stream))
-#define NO_BAND_ROW_NEXT(x, dst, ng, g, tabs, fixes, pf_off, stream, next, accs) \
-    (NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off, stream), (void)(next), (void)(accs))
+#define NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off, stream, zeros)                                    \
+    ((void)(x), (void)(dst), (void)(ng), (void)(g), (void)(tabs), (void)(fixes), (void)(pf_off), (void)(stream), \
+     (void)(zeros))
+#define NO_BAND_ROW_NEXT(x, dst, ng, g, tabs, fixes, pf_off, stream, zeros, next, accs) \
+    (NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off, stream, zeros), (void)(next), (void)(accs))
 #define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, stream, t, f) \
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
      (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
+
+/* A vector step's test for the inputs it leaves to fix_lanes (its `top`). STEP_TILE: v = 0 (below the
+ * table, and +-0, which the step codes itself) or v = 255 (past it). STEP_BAND: v = 0 alone, where no
+ * input reaches v = 255 (band rows: the caller checked every group's amax). STEP_ZEROS, band rows too:
+ * v signed, saturated to [-128, 127], so that +-0 codes without a test or a branch. v = -128: +-0 and
+ * the inputs 2^(7-M) binades or more below E_b, whose values (binade E_b - 1 lies below 2^(emin+1),
+ * each one lower halves) lie below 2^(emin-14), under half the smallest subnormal 2^(emin-M): they round
+ * to +-0, coded 0x00 and 0x80 (the caller checked the table's zero_p and zero_n; e4m3fnuz's -0 is 0x00).
+ * v -127 to -1 go to fix_lanes. v 127 (from 127 to 254) looks up a step of at least base - (2^M - 1)
+ * >= 1 and saturates at 127: the overflow code, as every such input's magnitude code is past 127. One
+ * more instruction a step than STEP_BAND: taken where a task's first row holds many zeros
+ * (zeros_heavy), which otherwise cost a mispredicted branch at each step holding one. */
+enum { STEP_BAND = 0, STEP_TILE = 1, STEP_ZEROS = 2 };
 
 /* What the vector table loops prefetch while they compute (into L2, PREFETCHT1), one line per 32
  * inputs: rows of n inputs `stride` apart from p, `rows` of them, then from p again; p NULL: their
@@ -552,12 +566,12 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
  * took 0.116 against 0.089 ns per input (the same cache-resident), AVX-512BW 0.098 against 0.110
  * with both, v3 0.098 against 0.105. These loops' speed from memory also moves by 5-10% with where
  * the linker puts them (the same code 16-48 bytes further on: docs/performance.md, ninth pass). */
-#define BAND_ROW(W, STEP, STREAM, CONSTS_OF, GROUP_OF, ...)                                           \
+#define BAND_ROW(W, STEP, STREAM, TOP, CONSTS_OF, GROUP_OF, ...)                                      \
     __typeof__(CONSTS_OF(tabs[0])) K_ = CONSTS_OF(tabs[0]);                                           \
     for (int64_t k_ = 0, i_ = -1, left_ = 0; k_ < ng * g; k_ += (W), left_--) {                       \
         if (left_ == 0) i_++, left_ = g / (W), GROUP_OF(&K_, tabs[i_]);                               \
         const uint16_t *pf_ = x + k_ + pf_off;                                                        \
-        STEP(x + k_, dst + k_, pf_, (W), STREAM, 0, &K_, __VA_ARGS__);                                \
+        STEP(x + k_, dst + k_, pf_, (W), STREAM, TOP, &K_, __VA_ARGS__);                              \
         prime_page(pf_, 2 * (W), PAGE_AHEAD), prime_page(dst + k_, (W), PAGE_AHEAD);                   \
     }
 #define BAND_ROW_NEXT(W, STEP, STREAM, TOP, CONSTS_OF, GROUP_OF, ACC_T, ACC_MAX, ...)                 \
@@ -574,17 +588,21 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
         }                                                                                             \
         memcpy(accs + 32 * i_, &acc_, sizeof acc_);                                                   \
     }
-/* the loop twice in its function, the store kind a constant in each: streamed where `stream`, else
- * stored */
-#define STREAMED_OR_STORED(LOOP, W, STEP, ...)                                                        \
-    if (stream) {                                                                                     \
-        LOOP(W, STEP, 1, __VA_ARGS__);                                                                \
+/* the loop four times in its function, the store kind and the steps' test constants in each: codes
+ * streamed where `stream`, else stored; the steps' test STEP_ZEROS where `zeros`, else TOP */
+#define BAND_ROW_COPIES(LOOP, W, STEP, TOP, ...)                                                      \
+    if (!zeros && stream) {                                                                           \
+        LOOP(W, STEP, 1, TOP, __VA_ARGS__);                                                           \
+    } else if (!zeros) {                                                                              \
+        LOOP(W, STEP, 0, TOP, __VA_ARGS__);                                                           \
+    } else if (stream) {                                                                              \
+        LOOP(W, STEP, 1, STEP_ZEROS, __VA_ARGS__);                                                    \
     } else {                                                                                          \
-        LOOP(W, STEP, 0, __VA_ARGS__);                                                                \
+        LOOP(W, STEP, 0, STEP_ZEROS, __VA_ARGS__);                                                    \
     }
 #define BAND_ROW_ARGS                                                                                 \
     const uint16_t *restrict x, uint8_t *restrict dst, int64_t ng, int64_t g, const bf16_tab *const *tabs, \
-        const fix_ctx *fixes, int64_t pf_off, int stream
+        const fix_ctx *fixes, int64_t pf_off, int stream, int zeros
 #define BAND_ROW_NEXT_ARGS BAND_ROW_ARGS, const uint16_t *next, uint16_t *restrict accs
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
@@ -623,22 +641,32 @@ static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, u
     _mm_prefetch((const char *)pf, _MM_HINT_T1); /* the plan's line (TAB_WALK), into L2 */
     /* byte order of every packed vector: inputs 0-7, 16-23 | 8-15, 24-31 */
     const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
-    const __m256i v = _mm256_packus_epi16(_mm256_subs_epu16(_mm256_srl_epi16(a0, K->sh), K->ebm),
-                                          _mm256_subs_epu16(_mm256_srl_epi16(a1, K->sh), K->ebm));
     const __m256i l = _mm256_packus_epi16(_mm256_and_si256(h0, K->lmask), _mm256_and_si256(h1, K->lmask));
     const __m256i sgn = _mm256_packs_epi16(h0, h1); /* bit 7: the input's sign */
+    const __m256i e0 = _mm256_srl_epi16(a0, K->sh), e1 = _mm256_srl_epi16(a1, K->sh);
+    const __m256i v = top == STEP_ZEROS ? _mm256_packs_epi16(_mm256_sub_epi16(e0, K->ebm), _mm256_sub_epi16(e1, K->ebm))
+                                        : _mm256_packus_epi16(_mm256_subs_epu16(e0, K->ebm), _mm256_subs_epu16(e1, K->ebm));
     const __m256i c1 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb1, v)); /* -1 where true */
     const __m256i c2 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb2, v));
     const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(K->wt, v), _mm256_add_epi8(c1, c2));
-    __m256i code = _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), K->opv), _mm256_and_si256(sgn, K->s80));
-    /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed); v = 0 alone where no
-     * v reaches 255 (top = 0: BAND_ROW) */
-    __m256i slow = top ? _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge) : _mm256_cmpeq_epi8(v, K->zero);
-    uint32_t bits = (uint32_t)_mm256_movemask_epi8(slow);
-    if (bits) { /* +-0 here */
-        const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(a0, K->zero), _mm256_cmpeq_epi16(a1, K->zero));
-        code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(K->zp, K->zn, sgn), z);
-        bits &= ~(uint32_t)_mm256_movemask_epi8(z);
+    __m256i code;
+    uint32_t bits;
+    if (top == STEP_ZEROS) { /* v -128: +-0's codes (max with 0, then the sign); v + 127 below 0: -128, or past 0 */
+        code = _mm256_or_si256(_mm256_max_epi8(_mm256_min_epi8(_mm256_adds_epi8(v, st), K->opv), K->zero),
+                               _mm256_and_si256(sgn, K->s80));
+        bits = ~(uint32_t)_mm256_movemask_epi8(_mm256_add_epi8(v, K->bias));
+    } else {
+        code = _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), K->opv), _mm256_and_si256(sgn, K->s80));
+        /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed); v = 0 alone where no
+         * v reaches 255 (STEP_BAND) */
+        __m256i slow = top == STEP_TILE ? _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge)
+                                        : _mm256_cmpeq_epi8(v, K->zero);
+        bits = (uint32_t)_mm256_movemask_epi8(slow);
+        if (bits) { /* +-0 here */
+            const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(a0, K->zero), _mm256_cmpeq_epi16(a1, K->zero));
+            code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(K->zp, K->zn, sgn), z);
+            bits &= ~(uint32_t)_mm256_movemask_epi8(z);
+        }
     }
     code = _mm256_permute4x64_epi64(code, 0xD8); /* input order */
     if (bits) { /* the rest by fix_lanes (bits back to input order) */
@@ -669,7 +697,7 @@ static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, 
                                                    const pf_plan *pf, int stream, const bf16_tab *t,
                                                    const fix_ctx *f) {
     const avx2_consts K = avx2_consts_of(t);
-    TAB_WALK(32, avx2_step, stream, 1, &K, t, f);
+    TAB_WALK(32, avx2_step, stream, STEP_TILE, &K, t, f);
 }
 static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, const bf16_tab *t) {
     K->wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
@@ -680,10 +708,10 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
 /* on a 64-byte line: where another edit had put it 48 bytes into one, blocks took 4% longer (x86-64-v3,
  * the captured task replayed cache-resident: 0.1178 against 0.1119-0.1133 ns per input, 2026-12-06) */
 static __attribute__((noinline, aligned(64))) void band_row_avx2(BAND_ROW_ARGS) {
-    STREAMED_OR_STORED(BAND_ROW, 32, avx2_step, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW, 32, avx2_step, STEP_BAND, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
 }
-static __attribute__((noinline)) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
-    STREAMED_OR_STORED(BAND_ROW_NEXT, 32, avx2_step, 0, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max,
+static __attribute__((noinline, aligned(64))) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
+    BAND_ROW_COPIES(BAND_ROW_NEXT, 32, avx2_step, STEP_BAND, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max,
                        tabs[i_], &fixes[i_]);
 }
 #define HAVE_TAB_AVX2 1
@@ -726,10 +754,11 @@ FP8REF_BW static inline __mmask64 step_load(const uint16_t *x, int64_t left, con
 }
 
 /* v = (E - E_b) 2^M + j of the step's 64 inputs, a0 and a1 their magnitude bits << 1, packed with
- * saturation per 128-bit lane (packus's order) */
-FP8REF_BW static inline __m512i step_v(__m512i a0, __m512i a1, __m128i sh, __m512i ebm) {
-    return _mm512_packus_epi16(_mm512_subs_epu16(_mm512_srl_epi16(a0, sh), ebm),
-                               _mm512_subs_epu16(_mm512_srl_epi16(a1, sh), ebm));
+ * saturation per 128-bit lane (packus's order): to [0, 255], or to [-128, 127] (STEP_ZEROS) */
+FP8REF_BW static inline __m512i step_v(__m512i a0, __m512i a1, __m128i sh, __m512i ebm, int top) {
+    const __m512i e0 = _mm512_srl_epi16(a0, sh), e1 = _mm512_srl_epi16(a1, sh);
+    return top == STEP_ZEROS ? _mm512_packs_epi16(_mm512_sub_epi16(e0, ebm), _mm512_sub_epi16(e1, ebm))
+                             : _mm512_packus_epi16(_mm512_subs_epu16(e0, ebm), _mm512_subs_epu16(e1, ebm));
 }
 
 /* its codes: streamed as a whole aligned line (the caller checked dst and dst_stride), else stored */
@@ -758,7 +787,7 @@ FP8REF_BW static inline __m512i zmm_acc_max(__m512i acc, const uint16_t *p) {
 #define EVEN8(i) (2 * (i)), (2 * (i) + 2), (2 * (i) + 4), (2 * (i) + 6), (2 * (i) + 8), (2 * (i) + 10), (2 * (i) + 12), (2 * (i) + 14)
 static const uint8_t lo_bytes[64] = {EVEN8(0), EVEN8(8), EVEN8(16), EVEN8(24), EVEN8(32), EVEN8(40), EVEN8(48), EVEN8(56)};
 typedef struct {
-    __m512i tlo, thi, ebm, opv, zp, zn, s80, one, two, order, lo_idx, hi_idx;
+    __m512i tlo, thi, ebm, opv, zp, zn, s80, one, two, order, lo_idx, hi_idx, m128;
     __m128i sh;
 } vbmi_consts;
 FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_step(const uint16_t *x, uint8_t *dst,
@@ -767,12 +796,20 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_step(const ui
     __m512i h0, h1;
     const __mmask64 all = step_load(x, left, pf, &h0, &h1);
     const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1); /* magnitude bits << 1 */
-    const __m512i v = _mm512_permutexvar_epi64(K->order, step_v(a0, a1, K->sh, K->ebm)); /* in input order */
+    const __m512i v = _mm512_permutexvar_epi64(K->order, step_v(a0, a1, K->sh, K->ebm, top)); /* in input order */
     const __m512i lob = _mm512_permutex2var_epi8(h0, K->lo_idx, h1), hib = _mm512_permutex2var_epi8(h0, K->hi_idx, h1);
-    __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, _mm512_permutex2var_epi8(K->tlo, lob, K->thi)), K->opv);
+    const __m512i y = _mm512_permutex2var_epi8(K->tlo, lob, K->thi);
+    if (top == STEP_ZEROS) { /* v -128 (negative lanes 0, then the sign): +-0's codes; -127 to -1 by fix_lanes */
+        const __mmask64 neg = _mm512_movepi8_mask(v);
+        __m512i c = _mm512_maskz_min_epi8(~neg, _mm512_adds_epi8(v, y), K->opv);
+        c = _mm512_ternarylogic_epi32(c, hib, K->s80, 0xF8); /* c | (hib & 0x80) */
+        step_store(dst, left, stream, all, step_fix(x, _mm512_mask_cmpgt_epi8_mask(neg & all, v, K->m128), c, f));
+        return;
+    }
+    __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, y), K->opv);
     c = _mm512_ternarylogic_epi32(c, hib, K->s80, 0xF8); /* c | (hib & 0x80) */
-    __mmask64 slow = (top ? _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) /* v = 0 or 255 */
-                          : _mm512_testn_epi8_mask(v, v)) & all;                        /* v = 0 (BAND_ROW) */
+    __mmask64 slow = (top == STEP_TILE ? _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) /* v = 0 or 255 */
+                                       : _mm512_testn_epi8_mask(v, v)) & all;                        /* v = 0 */
     if (slow) { /* +-0 here; the rest by fix_lanes */
         const __mmask64 zero = (__mmask64)_mm512_testn_epi16_mask(a0, a0) |
                                (__mmask64)_mm512_testn_epi16_mask(a1, a1) << 32;
@@ -793,13 +830,14 @@ FP8REF_VBMI static inline __attribute__((always_inline)) vbmi_consts vbmi_consts
         .zp = _mm512_set1_epi8((char)t->zero_p), .zn = _mm512_set1_epi8((char)t->zero_n),
         .s80 = _mm512_set1_epi8((char)0x80), .one = one, .two = _mm512_set1_epi8(2),
         .order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), /* packus's qwords back in input order */
-        .lo_idx = lo_idx, .hi_idx = _mm512_add_epi8(lo_idx, one), .sh = _mm_cvtsi32_si128(8 - M)};
+        .lo_idx = lo_idx, .hi_idx = _mm512_add_epi8(lo_idx, one), .m128 = _mm512_set1_epi8(-128),
+        .sh = _mm_cvtsi32_si128(8 - M)};
 }
 FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                           int64_t rows, int64_t stride, int64_t dst_stride, const pf_plan *pf,
                                           int stream, const bf16_tab *t, const fix_ctx *f) {
     const vbmi_consts K = vbmi_consts_of(t);
-    TAB_WALK(64, vbmi_step, stream, 1, &K, f);
+    TAB_WALK(64, vbmi_step, stream, STEP_TILE, &K, f);
 }
 FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi_consts *K, const bf16_tab *t) {
     K->tlo = _mm512_loadu_si512(t->steps_j);
@@ -807,10 +845,10 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi(BAND_ROW_ARGS) {
-    STREAMED_OR_STORED(BAND_ROW, 64, vbmi_step, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW, 64, vbmi_step, STEP_BAND, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NEXT_ARGS) {
-    STREAMED_OR_STORED(BAND_ROW_NEXT, 64, vbmi_step, 1, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max,
+    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, vbmi_step, STEP_TILE, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max,
                        &fixes[i_]);
 }
 
@@ -821,7 +859,7 @@ FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NE
  * as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
 typedef struct {
-    __m512i wt, wb1, wb2, ebm, lmask, opv, zp, zn, s80, one, two, order;
+    __m512i wt, wb1, wb2, ebm, lmask, opv, zp, zn, s80, one, two, order, m128;
     __m128i sh;
 } bw_consts;
 FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
@@ -830,17 +868,25 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16
     __m512i h0, h1;
     const __mmask64 all = step_load(x, left, pf, &h0, &h1);
     const __m512i a0 = _mm512_add_epi16(h0, h0), a1 = _mm512_add_epi16(h1, h1);
-    const __m512i v = step_v(a0, a1, K->sh, K->ebm);
+    const __m512i v = step_v(a0, a1, K->sh, K->ebm, top);
     const __m512i l = _mm512_packus_epi16(_mm512_and_si512(h0, K->lmask), _mm512_and_si512(h1, K->lmask));
     const __m512i sgn = _mm512_packs_epi16(h0, h1); /* bit 7: the input's sign */
     __m512i st = _mm512_shuffle_epi8(K->wt, v);
     st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb1, v)), st, K->one);
     st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb2, v)), st, K->one);
+    uint64_t in_order = 0;
+    if (top == STEP_ZEROS) { /* as vbmi_step's */
+        const __mmask64 neg = _mm512_movepi8_mask(v), slow = _mm512_mask_cmpgt_epi8_mask(neg, v, K->m128);
+        __m512i c = _mm512_maskz_min_epi8(~neg, _mm512_adds_epi8(v, st), K->opv);
+        c = _mm512_ternarylogic_epi32(c, sgn, K->s80, 0xF8); /* c | (sgn & 0x80) */
+        for (int g = 0; slow && g < 8; g++) in_order |= ((slow >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
+        step_store(dst, left, stream, all, step_fix(x, in_order & all, _mm512_permutexvar_epi64(K->order, c), f));
+        return;
+    }
     __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, st), K->opv);
     c = _mm512_ternarylogic_epi32(c, sgn, K->s80, 0xF8); /* c | (sgn & 0x80) */
-    __mmask64 slow = top ? _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) /* v = 0 or 255, packed order */
-                         : _mm512_testn_epi8_mask(v, v);                        /* v = 0 (BAND_ROW) */
-    uint64_t in_order = 0;
+    __mmask64 slow = top == STEP_TILE ? _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) /* v = 0 or 255, packed order */
+                                      : _mm512_testn_epi8_mask(v, v);                        /* v = 0 */
     if (slow) { /* +-0 here; the rest by fix_lanes, in input order */
         const __m512i z = _mm512_packs_epi16(_mm512_movm_epi16(_mm512_testn_epi16_mask(a0, a0)),
                                              _mm512_movm_epi16(_mm512_testn_epi16_mask(a1, a1)));
@@ -865,13 +911,13 @@ FP8REF_BW static inline __attribute__((always_inline)) bw_consts bw_consts_of(co
         .zn = _mm512_set1_epi8((char)t->zero_n), .s80 = _mm512_set1_epi8((char)0x80),
         .one = _mm512_set1_epi8(1), .two = _mm512_set1_epi8(2),
         .order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), /* packed qwords back in input order */
-        .sh = _mm_cvtsi32_si128(8 - M)};
+        .m128 = _mm512_set1_epi8(-128), .sh = _mm_cvtsi32_si128(8 - M)};
 }
 FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
                                  int64_t stride, int64_t dst_stride, const pf_plan *pf, int stream,
                                  const bf16_tab *t, const fix_ctx *f) {
     const bw_consts K = bw_consts_of(t);
-    TAB_WALK(64, bw_step, stream, 1, &K, f);
+    TAB_WALK(64, bw_step, stream, STEP_TILE, &K, f);
 }
 FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_consts *K, const bf16_tab *t) {
     K->wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
@@ -880,10 +926,10 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_const
     K->ebm = _mm512_set1_epi16((short)(t->eb << t->shift));
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
-    STREAMED_OR_STORED(BAND_ROW, 64, bw_step, bw_consts_of, bw_group_of, &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW, 64, bw_step, STEP_BAND, bw_consts_of, bw_group_of, &fixes[i_]);
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw_next(BAND_ROW_NEXT_ARGS) {
-    STREAMED_OR_STORED(BAND_ROW_NEXT, 64, bw_step, 0, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, bw_step, STEP_BAND, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -1090,6 +1136,18 @@ FP8REF_INLINE void amax_groups(const uint16_t *restrict x, int64_t rows, int64_t
     for (int64_t i = 0; i < ng; i++) a[i] = amax_row16(accs + 32 * i, 32, 0);
 }
 
+/* Whether band rows should take +-0 without a branch (STEP_ZEROS): where row holds more than one in
+ * 2,048. Where a step holding one costs a mispredicted branch, STEP_ZEROS's one more instruction a
+ * step is the cheaper from about one in 7,000 (x86-64-v3: 2.5% a step, ~50 cycles a branch).
+ * FP8REF_BAND_ZEROS=0 or 1 forces the choice (tests). */
+static int zeros_heavy(const uint16_t *row, int64_t n) {
+    const char *force = getenv("FP8REF_BAND_ZEROS");
+    if (force) return force[0] == '1';
+    int64_t z = 0;
+    for (int64_t k = 0; k < n; k++) z += (row[k] & 0x7FFFu) == 0;
+    return z * 2048 > n;
+}
+
 /* band b's rows [lo, hi): rows [b*bh, b*bh + bh) of matrix b / nbr (nbr bands each), cut at its r2 rows */
 FP8REF_INLINE void band_span(const quant_job *j, int64_t nbr, int64_t b, int64_t *lo, int64_t *hi) {
     const int64_t m = b / nbr, r = b % nbr * j->bh;
@@ -1148,6 +1206,9 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     const int band = (HAVE_TAB_AVX2 || HAVE_TAB_BW) && kind == BF16 && mode == RNE && j->g % 64 == 0 &&
                      j->K % j->g == 0 && j->K % 64 == 0;
     uint8_t *rowbuf = band && c.stream && CAN_STREAM && !st ? aligned_alloc(64, (size_t)j->K) : NULL;
+    int64_t lo0 = 0, hi0 = 0;
+    if (band && b0 < b1) band_span(j, nbr, b0, &lo0, &hi0);
+    const int zeros = band && b0 < b1 && zeros_heavy(x + lo0 * j->K, j->K); /* STEP_ZEROS where the tables allow */
     uint16_t a_s[64], accs_s[64 * 32] __attribute__((aligned(64)));
     const bf16_tab *tp_s[64];
     fix_ctx fx_s[64];
@@ -1205,7 +1266,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
             have = 0;
             for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
             if (band) { /* every group's table, built where new; the band row by row if all hold */
-                int ok = 1;
+                int ok = 1, zok = zeros;
                 for (int64_t jg = j0; jg < j1; jg++) {
                     const float sv = j->table[a[jg - j0]];
                     bf16_tab *t = tab_slot(&tabs, sv);
@@ -1220,6 +1281,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                           /* the group's amax, and so every input of it, below v = 255: band-row steps may
                            * test v = 0 alone (top = 0; a NaN or Inf goes by tiles) */
                           (a[jg - j0] >> (7 - t->shift)) < (t->eb << t->shift) + 255;
+                    zok &= t->zero_p == 0 && t->zero_n == 0x80u; /* STEP_ZEROS's codes for v -128 */
                 }
                 if (ok) {
                     /* the next unit (the band's next run, or the next band's first: row r - lo of it
@@ -1237,17 +1299,17 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                         const int64_t pf_off = have ? ahead + j->K : ahead; /* the next unit's next row, or its row */
                         uint8_t *const dr0 = j->dst + r * j->K + j0 * j->g, *dr = rowbuf ? rowbuf : dr0;
                         if (c.vbmi && nx)
-                            band_row_vbmi_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, nx, accs);
+                            band_row_vbmi_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, zok, nx, accs);
                         else if (c.vbmi)
-                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st);
+                            band_row_vbmi(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, zok);
                         else if (HAVE_TAB_AVX2 && nx)
-                            band_row_avx2_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, nx, accs);
+                            band_row_avx2_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, zok, nx, accs);
                         else if (HAVE_TAB_AVX2)
-                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st);
+                            band_row_avx2(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, zok);
                         else if (nx)
-                            band_row_bw_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, nx, accs);
+                            band_row_bw_next(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, zok, nx, accs);
                         else
-                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st);
+                            band_row_bw(xr, dr, j1 - j0, j->g, tp, fx, pf_off, st, zok);
                         if (rowbuf) {
                             for (int64_t k = 0; k < (j1 - j0) * j->g; k += 4096) /* as BAND_ROW primes its codes */
                                 __builtin_prefetch(dr0 + k + PAGE_AHEAD, 0, 0);
