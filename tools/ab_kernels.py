@@ -92,8 +92,9 @@ def replay(libs: dict, qa: QuantArgs, w: torch.Tensor, calls: int, rounds: int, 
         return real(task, job, n, **kw)
 
     _native.parallel = capture
+    out = torch.zeros(w.shape, dtype=torch.uint8)  # the job writes into it: alive while it is replayed
     try:
-        quantize(w, qa, out=torch.zeros(w.shape, dtype=torch.uint8))
+        quantize(w, qa, out=out)
     finally:
         _native.parallel = real
     task, job, n, _keep = [c for c in captured if c[0].startswith("fp8ref_quant")][-1]

@@ -476,10 +476,11 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
  * the inputs 2^(7-M) binades or more below E_b, whose values (binade E_b - 1 lies below 2^(emin+1),
  * each one lower halves) lie below 2^(emin-14), under half the smallest subnormal 2^(emin-M): they round
  * to +-0, coded 0x00 and 0x80 (the caller checked the table's zero_p and zero_n; e4m3fnuz's -0 is 0x00).
- * v -127 to -1 go to fix_lanes. v 127 (from 127 to 254) looks up a step of at least base - (2^M - 1)
- * >= 1 and saturates at 127: the overflow code, as every such input's magnitude code is past 127. One
- * more instruction a step than STEP_BAND: taken where a task's first row holds many zeros
- * (zeros_heavy), which otherwise cost a mispredicted branch at each step holding one. */
+ * v -127 to -1 go to fix_lanes (the AVX2 step's one test sends v = 0 too, which the table codes as
+ * well). v 127 (from 127 to 254) looks up a step of at least base - (2^M - 1) >= 1 and saturates at
+ * 127: the overflow code, as every such input's magnitude code is past 127. One more instruction a
+ * step than STEP_BAND: taken where a task's first row holds many zeros (zeros_heavy), which otherwise
+ * cost a mispredicted branch at each step holding one. */
 enum { STEP_BAND = 0, STEP_TILE = 1, STEP_ZEROS = 2 };
 
 /* What the vector table loops prefetch while they compute (into L2, PREFETCHT1), one line per 32
@@ -1136,16 +1137,18 @@ FP8REF_INLINE void amax_groups(const uint16_t *restrict x, int64_t rows, int64_t
     for (int64_t i = 0; i < ng; i++) a[i] = amax_row16(accs + 32 * i, 32, 0);
 }
 
-/* Whether band rows should take +-0 without a branch (STEP_ZEROS): where row holds more than one in
- * 2,048. Where a step holding one costs a mispredicted branch, STEP_ZEROS's one more instruction a
- * step is the cheaper from about one in 7,000 (x86-64-v3: 2.5% a step, ~50 cycles a branch).
- * FP8REF_BAND_ZEROS=0 or 1 forces the choice (tests). */
+/* Whether band rows should take +-0 without a branch (STEP_ZEROS): where `row` holds more than one
+ * in 4,096. Per channel, 512x8192 replayed, ns per input STEP_BAND / STEP_ZEROS with a share of the
+ * inputs +-0 (Zen 4): x86-64-v3 none 0.105 / 0.108, 1 in 8,192 0.106 / 0.108, in 4,096 0.109 / 0.108,
+ * in 2,048 0.111 / 0.108, in 256 0.149 / 0.108; VBMI none 0.078 / 0.079, in 4,096 0.080 / 0.079, in
+ * 256 0.136 / 0.078; AVX-512BW never slower (0.102 / 0.101 with none). FP8REF_BAND_ZEROS=0 or 1
+ * forces the choice (tests). */
 static int zeros_heavy(const uint16_t *row, int64_t n) {
     const char *force = getenv("FP8REF_BAND_ZEROS");
     if (force) return force[0] == '1';
     int64_t z = 0;
     for (int64_t k = 0; k < n; k++) z += (row[k] & 0x7FFFu) == 0;
-    return z * 2048 > n;
+    return z * 4096 > n;
 }
 
 /* band b's rows [lo, hi): rows [b*bh, b*bh + bh) of matrix b / nbr (nbr bands each), cut at its r2 rows */
