@@ -36,23 +36,25 @@ def peak_extra_rss(fn) -> int:
 
 
 def cpu_model() -> str:
-    """The CPU's model name and the x86 features the loops pick paths by (Linux's /proc/cpuinfo;
+    """The CPU's model name, family and model numbers (a VM's name alone, "AMD EPYC", does not tell
+    Zen 3 from Zen 4) and the x86 features the loops pick paths by (Linux's /proc/cpuinfo;
     platform.processor() elsewhere)."""
     import platform
 
-    model, flags = platform.processor() or platform.machine(), set()
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
+                if not line.strip():
+                    break  # the first processor's block
                 key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                if model and flags:
-                    break
+                info[key.strip()] = value.strip()
     except OSError:
         pass
+    model = info.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in info and "model" in info:
+        model += f", family {info['cpu family']} model {info['model']}"
+    flags = set(info.get("flags", "").split())
     shown = [f for f in ("avx2", "avx512f", "avx512bw", "avx512vbmi", "avx512_vnni") if f in flags]
     return f"{model} ({', '.join(shown) or 'no AVX2/AVX-512'})"
 
