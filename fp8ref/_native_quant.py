@@ -102,7 +102,7 @@ def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, co
                             _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
                             _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
                             0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
-                            0x100 if neg0 is None else neg0, int(stream), TAB_SLOTS)
+                            0x100 if neg0 is None else neg0, int(stream), TAB_SLOTS, 0xFFFFFFFF)
     job._keep = params, rne  # the job points into them
     return job
 
@@ -120,11 +120,14 @@ def _c_operands(operand: np.ndarray, rec: Recipe) -> tuple[np.ndarray, np.ndarra
 
 
 def c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, saturate, cast16, neg0,
-               codes, stream=False) -> bool:
-    """The C loop for the apply + encode steps with known operands; False where it does not apply."""
+               codes, stream=False, bound=None) -> bool:
+    """The C loop for the apply + encode steps with known operands; False where it does not apply.
+    ``bound``: the largest magnitude bits of any bfloat16 input, where known (its amax)."""
     job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
     if job is None:
         return False
+    if bound is not None:
+        job.bound = bound
     ops, usable = _c_operands(operand, rec)
     if not usable.all():
         return False

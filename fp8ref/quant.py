@@ -280,7 +280,7 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
     rounding = qa.rounding if rec.rounding == "from_args" else rec.rounding
     saturate = qa.saturate if rec.saturate == "from_args" else rec.saturate
     neg0 = fmt.sign_mask if rec.negative_zero == "positive" and fmt.has_negative_zero else None
-    done = False
+    done, bound = False, None
     if scale is not None:
         given, given_dtype = scale_array(scale, "scale", sshape)
         check_scale(given)
@@ -308,8 +308,10 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
                 raise ScaleError(f"amax: expected finite non-negative values, got {a[~ok][:3]}")
             reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
         stored, operand = (fused[1], None) if done else compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
+        if amax is None and not done and dtype == "bfloat16" and np.isfinite(top := np.max(a)):
+            bound = int(np.float32(top).view(np.uint32)) >> 16  # the amax of bfloat16 inputs: one of them
     if not done and not _native_quant.c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding,
-                                                 saturate, cast16, neg0, codes, stream):
+                                                 saturate, cast16, neg0, codes, stream, bound):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)
     return dict(codes=codes, scale=stored.reshape(sshape), format=fmt.name, granularity=qa.granularity,
                 recipe=rec.name, args=qa, scale_dtype=store, dtype=dtype, _recipe=rec)

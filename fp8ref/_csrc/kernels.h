@@ -64,6 +64,8 @@ typedef struct { /* quant._QuantJob */
     uint32_t tab_slots;   /* slots of a task's table cache, a power of two up to 65,536; 0: twice the
                            * task's operands, 8 to 1,024 (tests take others: 1 is what a failed
                            * allocation leaves) */
+    uint32_t bound;       /* the inputs' largest magnitude bits where the caller knows them (bfloat16,
+                           * its amax found from them), else 0xFFFFFFFF: rows_given's STEP_ZEROS */
 } quant_job;
 
 typedef struct { /* the declared-order fp32 GEMM, see matmul.c; tasks are column cuts */

@@ -115,7 +115,7 @@ static const fp8ref_field layout[] = {
     FIELD(quant_job, K), FIELD(quant_job, g), FIELD(quant_job, r2), FIELD(quant_job, bh), FIELD(quant_job, kind),
     FIELD(quant_job, exact), FIELD(quant_job, op), FIELD(quant_job, model), FIELD(quant_job, cast16),
     FIELD(quant_job, addend), FIELD(quant_job, clampv), FIELD(quant_job, neg0), FIELD(quant_job, stream),
-    FIELD(quant_job, tab_slots),
+    FIELD(quant_job, tab_slots), FIELD(quant_job, bound),
     STRUCT(mm_job), FIELD(mm_job, A), FIELD(mm_job, B), FIELD(mm_job, tab_a), FIELD(mm_job, tab_b),
     FIELD(mm_job, sa), FIELD(mm_job, sb), FIELD(mm_job, total), FIELD(mm_job, part), FIELD(mm_job, scratch),
     FIELD(mm_job, M), FIELD(mm_job, K), FIELD(mm_job, N), FIELD(mm_job, L), FIELD(mm_job, bk), FIELD(mm_job, KB),

@@ -465,9 +465,9 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
      (void)(zeros))
 #define NO_BAND_ROW_NEXT(x, dst, ng, g, tabs, fixes, pf_off, stream, zeros, next, accs) \
     (NO_BAND_ROW(x, dst, ng, g, tabs, fixes, pf_off, stream, zeros), (void)(next), (void)(accs))
-#define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, stream, t, f) \
+#define NO_TAB_LOOP(x, dst, n, rows, stride, dst_stride, pf, stream, zeros, t, f) \
     ((void)(x), (void)(dst), (void)(n), (void)(rows), (void)(stride), (void)(dst_stride), (void)(pf), \
-     (void)(stream), (void)(t), (void)(f)) /* a table loop not in this object */
+     (void)(stream), (void)(zeros), (void)(t), (void)(f)) /* a table loop not in this object */
 
 /* A vector step's test for the inputs it leaves to fix_lanes (its `top`). STEP_TILE: v = 0 (below the
  * table, and +-0, which the step codes itself) or v = 255 (past it). STEP_BAND: v = 0 alone, where no
@@ -480,7 +480,8 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
  * well). v 127 (from 127 to 254) looks up a step of at least base - (2^M - 1) >= 1 and saturates at
  * 127: the overflow code, as every such input's magnitude code is past 127. One more instruction a
  * step than STEP_BAND: taken where a task's first row holds many zeros (zeros_heavy), which otherwise
- * cost a mispredicted branch at each step holding one. */
+ * cost a mispredicted branch at each step holding one; by tiles too (rows_given: per tensor) where the
+ * caller gives the inputs' largest magnitude and it lies below v = 255 (quant_job.bound). */
 enum { STEP_BAND = 0, STEP_TILE = 1, STEP_ZEROS = 2 };
 
 /* What the vector table loops prefetch while they compute (into L2, PREFETCHT1), one line per 32
@@ -695,10 +696,13 @@ static inline __attribute__((always_inline)) avx2_consts avx2_consts_of(const bf
 }
 static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                                    int64_t rows, int64_t stride, int64_t dst_stride,
-                                                   const pf_plan *pf, int stream, const bf16_tab *t,
+                                                   const pf_plan *pf, int stream, int zeros, const bf16_tab *t,
                                                    const fix_ctx *f) {
     const avx2_consts K = avx2_consts_of(t);
-    TAB_WALK(32, avx2_step, stream, STEP_TILE, &K, t, f);
+    if (!zeros) /* the common copy first (BAND_ROW_COPIES) */
+        TAB_WALK(32, avx2_step, stream, STEP_TILE, &K, t, f);
+    else
+        TAB_WALK(32, avx2_step, stream, STEP_ZEROS, &K, t, f);
 }
 static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, const bf16_tab *t) {
     K->wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
@@ -836,9 +840,12 @@ FP8REF_VBMI static inline __attribute__((always_inline)) vbmi_consts vbmi_consts
 }
 FP8REF_VBMI static void tab_run_vbmi(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
                                           int64_t rows, int64_t stride, int64_t dst_stride, const pf_plan *pf,
-                                          int stream, const bf16_tab *t, const fix_ctx *f) {
+                                          int stream, int zeros, const bf16_tab *t, const fix_ctx *f) {
     const vbmi_consts K = vbmi_consts_of(t);
-    TAB_WALK(64, vbmi_step, stream, STEP_TILE, &K, f);
+    if (!zeros) /* the common copy first (BAND_ROW_COPIES) */
+        TAB_WALK(64, vbmi_step, stream, STEP_TILE, &K, f);
+    else
+        TAB_WALK(64, vbmi_step, stream, STEP_ZEROS, &K, f);
 }
 FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi_consts *K, const bf16_tab *t) {
     K->tlo = _mm512_loadu_si512(t->steps_j);
@@ -915,10 +922,13 @@ FP8REF_BW static inline __attribute__((always_inline)) bw_consts bw_consts_of(co
         .m128 = _mm512_set1_epi8(-128), .sh = _mm_cvtsi32_si128(8 - M)};
 }
 FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
-                                 int64_t stride, int64_t dst_stride, const pf_plan *pf, int stream,
+                                 int64_t stride, int64_t dst_stride, const pf_plan *pf, int stream, int zeros,
                                  const bf16_tab *t, const fix_ctx *f) {
     const bw_consts K = bw_consts_of(t);
-    TAB_WALK(64, bw_step, stream, STEP_TILE, &K, f);
+    if (!zeros) /* the common copy first (BAND_ROW_COPIES) */
+        TAB_WALK(64, bw_step, stream, STEP_TILE, &K, f);
+    else
+        TAB_WALK(64, bw_step, stream, STEP_ZEROS, &K, f);
 }
 FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_consts *K, const bf16_tab *t) {
     K->wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t));
@@ -959,13 +969,18 @@ FP8REF_BW __attribute__((noinline)) static void band_row_bw_next(BAND_ROW_NEXT_A
  * tile gathered by its amax pass), for the vector loops to read instead of src; or NULL. */
 FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t lo, int64_t hi, int64_t rows,
                                int64_t stride, int64_t ahead, const uint16_t *copy, float sv, const consts *c,
-                               bf16_tab *tab, int64_t count, int kind, int exact, int mode, int mul, int model) {
+                               bf16_tab *tab, int64_t count, int kind, int exact, int mode, int mul, int model,
+                               uint32_t zbound) {
     const int vbmi = c->vbmi;
     int fresh = !tab_holds(tab, sv);
     if (kind == BF16 && mode == RNE && (fresh ? count >= TAB_MIN : tab->ok)) {
         if (fresh) tab_build(tab, sv, c, exact, mul, model);
         if (tab->ok) {
             int64_t n = hi - lo, piece = n < TAB_CHUNK ? n : TAB_CHUNK, words = (piece + 63) / 64;
+            /* STEP_ZEROS (see there) where the caller asks (zbound: every input's magnitude bits at most
+             * this, else above 0x7FFF), no input reaches v = 255, and +-0 code as 0x00 and 0x80 */
+            const int zeros = zbound <= 0x7FFFu && tab->zero_p == 0 && tab->zero_n == 0x80u &&
+                              (zbound >> (7 - tab->shift)) < (uint32_t)((tab->eb << tab->shift) + 255);
             /* streamed straight from the vector loops where every run starts on a line (pieces start
              * TAB_CHUNK apart), else by stream_copy from buf, whatever the offsets */
             const int direct = c->stream && ((uintptr_t)(dst + lo) & 63u) == 0 && (rows == 1 || (stride & 63) == 0);
@@ -989,7 +1004,8 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                             const int64_t g = nr - r1 < grp ? nr - r1 : grp, os = buffered2 ? len : stride;
                             uint8_t *og = buffered2 ? buf : dst + at + r1 * stride;
                             const pf_plan pp = {pf ? pf + r1 * stride : NULL, len, g, stride};
-                            tab_run_avx2(xv + r1 * xs, og, len, g, xs, os, &pp, direct && CAN_STREAM, tab, &f);
+                            tab_run_avx2(xv + r1 * xs, og, len, g, xs, os, &pp, direct && CAN_STREAM, zeros, tab,
+                                         &f);
                             for (int64_t r = 0; buffered2 && r < g; r++)
                                 stream_copy(dst + at + (r1 + r) * stride, buf + r * len, len);
                         }
@@ -1014,9 +1030,9 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
                     int64_t os = buffered ? len : stride;
                     const pf_plan pp = {pf, len, nr, stride};
                     if (vbmi)
-                        tab_run_vbmi(xv, out, len, nr, xs, os, &pp, direct, tab, &f);
+                        tab_run_vbmi(xv, out, len, nr, xs, os, &pp, direct, zeros, tab, &f);
                     else
-                        tab_run_bw(xv, out, len, nr, xs, os, &pp, direct, tab, &f);
+                        tab_run_bw(xv, out, len, nr, xs, os, &pp, direct, zeros, tab, &f);
                     if (buffered)
                         for (int64_t r = 0; r < nr; r++) stream_copy(dst + at + r * stride, buf + r * len, len);
                 }
@@ -1028,6 +1044,20 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
         segment(src, dst, lo + r * stride, hi + r * stride, sv, c, kind, exact, mode, mul, model);
 }
 
+/* Whether band rows (and tiles under a bound) should take +-0 without a branch (STEP_ZEROS): where
+ * `row` holds more than one in 4,096. Per channel, 512x8192 replayed, ns per input STEP_BAND /
+ * STEP_ZEROS with a share of the inputs +-0 (Zen 4): x86-64-v3 none 0.105 / 0.108, 1 in 8,192 0.106 / 0.108, in 4,096 0.109 / 0.108,
+ * in 2,048 0.111 / 0.108, in 256 0.149 / 0.108; VBMI none 0.078 / 0.079, in 4,096 0.080 / 0.079, in
+ * 256 0.136 / 0.078; AVX-512BW never slower (0.102 / 0.101 with none). FP8REF_BAND_ZEROS=0 or 1
+ * forces the choice (tests). */
+static int zeros_heavy(const uint16_t *row, int64_t n) {
+    const char *force = getenv("FP8REF_BAND_ZEROS");
+    if (force) return force[0] == '1';
+    int64_t z = 0;
+    for (int64_t k = 0; k < n; k++) z += (row[k] & 0x7FFFu) == 0;
+    return z * 4096 > n;
+}
+
 /* rows [r0, r1): row r's operands start at s[s_off[r]], one per g elements. Last row first: a
  * per-tensor quantize has just read the rows first to last for its amax (same split), so the
  * rows still in the last-level cache come first and only the rest is read from memory again. */
@@ -1036,13 +1066,17 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
     const consts c = consts_of(j, TABLE_VBMI(kind, mode));
     tab_cache tabs;
     tab_cache_init(&tabs, j->tab_slots, (r1 - r0) * ((j->K + j->g - 1) / j->g));
+    /* the inputs' bound where the caller knows one and the task's first row holds many +-0 */
+    const uint32_t zbound = kind == BF16 && j->bound <= 0x7FFFu && r1 > r0 &&
+                                    zeros_heavy((const uint16_t *)j->src + (r1 - 1) * j->K, j->K)
+                                ? j->bound : 0xFFFFFFFFu;
     for (int64_t r = r1 - 1; r >= r0; r--) {
         const float *srow = j->s + j->s_off[r];
         for (int64_t k0 = 0; k0 < j->K; k0 += j->g) {
             int64_t k1 = k0 + j->g < j->K ? k0 + j->g : j->K;
             segment_tab(j->src, j->dst, r * j->K + k0, r * j->K + k1, 1, 0, -j->K, NULL, srow[k0 / j->g], &c,
-                        tab_slot(&tabs, srow[k0 / j->g]),
-                        k1 - k0, kind, exact, mode, mul, model); /* prefetching the row done next */
+                        tab_slot(&tabs, srow[k0 / j->g]), k1 - k0, kind, exact, mode, mul, model,
+                        zbound); /* prefetching the row done next */
         }
     }
     tab_cache_free(&tabs);
@@ -1135,20 +1169,6 @@ FP8REF_INLINE void amax_groups(const uint16_t *restrict x, int64_t rows, int64_t
 #endif
         }
     for (int64_t i = 0; i < ng; i++) a[i] = amax_row16(accs + 32 * i, 32, 0);
-}
-
-/* Whether band rows should take +-0 without a branch (STEP_ZEROS): where `row` holds more than one
- * in 4,096. Per channel, 512x8192 replayed, ns per input STEP_BAND / STEP_ZEROS with a share of the
- * inputs +-0 (Zen 4): x86-64-v3 none 0.105 / 0.108, 1 in 8,192 0.106 / 0.108, in 4,096 0.109 / 0.108,
- * in 2,048 0.111 / 0.108, in 256 0.149 / 0.108; VBMI none 0.078 / 0.079, in 4,096 0.080 / 0.079, in
- * 256 0.136 / 0.078; AVX-512BW never slower (0.102 / 0.101 with none). FP8REF_BAND_ZEROS=0 or 1
- * forces the choice (tests). */
-static int zeros_heavy(const uint16_t *row, int64_t n) {
-    const char *force = getenv("FP8REF_BAND_ZEROS");
-    if (force) return force[0] == '1';
-    int64_t z = 0;
-    for (int64_t k = 0; k < n; k++) z += (row[k] & 0x7FFFu) == 0;
-    return z * 4096 > n;
 }
 
 /* band b's rows [lo, hi): rows [b*bh, b*bh + bh) of matrix b / nbr (nbr bands each), cut at its r2 rows */
@@ -1328,7 +1348,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                 float sv = j->table[a[jg - j0]];
                 segment_tab(j->src, j->dst, lo * j->K + k0, lo * j->K + k1, hi - lo, j->K, ahead,
                             gather ? tile : NULL, sv, &c, tab_slot(&tabs, sv),
-                            (hi - lo) * (k1 - k0), kind, exact, mode, mul, model);
+                            (hi - lo) * (k1 - k0), kind, exact, mode, mul, model, 0xFFFFFFFFu);
             }
         }
     }

@@ -475,14 +475,14 @@ def test_band_rows_nonfinite(monkeypatch, loop, gran):
         assert_same(fast, slow)
 
 
-def _zero_heavy_rows(seed):
+def _zero_heavy_rows(seed, top=250):
     """24 rows of 12,288: each holds every bfloat16 magnitude of the 41 binades up to its largest,
-    (E_top, 127), E_top from 90 to 250, with both signs, and 1,792 +-0, shuffled: every
+    (E_top, 127), E_top from 90 to `top`, with both signs, and 1,792 +-0, shuffled: every
     input below, at and above the table's first binade E_b (about E_top - 15 for e4m3), the inputs
     2^(7-M) binades or more below E_b (whose v saturates at -128) and those just above them."""
     rng = np.random.default_rng(seed)
     rows = []
-    for e_top in np.linspace(90, 250, 24).astype(int):
+    for e_top in np.linspace(90, top, 24).astype(int):
         mags = (np.arange(e_top - 40, e_top + 1)[:, None] << 7 | np.arange(128)).reshape(-1).astype(np.uint16)
         bits = np.concatenate([mags, mags | 0x8000, np.zeros(1536, np.uint16), np.full(1536, 0x8000, np.uint16)])
         rows.append(rng.permutation(np.resize(bits, 12288)))
@@ -496,17 +496,20 @@ _ZERO_RECIPES = [("fp8ref", "float8_e4m3fn"), ("fp8ref", "float8_e5m2"), ("fp8re
 @pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream", "avx2"])
 @pytest.mark.parametrize("force", ["1", None])
 @pytest.mark.parametrize("recipe,fmt,gran", [(r, f, g) for r, f in _ZERO_RECIPES
-                                             for g in ("channel", "block") if _takes(r, g)])
+                                             for g in ("channel", "block", "tensor") if _takes(r, g)])
 def test_band_rows_take_zeros(monkeypatch, loop, force, recipe, fmt, gran):
     """Band rows of a task whose first row holds many +-0 take them without a branch (STEP_ZEROS in
     _csrc/quant.c: v signed, -128 taking +-0's codes), by zeros_heavy's choice or forced
-    (FP8REF_BAND_ZEROS=1), on every magnitude around the table's first binade; e4m3fnuz, whose -0 is
-    +0's code, keeps the test and branch (bands_fused checks zero_n)."""
+    (FP8REF_BAND_ZEROS=1), on every magnitude around the table's first binade; per tensor the tiles
+    take them so too (the amax bounds every input: quant_job.bound); e4m3fnuz, whose -0 is +0's
+    code, keeps the test and branch (its zero_n)."""
     into = _loop(monkeypatch, loop)
     if force:
         monkeypatch.setenv("FP8REF_BAND_ZEROS", force)
     extra = {"block_shape": (2, 128)} if gran == "block" else {}
-    x = _zero_heavy_rows(seed=27)
+    # per tensor one scale: a largest E_top of 150 keeps the tables' vector loops (their windows
+    # must reach 31 binades past E_b below the first infinite quotient)
+    x = _zero_heavy_rows(seed=27, top=150 if gran == "tensor" else 250)
     assert_same(*both(monkeypatch, x, QuantArgs(format=fmt, granularity=gran, **extra), into=into, recipe=recipe))
 
 
