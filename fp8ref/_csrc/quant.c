@@ -329,6 +329,13 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     t->fast = win_ok;
     t->ok = 1;
 }
+/* whether every input of magnitude bits at most a lies below v = 255 in t: no step need look for
+ * inputs past the table (STEP_BAND, STEP_ZEROS) */
+FP8REF_INLINE int tab_below_top(const bf16_tab *t, uint32_t a) {
+    return (a >> (7 - t->shift)) < (uint32_t)((t->eb << t->shift) + 255);
+}
+/* whether t codes +-0 as STEP_ZEROS gives them, 0x00 and 0x80 (not e4m3fnuz: its -0 is 0x00) */
+FP8REF_INLINE int tab_signed_zeros(const bf16_tab *t) { return t->zero_p == 0 && t->zero_n == 0x80u; }
 
 #define SEL16(c, a, b) ((uint16_t)((b) ^ (((a) ^ (b)) & (uint16_t)(0u - (uint32_t)(c)))))
 
@@ -866,6 +873,12 @@ FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NE
  * compares as masks that add one each; one qword permute puts the codes back in input order. Called
  * as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
+/* a lane mask in packed order, in input order */
+static inline uint64_t in_input_order(uint64_t packed) {
+    uint64_t m = 0;
+    for (int g = 0; packed && g < 8; g++) m |= ((packed >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
+    return m;
+}
 typedef struct {
     __m512i wt, wb1, wb2, ebm, lmask, opv, zp, zn, s80, one, two, order, m128;
     __m128i sh;
@@ -887,8 +900,8 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16
         const __mmask64 neg = _mm512_movepi8_mask(v), slow = _mm512_mask_cmpgt_epi8_mask(neg, v, K->m128);
         __m512i c = _mm512_maskz_min_epi8(~neg, _mm512_adds_epi8(v, st), K->opv);
         c = _mm512_ternarylogic_epi32(c, sgn, K->s80, 0xF8); /* c | (sgn & 0x80) */
-        for (int g = 0; slow && g < 8; g++) in_order |= ((slow >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
-        step_store(dst, left, stream, all, step_fix(x, in_order & all, _mm512_permutexvar_epi64(K->order, c), f));
+        in_order = in_input_order(slow) & all;
+        step_store(dst, left, stream, all, step_fix(x, in_order, _mm512_permutexvar_epi64(K->order, c), f));
         return;
     }
     __m512i c = _mm512_min_epu8(_mm512_adds_epu8(v, st), K->opv);
@@ -901,9 +914,7 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16
         const __mmask64 zm = _mm512_movepi8_mask(z), neg = _mm512_movepi8_mask(sgn);
         c = _mm512_mask_blend_epi8(zm & ~neg, c, K->zp);
         c = _mm512_mask_blend_epi8(zm & neg, c, K->zn);
-        slow &= ~zm;
-        for (int g = 0; g < 8; g++) in_order |= ((slow >> (8 * g)) & 0xFFu) << (8 * pack_group[g]);
-        in_order &= all;
+        in_order = in_input_order(slow & ~zm) & all;
     }
     c = step_fix(x, in_order, _mm512_permutexvar_epi64(K->order, c), f);
     step_store(dst, left, stream, all, c);
@@ -979,8 +990,7 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
             int64_t n = hi - lo, piece = n < TAB_CHUNK ? n : TAB_CHUNK, words = (piece + 63) / 64;
             /* STEP_ZEROS (see there) where the caller asks (zbound: every input's magnitude bits at most
              * this, else above 0x7FFF), no input reaches v = 255, and +-0 code as 0x00 and 0x80 */
-            const int zeros = zbound <= 0x7FFFu && tab->zero_p == 0 && tab->zero_n == 0x80u &&
-                              (zbound >> (7 - tab->shift)) < (uint32_t)((tab->eb << tab->shift) + 255);
+            const int zeros = zbound <= 0x7FFFu && tab_signed_zeros(tab) && tab_below_top(tab, zbound);
             /* streamed straight from the vector loops where every run starts on a line (pieces start
              * TAB_CHUNK apart), else by stream_copy from buf, whatever the offsets */
             const int direct = c->stream && ((uintptr_t)(dst + lo) & 63u) == 0 && (rows == 1 || (stride & 63) == 0);
@@ -1046,10 +1056,10 @@ FP8REF_INLINE void segment_tab(const void *src, uint8_t *restrict dst, int64_t l
 
 /* Whether band rows (and tiles under a bound) should take +-0 without a branch (STEP_ZEROS): where
  * `row` holds more than one in 4,096. Per channel, 512x8192 replayed, ns per input STEP_BAND /
- * STEP_ZEROS with a share of the inputs +-0 (Zen 4): x86-64-v3 none 0.105 / 0.108, 1 in 8,192 0.106 / 0.108, in 4,096 0.109 / 0.108,
- * in 2,048 0.111 / 0.108, in 256 0.149 / 0.108; VBMI none 0.078 / 0.079, in 4,096 0.080 / 0.079, in
- * 256 0.136 / 0.078; AVX-512BW never slower (0.102 / 0.101 with none). FP8REF_BAND_ZEROS=0 or 1
- * forces the choice (tests). */
+ * STEP_ZEROS with a share of the inputs +-0 (Zen 4): x86-64-v3 none 0.105 / 0.108, 1 in 8,192
+ * 0.106 / 0.108, in 4,096 0.109 / 0.108, in 2,048 0.111 / 0.108, in 256 0.149 / 0.108; VBMI none
+ * 0.078 / 0.079, in 4,096 0.080 / 0.079, in 256 0.136 / 0.078; AVX-512BW never slower (0.102 /
+ * 0.101 with none). FP8REF_BAND_ZEROS=0 or 1 forces the choice (tests). */
 static int zeros_heavy(const uint16_t *row, int64_t n) {
     const char *force = getenv("FP8REF_BAND_ZEROS");
     if (force) return force[0] == '1';
@@ -1301,10 +1311,10 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                     const bf16_tab *t = tp[jg - j0], *t0 = tp[0]; /* and band_row_* keeps t0's other constants */
                     ok &= tab_holds(t, fx[jg - j0].sv) && t->ok && t->fast && t->shift == t0->shift &&
                           t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n &&
-                          /* the group's amax, and so every input of it, below v = 255: band-row steps may
-                           * test v = 0 alone (top = 0; a NaN or Inf goes by tiles) */
-                          (a[jg - j0] >> (7 - t->shift)) < (t->eb << t->shift) + 255;
-                    zok &= t->zero_p == 0 && t->zero_n == 0x80u; /* STEP_ZEROS's codes for v -128 */
+                          /* the group's amax, and so every input of it: band-row steps need not look for
+                           * inputs past the table (STEP_BAND; a NaN or Inf goes by tiles) */
+                          tab_below_top(t, a[jg - j0]);
+                    zok &= tab_signed_zeros(t);
                 }
                 if (ok) {
                     /* the next unit (the band's next run, or the next band's first: row r - lo of it
