@@ -69,6 +69,40 @@ def load_average() -> str:
         return "unknown"
 
 
+def quantize_tasks(w, qa, out, stream: bool = True, lib=None):
+    """The C tasks one ``fp8ref.quantize(w, qa, out=out)`` call runs, captured (that call runs them
+    once), as a function that runs them again on the calling thread with nothing else: the loops' own
+    cost, without the call's Python, its table look-ups and its allocations. ``stream``: the codes
+    written around the cache, as an 8192x8192 weight's are, whatever the size. The tasks of `lib` (a
+    build's library, tools/ab_kernels.py), else fp8ref's, bound to the level current at the capture;
+    `out` must stay alive while the function is used (the tasks write into it)."""
+    import ctypes
+
+    from fp8ref import _native
+    from fp8ref.quant import quantize
+
+    captured, real = [], _native.parallel
+
+    def capture(task, job, n, **kw):
+        captured.append((getattr(_native.kernels() if lib is None else lib, task), job, n, kw.get("keep")))
+        return real(task, job, n, **kw)
+
+    _native.parallel = capture
+    try:
+        quantize(w, qa, out=out)
+    finally:
+        _native.parallel = real
+    for _fn, job, _n, _keep in captured:
+        if hasattr(job, "stream"):
+            job.stream = int(stream)
+
+    def again() -> None:
+        for fn, job, n, _keep in captured:
+            fn(ctypes.byref(job), 0, n)
+
+    return again
+
+
 # The peer "reading both files": every byte of the given files into one reused 64 MiB buffer, unbuffered;
 # run as `python -c READ_FILES FILE...`, it prints its seconds (bench_models.py, bench_verify.py).
 READ_FILES = r"""

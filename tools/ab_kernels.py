@@ -14,7 +14,7 @@ replaces (a loop ran at 0.082 and 0.124 ns per input built the two ways; the cac
 Whole calls (default): each round runs every library in turn (the order rotating), each quantize right
 after a ``copy_`` of the weight, as benchmarks/bench_isa.py times it, and checks that all libraries
 wrote the same codes; it prints min / median ms per library and the ratio to ``copy_`` (3 bytes per
-element counted against its 4). ``--replay``: the C task of one quantize call, captured and run
+element counted against its 4). ``--replay``: the C tasks of one quantize call, captured and run
 again ``--calls`` times on one thread with nothing between: the loops' own cost in ns per input
 (on a weight that fits the last-level cache with the default ``--rows 512``; the codes streamed, as
 large weights' are, unless ``--no-stream``). Differences of a few
@@ -24,7 +24,6 @@ percent need several runs: the machine's memory speed moves from process to proc
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import torch  # noqa: E402
-from _util import cpu_model  # noqa: E402 - the benchmarks' header helper
+from _util import cpu_model, quantize_tasks  # noqa: E402 - the benchmarks' helpers
 
 from fp8ref import _native  # noqa: E402
 from fp8ref.quant import QuantArgs, quantize  # noqa: E402
@@ -84,30 +83,16 @@ def whole_calls(libs: dict, qa: QuantArgs, w: torch.Tensor, rounds: int) -> None
 
 
 def replay(libs: dict, qa: QuantArgs, w: torch.Tensor, calls: int, rounds: int, stream: bool) -> None:
-    captured = []
-    real = _native.parallel
-
-    def capture(task, job, n, **kw):
-        captured.append((task, job, n, kw.get("keep")))
-        return real(task, job, n, **kw)
-
-    _native.parallel = capture
-    out = torch.zeros(w.shape, dtype=torch.uint8)  # the job writes into it: alive while it is replayed
-    try:
-        quantize(w, qa, out=out)
-    finally:
-        _native.parallel = real
-    task, job, n, _keep = [c for c in captured if c[0].startswith("fp8ref_quant")][-1]
-    job.stream = int(stream)
-    fns = {path: getattr(lib, task) for path, lib in libs.items()}
+    out = torch.zeros(w.shape, dtype=torch.uint8)  # the tasks write into it: alive while they are replayed
+    runs = {path: quantize_tasks(w, qa, out, stream, lib) for path, lib in libs.items()}
     ns = {p: [] for p in libs}
     for _ in range(rounds):
-        for path, fn in fns.items():
+        for path, again in runs.items():
             t0 = time.perf_counter()
             for _ in range(calls):
-                fn(ctypes.byref(job), 0, n)
+                again()
             ns[path].append((time.perf_counter() - t0) / calls / w.numel() * 1e9)
-    print(f"{task}, one thread, {calls} calls a round: ns per input")
+    print(f"the C tasks of one quantize call, one thread, {calls} calls a round: ns per input")
     for path, t in ns.items():
         print(f"  {os.path.basename(path):24} min {min(t):.4f}  median {statistics.median(t):.4f}")
 

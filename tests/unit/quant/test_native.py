@@ -280,3 +280,24 @@ def test_use_level_rebinds_the_loops_and_refuses_a_level_the_cpu_does_not_run():
             _native.use_level("x86-64-v9")
     finally:
         _native.use_level(bound)
+
+
+@needs_c
+@pytest.mark.parametrize("qa", [QuantArgs(granularity="channel"), QuantArgs(granularity="tensor"),
+                                QuantArgs(granularity="block", block_shape=(128, 128))], ids=str)
+def test_replayed_quantize_tasks_write_the_call_s_codes(qa):
+    """benchmarks/_util.quantize_tasks (bench_isa.py's CPU-time table, tools/ab_kernels.py --replay):
+    the captured C tasks, run again into a cleared buffer, write the codes the quantize call wrote."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks"))
+    try:
+        from _util import quantize_tasks
+    finally:
+        sys.path.pop(0)
+    w = (torch.randn(256, 1024, generator=torch.Generator().manual_seed(3)) * 0.02).bfloat16()
+    want = quantize(w, qa).codes
+    out = torch.zeros(w.shape, dtype=torch.uint8)
+    again = quantize_tasks(w, qa, out)
+    assert torch.equal(out, want.view(torch.uint8))
+    out.zero_()
+    again()
+    assert torch.equal(out, want.view(torch.uint8))
