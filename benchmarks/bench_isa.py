@@ -176,27 +176,10 @@ def run(threads: int, rows: int, cols: int, n: int, repeat: int, spread: float, 
     return max(4 * wn / min(t["copy_ w"]) / 1e9 for t in times.values())
 
 
-def copy_rate(rows: int, cols: int, repeat: int) -> float:
-    """One thread's ``copy_`` of a rows x cols bfloat16 weight in GB/s (4 bytes per element), the best
-    of `repeat`, each after a ``copy_`` of EVICT_BYTES as run() times it (where run() did not time one)"""
-    torch.set_num_threads(1)
-    w = torch.ones(rows, cols, dtype=torch.bfloat16)
-    w_copy = torch.empty_like(w)
-    evict_src = torch.ones(EVICT_BYTES, dtype=torch.uint8)
-    evict_dst = torch.empty_like(evict_src)
-    best = float("inf")
-    for _ in range(repeat + 1):  # the first touches every page
-        evict_dst.copy_(evict_src)
-        t0 = time.perf_counter()
-        w_copy.copy_(w)
-        best = min(best, time.perf_counter() - t0)
-    return 4 * w.numel() / best / 1e9
-
-
 def cpu_per_input(rows: int, cols: int, repeat: int, spread: float) -> tuple[dict, int]:
     """CPU time (``time.process_time``: robust to other processes' load) per input of the C tasks of
-    each quantize case (_util.quantize_tasks: without the call's own cost, ~90 us in Python and
-    allocations at 512x8192 on Zen 4, 0.02 ns per input there, 0.001 at 8192x8192) on one thread, on a
+    each quantize case (_util.quantize_tasks: without the call's own cost, ~90 us at 512x8192 on
+    Zen 4, ~50 us of it Python: 0.02 ns per input there, 0.001 at 8192x8192) on one thread, on a
     weight that stays in the last-level cache (``--cpu-rows`` x ``--cols`` bfloat16: 8 MiB by default
     inside a 32 MiB L3), so that the loops' own cost is measured, not the memory's; the codes streamed
     as they are at 8192x8192. Returns the times (ns per input, per level and case) and the calls per
@@ -224,17 +207,21 @@ def cpu_per_input(rows: int, cols: int, repeat: int, spread: float) -> tuple[dic
     return times, calls
 
 
-def print_cpu(times: dict, calls: int, rows: int, cols: int, spread: float, rate: float, of: str) -> None:
-    """cpu_per_input's table, against a one-thread ``copy_`` of R GB/s (`of` says which): 0.8 of it
-    allows 3 / (0.8 R) ns per input (3 bytes per input), and t ns per input reaches at most 3 / (t R)."""
+def print_cpu(times: dict, calls: int, rows: int, cols: int, spread: float, rate: float | None, of: str) -> None:
+    """cpu_per_input's table, against a one-thread ``copy_`` of R GB/s (`of` says which; None where
+    the run timed none): 0.8 of it allows 3 / (0.8 R) ns per input (3 bytes per input), and t ns per
+    input reaches at most 3 / (t R)."""
     print(f"\n1 thread, CPU time per input (ns) of the C tasks of quantize bf16 {rows}x{cols}{spread_note(spread)} "
           f"into out= (cache-resident, codes streamed), {calls} calls per cell; each cell min / median over the "
           f"rounds, then the ratio to copy_ the min allows")
-    print(f"  one-thread copy_ {of}: {rate:.1f} GB/s; 0.8 of it allows "
-          f"{3 / (0.8 * rate):.3f} ns per input")
+    if rate is None:
+        print("  no one-thread copy_ timed (--threads without 1): no ceilings")
+    else:
+        print(f"  one-thread copy_ {of}: {rate:.1f} GB/s; 0.8 of it allows {3 / (0.8 * rate):.3f} ns per input")
     print(f"  {'level':18}" + "".join(f"{k:>26}" for k in QUANTIZE))
     for label, t in times.items():
-        cells = [f"{min(v):.3f} / {statistics.median(v):.3f} (<= {3 / (min(v) * rate):.2f})" for v in t.values()]
+        cells = [f"{min(v):.3f} / {statistics.median(v):.3f}" + (f" (<= {3 / (min(v) * rate):.2f})" if rate else "")
+                 for v in t.values()]
         print(f"  {label:18}" + "".join(f"{c:>26}" for c in cells))
 
 
@@ -265,10 +252,7 @@ def main() -> None:
             best = run(threads, rows, cols, a.n, a.repeat, a.spread, with_encode=i == 0)
             rate = best if threads == 1 and i == 0 else rate
     if cpu:
-        of = f"of {first[0]}x{first[1]} bf16, best in its table above"
-        if rate is None:
-            rate, of = copy_rate(*first, a.repeat), f"of {first[0]}x{first[1]} bf16, best of {a.repeat}"
-        print_cpu(*cpu, a.cpu_rows, a.cols, a.spread, rate, of)
+        print_cpu(*cpu, a.cpu_rows, a.cols, a.spread, rate, f"of {first[0]}x{first[1]} bf16, best in its table above")
     print(f"\nload average {load_average()} (end)")
 
 
