@@ -188,6 +188,8 @@ typedef struct {
      * tables repeat every 2^M bytes: vpshufb indexes them by v's low four bits. */
     uint8_t win_t[16], win_b1m1[16], win_b2m1[16]; /* the b's less one, W - 1: none */
     int fast; /* the overflow, sign and range rules fit the vector loops, and the windows hold */
+    uint32_t ebm2; /* E_b 2^M in both halves: the AVX2 band row's group switch broadcasts it from memory
+                    * (blocks replayed ~3% faster than a shift and a broadcast from a register) */
 } bf16_tab;
 
 /* elements per operand worth a build; inputs per vector-loop call (at most: the buffer's size,
@@ -299,6 +301,7 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
     for (; i < 8; i++) t->t[i] = 128, t->tm1[i] = 127;
     for (int m = 0; m < 128; m++) t->steps_j[m] = (uint8_t)(out[m] - (m >> (7 - M))); /* >= base - 2^M + 1 > 0 */
     t->lo = (uint16_t)(eb << 7), t->hi = (uint16_t)(top << 7), t->eb = (uint16_t)eb, t->base = (uint16_t)base;
+    t->ebm2 = (uint32_t)(eb << M) * 0x00010001u;
     t->shift = (uint16_t)M, t->maxmag = (uint16_t)p->maxmag, t->signbit = (uint16_t)p->signbit;
     t->ovf_p = out[131], t->ovf_n = out[132], t->zero_p = out[129], t->zero_n = out[130];
     /* The window loops' tables. Between consecutive t_i (midpoints) the exact quotient moves by one
@@ -333,6 +336,15 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
  * inputs past the table (STEP_BAND, STEP_ZEROS) */
 FP8REF_INLINE int tab_below_top(const bf16_tab *t, uint32_t a) {
     return (a >> (7 - t->shift)) < (uint32_t)((t->eb << t->shift) + 255);
+}
+/* whether no input of magnitude bits at most a codes past t's overflow code (the magnitude codes
+ * grow with a): the AVX2 band-row step leaves out the overflow rule (STEP_BAND) */
+FP8REF_INLINE int tab_no_overflow(const bf16_tab *t, uint32_t a) {
+    const uint32_t e = a >> 7, m = a & 0x7Fu;
+    if (e < t->eb) return 1; /* below the table: every input goes to fix_lanes */
+    uint32_t code = t->base + ((e - t->eb) << t->shift);
+    for (int i = 0; i < 8; i++) code += m >= t->t[i];
+    return code <= t->ovf_p;
 }
 /* whether t codes +-0 as STEP_ZEROS gives them, 0x00 and 0x80 (not e4m3fnuz: its -0 is 0x00) */
 FP8REF_INLINE int tab_signed_zeros(const bf16_tab *t) { return t->zero_p == 0 && t->zero_n == 0x80u; }
@@ -478,7 +490,10 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
 
 /* A vector step's test for the inputs it leaves to fix_lanes (its `top`). STEP_TILE: v = 0 (below the
  * table, and +-0, which the step codes itself) or v = 255 (past it). STEP_BAND: v = 0 alone, where no
- * input reaches v = 255 (band rows: the caller checked every group's amax). STEP_ZEROS, band rows too:
+ * input reaches v = 255 (band rows: the caller checked every group's amax); the AVX2 step then also
+ * leaves out the overflow rule, where no input codes past the overflow code (tab_no_overflow: one
+ * instruction a step fewer; with two steps to a test, band rows per channel 8-10% faster, measured in
+ * tools/ab_kernels.py --replay). STEP_ZEROS, band rows too:
  * v signed, saturated to [-128, 127], so that +-0 codes without a test or a branch. v = -128: +-0 and
  * the inputs 2^(7-M) binades or more below E_b, whose values (binade E_b - 1 lies below 2^(emin+1),
  * each one lower halves) lie below 2^(emin-14), under half the smallest subnormal 2^(emin-M): they round
@@ -621,11 +636,14 @@ static inline __attribute__((always_inline)) __m256i avx2_acc_max(__m256i acc, c
     return _mm256_max_epu16(acc, _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), mask),
                                                   _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 16)), mask)));
 }
+static inline __attribute__((always_inline)) __m256i avx2_acc_max2(__m256i acc, const uint16_t *p) {
+    return avx2_acc_max(avx2_acc_max(acc, p), p + 32);
+}
 #endif
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
- * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (25 in band rows; the compiler's tab_run
- * takes ~90): in 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one
+ * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (24 in band rows, which take two steps
+ * to a test and no overflow rule: STEP_BAND; the compiler's tab_run takes ~90): in 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one
  * saturating subtraction: 0 below E_b), packed to bytes with unsigned saturation; then three 16-byte
  * lookups by v (win_*: tab_build), two compares with l, one saturating add (v >= 128 looks up zeros
  * and overflows whatever it adds), overflow by min and the sign by OR. v = 0 (below the table, and
@@ -636,6 +654,60 @@ typedef struct {
     __m256i wt, wb1, wb2, ebm, lmask, opv, s80, zp, zn, bias, edge, zero;
     __m128i sh;
 } avx2_consts;
+#define AVX2_ORDER(c) _mm256_permute4x64_epi64((c), 0xD8) /* packed byte order back to input order */
+/* the codes of the 32 inputs at x in packed byte order (inputs 0-7, 16-23 | 8-15, 24-31), and in *bits
+ * the lanes (packed order) that `top` leaves to avx2_fix */
+static inline __attribute__((always_inline)) __m256i avx2_codes(const uint16_t *x, int top, const avx2_consts *K,
+                                                                uint32_t *bits) {
+    const __m256i h0 = _mm256_loadu_si256((const __m256i *)x), h1 = _mm256_loadu_si256((const __m256i *)(x + 16));
+    const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
+    const __m256i l = _mm256_packus_epi16(_mm256_and_si256(h0, K->lmask), _mm256_and_si256(h1, K->lmask));
+    const __m256i sgn = _mm256_packs_epi16(h0, h1); /* bit 7: the input's sign */
+    const __m256i e0 = _mm256_srl_epi16(a0, K->sh), e1 = _mm256_srl_epi16(a1, K->sh);
+    const __m256i v = top == STEP_ZEROS ? _mm256_packs_epi16(_mm256_sub_epi16(e0, K->ebm), _mm256_sub_epi16(e1, K->ebm))
+                                        : _mm256_packus_epi16(_mm256_subs_epu16(e0, K->ebm), _mm256_subs_epu16(e1, K->ebm));
+    const __m256i c1 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb1, v)); /* -1 where true */
+    const __m256i c2 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb2, v));
+    const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(K->wt, v), _mm256_add_epi8(c1, c2));
+    if (top == STEP_ZEROS) { /* v -128: +-0's codes (max with 0, then the sign); v + 127 below 0: -128, or past 0 */
+        *bits = ~(uint32_t)_mm256_movemask_epi8(_mm256_add_epi8(v, K->bias));
+        return _mm256_or_si256(_mm256_max_epi8(_mm256_min_epi8(_mm256_adds_epi8(v, st), K->opv), K->zero),
+                               _mm256_and_si256(sgn, K->s80));
+    }
+    /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed); v = 0 alone where no
+     * v reaches 255 (STEP_BAND) */
+    *bits = (uint32_t)_mm256_movemask_epi8(top == STEP_TILE ? _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge)
+                                                            : _mm256_cmpeq_epi8(v, K->zero));
+    if (top == STEP_BAND) /* no overflow: the caller checked (tab_no_overflow) */
+        return _mm256_or_si256(_mm256_add_epi8(v, st), _mm256_and_si256(sgn, K->s80));
+    return _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), K->opv), _mm256_and_si256(sgn, K->s80));
+}
+/* avx2_codes' code for x in input order, with its lanes `bits` (nonzero) coded: +-0 here (but for
+ * STEP_ZEROS, which coded them), the rest by fix_lanes */
+static inline __attribute__((always_inline)) __m256i avx2_fix(const uint16_t *x, __m256i code, uint32_t bits, int top,
+                                                                const avx2_consts *K, const fix_ctx *f) {
+    if (top != STEP_ZEROS) {
+        const __m256i h0 = _mm256_loadu_si256((const __m256i *)x), h1 = _mm256_loadu_si256((const __m256i *)(x + 16));
+        const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(_mm256_add_epi16(h0, h0), K->zero),
+                                             _mm256_cmpeq_epi16(_mm256_add_epi16(h1, h1), K->zero));
+        code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(K->zp, K->zn, _mm256_packs_epi16(h0, h1)), z);
+        bits &= ~(uint32_t)_mm256_movemask_epi8(z);
+    }
+    code = AVX2_ORDER(code); /* input order */
+    if (bits) { /* bits back to input order */
+        uint8_t tmp[32];
+        _mm256_storeu_si256((__m256i *)tmp, code);
+        fix_lanes(x, tmp, (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u), f);
+        code = _mm256_loadu_si256((const __m256i *)tmp);
+    }
+    return code;
+}
+static inline __attribute__((always_inline)) void avx2_store(uint8_t *dst, __m256i code, int stream) {
+    if (stream) /* whole aligned lines: the caller checked dst and dst_stride */
+        _mm256_stream_si256((__m256i *)dst, code);
+    else
+        _mm256_storeu_si256((__m256i *)dst, code);
+}
 /* one step: inputs [0, left) of x; left < 32 (a run's last inputs) by tab_run_scalar */
 static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
                                                             int64_t left, int stream, int top, const avx2_consts *K,
@@ -646,48 +718,29 @@ static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, u
         if (tail) fix_lanes(x, dst, tail, f);
         return;
     }
-    const __m256i h0 = _mm256_loadu_si256((const __m256i *)x), h1 = _mm256_loadu_si256((const __m256i *)(x + 16));
     _mm_prefetch((const char *)pf, _MM_HINT_T1); /* the plan's line (TAB_WALK), into L2 */
-    /* byte order of every packed vector: inputs 0-7, 16-23 | 8-15, 24-31 */
-    const __m256i a0 = _mm256_add_epi16(h0, h0), a1 = _mm256_add_epi16(h1, h1); /* magnitude bits << 1 */
-    const __m256i l = _mm256_packus_epi16(_mm256_and_si256(h0, K->lmask), _mm256_and_si256(h1, K->lmask));
-    const __m256i sgn = _mm256_packs_epi16(h0, h1); /* bit 7: the input's sign */
-    const __m256i e0 = _mm256_srl_epi16(a0, K->sh), e1 = _mm256_srl_epi16(a1, K->sh);
-    const __m256i v = top == STEP_ZEROS ? _mm256_packs_epi16(_mm256_sub_epi16(e0, K->ebm), _mm256_sub_epi16(e1, K->ebm))
-                                        : _mm256_packus_epi16(_mm256_subs_epu16(e0, K->ebm), _mm256_subs_epu16(e1, K->ebm));
-    const __m256i c1 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb1, v)); /* -1 where true */
-    const __m256i c2 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb2, v));
-    const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(K->wt, v), _mm256_add_epi8(c1, c2));
-    __m256i code;
     uint32_t bits;
-    if (top == STEP_ZEROS) { /* v -128: +-0's codes (max with 0, then the sign); v + 127 below 0: -128, or past 0 */
-        code = _mm256_or_si256(_mm256_max_epi8(_mm256_min_epi8(_mm256_adds_epi8(v, st), K->opv), K->zero),
-                               _mm256_and_si256(sgn, K->s80));
-        bits = ~(uint32_t)_mm256_movemask_epi8(_mm256_add_epi8(v, K->bias));
+    const __m256i code = avx2_codes(x, top, K, &bits);
+    avx2_store(dst, bits ? avx2_fix(x, code, bits, top, K, f) : AVX2_ORDER(code), stream);
+}
+/* two steps, 64 inputs, one branch for both (band rows: their groups hold whole pairs). Per channel,
+ * the captured task replayed (tools/ab_kernels.py --replay, x86-64-v3, one thread, 2026-12-06), ns per
+ * input: one step a branch 0.101-0.152, two 0.097-0.139 (the overflow rule left out in both); one
+ * test of the two steps' v (their min) no faster. */
+static inline __attribute__((always_inline)) void avx2_step2(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
+                                                             int64_t left, int stream, int top, const avx2_consts *K,
+                                                             const bf16_tab *t, const fix_ctx *f) {
+    (void)left, (void)t;
+    _mm_prefetch((const char *)pf, _MM_HINT_T1), _mm_prefetch((const char *)(pf + 32), _MM_HINT_T1);
+    uint32_t b0, b1;
+    __m256i c0 = avx2_codes(x, top, K, &b0), c1 = avx2_codes(x + 32, top, K, &b1);
+    if (b0 | b1) {
+        c0 = b0 ? avx2_fix(x, c0, b0, top, K, f) : AVX2_ORDER(c0);
+        c1 = b1 ? avx2_fix(x + 32, c1, b1, top, K, f) : AVX2_ORDER(c1);
     } else {
-        code = _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), K->opv), _mm256_and_si256(sgn, K->s80));
-        /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed); v = 0 alone where no
-         * v reaches 255 (STEP_BAND) */
-        __m256i slow = top == STEP_TILE ? _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge)
-                                        : _mm256_cmpeq_epi8(v, K->zero);
-        bits = (uint32_t)_mm256_movemask_epi8(slow);
-        if (bits) { /* +-0 here */
-            const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(a0, K->zero), _mm256_cmpeq_epi16(a1, K->zero));
-            code = _mm256_blendv_epi8(code, _mm256_blendv_epi8(K->zp, K->zn, sgn), z);
-            bits &= ~(uint32_t)_mm256_movemask_epi8(z);
-        }
+        c0 = AVX2_ORDER(c0), c1 = AVX2_ORDER(c1);
     }
-    code = _mm256_permute4x64_epi64(code, 0xD8); /* input order */
-    if (bits) { /* the rest by fix_lanes (bits back to input order) */
-        uint8_t tmp[32];
-        _mm256_storeu_si256((__m256i *)tmp, code);
-        fix_lanes(x, tmp, (bits & 0xFF0000FFu) | ((bits >> 8) & 0xFF00u) | ((bits << 8) & 0xFF0000u), f);
-        code = _mm256_loadu_si256((const __m256i *)tmp);
-    }
-    if (stream) /* whole aligned lines: the caller checked dst and dst_stride */
-        _mm256_stream_si256((__m256i *)dst, code);
-    else
-        _mm256_storeu_si256((__m256i *)dst, code);
+    avx2_store(dst, c0, stream), avx2_store(dst + 32, c1, stream);
 }
 static inline __attribute__((always_inline)) avx2_consts avx2_consts_of(const bf16_tab *t) {
     const int M = t->shift;
@@ -715,15 +768,15 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
     K->wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t));
     K->wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1));
     K->wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
-    K->ebm = _mm256_set1_epi16((short)(t->eb << t->shift));
+    K->ebm = _mm256_set1_epi32((int)t->ebm2);
 }
 /* on a 64-byte line: where another edit had put it 48 bytes into one, blocks took 4% longer (x86-64-v3,
  * the captured task replayed cache-resident: 0.1178 against 0.1119-0.1133 ns per input, 2026-12-06) */
 static __attribute__((noinline, aligned(64))) void band_row_avx2(BAND_ROW_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW, 32, avx2_step, STEP_BAND, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW, 64, avx2_step2, STEP_BAND, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
 }
 static __attribute__((noinline, aligned(64))) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW_NEXT, 32, avx2_step, STEP_BAND, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max,
+    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, avx2_step2, STEP_BAND, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max2,
                        tabs[i_], &fixes[i_]);
 }
 #define HAVE_TAB_AVX2 1
@@ -1313,7 +1366,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                           t->ovf_p == t0->ovf_p && t->zero_p == t0->zero_p && t->zero_n == t0->zero_n &&
                           /* the group's amax, and so every input of it: band-row steps need not look for
                            * inputs past the table (STEP_BAND; a NaN or Inf goes by tiles) */
-                          tab_below_top(t, a[jg - j0]);
+                          tab_below_top(t, a[jg - j0]) && (!HAVE_TAB_AVX2 || tab_no_overflow(t, a[jg - j0]));
                     zok &= tab_signed_zeros(t);
                 }
                 if (ok) {

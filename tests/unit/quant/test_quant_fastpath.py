@@ -475,6 +475,26 @@ def test_band_rows_nonfinite(monkeypatch, loop, gran):
         assert_same(fast, slow)
 
 
+@pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream", "avx2"])
+def test_band_rows_overflow(monkeypatch, loop):
+    """The AVX2 band-row step leaves out the overflow rule where no group's amax codes past the
+    overflow code (tab_no_overflow). compressed-tensors' scale amax / 448 is a float32 subnormal for
+    amaxes near 2^-124: rounded there, it puts the amax, and the inputs beside it, past 448 (checked
+    here), so those rows must saturate as the numpy path does."""
+    _loop(monkeypatch, loop)
+    x = weights((64, 1024), "bfloat16", seed=23, spread=False)
+    for r in range(16):  # amaxes 2^-124 (1 + r/16): scales 2^-133 (...) in float32's subnormals
+        x[r] *= ml_dtypes.bfloat16(2.0 ** -124 * (1 + r / 16) / float(np.abs(x[r].astype(np.float32)).max()))
+    args = QuantArgs(granularity="channel")
+    fast = quantize(x, args, recipe="compressed-tensors", out=_arrays.aligned_empty(x.shape, np.uint8))
+    with monkeypatch.context() as m:
+        m.setenv("FP8REF_NO_KERNELS", "1")
+        slow = quantize(x, args, recipe="compressed-tensors")
+    quotient = np.abs(x.astype(np.float64)) / np.asarray(slow.scale, np.float64).reshape(-1, 1)
+    assert (quotient[:16] > 464).any()  # past 448 and the midpoint beyond it: the overflow rule decides
+    assert_same(fast, slow)
+
+
 def _zero_heavy_rows(seed, top=250):
     """24 rows of 12,288: each holds every bfloat16 magnitude of the 41 binades up to its largest,
     (E_top, 127), E_top from 90 to `top`, with both signs, and 1,792 +-0, shuffled: every
