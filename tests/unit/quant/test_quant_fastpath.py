@@ -477,8 +477,8 @@ def test_band_rows_nonfinite(monkeypatch, loop, gran):
 
 @pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream", "avx2"])
 def test_band_rows_overflow(monkeypatch, loop):
-    """The AVX2 band-row step leaves out the overflow rule where no group's amax codes past the
-    overflow code (tab_no_overflow). compressed-tensors' scale amax / 448 is a float32 subnormal for
+    """The AVX2 and AVX-512BW band-row steps leave out the overflow rule where no group's amax codes
+    past the overflow code (tab_no_overflow). compressed-tensors' scale amax / 448 is a float32 subnormal for
     amaxes near 2^-124: rounded there, it puts the amax, and the inputs beside it, past 448 (checked
     here), so those rows must saturate as the numpy path does."""
     _loop(monkeypatch, loop)
