@@ -643,11 +643,12 @@ static inline __attribute__((always_inline)) __m256i avx2_acc_max2(__m256i acc, 
 #endif
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
- * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (24 in band rows, which take two steps
- * to a test and no overflow rule: STEP_BAND; the compiler's tab_run takes ~90): in 16-bit lanes, v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one
- * saturating subtraction: 0 below E_b), packed to bytes with unsigned saturation; then three 16-byte
- * lookups by v (win_*: tab_build), two compares with l, one saturating add (v >= 128 looks up zeros
- * and overflows whatever it adds), overflow by min and the sign by OR. v = 0 (below the table, and
+ * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (24 in band rows, STEP_BAND, two steps
+ * to a branch; the compiler's tab_run takes ~90): in 16-bit lanes, v = (E - E_b) 2^M + j straight
+ * from the bits (a + a drops the sign, one shift, one saturating subtraction: 0 below E_b), packed
+ * to bytes with unsigned saturation; then three 16-byte lookups by v (win_*: tab_build), two
+ * compares with l, one saturating add (v >= 128 looks up zeros and overflows whatever it adds),
+ * overflow by min (not in band rows) and the sign by OR. v = 0 (below the table, and
  * +-0) and v = 255 go to fix_lanes, +-0 here. Runs x0 + r * stride, r < rows, of n inputs (a block
  * tile in one call, as tab_run_vbmi). */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && !defined(__AVX512BW__)
