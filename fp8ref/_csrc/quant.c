@@ -342,9 +342,7 @@ FP8REF_INLINE int tab_below_top(const bf16_tab *t, uint32_t a) {
 FP8REF_INLINE int tab_no_overflow(const bf16_tab *t, uint32_t a) {
     const uint32_t e = a >> 7, m = a & 0x7Fu;
     if (e < t->eb) return 1; /* below the table: every input goes to fix_lanes */
-    uint32_t code = t->base + ((e - t->eb) << t->shift);
-    for (int i = 0; i < 8; i++) code += m >= t->t[i];
-    return code <= t->ovf_p;
+    return ((e - t->eb) << t->shift) + (m >> (7 - t->shift)) + t->steps_j[m] <= t->ovf_p; /* v + steps_j[m] */
 }
 /* whether t codes +-0 as STEP_ZEROS gives them, 0x00 and 0x80 (not e4m3fnuz: its -0 is 0x00) */
 FP8REF_INLINE int tab_signed_zeros(const bf16_tab *t) { return t->zero_p == 0 && t->zero_n == 0x80u; }
@@ -750,7 +748,7 @@ static inline __attribute__((always_inline)) avx2_consts avx2_consts_of(const bf
         .wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_t)),
         .wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b1m1)),
         .wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1)),
-        .ebm = _mm256_set1_epi16((short)(t->eb << M)), .lmask = _mm256_set1_epi16((short)((1 << (7 - M)) - 1)),
+        .ebm = _mm256_set1_epi32((int)t->ebm2), .lmask = _mm256_set1_epi16((short)((1 << (7 - M)) - 1)),
         .opv = _mm256_set1_epi8((char)t->ovf_p), .s80 = _mm256_set1_epi8((char)0x80),
         .zp = _mm256_set1_epi8((char)t->zero_p), .zn = _mm256_set1_epi8((char)t->zero_n),
         .bias = _mm256_set1_epi8(127), .edge = _mm256_set1_epi8(125), .zero = _mm256_setzero_si256(),
@@ -893,7 +891,7 @@ FP8REF_VBMI static inline __attribute__((always_inline)) vbmi_consts vbmi_consts
     const __m512i lo_idx = _mm512_loadu_si512(lo_bytes), one = _mm512_set1_epi8(1);
     return (vbmi_consts){
         .tlo = _mm512_loadu_si512(t->steps_j), .thi = _mm512_loadu_si512(t->steps_j + 64),
-        .ebm = _mm512_set1_epi16((short)(t->eb << M)), .opv = _mm512_set1_epi8((char)t->ovf_p),
+        .ebm = _mm512_set1_epi32((int)t->ebm2), .opv = _mm512_set1_epi8((char)t->ovf_p),
         .zp = _mm512_set1_epi8((char)t->zero_p), .zn = _mm512_set1_epi8((char)t->zero_n),
         .s80 = _mm512_set1_epi8((char)0x80), .one = one, .two = _mm512_set1_epi8(2),
         .order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), /* packus's qwords back in input order */
@@ -981,7 +979,7 @@ FP8REF_BW static inline __attribute__((always_inline)) bw_consts bw_consts_of(co
         .wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_t)),
         .wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b1m1)),
         .wb2 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b2m1)),
-        .ebm = _mm512_set1_epi16((short)(t->eb << M)), .lmask = _mm512_set1_epi16((short)((1 << (7 - M)) - 1)),
+        .ebm = _mm512_set1_epi32((int)t->ebm2), .lmask = _mm512_set1_epi16((short)((1 << (7 - M)) - 1)),
         .opv = _mm512_set1_epi8((char)t->ovf_p), .zp = _mm512_set1_epi8((char)t->zero_p),
         .zn = _mm512_set1_epi8((char)t->zero_n), .s80 = _mm512_set1_epi8((char)0x80),
         .one = _mm512_set1_epi8(1), .two = _mm512_set1_epi8(2),

@@ -483,7 +483,7 @@ def test_band_rows_overflow(monkeypatch, loop):
     here), so those rows must saturate as the numpy path does."""
     _loop(monkeypatch, loop)
     x = weights((64, 1024), "bfloat16", seed=23, spread=False)
-    for r in range(16):  # amaxes 2^-124 (1 + r/16): scales 2^-133 (...) in float32's subnormals
+    for r in range(16):  # amaxes 2^-124 (1 + r/16): scales amax / 448, float32 subnormals near 2^-133
         x[r] *= ml_dtypes.bfloat16(2.0 ** -124 * (1 + r / 16) / float(np.abs(x[r].astype(np.float32)).max()))
     args = QuantArgs(granularity="channel")
     fast = quantize(x, args, recipe="compressed-tensors", out=_arrays.aligned_empty(x.shape, np.uint8))
