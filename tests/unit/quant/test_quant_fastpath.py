@@ -495,6 +495,27 @@ def test_band_rows_overflow(monkeypatch, loop):
     assert_same(fast, slow)
 
 
+@pytest.mark.parametrize("loop", ["vbmi-stream", "portable-stream", "avx2-stream", "avx2"])
+def test_tensor_band_rows_overflow(monkeypatch, loop):
+    """Per tensor, rows go by band rows under the tensor's amax (quant_job.bound), the overflow rule
+    left out only where that amax codes past no overflow: whole weights scaled to amaxes 2^-124 (1 +
+    r/16), some of which put inputs past 464 (checked), each against the numpy path."""
+    _loop(monkeypatch, loop)
+    base = weights((64, 1024), "bfloat16", seed=29, spread=False)
+    top = float(np.abs(base.astype(np.float32)).max())
+    args, past = QuantArgs(granularity="tensor"), 0
+    for r in range(16):
+        x = (base.astype(np.float32) * np.float32(2.0 ** -124 * (1 + r / 16) / top)).astype(ml_dtypes.bfloat16)
+        fast = quantize(x, args, recipe="compressed-tensors", out=_arrays.aligned_empty(x.shape, np.uint8))
+        with monkeypatch.context() as m:
+            m.setenv("FP8REF_NO_KERNELS", "1")
+            slow = quantize(x, args, recipe="compressed-tensors")
+        scale = float(np.asarray(slow.scale, np.float64).reshape(-1)[0])
+        past += int((np.abs(x.astype(np.float64)) / scale > 464).any())
+        assert_same(fast, slow)
+    assert past  # the overflow rule decided somewhere
+
+
 def _zero_heavy_rows(seed, top=250):
     """24 rows of 12,288: each holds every bfloat16 magnitude of the 41 binades up to its largest,
     (E_top, 127), E_top from 90 to `top`, with both signs, and 1,792 +-0, shuffled: every
