@@ -1187,7 +1187,7 @@ FP8REF_INLINE void rows_given(const quant_job *j, int64_t r0, int64_t r1, int ki
         if (band) {
             int zok;
             for (int64_t i = 0; i < ng; i++) fx[i] = (fix_ctx){srow[i], &c, exact, mul, model};
-            if (band_tables(&tabs, &c, ng, &bound, 0, tp, fx, &zok)) { /* prefetching the next row */
+            if (band_tables(&tabs, &c, ng, &bound, 0, tp, fx, &zok)) { /* prefetching the row done next */
                 band_row_run(&c, (const uint16_t *)j->src + r * j->K, j->dst + r * j->K, ng, j->g, tp, fx,
                              r > r0 ? -j->K : 0, st, zeros && zok);
                 continue;

@@ -26,8 +26,13 @@ DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.f
 
 
 def both(monkeypatch, x, args, *, into=False, **kw):
-    """(C result, numpy result) of the same quantize call; ``into``: the C one into a given out=."""
-    fast = quantize(x, args, out=np.full(np.shape(x), 0xAB, np.uint8) if into else None, **kw)
+    """(C result, numpy result) of the same quantize call; ``into``: the C one into a given out=
+    (``"aligned"``: one that starts on a cache line, as the streamed band rows need)."""
+    out = None
+    if into:
+        out = _arrays.aligned_empty(np.shape(x), np.uint8) if into == "aligned" else np.empty(np.shape(x), np.uint8)
+        out.fill(0xAB)
+    fast = quantize(x, args, out=out, **kw)
     with monkeypatch.context() as m:
         m.setenv("FP8REF_NO_KERNELS", "1")  # read at call time
         slow = quantize(x, args, **kw)
@@ -485,11 +490,7 @@ def test_band_rows_overflow(monkeypatch, loop):
     x = weights((64, 1024), "bfloat16", seed=23, spread=False)
     for r in range(16):  # amaxes 2^-124 (1 + r/16): scales amax / 448, float32 subnormals near 2^-133
         x[r] *= ml_dtypes.bfloat16(2.0 ** -124 * (1 + r / 16) / float(np.abs(x[r].astype(np.float32)).max()))
-    args = QuantArgs(granularity="channel")
-    fast = quantize(x, args, recipe="compressed-tensors", out=_arrays.aligned_empty(x.shape, np.uint8))
-    with monkeypatch.context() as m:
-        m.setenv("FP8REF_NO_KERNELS", "1")
-        slow = quantize(x, args, recipe="compressed-tensors")
+    fast, slow = both(monkeypatch, x, QuantArgs(granularity="channel"), into="aligned", recipe="compressed-tensors")
     quotient = np.abs(x.astype(np.float64)) / np.asarray(slow.scale, np.float64).reshape(-1, 1)
     assert (quotient[:16] > 464).any()  # past 448 and the midpoint beyond it: the overflow rule decides
     assert_same(fast, slow)
@@ -503,13 +504,10 @@ def test_tensor_band_rows_overflow(monkeypatch, loop):
     _loop(monkeypatch, loop)
     base = weights((64, 1024), "bfloat16", seed=29, spread=False)
     top = float(np.abs(base.astype(np.float32)).max())
-    args, past = QuantArgs(granularity="tensor"), 0
+    past = 0
     for r in range(16):
         x = (base.astype(np.float32) * np.float32(2.0 ** -124 * (1 + r / 16) / top)).astype(ml_dtypes.bfloat16)
-        fast = quantize(x, args, recipe="compressed-tensors", out=_arrays.aligned_empty(x.shape, np.uint8))
-        with monkeypatch.context() as m:
-            m.setenv("FP8REF_NO_KERNELS", "1")
-            slow = quantize(x, args, recipe="compressed-tensors")
+        fast, slow = both(monkeypatch, x, QuantArgs(granularity="tensor"), into="aligned", recipe="compressed-tensors")
         scale = float(np.asarray(slow.scale, np.float64).reshape(-1)[0])
         past += int((np.abs(x.astype(np.float64)) / scale > 464).any())
         assert_same(fast, slow)
