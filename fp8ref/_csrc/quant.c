@@ -188,6 +188,15 @@ typedef struct {
      * tables repeat every 2^M bytes: vpshufb indexes them by v's low four bits. */
     uint8_t win_t[16], win_b1m1[16], win_b2m1[16]; /* the b's less one, W - 1: none */
     int fast; /* the overflow, sign and range rules fit the vector loops, and the windows hold */
+    /* Band rows' half windows (STEP_BAND in the AVX2 and AVX-512BW loops): W / 2 values of m, m = (W / 2)
+     * j' + l, each holding at most one t_i, indexed by v' = (E - E_b) 2^(M+1) + j' (packed as v, one
+     * shift less): the code of (E, m) is avg(v', 0) + half_t[j'] + (l > half_bm1[j']), where avg(v', 0) =
+     * (v' + 1) >> 1 (vpavgb) = (E - E_b) 2^M + ((j' + 1) >> 1): one lookup, one compare and one add a
+     * step fewer than the windows, one average more. v' reaches 255 half as many binades above E_b
+     * (tab_below_half_top). */
+    uint8_t half_t[16], half_bm1[16];
+    uint32_t ebmh; /* E_b 2^(M+1) in both halves */
+    int half;
     uint32_t ebm2; /* E_b 2^M in both halves: band rows' group switches broadcast it from memory (AVX2,
                     * AVX-512BW blocks replayed 1-3% faster than a shift and a broadcast from a register) */
 } bf16_tab;
@@ -330,12 +339,33 @@ FP8REF_INLINE void tab_build(bf16_tab *t, float sv, const consts *c, int exact, 
         }
     }
     t->fast = win_ok;
+    /* the half windows: the t_i lie more than W / 2 apart (above), so each holds at most one; checked */
+    const int H = W >> 1, nh = nw << 1;
+    int half_ok = win_ok && !c->vbmi;
+    for (int j = 0; j < nh && half_ok; j++) {
+        int below = 0, b = H;
+        for (int i = 0; i < 8; i++) {
+            const int ti = t->t[i] - H * j;
+            if (ti <= 0) below++;
+            else if (ti < H) half_ok &= b == H, b = ti;
+        }
+        for (int r = j; r < 16; r += nh) {
+            t->half_t[r] = (uint8_t)((int)base - ((j + 1) >> 1) + below);
+            t->half_bm1[r] = (uint8_t)(b - 1);
+        }
+    }
+    t->ebmh = (uint32_t)(eb << (M + 1)) * 0x00010001u;
+    t->half = half_ok;
     t->ok = 1;
 }
 /* whether every input of magnitude bits at most a lies below v = 255 in t: no step need look for
  * inputs past the table (STEP_BAND, STEP_ZEROS) */
 FP8REF_INLINE int tab_below_top(const bf16_tab *t, uint32_t a) {
     return (a >> (7 - t->shift)) < (uint32_t)((t->eb << t->shift) + 255);
+}
+/* whether every input of magnitude bits at most a lies below v' = 255 in t's half windows */
+FP8REF_INLINE int tab_below_half_top(const bf16_tab *t, uint32_t a) {
+    return (a >> (6 - t->shift)) < (uint32_t)((t->eb << (t->shift + 1)) + 255);
 }
 /* whether no input of magnitude bits at most a codes past t's overflow code (the magnitude codes
  * grow with a): the AVX2 and AVX-512BW band-row steps leave out the overflow rule (STEP_BAND) */
@@ -489,10 +519,10 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
 /* A vector step's test for the inputs it leaves to fix_lanes (its `top`). STEP_TILE: v = 0 (below the
  * table, and +-0, which the step codes itself) or v = 255 (past it). STEP_BAND: v = 0 alone, where no
  * input reaches v = 255 (band rows: the caller checked every group's amax); the AVX2 and AVX-512BW
- * steps then also leave out the overflow rule, where no input codes past the overflow code
- * (tab_no_overflow: one instruction a step fewer; the captured tasks replayed one thread, ns per
- * input: AVX2 with two steps to a branch per channel 0.112 -> 0.103, blocks 0.126 -> 0.117;
- * AVX-512BW 0.1035 -> 0.1019, 0.1130 -> 0.1069). STEP_ZEROS, band rows too:
+ * steps take v' and the half windows (bf16_tab; v' = 0 alone), and leave out the overflow rule,
+ * where no input codes past the overflow code (tab_no_overflow: one instruction a step fewer; the
+ * captured tasks replayed one thread, ns per input: AVX2 with two steps to a branch per channel
+ * 0.112 -> 0.103, blocks 0.126 -> 0.117; AVX-512BW 0.1035 -> 0.1019, 0.1130 -> 0.1069). STEP_ZEROS, band rows too:
  * v signed, saturated to [-128, 127], so that +-0 codes without a test or a branch. v = -128: +-0 and
  * the inputs 2^(7-M) binades or more below E_b, whose values (binade E_b - 1 lies below 2^(emin+1),
  * each one lower halves) lie below 2^(emin-14), under half the smallest subnormal 2^(emin-M): they round
@@ -612,16 +642,17 @@ static inline __attribute__((always_inline)) void prime_page(const void *p, uint
         memcpy(accs + 32 * i_, &acc_, sizeof acc_);                                                   \
     }
 /* the loop four times in its function, the store kind and the steps' test constants in each: codes
- * streamed where `stream`, else stored; the steps' test STEP_ZEROS where `zeros`, else TOP */
-#define BAND_ROW_COPIES(LOOP, W, STEP, TOP, ...)                                                      \
+ * streamed where `stream`, else stored; the steps' test STEP_ZEROS (constants ZCONSTS_OF, ZGROUP_OF)
+ * where `zeros`, else TOP (CONSTS_OF, GROUP_OF) */
+#define BAND_ROW_COPIES(LOOP, W, STEP, TOP, CONSTS_OF, GROUP_OF, ZCONSTS_OF, ZGROUP_OF, ...)           \
     if (!zeros && stream) {                                                                           \
-        LOOP(W, STEP, 1, TOP, __VA_ARGS__);                                                           \
+        LOOP(W, STEP, 1, TOP, CONSTS_OF, GROUP_OF, __VA_ARGS__);                                      \
     } else if (!zeros) {                                                                              \
-        LOOP(W, STEP, 0, TOP, __VA_ARGS__);                                                           \
+        LOOP(W, STEP, 0, TOP, CONSTS_OF, GROUP_OF, __VA_ARGS__);                                      \
     } else if (stream) {                                                                              \
-        LOOP(W, STEP, 1, STEP_ZEROS, __VA_ARGS__);                                                    \
+        LOOP(W, STEP, 1, STEP_ZEROS, ZCONSTS_OF, ZGROUP_OF, __VA_ARGS__);                             \
     } else {                                                                                          \
-        LOOP(W, STEP, 0, STEP_ZEROS, __VA_ARGS__);                                                    \
+        LOOP(W, STEP, 0, STEP_ZEROS, ZCONSTS_OF, ZGROUP_OF, __VA_ARGS__);                             \
     }
 #define BAND_ROW_ARGS                                                                                 \
     const uint16_t *restrict x, uint8_t *restrict dst, int64_t ng, int64_t g, const bf16_tab *const *tabs, \
@@ -641,17 +672,17 @@ static inline __attribute__((always_inline)) __m256i avx2_acc_max2(__m256i acc, 
 #endif
 
 /* tab_run's rules in AVX2 intrinsics, 32 inputs per step, in the x86-64-v3 object (the v4 object runs
- * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (24 in band rows, STEP_BAND, two steps
- * to a branch; the compiler's tab_run takes ~90): in 16-bit lanes, v = (E - E_b) 2^M + j straight
- * from the bits (a + a drops the sign, one shift, one saturating subtraction: 0 below E_b), packed
- * to bytes with unsigned saturation; then three 16-byte lookups by v (win_*: tab_build), two
- * compares with l, one saturating add (v >= 128 looks up zeros and overflows whatever it adds),
- * overflow by min (not in band rows) and the sign by OR. v = 0 (below the table, and
- * +-0) and v = 255 go to fix_lanes, +-0 here. Runs x0 + r * stride, r < rows, of n inputs (a block
+ * tab_run_bw or tab_run_vbmi). 26 vector instructions a step (23 in band rows, STEP_BAND, two steps
+ * to a branch, by the half windows: bf16_tab; the compiler's tab_run takes ~90): in 16-bit lanes,
+ * v = (E - E_b) 2^M + j straight from the bits (a + a drops the sign, one shift, one saturating
+ * subtraction: 0 below E_b), packed to bytes with unsigned saturation; then three 16-byte lookups by
+ * v (win_*: tab_build), two compares with l, one saturating add (v >= 128 looks up zeros and
+ * overflows whatever it adds), overflow by min and the sign by OR. v = 0 (below the table, and +-0)
+ * and v = 255 go to fix_lanes, +-0 here. Runs x0 + r * stride, r < rows, of n inputs (a block
  * tile in one call, as tab_run_vbmi). */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && !defined(__AVX512BW__)
 typedef struct {
-    __m256i wt, wb1, wb2, ebm, lmask, opv, s80, zp, zn, bias, edge, zero;
+    __m256i wt, wb1, wb2, ebm, lmask, opv, s80, zp, zn, bias, edge, zero, low4;
     __m128i sh;
 } avx2_consts;
 #define AVX2_ORDER(c) _mm256_permute4x64_epi64((c), 0xD8) /* packed byte order back to input order */
@@ -666,6 +697,16 @@ static inline __attribute__((always_inline)) __m256i avx2_codes(const uint16_t *
     const __m256i e0 = _mm256_srl_epi16(a0, K->sh), e1 = _mm256_srl_epi16(a1, K->sh);
     const __m256i v = top == STEP_ZEROS ? _mm256_packs_epi16(_mm256_sub_epi16(e0, K->ebm), _mm256_sub_epi16(e1, K->ebm))
                                         : _mm256_packus_epi16(_mm256_subs_epu16(e0, K->ebm), _mm256_subs_epu16(e1, K->ebm));
+    if (top == STEP_BAND) { /* v', l and the tables are the half windows' (avx2_band_consts_of), looked up
+                             * by v''s low four bits (vpshufb gives 0 where bit 7 is set: v' >= 128);
+                             * no overflow: the caller checked (tab_no_overflow); v' = 0 alone to fix */
+        const __m256i j = _mm256_and_si256(v, K->low4);
+        const __m256i c1 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb1, j)); /* -1 where true */
+        *bits = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, K->zero));
+        const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(K->wt, j), c1);
+        const __m256i code = _mm256_add_epi8(_mm256_avg_epu8(v, K->zero), st);
+        return _mm256_or_si256(code, _mm256_and_si256(sgn, K->s80));
+    }
     const __m256i c1 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb1, v)); /* -1 where true */
     const __m256i c2 = _mm256_cmpgt_epi8(l, _mm256_shuffle_epi8(K->wb2, v));
     const __m256i st = _mm256_sub_epi8(_mm256_shuffle_epi8(K->wt, v), _mm256_add_epi8(c1, c2));
@@ -674,12 +715,8 @@ static inline __attribute__((always_inline)) __m256i avx2_codes(const uint16_t *
         return _mm256_or_si256(_mm256_max_epi8(_mm256_min_epi8(_mm256_adds_epi8(v, st), K->opv), K->zero),
                                _mm256_and_si256(sgn, K->s80));
     }
-    /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed); v = 0 alone where no
-     * v reaches 255 (STEP_BAND) */
-    *bits = (uint32_t)_mm256_movemask_epi8(top == STEP_TILE ? _mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge)
-                                                            : _mm256_cmpeq_epi8(v, K->zero));
-    if (top == STEP_BAND) /* no overflow: the caller checked (tab_no_overflow) */
-        return _mm256_or_si256(_mm256_add_epi8(v, st), _mm256_and_si256(sgn, K->s80));
+    /* v + 127 wraps 0 to 127 and 255 to 126, and every other v below 126 (signed) */
+    *bits = (uint32_t)_mm256_movemask_epi8(_mm256_cmpgt_epi8(_mm256_add_epi8(v, K->bias), K->edge));
     return _mm256_or_si256(_mm256_min_epu8(_mm256_adds_epu8(v, st), K->opv), _mm256_and_si256(sgn, K->s80));
 }
 /* avx2_codes' code for x in input order, with its lanes `bits` (nonzero) coded: +-0 here (but for
@@ -708,6 +745,29 @@ static inline __attribute__((always_inline)) void avx2_store(uint8_t *dst, __m25
     else
         _mm256_storeu_si256((__m256i *)dst, code);
 }
+/* `steps` 32-input steps at x that hold lanes for avx2_fix, coded again from their inputs and their
+ * table t (a band row's groups differ in their windows alone: band_tables). Out of line and from
+ * scratch, so that the hot loops keep nothing live for the fix-up: inline, its values (the sign
+ * bytes, the zero codes, the steps' codes) spilled the loop's tables and sign bytes to the stack, one
+ * to three loads and stores a step (blocks replayed, x86-64-v3, ns per input: 0.112 inline, 0.106
+ * out of line, 0.100 with the fix-up left out). */
+static inline __attribute__((always_inline)) avx2_consts avx2_consts_of(const bf16_tab *t);
+static inline __attribute__((always_inline)) avx2_consts avx2_band_consts_of(const bf16_tab *t);
+static __attribute__((noinline, cold)) void avx2_fix_steps(const uint16_t *x, uint8_t *dst, int steps, int stream,
+                                                           int top, const bf16_tab *t, const fix_ctx *f) {
+    const avx2_consts K = top == STEP_BAND ? avx2_band_consts_of(t) : avx2_consts_of(t);
+    for (int i = 0; i < steps; i++, x += 32, dst += 32) { /* each `top` inlined on its own */
+        uint32_t bits;
+        __m256i c;
+        if (top == STEP_ZEROS)
+            c = avx2_codes(x, STEP_ZEROS, &K, &bits), c = bits ? avx2_fix(x, c, bits, STEP_ZEROS, &K, f) : c;
+        else if (top == STEP_TILE)
+            c = avx2_codes(x, STEP_TILE, &K, &bits), c = bits ? avx2_fix(x, c, bits, STEP_TILE, &K, f) : c;
+        else
+            c = avx2_codes(x, STEP_BAND, &K, &bits), c = bits ? avx2_fix(x, c, bits, STEP_BAND, &K, f) : c;
+        avx2_store(dst, bits ? c : AVX2_ORDER(c), stream);
+    }
+}
 /* one step: inputs [0, left) of x; left < 32 (a run's last inputs) by tab_run_scalar */
 static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
                                                             int64_t left, int stream, int top, const avx2_consts *K,
@@ -721,7 +781,10 @@ static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, u
     _mm_prefetch((const char *)pf, _MM_HINT_T1); /* the plan's line (TAB_WALK), into L2 */
     uint32_t bits;
     const __m256i code = avx2_codes(x, top, K, &bits);
-    avx2_store(dst, bits ? avx2_fix(x, code, bits, top, K, f) : AVX2_ORDER(code), stream);
+    if (__builtin_expect(bits != 0, 0))
+        avx2_fix_steps(x, dst, 1, stream, top, t, f);
+    else
+        avx2_store(dst, AVX2_ORDER(code), stream);
 }
 /* two steps, 64 inputs, one branch for both (band rows: their groups hold whole pairs). Per channel,
  * the captured task replayed (tools/ab_kernels.py --replay, x86-64-v3, one thread, 2026-12-06), ns per
@@ -730,17 +793,14 @@ static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, u
 static inline __attribute__((always_inline)) void avx2_step2(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
                                                              int64_t left, int stream, int top, const avx2_consts *K,
                                                              const bf16_tab *t, const fix_ctx *f) {
-    (void)left, (void)t;
+    (void)left;
     _mm_prefetch((const char *)pf, _MM_HINT_T1), _mm_prefetch((const char *)(pf + 32), _MM_HINT_T1);
     uint32_t b0, b1;
-    __m256i c0 = avx2_codes(x, top, K, &b0), c1 = avx2_codes(x + 32, top, K, &b1);
-    if (b0 | b1) {
-        c0 = b0 ? avx2_fix(x, c0, b0, top, K, f) : AVX2_ORDER(c0);
-        c1 = b1 ? avx2_fix(x + 32, c1, b1, top, K, f) : AVX2_ORDER(c1);
-    } else {
-        c0 = AVX2_ORDER(c0), c1 = AVX2_ORDER(c1);
-    }
-    avx2_store(dst, c0, stream), avx2_store(dst + 32, c1, stream);
+    const __m256i c0 = avx2_codes(x, top, K, &b0), c1 = avx2_codes(x + 32, top, K, &b1);
+    if (__builtin_expect((b0 | b1) != 0, 0))
+        avx2_fix_steps(x, dst, 2, stream, top, t, f);
+    else
+        avx2_store(dst, AVX2_ORDER(c0), stream), avx2_store(dst + 32, AVX2_ORDER(c1), stream);
 }
 static inline __attribute__((always_inline)) avx2_consts avx2_consts_of(const bf16_tab *t) {
     const int M = t->shift;
@@ -752,6 +812,7 @@ static inline __attribute__((always_inline)) avx2_consts avx2_consts_of(const bf
         .opv = _mm256_set1_epi8((char)t->ovf_p), .s80 = _mm256_set1_epi8((char)0x80),
         .zp = _mm256_set1_epi8((char)t->zero_p), .zn = _mm256_set1_epi8((char)t->zero_n),
         .bias = _mm256_set1_epi8(127), .edge = _mm256_set1_epi8(125), .zero = _mm256_setzero_si256(),
+        .low4 = _mm256_set1_epi8(15),
         .sh = _mm_cvtsi32_si128(8 - M)};
 }
 static __attribute__((noinline)) void tab_run_avx2(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n,
@@ -770,14 +831,27 @@ static inline __attribute__((always_inline)) void avx2_group_of(avx2_consts *K, 
     K->wb2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->win_b2m1));
     K->ebm = _mm256_set1_epi32((int)t->ebm2);
 }
+/* STEP_BAND's constants: the half windows (bf16_tab) */
+static inline __attribute__((always_inline)) void avx2_band_group_of(avx2_consts *K, const bf16_tab *t) {
+    K->wt = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->half_t));
+    K->wb1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->half_bm1));
+    K->ebm = _mm256_set1_epi32((int)t->ebmh);
+}
+static inline __attribute__((always_inline)) avx2_consts avx2_band_consts_of(const bf16_tab *t) {
+    avx2_consts K = avx2_consts_of(t);
+    avx2_band_group_of(&K, t);
+    K.lmask = _mm256_set1_epi16((short)((1 << (6 - t->shift)) - 1)), K.sh = _mm_cvtsi32_si128(7 - t->shift);
+    return K;
+}
 /* on a 64-byte line: where another edit had put it 48 bytes into one, blocks took 4% longer (x86-64-v3,
  * the captured task replayed cache-resident: 0.1178 against 0.1119-0.1133 ns per input, 2026-12-06) */
 static __attribute__((noinline, aligned(64))) void band_row_avx2(BAND_ROW_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW, 64, avx2_step2, STEP_BAND, avx2_consts_of, avx2_group_of, tabs[i_], &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW, 64, avx2_step2, STEP_BAND, avx2_band_consts_of, avx2_band_group_of, avx2_consts_of,
+                    avx2_group_of, tabs[i_], &fixes[i_]);
 }
 static __attribute__((noinline, aligned(64))) void band_row_avx2_next(BAND_ROW_NEXT_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, avx2_step2, STEP_BAND, avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max2,
-                       tabs[i_], &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, avx2_step2, STEP_BAND, avx2_band_consts_of, avx2_band_group_of,
+                    avx2_consts_of, avx2_group_of, __m256i, avx2_acc_max2, tabs[i_], &fixes[i_]);
 }
 #define HAVE_TAB_AVX2 1
 #else
@@ -913,15 +987,16 @@ FP8REF_VBMI static inline __attribute__((always_inline)) void vbmi_group_of(vbmi
     K->ebm = _mm512_set1_epi32((int)t->ebm2);
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi(BAND_ROW_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW, 64, vbmi_step, STEP_BAND, vbmi_consts_of, vbmi_group_of, &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW, 64, vbmi_step, STEP_BAND, vbmi_consts_of, vbmi_group_of, vbmi_consts_of, vbmi_group_of,
+                    &fixes[i_]);
 }
 FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NEXT_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, vbmi_step, STEP_TILE, vbmi_consts_of, vbmi_group_of, __m512i, zmm_acc_max,
-                       &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, vbmi_step, STEP_TILE, vbmi_consts_of, vbmi_group_of, vbmi_consts_of,
+                    vbmi_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
-/* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions (23 in band
- * rows), for the AVX-512 CPUs without VBMI (Skylake-SP, Cascade Lake): the same v, l and sign
+/* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions (22 in band
+ * rows, by the half windows), for the AVX-512 CPUs without VBMI (Skylake-SP, Cascade Lake): the same v, l and sign
  * packed per 128-bit lane, the three lookups per lane (the tables repeat in every lane), the two
  * compares as masks that add one each; one qword permute puts the codes back in input order. Called
  * as tab_run_vbmi. */
@@ -933,7 +1008,7 @@ static inline uint64_t in_input_order(uint64_t packed) {
     return m;
 }
 typedef struct {
-    __m512i wt, wb1, wb2, ebm, lmask, opv, zp, zn, s80, one, two, order, m128;
+    __m512i wt, wb1, wb2, ebm, lmask, opv, zp, zn, s80, one, two, order, m128, low4;
     __m128i sh;
 } bw_consts;
 FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
@@ -945,9 +1020,13 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16
     const __m512i v = step_v(a0, a1, K->sh, K->ebm, top);
     const __m512i l = _mm512_packus_epi16(_mm512_and_si512(h0, K->lmask), _mm512_and_si512(h1, K->lmask));
     const __m512i sgn = _mm512_packs_epi16(h0, h1); /* bit 7: the input's sign */
-    __m512i st = _mm512_shuffle_epi8(K->wt, v);
-    st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb1, v)), st, K->one);
-    st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb2, v)), st, K->one);
+    /* STEP_BAND: the half windows (bw_band_consts_of), one threshold each, looked up by v''s low four
+     * bits (vpshufb gives 0 where bit 7 is set) */
+    const __m512i j = top == STEP_BAND ? _mm512_and_si512(v, K->low4) : v;
+    __m512i st = _mm512_shuffle_epi8(K->wt, j);
+    st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb1, j)), st, K->one);
+    if (top != STEP_BAND)
+        st = _mm512_mask_add_epi8(st, _mm512_cmpgt_epi8_mask(l, _mm512_shuffle_epi8(K->wb2, v)), st, K->one);
     uint64_t in_order = 0;
     if (top == STEP_ZEROS) { /* as vbmi_step's */
         const __mmask64 neg = _mm512_movepi8_mask(v), slow = _mm512_mask_cmpgt_epi8_mask(neg, v, K->m128);
@@ -958,7 +1037,8 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_step(const uint16
         return;
     }
     /* STEP_BAND: no overflow, the caller checked (tab_no_overflow) */
-    __m512i c = top == STEP_BAND ? _mm512_add_epi8(v, st) : _mm512_min_epu8(_mm512_adds_epu8(v, st), K->opv);
+    __m512i c = top == STEP_BAND ? _mm512_add_epi8(_mm512_avg_epu8(v, _mm512_setzero_si512()), st)
+                                 : _mm512_min_epu8(_mm512_adds_epu8(v, st), K->opv);
     c = _mm512_ternarylogic_epi32(c, sgn, K->s80, 0xF8); /* c | (sgn & 0x80) */
     __mmask64 slow = top == STEP_TILE ? _mm512_cmplt_epu8_mask(_mm512_add_epi8(v, K->one), K->two) /* v = 0 or 255, packed order */
                                       : _mm512_testn_epi8_mask(v, v);                        /* v = 0 */
@@ -984,7 +1064,7 @@ FP8REF_BW static inline __attribute__((always_inline)) bw_consts bw_consts_of(co
         .zn = _mm512_set1_epi8((char)t->zero_n), .s80 = _mm512_set1_epi8((char)0x80),
         .one = _mm512_set1_epi8(1), .two = _mm512_set1_epi8(2),
         .order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), /* packed qwords back in input order */
-        .m128 = _mm512_set1_epi8(-128), .sh = _mm_cvtsi32_si128(8 - M)};
+        .m128 = _mm512_set1_epi8(-128), .low4 = _mm512_set1_epi8(15), .sh = _mm_cvtsi32_si128(8 - M)};
 }
 FP8REF_BW static void tab_run_bw(const uint16_t *restrict x0, uint8_t *restrict dst0, int64_t n, int64_t rows,
                                  int64_t stride, int64_t dst_stride, const pf_plan *pf, int stream, int zeros,
@@ -1001,11 +1081,25 @@ FP8REF_BW static inline __attribute__((always_inline)) void bw_group_of(bw_const
     K->wb2 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->win_b2m1));
     K->ebm = _mm512_set1_epi32((int)t->ebm2);
 }
+/* STEP_BAND's constants: the half windows (bf16_tab) */
+FP8REF_BW static inline __attribute__((always_inline)) void bw_band_group_of(bw_consts *K, const bf16_tab *t) {
+    K->wt = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->half_t));
+    K->wb1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t->half_bm1));
+    K->ebm = _mm512_set1_epi32((int)t->ebmh);
+}
+FP8REF_BW static inline __attribute__((always_inline)) bw_consts bw_band_consts_of(const bf16_tab *t) {
+    bw_consts K = bw_consts_of(t);
+    bw_band_group_of(&K, t);
+    K.lmask = _mm512_set1_epi16((short)((1 << (6 - t->shift)) - 1)), K.sh = _mm_cvtsi32_si128(7 - t->shift);
+    return K;
+}
 FP8REF_BW __attribute__((noinline)) static void band_row_bw(BAND_ROW_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW, 64, bw_step, STEP_BAND, bw_consts_of, bw_group_of, &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW, 64, bw_step, STEP_BAND, bw_band_consts_of, bw_band_group_of, bw_consts_of, bw_group_of,
+                    &fixes[i_]);
 }
 FP8REF_BW __attribute__((noinline)) static void band_row_bw_next(BAND_ROW_NEXT_ARGS) {
-    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, bw_step, STEP_BAND, bw_consts_of, bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
+    BAND_ROW_COPIES(BAND_ROW_NEXT, 64, bw_step, STEP_BAND, bw_band_consts_of, bw_band_group_of, bw_consts_of,
+                    bw_group_of, __m512i, zmm_acc_max, &fixes[i_]);
 }
 
 /* FP8REF_NO_VBMI (read at each call, for the tests) runs the portable loop instead */
@@ -1139,7 +1233,7 @@ FP8REF_INLINE int band_tables(tab_cache *tabs, const consts *c, int64_t n, const
         const bf16_tab *t = tp[i], *t0 = tp[0];
         ok &= tab_holds(t, fx[i].sv) && t->ok && t->fast && t->shift == t0->shift && t->ovf_p == t0->ovf_p &&
               t->zero_p == t0->zero_p && t->zero_n == t0->zero_n && tab_below_top(t, bound[i * bstep]) &&
-              (c->vbmi || tab_no_overflow(t, bound[i * bstep]));
+              (c->vbmi || (t->half && tab_below_half_top(t, bound[i * bstep]) && tab_no_overflow(t, bound[i * bstep])));
         z &= tab_signed_zeros(t);
     }
     *zok = z;
