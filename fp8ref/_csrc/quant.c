@@ -192,10 +192,10 @@ typedef struct {
      * j' + l, each holding at most one t_i, indexed by v' = (E - E_b) 2^(M+1) + j' (packed as v, one
      * shift less): the code of (E, m) is avg(v', 0) + half_t[j'] + (l > half_bm1[j']), where avg(v', 0) =
      * (v' + 1) >> 1 (vpavgb) = (E - E_b) 2^M + ((j' + 1) >> 1): one lookup, one compare and one add a
-     * step fewer than the windows, one average more. v' reaches 255 half as many binades above E_b
-     * (tab_below_half_top). */
+     * step fewer than the windows, one average and one mask of v''s low four bits more. v' reaches 255
+     * half as many binades above E_b (tab_below_half_top). */
     uint8_t half_t[16], half_bm1[16];
-    uint32_t ebmh; /* E_b 2^(M+1) in both halves */
+    uint32_t ebmh; /* E_b 2^(M+1) in both halves: ebm2 << 1, kept for the group switches as ebm2 is */
     int half;
     uint32_t ebm2; /* E_b 2^M in both halves: band rows' group switches broadcast it from memory (AVX2,
                     * AVX-512BW blocks replayed 1-3% faster than a shift and a broadcast from a register) */
@@ -522,10 +522,11 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
  * steps take v' and the half windows (bf16_tab; v' = 0 alone), and leave out the overflow rule,
  * where no input codes past the overflow code (tab_no_overflow: one instruction a step fewer; the
  * captured tasks replayed one thread, ns per input: AVX2 with two steps to a branch per channel
- * 0.112 -> 0.103, blocks 0.126 -> 0.117; AVX-512BW 0.1035 -> 0.1019, 0.1130 -> 0.1069). STEP_ZEROS, band rows too:
- * v signed, saturated to [-128, 127], so that +-0 codes without a test or a branch. v = -128: +-0 and
- * the inputs 2^(7-M) binades or more below E_b, whose values (binade E_b - 1 lies below 2^(emin+1),
- * each one lower halves) lie below 2^(emin-14), under half the smallest subnormal 2^(emin-M): they round
+ * 0.112 -> 0.103, blocks 0.126 -> 0.117; AVX-512BW 0.1035 -> 0.1019, 0.1130 -> 0.1069).
+ * STEP_ZEROS, band rows too: v signed, saturated to [-128, 127], so that +-0 codes without a test
+ * or a branch. v = -128: +-0 and the inputs 2^(7-M) binades or more below E_b, whose values (binade
+ * E_b - 1 lies below 2^(emin+1), each one lower halves) lie below 2^(emin-14), under half the
+ * smallest subnormal 2^(emin-M): they round
  * to +-0, coded 0x00 and 0x80 (the caller checked the table's zero_p and zero_n; e4m3fnuz's -0 is 0x00).
  * v -127 to -1 go to fix_lanes (the AVX2 step's one test sends v = 0 too, which the table codes as
  * well). v 127 (from 127 to 254) looks up a step of at least base - (2^M - 1) >= 1 and saturates at
@@ -753,20 +754,22 @@ static inline __attribute__((always_inline)) void avx2_store(uint8_t *dst, __m25
  * out of line, 0.100 with the fix-up left out). */
 static inline __attribute__((always_inline)) avx2_consts avx2_consts_of(const bf16_tab *t);
 static inline __attribute__((always_inline)) avx2_consts avx2_band_consts_of(const bf16_tab *t);
+/* the 32 inputs at x coded, every lane, in input order */
+static inline __attribute__((always_inline)) __m256i avx2_coded(const uint16_t *x, int top, const avx2_consts *K,
+                                                                const fix_ctx *f) {
+    uint32_t bits;
+    const __m256i c = avx2_codes(x, top, K, &bits);
+    return bits ? avx2_fix(x, c, bits, top, K, f) : AVX2_ORDER(c);
+}
 static __attribute__((noinline, cold)) void avx2_fix_steps(const uint16_t *x, uint8_t *dst, int steps, int stream,
                                                            int top, const bf16_tab *t, const fix_ctx *f) {
     const avx2_consts K = top == STEP_BAND ? avx2_band_consts_of(t) : avx2_consts_of(t);
-    for (int i = 0; i < steps; i++, x += 32, dst += 32) { /* each `top` inlined on its own */
-        uint32_t bits;
-        __m256i c;
-        if (top == STEP_ZEROS)
-            c = avx2_codes(x, STEP_ZEROS, &K, &bits), c = bits ? avx2_fix(x, c, bits, STEP_ZEROS, &K, f) : c;
-        else if (top == STEP_TILE)
-            c = avx2_codes(x, STEP_TILE, &K, &bits), c = bits ? avx2_fix(x, c, bits, STEP_TILE, &K, f) : c;
-        else
-            c = avx2_codes(x, STEP_BAND, &K, &bits), c = bits ? avx2_fix(x, c, bits, STEP_BAND, &K, f) : c;
-        avx2_store(dst, bits ? c : AVX2_ORDER(c), stream);
-    }
+    for (int i = 0; i < steps; i++, x += 32, dst += 32) /* `top` a constant in each call: its own code */
+        avx2_store(dst,
+                   top == STEP_ZEROS  ? avx2_coded(x, STEP_ZEROS, &K, f)
+                   : top == STEP_TILE ? avx2_coded(x, STEP_TILE, &K, f)
+                                      : avx2_coded(x, STEP_BAND, &K, f),
+                   stream);
 }
 /* one step: inputs [0, left) of x; left < 32 (a run's last inputs) by tab_run_scalar */
 static inline __attribute__((always_inline)) void avx2_step(const uint16_t *x, uint8_t *dst, const uint16_t *pf,
@@ -996,10 +999,10 @@ FP8REF_VBMI __attribute__((noinline)) static void band_row_vbmi_next(BAND_ROW_NE
 }
 
 /* tab_run_avx2's rules in AVX-512BW, 64 inputs per step in 24 vector instructions (22 in band
- * rows, by the half windows), for the AVX-512 CPUs without VBMI (Skylake-SP, Cascade Lake): the same v, l and sign
- * packed per 128-bit lane, the three lookups per lane (the tables repeat in every lane), the two
- * compares as masks that add one each; one qword permute puts the codes back in input order. Called
- * as tab_run_vbmi. */
+ * rows, by the half windows), for the AVX-512 CPUs without VBMI (Skylake-SP, Cascade Lake): the
+ * same v, l and sign packed per 128-bit lane, the three lookups per lane (the tables repeat in every
+ * lane), the two compares as masks that add one each; one qword permute puts the codes back in input
+ * order. Called as tab_run_vbmi. */
 static const uint8_t pack_group[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* packed 8-input group g: inputs 8 pack_group[g].. */
 /* a lane mask in packed order, in input order */
 static inline uint64_t in_input_order(uint64_t packed) {
@@ -1219,8 +1222,9 @@ static int zeros_heavy(const uint16_t *row, int64_t n) {
 /* A band row's tables: group i's operand fx[i].sv, its table built where new, into tp[i]. Whether
  * every group goes by band rows: its inputs' magnitude bits, at most bound[i * bstep], lie below its
  * table's top (STEP_BAND need not look for inputs past it; a NaN or Inf goes by tiles) and, where VBMI
- * does not run, code past no overflow (tab_no_overflow), and its table's other constants agree with
- * group 0's, which band_row_* keeps; *zok: whether every table codes +-0 as STEP_ZEROS does. */
+ * does not run, below its half windows' top (tab_below_half_top) and code past no overflow
+ * (tab_no_overflow), and its table's other constants agree with group 0's, which band_row_* keeps;
+ * *zok: whether every table codes +-0 as STEP_ZEROS does. */
 FP8REF_INLINE int band_tables(tab_cache *tabs, const consts *c, int64_t n, const uint16_t *bound, int64_t bstep,
                               const bf16_tab **tp, const fix_ctx *fx, int *zok) {
     for (int64_t i = 0; i < n; i++) {
