@@ -526,12 +526,13 @@ static __attribute__((noinline, unused)) void fix_lanes(const uint16_t *x, uint8
  * STEP_ZEROS, band rows too: v signed, saturated to [-128, 127], so that +-0 codes without a test
  * or a branch. v = -128: +-0 and the inputs 2^(7-M) binades or more below E_b, whose values (binade
  * E_b - 1 lies below 2^(emin+1), each one lower halves) lie below 2^(emin-14), under half the
- * smallest subnormal 2^(emin-M): they round
- * to +-0, coded 0x00 and 0x80 (the caller checked the table's zero_p and zero_n; e4m3fnuz's -0 is 0x00).
+ * smallest subnormal 2^(emin-M): they round to +-0, coded 0x00 and 0x80 (the caller checked the
+ * table's zero_p and zero_n; e4m3fnuz's -0 is 0x00).
  * v -127 to -1 go to fix_lanes (the AVX2 step's one test sends v = 0 too, which the table codes as
  * well). v 127 (from 127 to 254) looks up a step of at least base - (2^M - 1) >= 1 and saturates at
  * 127: the overflow code, as every such input's magnitude code is past 127. One more instruction a
- * step than STEP_BAND: taken where a task's first row holds many zeros (zeros_heavy), which otherwise
+ * step than STEP_BAND in the VBMI loop, three more in the AVX2 and AVX-512BW loops (their band rows
+ * take the half windows): taken where a task's first row holds many zeros (zeros_heavy), which otherwise
  * cost a mispredicted branch at each step holding one; by tiles too (rows_given: per tensor) where the
  * caller gives the inputs' largest magnitude and it lies below v = 255 (quant_job.bound). */
 enum { STEP_BAND = 0, STEP_TILE = 1, STEP_ZEROS = 2 };
