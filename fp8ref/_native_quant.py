@@ -91,19 +91,33 @@ def _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, co
     exact_quotient_codes / apply_scaled. ``stream``: write the codes around the cache."""
     if not _c_ok(arr, dtype, qa.granularity) or (qa.granularity == "block" and arr.ndim < 2):
         return None
+    template = _job_template(dtype, rec, fmt, rounding, saturate, cast16, neg0)
+    if template is None:
+        return None
+    job = _native.quant_job.from_buffer_copy(template)  # built field by field, a cold call's job took ~70 us
+    job.src, job.dst, job.K, job.g, job.stream, job.tab_slots = (arr.ctypes.data, codes.ctypes.data, shape[-1],
+                                                                 shape[-1], int(stream), TAB_SLOTS)
+    job._keep = template._keep  # the job points into them
+    return job
+
+
+@lru_cache(maxsize=256)
+def _job_template(dtype, rec, fmt, rounding, saturate, cast16, neg0):
+    """_c_job's fields that the recipe, format and modes decide (a job to copy), or None where the loops
+    do not take them; called where kernels() found the loops (the parameters exist only with them)."""
     params = _c_encode_params(fmt, saturate, rounding)
     exact = rec.apply_dtype == "exact"
     if params is None or not (rounding == "rne" or exact) or (exact and rec.nonfinite != "error"):
         return None  # the exact loop needs finite x: the recipe rejects NaN/Inf
     model_dtype = "bfloat16" if cast16 else dtype
     rne = _c_rne_params(fmt, saturate) if rounding == "rne" else None
-    job = _native.quant_job(arr.ctypes.data, codes.ctypes.data, None, None, None, None, ctypes.addressof(params),
-                            None if rne is None else ctypes.addressof(rne), shape[-1], shape[-1], 0, 1,
+    job = _native.quant_job(None, None, None, None, None, None, ctypes.addressof(params),
+                            None if rne is None else ctypes.addressof(rne), 0, 0, 0, 1,
                             _C_KINDS[dtype], int(exact), int(rec.apply_op != "divide"),
                             _C_MODEL[model_dtype] if rec.apply_dtype == "model" else 0, int(cast16 is not None),
                             0.0 if rec.add_zero else -0.0, fmt.max if rec.clamp else np.inf,
-                            0x100 if neg0 is None else neg0, int(stream), TAB_SLOTS, 0xFFFFFFFF)
-    job._keep = params, rne  # the job points into them
+                            0x100 if neg0 is None else neg0, 0, 0, 0xFFFFFFFF)
+    job._keep = params, rne  # shared, read-only (codec's caches)
     return job
 
 
@@ -141,8 +155,9 @@ def c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, satur
 
 @lru_cache(maxsize=64)
 def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarray, ...]:
-    """compute_scale's operand (as _c_operands gives it), whether the loop takes it, the stored
-    scale and the amax (float64), for every 15-bit magnitude of a 16-bit dtype (compute_scale is
+    """compute_scale's operand (as _c_operands gives it), whether the loop takes it, whether the codes
+    are final (taken, and an amax the recipe accepts: finite, or NaN/Inf where it does not refuse them),
+    the stored scale and the amax (float64), for every 15-bit magnitude of a 16-bit dtype (compute_scale is
     elementwise: looking an amax up here is computing it; after a pass over a large weight, computing
     8,192 scales again took 0.2-0.3 ms, 4% of the pass; the amax too: one lookup, not four numpy
     steps)."""
@@ -151,23 +166,26 @@ def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarra
         amax = magnitudes_to_f64(mags, dtype)
     stored, operand = compute_scale(amax, rec, fmt, dtype)
     ops, usable = _c_operands(operand, rec)
-    for table in (ops, usable, stored, amax):
+    final = usable & (np.isfinite(amax) | (rec.nonfinite != "error"))
+    for table in (ops, usable, final, stored, amax):
         table.setflags(write=False)
-    return ops, usable, stored, amax
+    return ops, usable, final, stored, amax
 
 
 def c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
-                     codes, stream=False) -> tuple[np.ndarray, np.ndarray | None] | None:
+                     codes, stream=False) -> tuple[np.ndarray | None, np.ndarray | None] | None:
     """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): the
-    amax (float64, of sshape) and the stored scales (float32, of sshape: compute_scale's), or None
-    where the codes are not final (an operand the loop cannot take, such as an all-zero row's, was
-    used; the caller quantizes again). None: not applicable."""
+    amax (float64, of sshape), or None where every code is final and no amax holds a NaN/Inf the
+    recipe refuses (the common case: two table look-ups, not five numpy steps, on a call's cold
+    caches), and the stored scales (float32, of sshape: compute_scale's), or None where the codes are
+    not final (an operand the loop cannot take, such as an all-zero row's, was used; the caller
+    quantizes again). None: not applicable."""
     if dtype not in ("bfloat16", "float16") or qa.granularity == "tensor":
         return None
     job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
     if job is None:
         return None
-    table, usable, stored, amax_of = _operand_table(rec, fmt, dtype)
+    table, usable, final, stored, amax_of = _operand_table(rec, fmt, dtype)
     c_sizes(row_length=shape[-1], **({"block_rows": qa.block_shape[0], "group_size": qa.block_shape[1]}
                                      if qa.granularity == "block" else {"group_size": qa.group_size or shape[-1]}))
     if qa.granularity == "block":
@@ -180,4 +198,6 @@ def c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate
     bits = np.empty(bands * -(-shape[-1] // job.g), np.uint16)
     job.table, job.amax = table.ctypes.data, bits.ctypes.data
     _native.parallel("fp8ref_quant_fused", job, bands, work=arr.size, keep=(arr, codes, table, bits))
+    if final[bits].all():
+        return None, stored[bits].reshape(sshape)
     return amax_of[bits].reshape(sshape), stored[bits].reshape(sshape) if usable[bits].all() else None

@@ -32,6 +32,7 @@ from ._arrays import (
     output_buffer,
     same_library,
     to_numpy,
+    torch,
 )
 from ._quant_inputs import as_rows, reduction_values, reject_nonfinite, scale_array, widen
 from .codec import ROUNDING_MODES, decode, encode
@@ -299,17 +300,22 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
         fused = _native_quant.c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16,
                                                neg0, codes, stream) if fusable else None
         done = fused is not None and fused[1] is not None
-        a = scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused else _amax(arr, dtype, qa)
-        if amax is None:
-            reject_nonfinite(a, arr, dtype, rec)
-        elif rec.nonfinite == "error":
-            ok = np.isfinite(a) & (a >= 0)
-            if not ok.all():
-                raise ScaleError(f"amax: expected finite non-negative values, got {a[~ok][:3]}")
-            reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
-        stored, operand = (fused[1], None) if done else compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
-        if amax is None and not done and dtype == "bfloat16" and np.isfinite(top := np.max(a)):
-            bound = int(np.float32(top).view(np.uint32)) >> 16  # the amax of bfloat16 inputs: one of them
+        if done and fused[0] is None:  # the codes final, no amax the recipe refuses (c_quantize_fused)
+            stored, operand = fused[1], None
+        else:
+            a = (scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused
+                 else _amax(arr, dtype, qa))
+            if amax is None:
+                reject_nonfinite(a, arr, dtype, rec)
+            elif rec.nonfinite == "error":
+                ok = np.isfinite(a) & (a >= 0)
+                if not ok.all():
+                    raise ScaleError(f"amax: expected finite non-negative values, got {a[~ok][:3]}")
+                reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
+            stored, operand = ((fused[1], None) if done
+                               else compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype))
+            if amax is None and not done and dtype == "bfloat16" and np.isfinite(top := np.max(a)):
+                bound = int(np.float32(top).view(np.uint32)) >> 16  # the amax of bfloat16 inputs: one of them
     if not done and not _native_quant.c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding,
                                                  saturate, cast16, neg0, codes, stream, bound):
         _numpy_apply(arr, dtype, qa, rec, fmt, shape, operand, rounding, saturate, cast16, neg0, codes)
@@ -361,7 +367,11 @@ def _wrap(res: dict, as_torch: bool, scale_bits: bool = False, codes=None) -> Qu
     """The result in the caller's library; ``codes``: the caller's out= (the codes are in it)."""
     res["codes"] = same_library(res["codes"], as_torch) if codes is None else codes
     half = res["scale_dtype"] in ("bfloat16", "float16")  # other scales are float32 values
-    if scale_bits and res["scale_dtype"] == "bfloat16":
+    s = res["scale"]
+    if as_torch and not half and type(s) is np.ndarray and s.dtype == np.float32 and s.flags.writeable \
+            and s.flags.c_contiguous:
+        res["scale"] = torch().from_numpy(s)  # fresh float32 (no scale of the caller's is returned): no copy
+    elif scale_bits and res["scale_dtype"] == "bfloat16":
         res["scale"] = f32_to_bf16_bits(np.asarray(res["scale"]).astype(np.float32))  # deliver's bits
     elif half or as_torch:
         res["scale"] = deliver(res["scale"], res["scale_dtype"] if half else "float32", as_torch)
