@@ -46,7 +46,7 @@ quant_job = _struct("quant_job", [(n, _vp) for n in ("src", "dst", "s", "s_off",
                     + [(n, _i64) for n in ("K", "g", "r2", "bh")]
                     + [(n, _i32) for n in ("kind", "exact", "op", "model", "cast16")]
                     + [("addend", _f32), ("clampv", _f32), ("neg0", _u32), ("stream", _i32), ("tab_slots", _u32),
-                       ("bound", _u32)])
+                       ("bound", _u32), ("stored", _vp), ("final", _vp), ("scale", _vp), ("not_final", _i64)])
 mm_job = _struct("mm_job", [(n, _vp) for n in ("A", "B", "tab_a", "tab_b", "sa", "sb", "total", "part", "scratch")]
                  + [(n, _sz) for n in ("M", "K", "N", "L", "bk", "KB", "step", "scratch_stride", "fused")])
 hw_job = _struct("hw_job", [(n, _vp) for n in ("A", "B", "SA", "SB", "va", "vb", "xa", "xb", "xs", "ss", "ia", "ib",

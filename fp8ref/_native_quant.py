@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -166,38 +167,82 @@ def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarra
         amax = magnitudes_to_f64(mags, dtype)
     stored, operand = compute_scale(amax, rec, fmt, dtype)
     ops, usable = _c_operands(operand, rec)
-    final = usable & (np.isfinite(amax) | (rec.nonfinite != "error"))
+    final = (usable & (np.isfinite(amax) | (rec.nonfinite != "error"))).view(np.uint8)  # the C loop reads bytes
+    stored = np.ascontiguousarray(stored, np.float32)
     for table in (ops, usable, final, stored, amax):
         table.setflags(write=False)
     return ops, usable, final, stored, amax
+
+
+class FusedPlan(NamedTuple):
+    """What the fused loop's call decides before it sees x and the codes (fused_plan)."""
+
+    job: ctypes.Structure  # the job, but for src, dst, amax, scale, stream and tab_slots
+    bands: int             # the tasks' units
+    groups: int            # (band, group)s: one amax and one scale each
+    tables: tuple          # _operand_table's
+
+
+@lru_cache(maxsize=256)
+def fused_plan(dtype, qa, rec, fmt, shape: tuple, rounding, saturate, cast16, neg0) -> FusedPlan | None:
+    """The fused loop's plan for x of ``dtype`` and ``shape`` (a call's arguments as _quantize_scaled
+    has them), or None where the loop does not apply; ShapeError where a size is beyond the C loops.
+    Called where kernels() found the loops (the job's parameters exist only with them)."""
+    if (dtype not in ("bfloat16", "float16") or qa.granularity not in ("channel", "token", "group", "block")
+            or not shape or math.prod(shape) == 0 or (qa.granularity == "block" and len(shape) < 2)):
+        return None
+    template = _job_template(dtype, rec, fmt, rounding, saturate, cast16, neg0)
+    if template is None:
+        return None
+    c_sizes(row_length=shape[-1], **({"block_rows": qa.block_shape[0], "group_size": qa.block_shape[1]}
+                                     if qa.granularity == "block" else {"group_size": qa.group_size or shape[-1]}))
+    job = _native.quant_job.from_buffer_copy(template)
+    job.K = shape[-1]
+    if qa.granularity == "block":
+        (job.bh, job.g), job.r2 = qa.block_shape, shape[-2]
+    else:
+        job.g = qa.group_size if qa.granularity == "group" else shape[-1]
+        job.r2 = max(1, math.prod(shape[:-1]))
+    bands = math.prod(shape[:-1]) // job.r2 * -(-job.r2 // job.bh)
+    tables = _operand_table(rec, fmt, dtype)
+    table, _, final, stored, _ = tables
+    job.table, job.stored, job.final = table.ctypes.data, stored.ctypes.data, final.ctypes.data
+    job._keep = template._keep
+    return FusedPlan(job, bands, bands * -(-shape[-1] // job.g), tables)
+
+
+def run_fused(plan: FusedPlan, src: int, dst: int, scale: int, amax: int | None, work: int, stream: bool,
+              keep) -> int:
+    """The fused loop's plan run on the input at address ``src`` into the codes at ``dst``, each
+    (band, group)'s stored scale (float32) at ``scale`` and its amax bits (uint16) at ``amax`` (None:
+    not kept); ``keep``: what owns them. Returns how many (band, group)s are not final."""
+    job = _native.quant_job.from_buffer_copy(plan.job)
+    job.src, job.dst, job.scale, job.amax, job.stream, job.tab_slots = src, dst, scale, amax, int(stream), TAB_SLOTS
+    _native.parallel("fp8ref_quant_fused", job, plan.bands, work=work, keep=(keep, plan))
+    return job.not_final
 
 
 def c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
                      codes, stream=False) -> tuple[np.ndarray | None, np.ndarray | None] | None:
     """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): the
     amax (float64, of sshape), or None where every code is final and no amax holds a NaN/Inf the
-    recipe refuses (the common case: two table look-ups, not five numpy steps, on a call's cold
-    caches), and the stored scales (float32, of sshape: compute_scale's), or None where the codes are
-    not final (an operand the loop cannot take, such as an all-zero row's, was used; the caller
-    quantizes again). None: not applicable."""
-    if dtype not in ("bfloat16", "float16") or qa.granularity == "tensor":
+    recipe refuses (the common case: the loop looks the scales up and tests them, not five numpy
+    steps on a call's cold caches), and the stored scales (float32, of sshape: compute_scale's), or
+    None where the codes are not final (an operand the loop cannot take, such as an all-zero row's,
+    was used; the caller quantizes again). None: not applicable."""
+    if _native.kernels() is None:
         return None
-    job = _c_job(arr, dtype, qa, rec, fmt, shape, rounding, saturate, cast16, neg0, codes, stream)
-    if job is None:
+    args = (dtype, qa, rec, fmt, tuple(shape), rounding, saturate, cast16, neg0)
+    try:
+        plan = fused_plan(*args)
+    except TypeError:  # an unhashable argument (a block_shape given as a list): planned afresh
+        plan = fused_plan.__wrapped__(*args)
+    if plan is None:
         return None
-    table, usable, final, stored, amax_of = _operand_table(rec, fmt, dtype)
-    c_sizes(row_length=shape[-1], **({"block_rows": qa.block_shape[0], "group_size": qa.block_shape[1]}
-                                     if qa.granularity == "block" else {"group_size": qa.group_size or shape[-1]}))
-    if qa.granularity == "block":
-        (job.bh, job.g), job.r2 = qa.block_shape, shape[-2]
-    else:
-        job.g = qa.group_size if qa.granularity == "group" else shape[-1]
-        job.r2 = max(1, math.prod(shape[:-1]))
-    n_rows = math.prod(shape[:-1])
-    bands = n_rows // job.r2 * -(-job.r2 // job.bh)
-    bits = np.empty(bands * -(-shape[-1] // job.g), np.uint16)
-    job.table, job.amax = table.ctypes.data, bits.ctypes.data
-    _native.parallel("fp8ref_quant_fused", job, bands, work=arr.size, keep=(arr, codes, table, bits))
-    if final[bits].all():
-        return None, stored[bits].reshape(sshape)
+    bits, scale = np.empty(plan.groups, np.uint16), np.empty(plan.groups, np.float32)
+    not_final = run_fused(plan, arr.ctypes.data, codes.ctypes.data, scale.ctypes.data, bits.ctypes.data, arr.size,
+                          stream, (arr, codes, bits, scale))
+    if not not_final:
+        return None, scale.reshape(sshape)
+    _, usable, _, stored, amax_of = plan.tables
     return amax_of[bits].reshape(sshape), stored[bits].reshape(sshape) if usable[bits].all() else None

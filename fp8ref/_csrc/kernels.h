@@ -47,7 +47,7 @@ typedef struct { /* quant._QuantJob */
     const float *s;       /* given scale operands; row r's start at s[s_off[r]] */
     const int64_t *s_off;
     const float *table;   /* fused: the operand for each 15-bit amax pattern */
-    uint16_t *amax;       /* fused: the amax bits found, one per (band, group) */
+    uint16_t *amax;       /* fused: the amax bits found, one per (band, group), or NULL */
     const enc_params *p;
     const rne_params *rne; /* or NULL: the round-to-nearest-even fast path, where it applies */
     int64_t K, g;         /* row length; elements per operand along the row */
@@ -66,6 +66,11 @@ typedef struct { /* quant._QuantJob */
                            * allocation leaves) */
     uint32_t bound;       /* the inputs' largest magnitude bits where the caller knows them (bfloat16,
                            * its amax found from them), else 0xFFFFFFFF: rows_given's STEP_ZEROS */
+    const float *stored;  /* fused: the stored scale of each 15-bit amax pattern, or NULL (amax bits only) */
+    const uint8_t *final; /* fused, with stored: 1 where the codes coded with that amax's operand are final */
+    float *scale;         /* fused, with stored: out, each (band, group)'s stored scale, beside its amax bits */
+    int64_t not_final;    /* fused, with stored: out, the (band, group)s whose amax is not final (added
+                           * atomically: tasks run in parallel) */
 } quant_job;
 
 typedef struct { /* the declared-order fp32 GEMM, see matmul.c; tasks are column cuts */

@@ -1436,7 +1436,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     const uint16_t *x = j->src;
     uint16_t tile[128 * 128] __attribute__((aligned(64)));
     int have = 0; /* a holds this unit's amaxes: read by the unit before it (band rows) */
-    int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g;
+    int64_t nbr = (j->r2 + j->bh - 1) / j->bh, ng = (j->K + j->g - 1) / j->g, not_final = 0;
     tab_cache tabs;
     tab_cache_init(&tabs, j->tab_slots, (b1 - b0) * ng);
     /* Band rows stream their own codes into aligned rows (st), or store them. Codes to stream that start
@@ -1507,7 +1507,13 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
                         }
             }
             have = 0;
-            for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
+            if (j->amax)
+                for (int64_t jg = j0; jg < j1; jg++) j->amax[b * ng + jg] = a[jg - j0];
+            if (j->stored) /* the scales and the test quant.py made with its tables (_operand_table) */
+                for (int64_t jg = j0; jg < j1; jg++) {
+                    j->scale[b * ng + jg] = j->stored[a[jg - j0]];
+                    not_final += !j->final[a[jg - j0]];
+                }
             if (band) { /* every group's table, built where new; the band row by row if all hold */
                 int zok;
                 for (int64_t jg = j0; jg < j1; jg++) fx[jg - j0] = (fix_ctx){j->table[a[jg - j0]], &c, exact, mul, model};
@@ -1558,6 +1564,7 @@ FP8REF_INLINE void bands_fused(const quant_job *j, int64_t b0, int64_t b1, int k
     free(u.heap);
     free(rowbuf);
     tab_cache_free(&tabs);
+    if (not_final) __atomic_fetch_add(&((quant_job *)j)->not_final, not_final, __ATOMIC_RELAXED);
 }
 
 /* One arm per constant combination: exact x 6 modes, or producer x op x model. */
