@@ -41,6 +41,25 @@ def plain_cpu_tensor(x, t) -> bool:
     return type(x) is t.Tensor and x.is_cpu and x.layout is t.strided and not x.is_nested and x.is_contiguous()
 
 
+def tensor_pair(x, out) -> tuple[str, tuple, str, int, int] | None:
+    """(x's dtype name, its shape, out's dtype name, x's address, out's address) where ``x`` and ``out``
+    are plain CPU tensors (plain_cpu_tensor) of one shape, x of float16 or bfloat16 and ``out`` not
+    requiring grad: what quantize's short path writes through; else None."""
+    t = sys.modules.get("torch")
+    if (t is None or not plain_cpu_tensor(x, t) or not plain_cpu_tensor(out, t) or out.requires_grad
+            or out.shape != x.shape or x.dtype not in (t.bfloat16, t.float16)):
+        return None
+    return (_torch_float_name(t, x.dtype), tuple(x.shape), str(out.dtype).removeprefix("torch."), x.data_ptr(),
+            out.data_ptr())
+
+
+def empty_float32_tensor(shape: tuple):
+    """(a new torch float32 tensor of ``shape``, its address): a result a C loop fills"""
+    t = torch()
+    out = t.empty(shape, dtype=t.float32)
+    return out, out.data_ptr()
+
+
 def check_torch(x, what: str) -> None:
     """A torch tensor fp8ref can read as numpy: dense (strided layout) and on the CPU. Sparse,
     nested, meta and device tensors are refused naming what they are (never copied silently)."""

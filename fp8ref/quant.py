@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -29,14 +28,14 @@ from ._arrays import (
     aligned_empty,
     bits_input,
     deliver,
+    empty_float32_tensor,
     f32_to_bf16_bits,
     float_input,
     is_torch,
     output_buffer,
-    plain_cpu_tensor,
     same_library,
+    tensor_pair,
     to_numpy,
-    torch,
 )
 from ._quant_inputs import as_rows, reduction_values, reject_nonfinite, scale_array, widen
 from .codec import ROUNDING_MODES, decode, encode
@@ -170,38 +169,35 @@ def _quantize_tensor_into(x, args, recipe, role, out) -> QuantResult | None:
     result. After a large pass, each torch, numpy or ctypes step of a call costs 5-35 us from the
     caches (1-4 warm): the general path's 0.45-0.6 ms is as long as the C tasks of a 1024x4096
     weight (docs/performance.md)."""
-    t = sys.modules.get("torch")
-    if (t is None or not plain_cpu_tensor(x, t) or not plain_cpu_tensor(out, t) or out.requires_grad
-            or out.shape != x.shape or not _native.kernels_available()):
+    pair = tensor_pair(x, out)
+    if pair is None or not _native.kernels_available():
         return None
+    dtype, shape, out_dtype, xp, op = pair
     try:
-        plan = _tensor_plan(args, recipe, role, x.dtype, tuple(x.shape), out.dtype)
+        plan = _tensor_plan(args, recipe, role, dtype, shape, out_dtype)
     except TypeError:  # unhashable arguments (a dict of scheme fields): the general path
         return None
     if plan is None:
         return None
-    n, xp, op = x.numel(), x.data_ptr(), out.data_ptr()
+    n = math.prod(shape)
     if xp < op + n and op < xp + 2 * n:  # overlapping: the general path refuses it
         return None
-    qa, rec, fmt, sshape, fused, stream, dtype, store = plan
-    scale = t.empty(sshape, dtype=t.float32)  # float32 values exact in `store`
-    if _native_quant.run_fused(fused, xp, op, scale.data_ptr(), None, n, stream, (x, out, scale)):
+    qa, rec, fmt, sshape, fused, stream = plan
+    scale, sp = empty_float32_tensor(sshape)  # float32 values exact in the recipe's scale dtype
+    if _native_quant.run_fused(fused, xp, op, sp, None, n, stream, (x, out, scale)):
         return None
-    return QuantResult(codes=out, scale=scale if store == "float32" else deliver(scale.numpy(), store, True),
+    store = store_dtype(rec, dtype, qa.scale_dtype)
+    return QuantResult(codes=out, scale=scale if store == "float32" else deliver(to_numpy(scale, "scale"), store, True),
                        format=fmt.name, granularity=qa.granularity, recipe=rec.name, args=qa, scale_dtype=store,
                        dtype=dtype, _recipe=rec)
 
 
 @lru_cache(maxsize=256)
-def _tensor_plan(args, recipe, role, x_dtype, shape: tuple, out_dtype) -> tuple | None:
-    """What _quantize decides for a torch ``x`` of ``x_dtype`` and ``shape`` quantized into a torch
-    ``out`` of ``out_dtype`` with dynamic scales, where the fused loop does it all: (args, recipe,
-    format, scale shape, fused_plan, stream, dtype name, the scales' dtype); None where it does not,
-    or where _quantize refuses the call (it then says why)."""
-    t = torch()
-    dtype = {t.bfloat16: "bfloat16", t.float16: "float16"}.get(x_dtype)
-    if dtype is None:
-        return None
+def _tensor_plan(args, recipe, role, dtype: str, shape: tuple, out_dtype: str) -> tuple | None:
+    """What _quantize decides for a torch ``x`` of ``dtype`` and ``shape`` quantized into a torch
+    ``out`` of ``out_dtype`` (names) with dynamic scales, where the fused loop does it all: (args,
+    recipe, format, scale shape, fused_plan, stream); None where it does not, or where _quantize
+    refuses the call (it then says why)."""
     try:
         qa = as_args(args, role=role)
         rec = get_recipe(recipe if recipe is not None else qa.recipe)
@@ -209,9 +205,9 @@ def _tensor_plan(args, recipe, role, x_dtype, shape: tuple, out_dtype) -> tuple 
         _check_recipe(rec, qa, fmt)
         if (isinstance(rec, BlockRecipe) or not qa.dynamic or qa.scale_dtype != "model"
                 or qa.granularity not in ("channel", "group", "block")
-                or out_dtype not in (t.uint8, getattr(t, fmt.torch_dtype_name or "uint8", None))):
+                or out_dtype not in ("uint8", fmt.torch_dtype_name)):
             return None
-        store = store_dtype(rec, dtype, qa.scale_dtype)
+        store_dtype(rec, dtype, qa.scale_dtype)  # a RecipeError where it has none
         sshape = layout(shape, qa.granularity, group_size=qa.group_size, block_shape=qa.block_shape)
         _check_divisible(rec, qa, shape)
         fused = _native_quant.fused_plan(dtype, qa, rec, fmt, shape, *_modes(dtype, qa, rec, fmt))
@@ -219,7 +215,7 @@ def _tensor_plan(args, recipe, role, x_dtype, shape: tuple, out_dtype) -> tuple 
         return None
     if fused is None:
         return None
-    return qa, rec, fmt, sshape, fused, math.prod(shape) * 3 >= _arrays.STREAM_BYTES, dtype, store
+    return qa, rec, fmt, sshape, fused, math.prod(shape) * 3 >= _arrays.STREAM_BYTES
 
 
 def quantize_bits(bits: np.ndarray, dtype: str, args, *, recipe=None, scale=None, amax=None, role: str = "weight",
@@ -443,7 +439,7 @@ def _wrap(res: dict, as_torch: bool, scale_bits: bool = False, codes=None) -> Qu
     s = res["scale"]
     if as_torch and not half and type(s) is np.ndarray and s.dtype == np.float32 and s.flags.writeable \
             and s.flags.c_contiguous:
-        res["scale"] = torch().from_numpy(s)  # fresh float32 (no scale of the caller's is returned): no copy
+        res["scale"] = same_library(s, True)  # fresh float32 (no scale of the caller's is returned): no copy
     elif scale_bits and res["scale_dtype"] == "bfloat16":
         res["scale"] = f32_to_bf16_bits(np.asarray(res["scale"]).astype(np.float32))  # deliver's bits
     elif half or as_torch:
