@@ -156,8 +156,8 @@ def c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding, satur
 
 @lru_cache(maxsize=64)
 def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarray, ...]:
-    """compute_scale's operand (as _c_operands gives it), whether the loop takes it, whether the codes
-    are final (taken, and an amax the recipe accepts: finite, or NaN/Inf where it does not refuse them),
+    """compute_scale's operand (as _c_operands gives it), whether the codes it gives are final (the
+    loop takes it, and the recipe accepts the amax: finite, or NaN/Inf where it does not refuse them),
     the stored scale and the amax (float64), for every 15-bit magnitude of a 16-bit dtype (compute_scale is
     elementwise: looking an amax up here is computing it; after a pass over a large weight, computing
     8,192 scales again took 0.2-0.3 ms, 4% of the pass; the amax too: one lookup, not four numpy
@@ -169,9 +169,9 @@ def _operand_table(rec: Recipe, fmt: FloatFormat, dtype: str) -> tuple[np.ndarra
     ops, usable = _c_operands(operand, rec)
     final = (usable & (np.isfinite(amax) | (rec.nonfinite != "error"))).view(np.uint8)  # the C loop reads bytes
     stored = np.ascontiguousarray(stored, np.float32)
-    for table in (ops, usable, final, stored, amax):
+    for table in (ops, final, stored, amax):
         table.setflags(write=False)
-    return ops, usable, final, stored, amax
+    return ops, final, stored, amax
 
 
 class FusedPlan(NamedTuple):
@@ -180,7 +180,7 @@ class FusedPlan(NamedTuple):
     job: ctypes.Structure  # the job, but for src, dst, amax, scale, stream and tab_slots
     bands: int             # the tasks' units
     groups: int            # (band, group)s: one amax and one scale each
-    tables: tuple          # _operand_table's
+    tables: tuple          # _operand_table's (ops, final, stored, amax), which the job points into
 
 
 @lru_cache(maxsize=256)
@@ -205,7 +205,7 @@ def fused_plan(dtype, qa, rec, fmt, shape: tuple, rounding, saturate, cast16, ne
         job.r2 = max(1, math.prod(shape[:-1]))
     bands = math.prod(shape[:-1]) // job.r2 * -(-job.r2 // job.bh)
     tables = _operand_table(rec, fmt, dtype)
-    table, _, final, stored, _ = tables
+    table, final, stored, _ = tables
     job.table, job.stored, job.final = table.ctypes.data, stored.ctypes.data, final.ctypes.data
     job._keep = template._keep
     return FusedPlan(job, bands, bands * -(-shape[-1] // job.g), tables)
@@ -224,19 +224,14 @@ def run_fused(plan: FusedPlan, src: int, dst: int, scale: int, amax: int | None,
 
 def c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16, neg0,
                      codes, stream=False) -> tuple[np.ndarray | None, np.ndarray | None] | None:
-    """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): the
-    amax (float64, of sshape), or None where every code is final and no amax holds a NaN/Inf the
-    recipe refuses (the common case: the loop looks the scales up and tests them, not five numpy
-    steps on a call's cold caches), and the stored scales (float32, of sshape: compute_scale's), or
-    None where the codes are not final (an operand the loop cannot take, such as an all-zero row's,
-    was used; the caller quantizes again). None: not applicable."""
+    """Dynamic scales of 16-bit input in one pass (amax, operand, codes per cache-sized tile): (None,
+    the stored scales: float32 of sshape, compute_scale's) where every code is final (the loop looks
+    the scales up and tests them), else (the amax: float64 of sshape, None): an amax of NaN/Inf the
+    recipe refuses, or an operand the loop cannot take was used (the caller rejects or quantizes
+    again). None: not applicable."""
     if _native.kernels() is None:
         return None
-    args = (dtype, qa, rec, fmt, tuple(shape), rounding, saturate, cast16, neg0)
-    try:
-        plan = fused_plan(*args)
-    except TypeError:  # an unhashable argument (a block_shape given as a list): planned afresh
-        plan = fused_plan.__wrapped__(*args)
+    plan = fused_plan(dtype, qa, rec, fmt, tuple(shape), rounding, saturate, cast16, neg0)
     if plan is None:
         return None
     bits, scale = np.empty(plan.groups, np.uint16), np.empty(plan.groups, np.float32)
@@ -244,5 +239,5 @@ def c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate
                           stream, (arr, codes, bits, scale))
     if not not_final:
         return None, scale.reshape(sshape)
-    _, usable, _, stored, amax_of = plan.tables
-    return amax_of[bits].reshape(sshape), stored[bits].reshape(sshape) if usable[bits].all() else None
+    amax_of = plan.tables[-1]
+    return amax_of[bits].reshape(sshape), None

@@ -167,8 +167,8 @@ def _quantize_tensor_into(x, args, recipe, role, out) -> QuantResult | None:
     of numpy views. None where it does not apply, or where a code is not final (an amax of NaN/Inf,
     an operand the loop cannot take): _quantize then runs, checks everything and gives the same
     result. After a large pass, each torch, numpy or ctypes step of a call costs 5-35 us from the
-    caches (1-4 warm): the general path's 0.45-0.6 ms is as long as the C tasks of a 1024x4096
-    weight (docs/performance.md)."""
+    caches (1-4 warm): the general path's 0.45-0.6 ms is about as long as the C tasks of a
+    1024x4096 weight (docs/performance.md, eighteenth pass)."""
     pair = tensor_pair(x, out)
     if pair is None or not _native.kernels_available():
         return None
@@ -368,8 +368,8 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
         fusable = amax is None and qa.scale_dtype == "model"
         fused = _native_quant.c_quantize_fused(arr, dtype, qa, rec, fmt, shape, sshape, rounding, saturate, cast16,
                                                neg0, codes, stream) if fusable else None
-        done = fused is not None and fused[1] is not None
-        if done and fused[0] is None:  # the codes final, no amax the recipe refuses (c_quantize_fused)
+        done = fused is not None and fused[0] is None  # every code final (c_quantize_fused)
+        if done:
             stored, operand = fused[1], None
         else:
             a = (scale_array(amax, "amax", sshape)[0] if amax is not None else fused[0] if fused
@@ -381,9 +381,8 @@ def _quantize_scaled(arr, dtype, qa, rec, fmt, shape, sshape, scale, amax, codes
                 if not ok.all():
                     raise ScaleError(f"amax: expected finite non-negative values, got {a[~ok][:3]}")
                 reject_nonfinite(_amax(arr, dtype, QuantArgs()), arr, dtype, rec)  # x itself, as with scale=
-            stored, operand = ((fused[1], None) if done
-                               else compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype))
-            if amax is None and not done and dtype == "bfloat16" and np.isfinite(top := np.max(a)):
+            stored, operand = compute_scale(a, rec, fmt, dtype, scale_dtype=qa.scale_dtype)
+            if amax is None and dtype == "bfloat16" and np.isfinite(top := np.max(a)):
                 bound = int(np.float32(top).view(np.uint32)) >> 16  # the amax of bfloat16 inputs: one of them
     if not done and not _native_quant.c_quantize(arr, dtype, qa, rec, fmt, shape, sshape, operand, rounding,
                                                  saturate, cast16, neg0, codes, stream, bound):
@@ -436,11 +435,7 @@ def _wrap(res: dict, as_torch: bool, scale_bits: bool = False, codes=None) -> Qu
     """The result in the caller's library; ``codes``: the caller's out= (the codes are in it)."""
     res["codes"] = same_library(res["codes"], as_torch) if codes is None else codes
     half = res["scale_dtype"] in ("bfloat16", "float16")  # other scales are float32 values
-    s = res["scale"]
-    if as_torch and not half and type(s) is np.ndarray and s.dtype == np.float32 and s.flags.writeable \
-            and s.flags.c_contiguous:
-        res["scale"] = same_library(s, True)  # fresh float32 (no scale of the caller's is returned): no copy
-    elif scale_bits and res["scale_dtype"] == "bfloat16":
+    if scale_bits and res["scale_dtype"] == "bfloat16":
         res["scale"] = f32_to_bf16_bits(np.asarray(res["scale"]).astype(np.float32))  # deliver's bits
     elif half or as_torch:
         res["scale"] = deliver(res["scale"], res["scale_dtype"] if half else "float32", as_torch)

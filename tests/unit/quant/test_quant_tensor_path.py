@@ -166,6 +166,6 @@ def test_the_loops_scales_and_count_of_codes_not_final():
     bits, scale = np.empty(plan.groups, np.uint16), np.empty(plan.groups, np.float32)
     not_final = _native_quant.run_fused(plan, x.data_ptr(), out.data_ptr(), scale.ctypes.data, bits.ctypes.data,
                                         x.numel(), False, (x, out, bits, scale))
-    _, _, final, stored, _ = plan.tables
+    _, final, stored, _ = plan.tables
     assert scale.tobytes() == stored[bits].tobytes()
     assert not_final == int(np.count_nonzero(final[bits] == 0)) >= 2  # the two non-finite blocks at least
